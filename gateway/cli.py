@@ -1,0 +1,144 @@
+"""The ``esp-mcp-gateway`` command line.
+
+Every command reports a bad config, an unreachable gateway or a refused call in one line on
+stderr (exit status 2 for configuration, 1 for anything else), never with a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway import __version__
+from gateway.config import Config, load_config
+from gateway.errors import ConfigError, GatewayError
+
+__all__ = ["main"]
+
+logger = logging.getLogger("gateway")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="esp-mcp-gateway",
+        description="Let MCP hosts call the tools of ESP32 devices.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML config file (GATEWAY_CONFIG)")
+    common.add_argument("--data-dir", help="registry, tokens, audit log (GATEWAY_DATA_DIR)")
+    common.add_argument("--device-listen", help="device listener host:port")
+    common.add_argument("--host-listen", help="MCP host listener host:port")
+    common.add_argument("--mqtt-listen", help="embedded MQTT broker host:port, or off")
+    common.add_argument("--public-url", help="base URL devices use to reach the gateway")
+    common.add_argument("--log-level", help="debug, info, warning or error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("serve", parents=[common], help="run the gateway (MCP over HTTP and SSE)")
+    stdio = sub.add_parser(
+        "stdio", parents=[common], help="run the gateway with MCP on stdin/stdout (Claude Desktop)"
+    )
+    stdio.add_argument("--connect", metavar="URL", help="relay stdio to a gateway at this /mcp URL")
+    stdio.add_argument("--token", help="host token for --connect (else GATEWAY_HOST_TOKEN)")
+    for name, text in (("devices", "list a running gateway's devices"),
+                       ("call", "call a device tool through a running gateway")):  # fmt: skip
+        command = sub.add_parser(name, parents=[common], help=text)
+        command.add_argument("--url", help="the gateway's host listener, e.g. http://127.0.0.1:8766")
+        command.add_argument("--token", help="host token (else GATEWAY_HOST_TOKEN)")
+        if name == "call":
+            command.add_argument("device", help="device name or id")
+            command.add_argument("tool", help="tool name, e.g. self.lamp.turn_on")
+            command.add_argument("arguments", nargs="?", default="{}", help="JSON object")
+    sub.add_parser("token", parents=[common], help="print the device token")
+    sub.add_parser("check-config", parents=[common], help="validate and print the configuration")
+    simulate = sub.add_parser("simulate", help="run simulated devices against a gateway")
+    simulate.add_argument("--url", default="ws://127.0.0.1:8765/xiaozhi/v1/")
+    simulate.add_argument("--token", required=True, help="device token (esp-mcp-gateway token)")
+    simulate.add_argument("--count", type=int, default=1, help="how many devices")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    flags = {
+        key: getattr(args, key, None)
+        for key in ("data_dir", "device_listen", "host_listen", "mqtt_listen", "public_url",
+                    "log_level")
+    }  # fmt: skip
+    path = getattr(args, "config", None)
+    return load_config(Path(path) if path else None, flags=flags)
+
+
+def _setup_logging(level: str) -> None:
+    # stderr always: in stdio mode stdout is the MCP wire.
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"esp-mcp-gateway: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except GatewayError as exc:
+        print(f"esp-mcp-gateway: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from gateway import commands
+
+    if args.command == "simulate":
+        _setup_logging("info")
+        return _run(commands.simulate(args.url, args.token, args.count))
+    config = _load(args)
+    _setup_logging(config.log_level if args.command in ("serve", "stdio") else "warning")
+    if args.command == "serve":
+        return _run(commands.serve(config))
+    if args.command == "stdio":
+        if args.connect:
+            return _run(commands.relay(args.connect, args.token or config.host_token))
+        return _run(commands.stdio(config))
+    if args.command == "devices":
+        return commands.devices(config, args.url, args.token)
+    if args.command == "call":
+        try:
+            arguments = json.loads(args.arguments)
+        except ValueError as exc:
+            raise GatewayError(f"arguments must be a JSON object: {exc}") from None
+        return commands.call(config, args.url, args.token, args.device, args.tool, arguments)
+    if args.command == "token":
+        return commands.token(config)
+    return commands.check_config(config)
+
+
+def _run(main_coroutine: Coroutine[Any, Any, int]) -> int:
+    """Run until done or until SIGINT/SIGTERM, which cancel it for a clean shutdown."""
+
+    async def runner() -> int:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await main_coroutine
+        except asyncio.CancelledError:
+            return 0
+
+    return asyncio.run(runner())

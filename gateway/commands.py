@@ -1,0 +1,165 @@
+"""What each CLI command does, once ``gateway.cli`` has parsed its arguments and config."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from mcp.server.stdio import stdio_server
+
+from gateway.app import Running, running
+from gateway.config import Config
+from gateway.errors import GatewayError
+from gateway.tokens import device_tokens
+
+__all__ = ["call", "check_config", "devices", "relay", "serve", "simulate", "stdio", "token"]
+
+logger = logging.getLogger("gateway")
+
+
+def _announce(config: Config, run: Running) -> None:
+    device = config.device_listen
+    logger.info(
+        "devices connect to ws://%s:%d/xiaozhi/v1/ (token: `esp-mcp-gateway token`)",
+        "127.0.0.1" if device.host in ("0.0.0.0", "::") else device.host,
+        run.device_port,
+    )
+    logger.info(
+        "MCP hosts connect to http://%s:%d/mcp (legacy SSE: /sse)%s",
+        config.host_listen.host,
+        run.host_port,
+        " with the host token" if config.host_token else "",
+    )
+    if device.is_loopback:
+        logger.warning(
+            "the device listener is on %s: devices on your network cannot reach it", device
+        )
+
+
+async def serve(config: Config) -> int:
+    """Run the gateway until interrupted."""
+    async with running(config) as run:
+        _announce(config, run)
+        await asyncio.Event().wait()
+    return 0
+
+
+async def stdio(config: Config) -> int:
+    """Run the gateway with MCP on stdin/stdout; stop when the host closes stdin."""
+    async with running(config) as run:
+        _announce(config, run)
+        server = run.gateway.frontend.server
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    return 0
+
+
+async def relay(url: str, token: str | None) -> int:
+    """Relay MCP between stdin/stdout and a gateway running elsewhere."""
+    from gateway.relay import relay_stdio
+
+    await relay_stdio(url, token)
+    return 0
+
+
+async def simulate(url: str, token: str, count: int) -> int:
+    """Run ``count`` simulated devices against the gateway at ``url``."""
+    from gateway.simulator import simulate as run_devices
+
+    await run_devices(url, token, count)
+    return 0
+
+
+def _host_url(config: Config, url: str | None) -> str:
+    if url:
+        return url.rstrip("/")
+    host = config.host_listen.host
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    return f"http://{host}:{config.host_listen.port}"
+
+
+def _request(config: Config, url: str | None, token: str | None, path: str,
+             body: dict[str, Any] | None = None) -> tuple[int, Any]:  # fmt: skip
+    target = _host_url(config, url) + path
+    headers = {"Content-Type": "application/json"}
+    token = token or config.host_token
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(target, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise GatewayError(f"{target}: the gateway wants a host token (--token)") from None
+        try:
+            return exc.code, json.loads(exc.read())
+        except ValueError:
+            raise GatewayError(f"{target}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise GatewayError(f"cannot reach the gateway at {target}: {reason}") from None
+
+
+def devices(config: Config, url: str | None, token: str | None) -> int:
+    """Print a table of the running gateway's devices."""
+    _, body = _request(config, url, token, "/api/devices")
+    rows = [("DEVICE", "ID", "STATE", "LAST SEEN", "BOARD", "TOOLS")]
+    for d in body["devices"]:
+        state = "online" if d["online"] else "offline"
+        rows.append((d["device"], d["id"], state, d["last_seen"], d["board"] or "-",
+                     str(len(d["tools"]))))  # fmt: skip
+    if len(rows) == 1:
+        print("no devices yet")
+        return 0
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def call(config: Config, url: str | None, token: str | None, device: str, tool: str,
+         arguments: Any) -> int:  # fmt: skip
+    """Call one device tool and print what it returned."""
+    if not isinstance(arguments, dict):
+        raise GatewayError("arguments must be a JSON object")
+    status, body = _request(
+        config, url, token, "/api/call", {"device": device, "tool": tool, "arguments": arguments}
+    )
+    if status != 200:
+        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        return 1
+    result = body["result"]
+    for item in result.get("content", []):
+        print(item["text"] if item.get("type") == "text" else json.dumps(item))
+    return 1 if result.get("isError") else 0
+
+
+def token(config: Config) -> int:
+    """Print the token(s) devices must present, generating one at first use."""
+    for value in device_tokens(config):
+        print(value)
+    return 0
+
+
+def check_config(config: Config) -> int:
+    """Print the effective configuration, secrets redacted."""
+    secret = {"host_token", "device_tokens"}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in secret and value:
+            value = "(set)"
+        elif field.name == "devices":
+            value = {k: dataclasses.asdict(v) for k, v in value.items()}
+        print(f"{field.name} = {value}")
+    if not config.host_listen.is_loopback and not config.host_token:
+        print("error: host_listen is not loopback but no host token is set", file=sys.stderr)
+        return 2
+    return 0

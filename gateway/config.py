@@ -1,0 +1,309 @@
+"""Typed, frozen settings: a TOML file, then ``GATEWAY_*`` environment variables, then CLI flags.
+
+Every key has one name in the file and one in the environment: a top-level key ``device_listen``
+is ``GATEWAY_DEVICE_LISTEN``; a key ``timeout`` in table ``[calls]`` is ``GATEWAY_CALLS_TIMEOUT``.
+The names DESIGN.md fixes (``GATEWAY_DATA_DIR``, ``GATEWAY_HOST_TOKEN``, ...) fall out of that rule.
+Per-device tables (``[devices."<device-id>"]``) come from the file only. Every mistake raises one
+``ConfigError`` that names the key, never a traceback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from gateway.errors import ConfigError
+
+__all__ = ["Config", "DeviceOptions", "ListenAddress", "load_config"]
+
+ENV_PREFIX = "GATEWAY_"
+TOOLS_MODES = ("per-device", "meta", "auto")
+OFFLINE_TOOLS = ("keep", "hide")
+
+
+@dataclass(frozen=True, slots=True)
+class ListenAddress:
+    """A ``host:port`` to listen on."""
+
+    host: str
+    port: int
+
+    @property
+    def is_loopback(self) -> bool:
+        """True when only this machine can reach the address."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOptions:
+    """Settings for one device, from ``[devices."<device-id>"]``."""
+
+    name: str | None = None
+    timeout: float | None = None
+    tool_timeouts: Mapping[str, float] = field(default_factory=dict)
+    allow: tuple[str, ...] = ("*",)
+    deny: tuple[str, ...] = ()
+    user_tools: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Every setting of one gateway process."""
+
+    data_dir: Path
+    device_listen: ListenAddress = ListenAddress("0.0.0.0", 8765)
+    host_listen: ListenAddress = ListenAddress("127.0.0.1", 8766)
+    mqtt_listen: ListenAddress | None = ListenAddress("0.0.0.0", 1883)
+    public_url: str | None = None
+    host_token: str | None = None
+    device_tokens: tuple[str, ...] = ()
+    log_level: str = "info"
+    call_timeout: float = 30.0
+    discovery_timeout: float = 15.0
+    hello_timeout: float = 3.0
+    max_message_bytes: int = 65536
+    tools_mode: str = "auto"
+    meta_threshold: int = 64
+    offline_tools: str = "keep"
+    offline_grace: float = 30.0
+    audit_log: bool = True
+    host_allowed_hosts: tuple[str, ...] = ()
+    host_allowed_origins: tuple[str, ...] = ()
+    devices: Mapping[str, DeviceOptions] = field(default_factory=dict)
+
+    def device(self, device_id: str) -> DeviceOptions:
+        """The options for ``device_id`` (defaults when the file names none)."""
+        return self.devices.get(device_id) or DeviceOptions()
+
+
+# --- value parsers: each takes the key (for messages) and a file or env value ---------------
+
+
+def _listen(key: str, value: object) -> ListenAddress:
+    text = _str(key, value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(key, f"expected host:port, got {text!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(key, f"port must be a number, got {port!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(key, f"port must be 0..65535, got {number}")
+    return ListenAddress(host.strip("[]"), number)
+
+
+def _optional_listen(key: str, value: object) -> ListenAddress | None:
+    if isinstance(value, str) and value.strip().lower() in ("off", "none", ""):
+        return None
+    return _listen(key, value)
+
+
+def _str(key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(key, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _optional_str(key: str, value: object) -> str | None:
+    return _str(key, value).strip() or None
+
+
+def _number(key: str, value: object) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(key, f"expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(key, f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _int(key: str, value: object) -> int:
+    number = _number(key, value)
+    if not number.is_integer():
+        raise ConfigError(key, f"expected a whole number, got {value!r}")
+    return int(number)
+
+
+def _bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = _str(key, value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(key, f"expected true or false, got {value!r}")
+
+
+def _str_list(key: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str):  # from the environment: comma-separated
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(key, "expected a list of strings")
+    return tuple(value)
+
+
+def _choice(*choices: str) -> Callable[[str, object], str]:
+    def parse(key: str, value: object) -> str:
+        text = _str(key, value).strip()
+        if text not in choices:
+            raise ConfigError(key, f"expected one of {', '.join(choices)}; got {text!r}")
+        return text
+
+    return parse
+
+
+def _log_level(key: str, value: object) -> str:
+    return _choice("debug", "info", "warning", "error")(key, _str(key, value).lower())
+
+
+# (file table or "" for top level, file key, Config attribute, parser)
+_FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
+    ("", "data_dir", "data_dir", lambda k, v: Path(_str(k, v)).expanduser()),
+    ("", "device_listen", "device_listen", _listen),
+    ("", "host_listen", "host_listen", _listen),
+    ("", "mqtt_listen", "mqtt_listen", _optional_listen),
+    ("", "public_url", "public_url", _optional_str),
+    ("", "host_token", "host_token", _optional_str),
+    ("", "device_tokens", "device_tokens", _str_list),
+    ("", "log_level", "log_level", _log_level),
+    ("calls", "timeout", "call_timeout", _number),
+    ("devices", "discovery_timeout", "discovery_timeout", _number),
+    ("devices", "hello_timeout", "hello_timeout", _number),
+    ("devices", "max_message_bytes", "max_message_bytes", _int),
+    ("tools", "mode", "tools_mode", _choice(*TOOLS_MODES)),
+    ("tools", "meta_threshold", "meta_threshold", _int),
+    ("tools", "offline_tools", "offline_tools", _choice(*OFFLINE_TOOLS)),
+    ("tools", "offline_grace", "offline_grace", _number),
+    ("audit", "enabled", "audit_log", _bool),
+    ("host", "allowed_hosts", "host_allowed_hosts", _str_list),
+    ("host", "allowed_origins", "host_allowed_origins", _str_list),
+)
+
+
+def env_name(table: str, key: str) -> str:
+    """The environment variable that overrides ``key`` in ``table`` ("" = top level)."""
+    return ENV_PREFIX + (f"{table}_{key}" if table else key).upper()
+
+
+def _file_key(table: str, key: str) -> str:
+    return f"{table}.{key}" if table else key
+
+
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> Config:
+    """Build the settings from a TOML file, the environment and CLI flags (in rising precedence).
+
+    Args:
+        path: the TOML file, or None for ``GATEWAY_CONFIG`` or else defaults only.
+        env: the environment (``os.environ`` when None).
+        flags: values from command-line flags, keyed by ``Config`` attribute; None values skipped.
+
+    Raises:
+        ConfigError: a value is wrong or the file cannot be read; the message names the key.
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get("GATEWAY_CONFIG"):
+        path = Path(env["GATEWAY_CONFIG"])
+    data = _read_file(path) if path is not None else {}
+    _check_unknown_keys(data)
+    values: dict[str, Any] = {}
+    for table, key, attr, parse in _FIELDS:
+        section = data.get(table, {}) if table else data
+        if key in section:
+            values[attr] = parse(_file_key(table, key), section[key])
+        name = env_name(table, key)
+        if env.get(name) is not None:
+            values[attr] = parse(name, env[name])
+    token = env.get("GATEWAY_DEVICE_TOKEN", "").strip()
+    if token:  # the one shared device token of the contract, on top of any configured list
+        values["device_tokens"] = (token, *values.get("device_tokens", ()))
+    for attr, value in (flags or {}).items():
+        if value is not None:
+            parse = next(p for _, _, a, p in _FIELDS if a == attr)
+            values[attr] = parse(f"--{attr.replace('_', '-')}", value)
+    values.setdefault("data_dir", Path(platformdirs.user_data_dir("esp-mcp-gateway")))
+    values["devices"] = _devices(data.get("devices", {}))
+    return Config(**values)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the config file: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+
+
+def _devices(table: object) -> dict[str, DeviceOptions]:
+    if not isinstance(table, dict):
+        raise ConfigError("devices", "expected a table")
+    devices: dict[str, DeviceOptions] = {}
+    for device_id, options in table.items():
+        if device_id in {k for t, k, _, _ in _FIELDS if t == "devices"}:
+            continue  # a general [devices] setting, not a device
+        devices[device_id.lower()] = _device_options(f'devices."{device_id}"', options)
+    return devices
+
+
+def _device_options(prefix: str, options: object) -> DeviceOptions:
+    if not isinstance(options, dict):
+        raise ConfigError(prefix, "expected a table")
+    known = {"name", "timeout", "tool_timeouts", "allow", "deny", "user_tools"}
+    for key in options:
+        if key not in known:
+            raise ConfigError(f"{prefix}.{key}", f"unknown key (known: {', '.join(sorted(known))})")
+    timeouts = options.get("tool_timeouts", {})
+    if not isinstance(timeouts, dict):
+        raise ConfigError(f"{prefix}.tool_timeouts", "expected a table of tool = seconds")
+    return DeviceOptions(
+        name=_str(f"{prefix}.name", options["name"]) if "name" in options else None,
+        timeout=_number(f"{prefix}.timeout", options["timeout"]) if "timeout" in options else None,
+        tool_timeouts={
+            tool: _number(f"{prefix}.tool_timeouts.{tool}", seconds)
+            for tool, seconds in timeouts.items()
+        },
+        allow=_str_list(f"{prefix}.allow", options.get("allow", ["*"])),
+        deny=_str_list(f"{prefix}.deny", options.get("deny", [])),
+        user_tools=_str_list(f"{prefix}.user_tools", options.get("user_tools", [])),
+    )
+
+
+def _check_unknown_keys(data: Mapping[str, Any]) -> None:
+    top = {k for t, k, _, _ in _FIELDS if not t}
+    for key, value in data.items():
+        known = {k for t, k, _, _ in _FIELDS if t == key}
+        if key in top:
+            continue
+        if not known:
+            raise ConfigError(key, "unknown key")
+        if not isinstance(value, dict):
+            raise ConfigError(key, "expected a table")
+        if key == "devices":
+            continue  # every other key of [devices] is a device id
+        for name in sorted(set(value) - known):
+            raise ConfigError(f"{key}.{name}", f"unknown key (known: {', '.join(sorted(known))})")

@@ -1,0 +1,1 @@
+"""Live device connections, the device registry, and the calls routed to devices."""

@@ -1,0 +1,85 @@
+"""The gateway's exception tree.
+
+::
+
+    GatewayError
+    ├── ConfigError            a config file or environment value is wrong (names the key)
+    ├── LocalProtocolError     we were about to send something the protocol forbids
+    ├── InvalidState           an operation that the device session's state does not allow
+    ├── CallRejected           the gateway refused to send a call (unknown tool, policy, arguments)
+    └── DeviceError            a call to a device did not produce a result
+        ├── DeviceUnavailable  the device is offline, unknown, or went away mid-call
+        ├── DeviceTimeout      the device did not answer in time
+        ├── RemoteProtocolError the device sent something that breaks the protocol
+        └── DeviceToolError    the device answered with a JSON-RPC error
+
+Every ``DeviceError`` carries the ``device_id`` it concerns; ``DeviceToolError`` also carries the
+device's JSON-RPC ``code`` when it sent one (stock firmware never does).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CallRejected",
+    "ConfigError",
+    "DeviceError",
+    "DeviceTimeout",
+    "DeviceToolError",
+    "DeviceUnavailable",
+    "GatewayError",
+    "InvalidState",
+    "LocalProtocolError",
+    "RemoteProtocolError",
+]
+
+
+class GatewayError(Exception):
+    """Base class of every error the gateway raises on purpose."""
+
+
+class ConfigError(GatewayError):
+    """A configuration value is missing or wrong; the message names the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+class LocalProtocolError(GatewayError):
+    """The gateway tried to send something the device protocol forbids (e.g. an oversize frame)."""
+
+
+class InvalidState(GatewayError):
+    """An operation was attempted in a device-session state that does not allow it."""
+
+
+class CallRejected(GatewayError):
+    """The gateway refused a call before sending it: unknown tool, policy, or bad arguments."""
+
+
+class DeviceError(GatewayError):
+    """A device call failed; ``device_id`` says which device."""
+
+    def __init__(self, device_id: str, message: str) -> None:
+        super().__init__(message)
+        self.device_id = device_id
+
+
+class DeviceUnavailable(DeviceError):
+    """The device is offline or unknown, or it disconnected while a call was pending."""
+
+
+class DeviceTimeout(DeviceError):
+    """The device did not answer within the call's timeout."""
+
+
+class RemoteProtocolError(DeviceError):
+    """The device sent a message that violates the protocol."""
+
+
+class DeviceToolError(DeviceError):
+    """The device answered a request with a JSON-RPC error (``code`` is None when it sent none)."""
+
+    def __init__(self, device_id: str, message: str, code: int | None = None) -> None:
+        super().__init__(device_id, message)
+        self.code = code

@@ -1,0 +1,186 @@
+"""The host listener: MCP over streamable HTTP (``/mcp``) and legacy SSE, plus a small JSON API.
+
+Every route but ``/healthz`` sits behind the Host/Origin check (DNS rebinding) and, when a host
+token is set, behind bearer auth. The SDK's own transport checks are turned off in favour of
+``HostOriginGuard``, which covers the JSON API as well as MCP.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.provider import AccessToken
+from mcp.server.sse import SseServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.config import Config
+from gateway.devices.calls import CallRouter
+from gateway.devices.registry import DeviceRegistry
+from gateway.errors import CallRejected, DeviceError, DeviceTimeout
+from gateway.mcp_server import McpFrontend
+
+__all__ = ["HostOriginGuard", "build_host_app", "host_patterns"]
+
+_LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]")
+_LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
+_SDK_CHECKS_OFF = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+
+
+def host_patterns(config: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The Host and Origin patterns the host listener accepts."""
+    hosts = [*_LOOPBACK_HOSTS, *config.host_allowed_hosts]
+    bind = config.host_listen.host
+    if bind in ("0.0.0.0", "::", ""):
+        # Bound to every interface, the name people use for this machine is anyone's guess;
+        # the host token (mandatory off loopback) guards it instead.
+        if not config.host_allowed_hosts:
+            hosts.append("*")
+    elif not config.host_listen.is_loopback:
+        hosts += [bind, f"{bind}:*"]
+    return tuple(hosts), (*_LOOPBACK_ORIGINS, *config.host_allowed_origins)
+
+
+def _allowed(value: str, patterns: tuple[str, ...]) -> bool:
+    for pattern in patterns:
+        if pattern.endswith(":*"):
+            if value.startswith(pattern[:-1]) and value[len(pattern) - 1 :].isdigit():
+                return True
+        elif fnmatch.fnmatchcase(value.lower(), pattern.lower()):
+            return True
+    return False
+
+
+class HostOriginGuard:
+    """ASGI middleware: 421 for a Host, 403 for an Origin outside the allowed patterns."""
+
+    def __init__(self, app: ASGIApp, hosts: tuple[str, ...], origins: tuple[str, ...]) -> None:
+        self.app, self.hosts, self.origins = app, hosts, origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Check the request, then pass it on."""
+        if scope["type"] == "http" and scope["path"] != "/healthz":
+            headers = Headers(scope=scope)
+            if not _allowed(headers.get("host", ""), self.hosts):
+                await PlainTextResponse("Invalid Host header", 421)(scope, receive, send)
+                return
+            origin = headers.get("origin")
+            if origin and not _allowed(origin, self.origins):
+                await PlainTextResponse("Invalid Origin header", 403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class StaticTokenVerifier:
+    """The SDK's ``TokenVerifier`` for one shared host token."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        """Accept exactly the configured token."""
+        if hmac.compare_digest(token.encode(), self._token):
+            return AccessToken(token=token, client_id="host", scopes=[])
+        return None
+
+
+class _SseEndpoint:
+    """``GET /sse``: one legacy SSE MCP session per request (an ASGI app, not a view)."""
+
+    def __init__(self, frontend: McpFrontend, transport: SseServerTransport) -> None:
+        self.frontend, self.transport = frontend, transport
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = self.frontend.server
+        async with self.transport.connect_sse(scope, receive, send) as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+
+class _Api:
+    """The small JSON API the CLI uses (``devices``, ``call``)."""
+
+    def __init__(self, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter):
+        self.frontend, self.registry, self.router = frontend, registry, router
+
+    async def devices(self, request: Request) -> Response:
+        return JSONResponse(self.frontend.describe_devices())
+
+    async def call(self, request: Request) -> Response:
+        try:
+            body: Any = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"error": "the body must be JSON"}, 400)
+        if not isinstance(body, dict) or not isinstance(body.get("device"), str):
+            return JSONResponse({"error": "expected {device, tool, arguments}"}, 400)
+        device = self.registry.find(body["device"])
+        if device is None:
+            return JSONResponse({"error": f"unknown device {body['device']!r}"}, 404)
+        tool, arguments = body.get("tool"), body.get("arguments") or {}
+        if not isinstance(tool, str) or not isinstance(arguments, dict):
+            return JSONResponse({"error": "tool must be a string, arguments an object"}, 400)
+        try:
+            result = await self.router.call(device, tool, arguments, caller="api", user=True)
+        except CallRejected as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        except DeviceError as exc:
+            return JSONResponse({"error": str(exc)}, 504 if isinstance(exc, DeviceTimeout) else 502)
+        return JSONResponse({"result": result})
+
+    async def health(self, request: Request) -> Response:
+        online = sum(d.online for d in self.registry.devices())
+        return JSONResponse({"status": "ok", "devices_online": online})
+
+
+def build_host_app(
+    config: Config, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter
+) -> tuple[Starlette, StreamableHTTPSessionManager]:
+    """The host listener's app, and the session manager its owner must run (``mgr.run()``)."""
+    manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
+    sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
+    api = _Api(frontend, registry, router)
+    token = config.host_token
+
+    def guard(app: ASGIApp) -> ASGIApp:
+        return RequireAuthMiddleware(app, required_scopes=[]) if token else app
+
+    routes = [
+        Route("/mcp", endpoint=guard(StreamableHTTPASGIApp(manager))),
+        Route("/sse", endpoint=guard(_SseEndpoint(frontend, sse)), methods=["GET"]),
+        Mount("/messages/", app=guard(sse.handle_post_message)),
+        Route("/api/devices", endpoint=guard(_view(api.devices)), methods=["GET"]),
+        Route("/api/call", endpoint=guard(_view(api.call)), methods=["POST"]),
+        Route("/healthz", endpoint=api.health, methods=["GET"]),
+    ]
+    hosts, origins = host_patterns(config)
+    middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
+    if token:
+        backend = BearerAuthBackend(StaticTokenVerifier(token))
+        middleware.append(Middleware(AuthenticationMiddleware, backend=backend))
+    return Starlette(routes=routes, middleware=middleware), manager
+
+
+class _view:  # noqa: N801 - reads as a function at the route table
+    """A request/response view as a raw ASGI app, so that auth can wrap it like MCP routes.
+
+    An instance, not a function: Starlette's ``Route`` treats a plain function as a view.
+    """
+
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]]) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.handler(Request(scope, receive))
+        await response(scope, receive, send)

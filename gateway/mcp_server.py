@@ -1,0 +1,339 @@
+"""The MCP server hosts talk to: device tools, meta-tools, and ``tools/list_changed`` fan-out.
+
+Built on the SDK's low-level ``Server``; transports (stdio, SSE, streamable HTTP) are mounted
+elsewhere (``gateway.host_app``, ``gateway.app``). Every device failure becomes an ``isError``
+result with a clear text: SDK 2.x turns any other exception into an opaque -32603.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+from typing import Any
+
+import mcp.types as types
+from mcp import MCPError
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+
+from gateway import __version__
+from gateway.config import Config
+from gateway.devices.calls import CallRouter, format_time
+from gateway.devices.policy import refusal, tool_hints
+from gateway.devices.registry import Device, DeviceRegistry, ExposedTool
+from gateway.errors import CallRejected, DeviceError
+
+__all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+Context = ServerRequestContext[Any, Any]
+
+INSTRUCTIONS = (
+    "Tools of physical ESP32 devices. Each device tool is named <device>_<tool>; its description "
+    "starts with [<device>]. list_devices shows every device, whether it is online, and its "
+    "tools; call_device_tool calls any of them by device and tool name (use it when a device's "
+    "tools are not listed individually)."
+)
+
+LIST_DEVICES = types.Tool(
+    name="list_devices",
+    title="List devices",
+    description="List the connected and known ESP32 devices, whether each is online, and the "
+    "tools each offers (with their argument schemas).",
+    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+    annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False),
+)
+
+CALL_DEVICE_TOOL = types.Tool(
+    name="call_device_tool",
+    title="Call a device tool",
+    description="Call a tool of one device. `device` is the device name (or id) and `tool` the "
+    "tool's name, both as list_devices shows them; `arguments` follows the tool's schema.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "device": {"type": "string", "description": "device name or id"},
+            "tool": {"type": "string", "description": "tool name, e.g. self.lamp.turn_on"},
+            "arguments": {"type": "object", "description": "the tool's arguments"},
+        },
+        "required": ["device", "tool"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
+)
+
+
+def _text(text: str) -> types.TextContent:
+    return types.TextContent(type="text", text=text)
+
+
+def _error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[_text(text)], is_error=True)
+
+
+class GatewayServer(Server[Any]):
+    """A ``Server`` that advertises ``tools.listChanged`` on every handshake-era transport.
+
+    The streamable-HTTP manager calls ``serve_loop()`` without init options, which would default
+    to ``listChanged=false`` (reference/mcp-sdk-2x.md §2.3).
+    """
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        """Default to ``tools_changed=True``."""
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+class ChangeNotifier:
+    """Tells every connected MCP session that the tool list changed.
+
+    Handshake-era sessions get ``notifications/tools/list_changed`` on their standalone channel;
+    2026-era clients get it on their ``subscriptions/listen`` stream. SDK 2.x builds a new
+    ``ServerSession`` proxy per message, so sessions are keyed by their private ``_connection``
+    (pinned by ``mcp==2.3.*`` and by the end-to-end tests), captured once per connection at
+    ``notifications/initialized`` and dropped by the connection's exit stack.
+    """
+
+    def __init__(self) -> None:
+        self._legacy: dict[int, ServerSession] = {}
+        self._sessions_changed = asyncio.Event()
+        self.bus = InMemorySubscriptionBus()
+        self.listen_handler = ListenHandler(self.bus)
+
+    async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
+        """Server middleware: remember each handshake-era connection once it is initialized."""
+        result = await call_next(ctx)
+        if (
+            ctx.method == "notifications/initialized"
+            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        ):
+            self._track(ctx.session)
+        return result
+
+    def _track(self, session: ServerSession) -> None:
+        connection = getattr(session, "_connection", None)
+        if connection is None or not getattr(connection, "has_standalone_channel", True):
+            return  # stateless HTTP: there is nowhere to push to
+        key = id(connection)
+        if key not in self._legacy:
+            self._legacy[key] = session
+            connection.exit_stack.callback(self._forget, key)
+            self._signal()
+
+    def _forget(self, key: int) -> None:
+        self._legacy.pop(key, None)
+        self._signal()
+
+    def _signal(self) -> None:
+        self._sessions_changed.set()
+        self._sessions_changed = asyncio.Event()
+
+    @property
+    def session_count(self) -> int:
+        """How many handshake-era sessions would be told of a change now."""
+        return len(self._legacy)
+
+    async def wait_for_sessions(self, count: int) -> None:
+        """Wait until exactly ``count`` handshake-era sessions are connected."""
+        while len(self._legacy) != count:
+            await self._sessions_changed.wait()
+
+    async def tools_changed(self) -> None:
+        """Notify every session; a session that went away is skipped, never fatal."""
+        for session in list(self._legacy.values()):
+            with contextlib.suppress(Exception):
+                await session.send_tool_list_changed()
+        await self.bus.publish(ToolsListChanged())
+
+
+class McpFrontend:
+    """The gateway's MCP face: builds the ``Server`` and answers its requests."""
+
+    def __init__(self, config: Config, registry: DeviceRegistry, router: CallRouter) -> None:
+        self._config = config
+        self._registry = registry
+        self._router = router
+        self.notifier = ChangeNotifier()
+        self.server = GatewayServer(
+            "esp-mcp-gateway",
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=self.notifier.listen_handler,
+        )
+        self.server.middleware.append(self.notifier)
+
+    async def forward_changes(self) -> None:
+        """Push every registry change to every MCP session (runs for the gateway's life)."""
+        async with self._registry.changes() as changes:
+            async for _ in changes:
+                await self.notifier.tools_changed()
+
+    def tools(self) -> list[types.Tool]:
+        """The tool list hosts see: meta-tools first (always there), then device tools."""
+        exposed = self._registry.exposed_tools()
+        mode = self._config.tools_mode
+        if mode == "meta" or (mode == "auto" and len(exposed) > self._config.meta_threshold):
+            return [LIST_DEVICES, CALL_DEVICE_TOOL]
+        return [LIST_DEVICES, CALL_DEVICE_TOOL, *(_as_mcp_tool(t) for t in exposed)]
+
+    async def _list_tools(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools())
+
+    async def _call_tool(
+        self, ctx: Context, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        arguments = params.arguments or {}
+        if params.name == LIST_DEVICES.name:
+            return types.CallToolResult(content=[_text(json.dumps(self.describe_devices()))])
+        if params.name == CALL_DEVICE_TOOL.name:
+            return await self._call_by_reference(ctx, arguments)
+        exposed = self._registry.lookup(params.name)
+        if exposed is None:  # the spec's answer to an unknown tool: a protocol error
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
+        return await self._invoke(ctx, exposed.device, exposed.tool["name"], arguments)
+
+    async def _call_by_reference(self, ctx: Context, arguments: JsonObject) -> types.CallToolResult:
+        device_ref, tool_ref = arguments.get("device"), arguments.get("tool")
+        tool_arguments = arguments.get("arguments") or {}
+        if not isinstance(device_ref, str) or not isinstance(tool_ref, str):
+            return _error("call_device_tool needs string `device` and `tool` arguments")
+        if not isinstance(tool_arguments, dict):
+            return _error("call_device_tool: `arguments` must be an object")
+        device = self._registry.find(device_ref)
+        if device is None:
+            known = ", ".join(d.alias for d in self._registry.devices()) or "none"
+            return _error(f"unknown device {device_ref!r} (known devices: {known})")
+        return await self._invoke(ctx, device, self._resolve_tool(device, tool_ref), tool_arguments)
+
+    def _resolve_tool(self, device: Device, ref: str) -> str:
+        """Accept a device tool by its own name, without ``self.``, or by its MCP name."""
+        if device.tool(ref) is None and device.tool("self." + ref) is not None:
+            return "self." + ref
+        exposed = self._registry.lookup(ref)
+        if device.tool(ref) is None and exposed is not None and exposed.device is device:
+            return str(exposed.tool["name"])
+        return ref  # the device's own name, or unknown: the router rejects it clearly
+
+    async def _invoke(
+        self, ctx: Context, device: Device, tool: str, arguments: JsonObject
+    ) -> types.CallToolResult:
+        try:
+            result = await self._router.call(device, tool, arguments, caller=_caller(ctx))
+        except (CallRejected, DeviceError) as exc:
+            return _error(str(exc))
+        return to_call_result(result)
+
+    def describe_devices(self) -> JsonObject:
+        """Every device with its state and the tools the model may use (``list_devices``)."""
+        names = {(t.device.device_id, t.tool["name"]): t.name for t in self._registry.exposed_tools()}
+        devices = []
+        for device in self._registry.devices():
+            options = self._config.device(device.device_id)
+            tools = [
+                {
+                    "tool": tool["name"],
+                    "mcp_name": names.get((device.device_id, tool["name"])),
+                    "description": tool.get("description", ""),
+                    "inputSchema": tool.get("inputSchema"),
+                }
+                for tool in device.record.tools
+                if refusal(tool, options) is None
+            ]
+            devices.append(
+                {
+                    "device": device.alias,
+                    "id": device.device_id,
+                    "online": device.online,
+                    "last_seen": format_time(device.record.last_seen),
+                    "board": device.record.board,
+                    "transport": device.record.transport,
+                    "tools": tools,
+                }
+            )
+        return {"devices": devices}
+
+
+def _caller(ctx: Context) -> str:
+    request = ctx.request
+    client = getattr(request, "client", None)
+    where = f"http:{client.host}" if client is not None else "stdio"
+    params = ctx.session.client_params
+    return f"{where} {params.client_info.name}" if params is not None else where
+
+
+def _as_mcp_tool(exposed: ExposedTool) -> types.Tool:
+    tool = exposed.tool
+    hints = tool_hints(tool["name"])
+    return types.Tool(
+        name=exposed.name,
+        description=f"[{exposed.device.alias}] {tool.get('description', '')}",
+        input_schema=tool["inputSchema"],
+        annotations=types.ToolAnnotations(
+            title=f"{exposed.device.alias}: {tool['name']}",
+            read_only_hint=hints["readOnlyHint"],
+            destructive_hint=hints["destructiveHint"],
+        ),
+    )
+
+
+def to_call_result(result: JsonObject) -> types.CallToolResult:
+    """Turn a device's ``tools/call`` result into the MCP result hosts get."""
+    items = result.get("content")
+    content = [_content(item) for item in items] if isinstance(items, list) else []
+    structured = result.get("structuredContent")
+    return types.CallToolResult(
+        content=content,
+        structured_content=structured if isinstance(structured, dict) else None,
+        is_error=result.get("isError") is True,
+    )
+
+
+def _content(item: object) -> types.ContentBlock:
+    if isinstance(item, dict):
+        if item.get("type") == "text" and isinstance(item.get("text"), str):
+            return _text(item["text"])
+        if item.get("type") == "image":
+            image = _image(item)
+            if image is not None:
+                return image
+    return _text(json.dumps(item, ensure_ascii=False))
+
+
+def _image(item: JsonObject) -> types.ImageContent | None:
+    # xiaozhi-protocol.md §4: stock firmware's image content nests a JSON *string* under "image".
+    if isinstance(item.get("image"), str):
+        try:
+            item = json.loads(item["image"])
+        except ValueError:
+            return None
+        if not isinstance(item, dict):
+            return None
+    data, mime = item.get("data"), item.get("mimeType", "image/jpeg")
+    if not isinstance(data, str) or not isinstance(mime, str):
+        return None
+    try:
+        base64.b64decode(data, validate=True)
+    except binascii.Error:
+        return None
+    return types.ImageContent(type="image", data=data, mime_type=mime)

@@ -1,0 +1,45 @@
+"""Device tokens: the configured ones, or one generated at first start and kept in the data dir."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from gateway.config import Config
+
+__all__ = ["device_tokens", "generated_token_path", "token_matches"]
+
+
+def generated_token_path(config: Config) -> Path:
+    """Where the generated device token lives."""
+    return config.data_dir / "device_token"
+
+
+def device_tokens(config: Config) -> tuple[str, ...]:
+    """The tokens devices may present: the configured ones, else the generated one."""
+    if config.device_tokens:
+        return config.device_tokens
+    path = generated_token_path(config)
+    if path.exists():
+        token = path.read_text(encoding="utf-8").strip()
+        if token:
+            return (token,)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    # Write-then-rename, 0600 from the start: the token must never be readable by others.
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(token + "\n")
+    tmp.replace(path)
+    return (token,)
+
+
+def token_matches(presented: str | None, tokens: tuple[str, ...]) -> bool:
+    """Compare in constant time against every accepted token."""
+    if not presented:
+        return False
+    given = presented.encode()
+    return any(hmac.compare_digest(given, t.encode()) for t in tokens)

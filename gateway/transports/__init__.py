@@ -1,0 +1,1 @@
+"""Transports: each adapts one kind of device link (WebSocket, MQTT) to ``DeviceLink``."""

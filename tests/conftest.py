@@ -1,0 +1,49 @@
+"""Shared fixtures: a real gateway on port 0, and helpers to bound every wait."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.app import Running, running
+from gateway.config import Config, ListenAddress
+
+DEVICE_TOKEN = "device-secret-for-tests"
+
+# Slow machines (CI under load) scale every bound by this factor; nothing waits on a clock.
+TIMEOUT_FACTOR = float(os.environ.get("GATEWAY_TESTS_TIMEOUT_FACTOR", "1"))
+
+
+def bound(seconds: float) -> float:
+    """A wait bound in seconds, scaled for slow machines."""
+    return seconds * TIMEOUT_FACTOR
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def make_config(data_dir: Path, **overrides: Any) -> Config:
+    """A config for tests: loopback listeners on free ports, a known device token, no MQTT."""
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "device_listen": ListenAddress("127.0.0.1", 0),
+        "host_listen": ListenAddress("127.0.0.1", 0),
+        "mqtt_listen": None,
+        "device_tokens": (DEVICE_TOKEN,),
+    }
+    values.update(overrides)
+    return Config(**values)
+
+
+@asynccontextmanager
+async def gateway(data_dir: Path, **overrides: Any) -> AsyncIterator[Running]:
+    """A real gateway with both uvicorn listeners, stopped on exit."""
+    async with running(make_config(data_dir, **overrides)) as run:
+        yield run

@@ -1,0 +1,98 @@
+"""The registry: what hosts see, when they are told, and what survives a restart."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from gateway.config import DeviceOptions
+from tests.conftest import make_config
+from tests.fakes import ScriptedSession, Stack, tool
+
+pytestmark = pytest.mark.anyio
+
+
+def pending(changes: object) -> bool:
+    return not changes._queue.empty()  # type: ignore[attr-defined]
+
+
+async def test_new_catalogue_is_announced_once(tmp_path: Path) -> None:
+    """A device's first catalogue is one change; connecting alone is none."""
+    stack = Stack(make_config(tmp_path))
+    async with stack.registry.changes() as changes:
+        stack.registry.connect("aa:01", ScriptedSession())
+        assert not pending(changes)
+        stack.registry.set_catalogue("aa:01", (tool("self.a"),), None)
+        assert pending(changes)
+        await asyncio.wait_for(anext(changes), 1)
+    stack.close()
+
+
+async def test_reconnect_with_the_same_tools_is_not_a_change(tmp_path: Path) -> None:
+    """A short drop with tools kept does not make hosts refetch (no flapping)."""
+    stack = Stack(make_config(tmp_path))
+    session = ScriptedSession()
+    stack.registry.connect("aa:02", session)
+    stack.registry.set_catalogue("aa:02", (tool("self.a"),), None)
+    async with stack.registry.changes() as changes:
+        stack.registry.disconnect("aa:02", session)
+        again = ScriptedSession()
+        stack.registry.connect("aa:02", again)
+        stack.registry.set_catalogue("aa:02", (tool("self.a"),), None)
+        assert not pending(changes)
+    stack.close()
+
+
+async def test_hide_mode_hides_offline_tools_after_the_grace(tmp_path: Path) -> None:
+    """offline_tools = "hide" drops a device's tools once it stayed away past the grace."""
+    now = [1000.0]
+    stack = Stack(make_config(tmp_path, offline_tools="hide", offline_grace=0.05), lambda: now[0])
+    session = ScriptedSession()
+    stack.registry.connect("aa:03", session)
+    stack.registry.set_catalogue("aa:03", (tool("self.a"),), None)
+    async with stack.registry.changes() as changes:
+        stack.registry.disconnect("aa:03", session)
+        assert stack.registry.exposed_tools() and not pending(changes)
+        now[0] += 1
+        await asyncio.wait_for(anext(changes), 2)  # the grace timer re-checks
+        assert stack.registry.exposed_tools() == []
+    stack.close()
+
+
+async def test_a_newer_session_is_not_undone_by_the_old_one(tmp_path: Path) -> None:
+    """The old link's late disconnect leaves a reconnected device online."""
+    stack = Stack(make_config(tmp_path))
+    old, new = ScriptedSession(), ScriptedSession()
+    stack.registry.connect("aa:04", old)
+    assert stack.registry.connect("aa:04", new) is old
+    stack.registry.disconnect("aa:04", old)
+    device = stack.registry.find("aa:04")
+    assert device is not None and device.online
+    stack.close()
+
+
+async def test_registry_survives_a_restart(tmp_path: Path) -> None:
+    """Devices, catalogues, aliases and names come back from SQLite."""
+    config = make_config(tmp_path, devices={"aa:05": DeviceOptions(name="Kitchen Lamp")})
+    first = Stack(config)
+    first.registry.connect("AA:05", ScriptedSession(), client_id="c1", transport="websocket")
+    first.registry.set_catalogue("aa:05", (tool("self.light.on"),), {"name": "esp32-s3"})
+    before = [t.name for t in first.registry.exposed_tools()]
+    first.close()
+    second = Stack(config)
+    device = second.registry.find("Kitchen_Lamp")
+    assert device is not None and not device.online
+    assert device.record.board == "esp32-s3" and device.record.client_id == "c1"
+    assert [t.name for t in second.registry.exposed_tools()] == before == ["Kitchen_Lamp_light_on"]
+    second.close()
+
+
+async def test_derived_alias_prefers_the_board_name(tmp_path: Path) -> None:
+    """An unnamed device is called after the board its firmware reports."""
+    stack = Stack(make_config(tmp_path))
+    stack.registry.connect("aa:bb:cc:dd:ee:ff", ScriptedSession())
+    stack.registry.set_catalogue("aa:bb:cc:dd:ee:ff", (tool("self.a"),), {"name": "bread-compact-wifi"})
+    assert [t.name for t in stack.registry.exposed_tools()] == ["bread-compact-wifi_eeff_a"]
+    stack.close()

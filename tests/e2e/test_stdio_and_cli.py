@@ -1,0 +1,153 @@
+"""The CLI as users run it: subprocesses for stdio MCP, the stdio relay, and the commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from gateway.simulator import SimulatedDevice
+from tests.conftest import DEVICE_TOKEN, bound, gateway
+from tests.e2e.helpers import Inbox, listed_device
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cli_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(GATEWAY_DATA_DIR=str(data_dir), GATEWAY_MQTT_LISTEN="off", **extra)
+    return env
+
+
+async def cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    with anyio.fail_after(bound(30)):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "gateway", *args], env=env, check=False
+        )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+async def test_stdio_serves_mcp_and_the_device_listener(tmp_path: Path) -> None:
+    """`esp-mcp-gateway stdio` (Claude Desktop's entry) lists, pushes changes and calls."""
+    device_port = free_port()
+    env = cli_env(
+        tmp_path,
+        GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{device_port}",
+        GATEWAY_HOST_LISTEN=f"127.0.0.1:{free_port()}",
+        GATEWAY_DEVICE_TOKEN=DEVICE_TOKEN,
+    )
+    params = StdioServerParameters(command=sys.executable, args=["-m", "gateway", "stdio"], env=env)
+    inbox = Inbox()
+    async with Client(params, mode="legacy", message_handler=inbox) as client:
+        assert client.server_info.name == "esp-mcp-gateway"
+        assert [t.name for t in (await client.list_tools()).tools] == [
+            "list_devices",
+            "call_device_tool",
+        ]
+        url = f"ws://127.0.0.1:{device_port}/xiaozhi/v1/"
+        async with SimulatedDevice(url, DEVICE_TOKEN, device_id="02:00:00:00:00:01"):
+            await inbox.next_change()
+            names = [t.name for t in (await client.list_tools()).tools]
+            assert "sim-esp32_0001_lamp_turn_on" in names
+            result = await client.call_tool("sim-esp32_0001_lamp_turn_on", {})
+            assert not result.is_error and result.content[0].text == "true"
+
+
+async def test_stdio_connect_relays_to_a_running_gateway(tmp_path: Path) -> None:
+    """`stdio --connect URL --token T` reaches a gateway elsewhere, pushes included."""
+    async with gateway(tmp_path / "gw", host_token="host-secret") as run:
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "gateway", "stdio", "--connect", run.mcp_url, "--token", "host-secret"],
+            env=cli_env(tmp_path / "relay"),
+        )
+        inbox = Inbox()
+        async with Client(params, mode="legacy", message_handler=inbox) as client:
+            assert client.server_info.name == "esp-mcp-gateway"
+            with anyio.fail_after(bound(10)):
+                await run.gateway.frontend.notifier.wait_for_sessions(1)
+            async with listed_device(run):
+                await inbox.next_change()
+                result = await client.call_tool("sim-esp32_0001_lamp_turn_on", {})
+    assert not result.is_error and result.content[0].text == "true"
+
+
+async def test_devices_and_call_commands(tmp_path: Path) -> None:
+    """`devices` prints a table of a running gateway; `call` calls a tool and prints its text."""
+    async with gateway(tmp_path / "gw") as run, listed_device(run):
+        env = cli_env(tmp_path / "cli")
+        url = f"http://127.0.0.1:{run.host_port}"
+        code, table, _ = await cli("devices", "--url", url, env=env)
+        assert code == 0
+        header, row = table.splitlines()
+        assert header.split()[:3] == ["DEVICE", "ID", "STATE"]
+        assert row.split()[:3] == ["sim-esp32_0001", "02:00:00:00:00:01", "online"]
+        code, out, _ = await cli(
+            "call", "--url", url, "sim-esp32_0001", "self.audio_speaker.set_volume",
+            '{"volume": 42}', env=env,
+        )  # fmt: skip
+        assert (code, out.strip()) == (0, "true")
+        code, out, _ = await cli(
+            "call", "--url", url, "sim-esp32_0001", "self.get_device_status", env=env
+        )
+        assert json.loads(out)["audio_speaker"]["volume"] == 42
+        code, _, err = await cli("call", "--url", url, "nosuch", "x", env=env)
+        assert code == 1 and "unknown device 'nosuch'" in err
+
+
+async def test_cli_reports_an_unreachable_gateway_in_one_line(tmp_path: Path) -> None:
+    """No traceback when nothing listens at the URL."""
+    code, _, err = await cli(
+        "devices", "--url", f"http://127.0.0.1:{free_port()}", env=cli_env(tmp_path)
+    )
+    assert code == 1
+    assert "cannot reach the gateway" in err and "Traceback" not in err
+
+
+async def test_token_is_generated_once_and_kept(tmp_path: Path) -> None:
+    """`token` makes a device token at first use and prints the same one afterwards."""
+    env = cli_env(tmp_path)
+    first = await cli("token", env=env)
+    second = await cli("token", env=env)
+    assert first[0] == 0 and len(first[1].strip()) >= 24
+    assert first[1] == second[1]
+    assert oct((tmp_path / "device_token").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        ('tools = { mode = "everything" }', "tools.mode"),
+        ("device_listen = 8765", "device_listen"),
+        ("[calls]\ntimeout = -1", "calls.timeout"),
+        ("this is = not toml [", "not valid TOML"),
+        ("colour = 1", "colour"),
+    ],
+)
+async def test_broken_config_gives_one_clear_message(tmp_path: Path, content: str, key: str) -> None:
+    """A broken config file names the key, exits 2, and shows no traceback."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(content)
+    code, _, err = await cli("check-config", "--config", str(config), env=cli_env(tmp_path))
+    assert code == 2
+    assert key in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_non_loopback_host_listener_needs_a_token(tmp_path: Path) -> None:
+    """Binding the MCP side off loopback without a host token refuses to start."""
+    env = cli_env(tmp_path, GATEWAY_HOST_LISTEN="0.0.0.0:0", GATEWAY_DEVICE_LISTEN="127.0.0.1:0")
+    code, _, err = await cli("serve", env=env)
+    assert code == 2 and "GATEWAY_HOST_TOKEN" in err

@@ -1,0 +1,61 @@
+"""In-memory stand-ins for a connected device, for tests above the transport layer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.audit import AuditLog
+from gateway.config import Config
+from gateway.devices.calls import CallRouter
+from gateway.devices.registry import DeviceRegistry
+from gateway.devices.store import Store
+from gateway.mcp_server import McpFrontend
+
+JsonObject = dict[str, Any]
+
+
+def tool(name: str, **schema: Any) -> JsonObject:
+    """A device tool as DeviceProtocol hands it over."""
+    spec: JsonObject = {"name": name, "description": f"does {name}",
+                        "inputSchema": {"type": "object", "properties": schema}}  # fmt: skip
+    return spec
+
+
+class ScriptedSession:
+    """A DeviceSession whose answers the test decides."""
+
+    def __init__(self, answer: Callable[[str, JsonObject], JsonObject] | None = None) -> None:
+        self.calls: list[tuple[str, JsonObject, float]] = []
+        self._answer = answer or (lambda name, args: {"content": [{"type": "text", "text": "ok"}]})
+        self.closed = False
+
+    async def call(self, tool: str, arguments: JsonObject, timeout: float) -> JsonObject:
+        self.calls.append((tool, arguments, timeout))
+        return self._answer(tool, arguments)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Stack:
+    """Registry, router and MCP frontend over one data dir, as the Gateway wires them."""
+
+    def __init__(self, config: Config, clock: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.store = Store(config.data_dir / "registry.sqlite3")
+        self.registry = (
+            DeviceRegistry(config, self.store, clock) if clock else DeviceRegistry(config, self.store)
+        )
+        self.audit = AuditLog(config.data_dir / "audit.log")
+        self.router = CallRouter(config, self.audit)
+        self.frontend = McpFrontend(config, self.registry, self.router)
+
+    def close(self) -> None:
+        self.audit.close()
+        self.store.close()
+
+
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"

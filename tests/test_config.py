@@ -1,0 +1,94 @@
+"""Config: file, then environment, then flags; every mistake names its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ListenAddress, env_name, load_config
+from gateway.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_need_no_file(tmp_path: Path) -> None:
+    """With no file and no environment the documented defaults apply."""
+    config = load_config(None, env={"GATEWAY_DATA_DIR": str(tmp_path)})
+    assert config.device_listen == ListenAddress("0.0.0.0", 8765)
+    assert config.host_listen == ListenAddress("127.0.0.1", 8766)
+    assert config.host_listen.is_loopback and not config.device_listen.is_loopback
+    assert config.mqtt_listen == ListenAddress("0.0.0.0", 1883)
+    assert config.data_dir == tmp_path and config.tools_mode == "auto"
+
+
+def test_environment_overrides_file_and_flags_override_both(tmp_path: Path) -> None:
+    """Precedence: file < GATEWAY_* < flags."""
+    path = write(tmp_path, 'host_listen = "127.0.0.1:9000"\n[calls]\ntimeout = 5\n')
+    env = {"GATEWAY_HOST_LISTEN": "127.0.0.1:9001", "GATEWAY_CALLS_TIMEOUT": "7.5"}
+    config = load_config(path, env=env, flags={"host_listen": "[::1]:9002", "data_dir": None})
+    assert config.host_listen == ListenAddress("::1", 9002)
+    assert str(config.host_listen) == "[::1]:9002"
+    assert config.call_timeout == 7.5
+
+
+def test_fixed_environment_names() -> None:
+    """The names DESIGN.md fixes follow from the naming rule."""
+    assert env_name("", "data_dir") == "GATEWAY_DATA_DIR"
+    assert env_name("", "host_token") == "GATEWAY_HOST_TOKEN"
+    assert env_name("tools", "mode") == "GATEWAY_TOOLS_MODE"
+
+
+def test_config_file_from_gateway_config_and_shared_device_token(tmp_path: Path) -> None:
+    """GATEWAY_CONFIG names the file; GATEWAY_DEVICE_TOKEN adds to configured tokens."""
+    path = write(tmp_path, 'device_tokens = ["a"]\nmqtt_listen = "off"\n')
+    config = load_config(None, env={"GATEWAY_CONFIG": str(path), "GATEWAY_DEVICE_TOKEN": "b"})
+    assert config.device_tokens == ("b", "a")
+    assert config.mqtt_listen is None
+
+
+def test_device_tables(tmp_path: Path) -> None:
+    """[devices."<id>"] sets a device's name, timeouts and policy."""
+    path = write(
+        tmp_path,
+        '[devices]\ndiscovery_timeout = 9\n[devices."AA:BB"]\nname = "kitchen"\n'
+        'user_tools = ["self.reboot"]\ntool_timeouts = { "self.slow" = 90 }\n',
+    )
+    config = load_config(path, env={})
+    options = config.device("aa:bb")
+    assert options.name == "kitchen" and options.user_tools == ("self.reboot",)
+    assert options.tool_timeouts == {"self.slow": 90.0}
+    assert config.discovery_timeout == 9.0
+    assert config.device("unknown").name is None
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "key"),
+    [
+        ('device_listen = "nohost"', {}, "device_listen"),
+        ('device_listen = "h:99999"', {}, "device_listen"),
+        ("", {"GATEWAY_TOOLS_MODE": "all"}, "GATEWAY_TOOLS_MODE"),
+        ("", {"GATEWAY_AUDIT_ENABLED": "maybe"}, "GATEWAY_AUDIT_ENABLED"),
+        ("[tools]\nmeta_threshold = 2.5", {}, "tools.meta_threshold"),
+        ("[tools]\nsurprise = 1", {}, "tools.surprise"),
+        ("tools = 3", {}, "tools"),
+        ('[devices."x"]\ncolour = "red"', {}, 'devices."x".colour'),
+        ('[devices."x"]\ntool_timeouts = 3', {}, 'devices."x".tool_timeouts'),
+        ("device_tokens = [1]", {}, "device_tokens"),
+    ],
+)
+def test_mistakes_name_their_key(tmp_path: Path, text: str, env: dict[str, str], key: str) -> None:
+    """Each wrong value raises ConfigError naming the key."""
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(write(tmp_path, text), env=env)
+    assert excinfo.value.key == key
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    """A config path that does not exist is reported, not raised as OSError."""
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.toml", env={})
