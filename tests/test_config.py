@@ -92,3 +92,18 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     """A config path that does not exist is reported, not raised as OSError."""
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.toml", env={})
+
+
+def test_example_config_documents_every_key_and_loads() -> None:
+    """config/gateway.example.toml names every key and loads to the defaults."""
+    from gateway.config import _FIELDS
+
+    path = Path(__file__).resolve().parent.parent / "config" / "gateway.example.toml"
+    text = path.read_text()
+    for table, key, _, _ in _FIELDS:
+        assert f"{key} =" in text, key
+        if table:
+            assert f"[{table}]" in text, table
+    config = load_config(path, env={"GATEWAY_DATA_DIR": "/tmp/unused"})
+    defaults = load_config(None, env={"GATEWAY_DATA_DIR": "/tmp/unused"})
+    assert config == defaults
