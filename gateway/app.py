@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 
 import uvicorn
@@ -86,7 +86,9 @@ class Gateway:
 
     async def serve_device(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
-        log = logging.LoggerAdapter(logging.getLogger("gateway.device"), {"device": identity.device_id})
+        log = logging.LoggerAdapter(
+            logging.getLogger("gateway.device"), {"device": identity.device_id}
+        )
         protocol = DeviceProtocol(
             identity.device_id,
             transport=identity.transport,
@@ -117,7 +119,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-class _Listener(uvicorn.Server):  # type: ignore[misc]
+class _Listener(uvicorn.Server):
     """A uvicorn server that leaves signals to the CLI and says when it is listening."""
 
     def __init__(self, config: uvicorn.Config) -> None:
@@ -125,7 +127,7 @@ class _Listener(uvicorn.Server):  # type: ignore[misc]
         self.ready = asyncio.Event()
 
     @contextlib.contextmanager
-    def capture_signals(self) -> object:  # type: ignore[override]
+    def capture_signals(self) -> Iterator[None]:
         yield  # two servers share one process: the CLI handles SIGINT/SIGTERM for both
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:

@@ -50,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("devices", "list a running gateway's devices"),
                        ("call", "call a device tool through a running gateway")):  # fmt: skip
         command = sub.add_parser(name, parents=[common], help=text)
-        command.add_argument("--url", help="the gateway's host listener, e.g. http://127.0.0.1:8766")
+        command.add_argument(
+            "--url", help="the gateway's host listener, e.g. http://127.0.0.1:8766"
+        )
         command.add_argument("--token", help="host token (else GATEWAY_HOST_TOKEN)")
         if name == "call":
             command.add_argument("device", help="device name or id")

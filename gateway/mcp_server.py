@@ -246,7 +246,9 @@ class McpFrontend:
 
     def describe_devices(self) -> JsonObject:
         """Every device with its state and the tools the model may use (``list_devices``)."""
-        names = {(t.device.device_id, t.tool["name"]): t.name for t in self._registry.exposed_tools()}
+        names = {
+            (t.device.device_id, t.tool["name"]): t.name for t in self._registry.exposed_tools()
+        }
         devices = []
         for device in self._registry.devices():
             options = self._config.device(device.device_id)

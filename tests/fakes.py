@@ -27,12 +27,12 @@ class ScriptedSession:
     """A DeviceSession whose answers the test decides."""
 
     def __init__(self, answer: Callable[[str, JsonObject], JsonObject] | None = None) -> None:
-        self.calls: list[tuple[str, JsonObject, float]] = []
+        self.calls: list[tuple[str, JsonObject]] = []
         self._answer = answer or (lambda name, args: {"content": [{"type": "text", "text": "ok"}]})
         self.closed = False
 
-    async def call(self, tool: str, arguments: JsonObject, timeout: float) -> JsonObject:
-        self.calls.append((tool, arguments, timeout))
+    async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
+        self.calls.append((tool, arguments))
         return self._answer(tool, arguments)
 
     async def aclose(self) -> None:
@@ -46,7 +46,9 @@ class Stack:
         self.config = config
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.registry = (
-            DeviceRegistry(config, self.store, clock) if clock else DeviceRegistry(config, self.store)
+            DeviceRegistry(config, self.store, clock)
+            if clock
+            else DeviceRegistry(config, self.store)
         )
         self.audit = AuditLog(config.data_dir / "audit.log")
         self.router = CallRouter(config, self.audit)

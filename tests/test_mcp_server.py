@@ -18,7 +18,8 @@ from tests.fakes import ScriptedSession, Stack, tool
 pytestmark = pytest.mark.anyio
 
 PNG_1PX = (
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+    "YPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 )
 
 
@@ -93,7 +94,9 @@ async def test_user_only_tools_hidden_unless_configured(tmp_path: Path) -> None:
     reboot = {**tool("self.reboot"), "annotations": {"audience": ["user"]}}
     hidden = Stack(make_config(tmp_path / "a"))
     online(hidden, "aa:03", [tool("self.x"), reboot])
-    shown = Stack(make_config(tmp_path / "b", devices={"aa:03": DeviceOptions(user_tools=("reboot",))}))
+    shown = Stack(
+        make_config(tmp_path / "b", devices={"aa:03": DeviceOptions(user_tools=("reboot",))})
+    )
     online(shown, "aa:03", [tool("self.x"), reboot])
     hidden_names = [t.name for t in hidden.registry.exposed_tools()]
     shown_tools = {t.name: t for t in shown.frontend.tools()}

@@ -34,7 +34,7 @@ def test_derived_alias_uses_board_and_id_tail() -> None:
 def test_tool_suffix_drops_self_and_odd_characters() -> None:
     """Dots, spaces and non-ASCII become underscores; `self.` goes."""
     assert tool_suffix("self.lamp.turn on!") == "lamp_turn_on_"
-    assert tool_suffix("self.") .startswith("tool_")
+    assert tool_suffix("self.").startswith("tool_")
 
 
 def test_long_names_are_cut_with_a_hash() -> None:

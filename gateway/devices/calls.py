@@ -6,6 +6,7 @@ the same checks and leaves the same audit record.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -120,16 +121,20 @@ class CallRouter:
             raise CallRejected(f"invalid arguments for {tool_name}: " + "; ".join(problems))
         session = device.session
         if session is None:
+            last_seen = format_time(device.record.last_seen)
             raise DeviceUnavailable(
-                device.device_id,
-                f"device {device.alias} is offline (last seen {format_time(device.record.last_seen)})",
+                device.device_id, f"device {device.alias} is offline (last seen {last_seen})"
             )
-        timeout = options.tool_timeouts.get(tool_name) or options.timeout or self._config.call_timeout
+        timeout = (
+            options.tool_timeouts.get(tool_name) or options.timeout or self._config.call_timeout
+        )
         try:
-            return await session.call(tool_name, arguments, timeout)
-        except DeviceTimeout as exc:
+            async with asyncio.timeout(timeout):
+                return await session.call(tool_name, arguments)
+        except TimeoutError:
             raise DeviceTimeout(
-                device.device_id, f"device {device.alias} did not answer {tool_name} ({exc})"
+                device.device_id,
+                f"device {device.alias} did not answer {tool_name} within {timeout:g} s",
             ) from None
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(device.device_id, f"device {device.alias}: {exc}") from None

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
 from gateway.devices.registry import DeviceRegistry
-from gateway.errors import DeviceTimeout, DeviceToolError, DeviceUnavailable
+from gateway.errors import DeviceToolError, DeviceUnavailable
 from gateway.protocol import (
     CallFailed,
     CallSucceeded,
@@ -84,24 +84,22 @@ class DeviceConnection:
             self._registry.disconnect(self.identity.device_id, self)
             await self._link.aclose()
 
-    async def call(self, tool: str, arguments: JsonObject, timeout: float) -> JsonObject:
+    async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
         """Call ``tool`` on the device; return its result.
+
+        The caller bounds the wait (``asyncio.timeout``); a call cancelled that way is forgotten,
+        so a late answer is dropped.
 
         Raises:
             DeviceUnavailable: the link is gone or goes away before the answer.
-            DeviceTimeout: no answer within ``timeout`` seconds.
             DeviceToolError: the device answered with an error.
         """
-        device_id = self.identity.device_id
         call_id = self._protocol.call_tool(tool, arguments)
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
             await self._flush()
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
-            raise DeviceTimeout(device_id, f"no answer within {timeout:g} s") from None
+            return await future
         finally:
             if self._pending.pop(call_id, None) is not None:
                 self._protocol.forget(call_id)  # timed out or cancelled by the host
@@ -130,8 +128,12 @@ class DeviceConnection:
                 self._settle(event)
             elif isinstance(event, ToolsListed):
                 if not event.complete:
-                    self._log.warning("tools/list stopped early; keeping %d tools", len(event.tools))
-                self._registry.set_catalogue(self.identity.device_id, event.tools, event.server_info)
+                    self._log.warning(
+                        "tools/list stopped early; keeping %d tools", len(event.tools)
+                    )
+                self._registry.set_catalogue(
+                    self.identity.device_id, event.tools, event.server_info
+                )
                 self._listed.set()
             elif isinstance(event, HelloReceived):
                 self._log.debug("hello: %s", event.hello)
@@ -156,7 +158,9 @@ class DeviceConnection:
             future = self._pending.pop(call_id, None)
             if future is not None and not future.done():
                 future.set_exception(
-                    DeviceUnavailable(self.identity.device_id, "device disconnected during the call")
+                    DeviceUnavailable(
+                        self.identity.device_id, "device disconnected during the call"
+                    )
                 )
 
     async def _watch_discovery(self) -> None:

@@ -30,8 +30,11 @@ JsonObject = dict[str, Any]
 class DeviceSession(Protocol):
     """A live connection to a device, as the registry uses it."""
 
-    async def call(self, tool: str, arguments: JsonObject, timeout: float) -> JsonObject:
-        """Call ``tool`` on the device and return its ``tools/call`` result."""
+    async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
+        """Call ``tool`` on the device and return its ``tools/call`` result.
+
+        The caller bounds the wait; a cancelled call must be forgotten by the session.
+        """
         ...
 
     async def aclose(self) -> None:
@@ -82,9 +85,7 @@ class DeviceRegistry:
         self._config = config
         self._store = store
         self._clock = clock
-        self._devices: dict[str, Device] = {
-            r.device_id: Device(r) for r in store.devices()
-        }
+        self._devices: dict[str, Device] = {r.device_id: Device(r) for r in store.devices()}
         self._names = NameMap(store.names())
         self._subscribers: list[asyncio.Queue[None]] = []
         self._exposed: dict[str, ExposedTool] = {}
@@ -161,9 +162,7 @@ class DeviceRegistry:
         logger.info("device %s (%s) offline", device.alias, device.device_id)
         self._refresh()
         if self._config.offline_tools == "hide":
-            asyncio.get_running_loop().call_later(
-                self._config.offline_grace, self._refresh
-            )
+            asyncio.get_running_loop().call_later(self._config.offline_grace, self._refresh)
 
     def set_catalogue(
         self, device_id: str, tools: tuple[JsonObject, ...], server_info: JsonObject | None

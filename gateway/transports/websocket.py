@@ -7,9 +7,9 @@ parameters instead. A device without a valid token is refused before the upgrade
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -77,9 +77,7 @@ def authenticate(
         token = authorization.removeprefix("Bearer ").strip()
     if not token_matches(token, tokens):
         return "missing or invalid device token"
-    device_id = _first(
-        headers.get("device-id"), query.get("device-id"), query.get("device_id")
-    )
+    device_id = _first(headers.get("device-id"), query.get("device-id"), query.get("device_id"))
     if not device_id or not _DEVICE_ID.match(device_id):
         return "missing or malformed Device-Id"
     return DeviceIdentity(

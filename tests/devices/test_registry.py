@@ -93,6 +93,8 @@ async def test_derived_alias_prefers_the_board_name(tmp_path: Path) -> None:
     """An unnamed device is called after the board its firmware reports."""
     stack = Stack(make_config(tmp_path))
     stack.registry.connect("aa:bb:cc:dd:ee:ff", ScriptedSession())
-    stack.registry.set_catalogue("aa:bb:cc:dd:ee:ff", (tool("self.a"),), {"name": "bread-compact-wifi"})
+    stack.registry.set_catalogue(
+        "aa:bb:cc:dd:ee:ff", (tool("self.a"),), {"name": "bread-compact-wifi"}
+    )
     assert [t.name for t in stack.registry.exposed_tools()] == ["bread-compact-wifi_eeff_a"]
     stack.close()

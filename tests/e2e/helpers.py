@@ -59,6 +59,8 @@ async def listed_device(
 ) -> AsyncIterator[SimulatedDevice]:
     """A simulated device, connected and with its tools listed by the gateway."""
     async with run.gateway.registry.changes() as changes:
-        async with SimulatedDevice(run.device_url, DEVICE_TOKEN, device_id=device_id, **kwargs) as dev:
+        async with SimulatedDevice(
+            run.device_url, DEVICE_TOKEN, device_id=device_id, **kwargs
+        ) as dev:
             await until(changes, has_tools(run, device_id))
             yield dev

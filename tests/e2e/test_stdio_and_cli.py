@@ -136,7 +136,9 @@ async def test_token_is_generated_once_and_kept(tmp_path: Path) -> None:
         ("colour = 1", "colour"),
     ],
 )
-async def test_broken_config_gives_one_clear_message(tmp_path: Path, content: str, key: str) -> None:
+async def test_broken_config_gives_one_clear_message(
+    tmp_path: Path, content: str, key: str
+) -> None:
     """A broken config file names the key, exits 2, and shows no traceback."""
     config = tmp_path / "gateway.toml"
     config.write_text(content)
