@@ -1,4 +1,4 @@
-"""The device WebSocket as a raw client sees it: handshake, hello, and bad input that loses nothing."""
+"""The device WebSocket as a raw client sees it: handshake, hello, bad input that loses nothing."""
 
 from __future__ import annotations
 
