@@ -1,0 +1,399 @@
+"""``DeviceProtocol``: the gateway's side of one device session, with no I/O.
+
+Text frames go in with ``receive_text()``; events come out of ``events_received()`` and frames to
+send out of ``data_to_send()``. The gateway is the MCP *client*: it discovers the device's tools and
+calls them (xiaozhi-protocol.md §4).
+
+Rule: every change of ``state`` happens in this module, through the ``state`` setter, which checks
+``_TRANSITIONS``::
+
+    CONNECTED --hello / start_discovery()--> INITIALIZING --initialize reply--> LISTING
+    LISTING --last page--> READY --notifications/tools/list_changed--> LISTING
+    (any state) --close()--> CLOSED
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+from gateway import __version__
+from gateway.errors import InvalidState, LocalProtocolError
+from gateway.protocol import envelope
+from gateway.protocol.catalog import ToolCatalog
+from gateway.protocol.events import (
+    CallFailed,
+    CallSucceeded,
+    DeviceGoodbye,
+    Event,
+    HelloReceived,
+    MessageDropped,
+    ToolsListed,
+)
+from gateway.protocol.jsonrpc import (
+    METHOD_NOT_FOUND,
+    ErrorResponse,
+    IdAllocator,
+    Notification,
+    Request,
+    Response,
+    classify,
+    make_error,
+    make_request,
+    make_result,
+)
+
+__all__ = ["PROTOCOL_VERSION", "DeviceProtocol", "State"]
+
+JsonObject = dict[str, Any]
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+PROTOCOL_VERSION = "2024-11-05"
+TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
+_EXCERPT = 120
+
+
+class State(enum.IntEnum):
+    """Where a device session stands."""
+
+    CONNECTED = 0
+    INITIALIZING = 1
+    LISTING = 2
+    READY = 3
+    CLOSED = 4
+
+
+_TRANSITIONS: dict[State, frozenset[State]] = {
+    State.CONNECTED: frozenset({State.INITIALIZING, State.CLOSED}),
+    State.INITIALIZING: frozenset({State.LISTING, State.CLOSED}),
+    State.LISTING: frozenset({State.READY, State.CLOSED}),
+    State.READY: frozenset({State.LISTING, State.CLOSED}),
+    State.CLOSED: frozenset(),
+}
+
+
+class _Purpose(enum.Enum):
+    """What a request we sent was for, to route its reply."""
+
+    INITIALIZE = "initialize"
+    LIST = "tools/list"
+    CALL = "tools/call"
+
+
+class DeviceProtocol:
+    """The gateway's MCP-client side of one device session."""
+
+    def __init__(
+        self,
+        device_id: str,
+        *,
+        session_id: str | None = None,
+        transport: str = "websocket",
+        client_info: JsonObject | None = None,
+        vision: dict[str, str] | None = None,
+        max_message_bytes: int = 65536,
+        max_pages: int = 64,
+        logger: Logger | None = None,
+    ) -> None:
+        """Start a session in state ``CONNECTED``.
+
+        Args:
+            device_id: the device's identity, for the I/O layer and logs.
+            session_id: our session id; a fresh one when None.
+            transport: the ``transport`` of our hello: ``"websocket"``, or ``"udp"`` over MQTT.
+            client_info: the ``initialize`` ``clientInfo``; names this gateway when None.
+            vision: ``{"url": ..., "token": ...}`` sent as ``capabilities.vision`` so that camera
+                devices upload photos there.
+            max_message_bytes: the largest frame accepted from or sent to the device.
+            max_pages: the most ``tools/list`` pages requested per listing.
+            logger: where to log; ``getLogger(__name__)`` when None.
+
+        Raises:
+            LocalProtocolError: ``session_id``, ``transport``, ``client_info`` or ``vision``
+                cannot be sent to a device.
+        """
+        self.device_id = device_id
+        self.logger: Logger = logger if logger is not None else logging.getLogger(__name__)
+        self.debug = self.logger.isEnabledFor(logging.DEBUG)
+        self._session_id = envelope.new_session_id() if session_id is None else session_id
+        envelope.server_hello(self._session_id, transport)
+        self.transport = transport
+        self._initialize_params = _initialize_params(client_info, vision)
+        self._max_bytes = max_message_bytes
+        self._max_pages = max_pages
+        self._state = State.CONNECTED
+        self._ids = IdAllocator()
+        self._pending: dict[int, _Purpose] = {}
+        self._catalog = ToolCatalog(max_pages)
+        self._server_info: JsonObject | None = None
+        self._relist = False
+        self._events: list[Event] = []
+        self._outgoing: list[str] = []
+
+    # State machine.
+
+    @property
+    def state(self) -> State:
+        """The session's current state."""
+        return self._state
+
+    @state.setter
+    def state(self, new: State) -> None:
+        if new not in _TRANSITIONS[self._state]:
+            raise InvalidState(f"no transition from {self._state.name} to {new.name}")
+        if self.debug:
+            self.logger.debug("= %s -> %s", self._state.name, new.name)
+        self._state = new
+
+    @property
+    def session_id(self) -> str:
+        """Our session id, sent in every frame."""
+        return self._session_id
+
+    @property
+    def pending_calls(self) -> frozenset[int]:
+        """Ids of the ``tools/call`` requests still waiting for a reply."""
+        return frozenset(i for i, purpose in self._pending.items() if purpose is _Purpose.CALL)
+
+    # Public API.
+
+    def receive_text(self, text: str) -> None:
+        """Digest one text frame from the device; never raises, whatever ``text`` holds."""
+        if self._state is State.CLOSED:
+            return
+        if self.debug:
+            self.logger.debug("< %s", text)
+        message = self._decode(text)
+        if message is None:
+            return
+        kind = message["type"]
+        if kind == "hello":
+            self._on_hello(message)
+        elif kind == "mcp":
+            self._on_mcp(message.get("payload"))
+        elif kind == "goodbye":
+            self._events.append(DeviceGoodbye())
+        else:
+            # xiaozhi-protocol.md §1.1: listen/abort/... belong to voice sessions, not to MCP.
+            self._drop("unsupported message type", type=kind)
+
+    def start_discovery(self) -> None:
+        """Initialize and list tools without a hello (MQTT, hello timeout); only if CONNECTED."""
+        if self._state is State.CONNECTED:
+            self._start_discovery()
+
+    def call_tool(self, name: str, arguments: JsonObject) -> int:
+        """Queue a ``tools/call`` request.
+
+        Args:
+            name: the device's tool name.
+            arguments: the tool's arguments.
+
+        Returns:
+            The request id; a ``CallSucceeded`` or ``CallFailed`` with this id follows.
+
+        Raises:
+            InvalidState: the session is closed.
+            LocalProtocolError: the request is not JSON or its frame exceeds the size limit.
+        """
+        if self._state is State.CLOSED:
+            raise InvalidState("cannot call a tool on a closed session")
+        if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+            raise LocalProtocolError("tools/call needs a string name and an arguments object")
+        call_id = self._ids.allocate(self._pending)
+        request = make_request(call_id, "tools/call", {"name": name, "arguments": arguments})
+        try:
+            frame = self._encode_mcp(request)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise LocalProtocolError(f"tools/call arguments are not JSON: {exc}") from exc
+        size = envelope.utf8_length(frame)
+        if size > self._max_bytes:
+            raise LocalProtocolError(f"tools/call frame is {size} bytes, over {self._max_bytes}")
+        self._queue(frame)
+        self._pending[call_id] = _Purpose.CALL
+        return call_id
+
+    def forget(self, call_id: int) -> None:
+        """Stop waiting for ``call_id``; a late reply then becomes ``MessageDropped``."""
+        if self._pending.get(call_id) is _Purpose.CALL:
+            del self._pending[call_id]
+
+    def close(self) -> list[int]:
+        """End the session; later input is ignored.
+
+        Returns:
+            The ids of the ``tools/call`` requests still pending, in order; they get no event.
+        """
+        if self._state is State.CLOSED:
+            return []
+        self.state = State.CLOSED
+        pending = sorted(self.pending_calls)
+        self._pending.clear()
+        return pending
+
+    def events_received(self) -> list[Event]:
+        """Return and forget the events produced since the last call."""
+        events, self._events = self._events, []
+        return events
+
+    def data_to_send(self) -> list[str]:
+        """Return and forget the frames queued since the last call, one text frame each."""
+        frames, self._outgoing = self._outgoing, []
+        return frames
+
+    # Incoming messages.
+
+    def _decode(self, text: str) -> JsonObject | None:
+        try:
+            return envelope.decode(text, self._max_bytes)
+        except envelope.MessageTooLarge as exc:
+            self._drop(str(exc), chars=len(text))
+        except envelope.MalformedMessage as exc:
+            salvaged = envelope.salvage_error_reply(text)
+            if salvaged is not None:
+                self.logger.debug("salvaged an error reply with an unescaped message")
+                return salvaged
+            self._drop(str(exc), excerpt=text[:_EXCERPT])
+        return None
+
+    def _on_hello(self, hello: JsonObject) -> None:
+        # xiaozhi-protocol.md §1: the device waits 10 s for our hello, and says hello again for
+        # every conversation; each gets an answer, but only the first starts discovery.
+        self._queue(envelope.encode(envelope.server_hello(self._session_id, self.transport)))
+        self._events.append(HelloReceived(hello))
+        self.start_discovery()
+
+    def _on_mcp(self, payload: object) -> None:
+        try:
+            message = classify(payload)
+        except envelope.MalformedMessage as exc:
+            self._drop(f"invalid JSON-RPC: {exc}")
+            return
+        if isinstance(message, Request):
+            self._on_request(message)
+        elif isinstance(message, Notification):
+            self._on_notification(message)
+        else:
+            self._on_reply(message)
+
+    def _on_request(self, request: Request) -> None:
+        if request.method == "ping":
+            self._send_mcp(make_result(request.id, {}))
+        else:
+            message = f"Method not found: {request.method}"
+            self._send_mcp(make_error(request.id, METHOD_NOT_FOUND, message))
+
+    def _on_notification(self, notification: Notification) -> None:
+        if notification.method != TOOLS_LIST_CHANGED:
+            self._drop("unsupported notification", method=notification.method)
+        elif self._state is State.READY:
+            self._start_listing()
+        elif self._state in (State.INITIALIZING, State.LISTING):
+            # Coalesce: one more listing once the current discovery ends, however many arrive.
+            self._relist = True
+        # CONNECTED: discovery has not started, and will list the tools when it does.
+
+    def _on_reply(self, reply: Response | ErrorResponse) -> None:
+        request_id = reply.id
+        if not isinstance(request_id, int) or request_id not in self._pending:
+            self._drop("reply to an unknown or forgotten request", id=request_id)
+            return
+        purpose = self._pending.pop(request_id)
+        if purpose is _Purpose.CALL:
+            self._on_call_reply(request_id, reply)
+        elif purpose is _Purpose.INITIALIZE:
+            self._on_initialize_reply(reply)
+        else:
+            self._on_list_reply(reply)
+
+    def _on_call_reply(self, call_id: int, reply: Response | ErrorResponse) -> None:
+        if isinstance(reply, ErrorResponse):
+            self._events.append(CallFailed(call_id, reply.message, reply.code))
+        elif isinstance(reply.result, dict):
+            self._events.append(CallSucceeded(call_id, reply.result))
+        else:
+            self._events.append(CallFailed(call_id, "malformed result"))
+
+    # Discovery.
+
+    def _start_discovery(self) -> None:
+        self.state = State.INITIALIZING
+        self._request(_Purpose.INITIALIZE, "initialize", self._initialize_params)
+
+    def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
+        if isinstance(reply, ErrorResponse):
+            # xiaozhi-protocol.md §4: initialize is optional; the tools may still be listed.
+            self.logger.info("initialize failed (%s); listing tools anyway", reply.message)
+        elif isinstance(reply.result, dict) and isinstance(reply.result.get("serverInfo"), dict):
+            self._server_info = reply.result["serverInfo"]
+        self._start_listing()
+
+    def _start_listing(self) -> None:
+        self.state = State.LISTING
+        self._relist = False
+        self._catalog = ToolCatalog(self._max_pages)
+        self._request_page(None)
+
+    def _request_page(self, cursor: str | None) -> None:
+        # xiaozhi-protocol.md §4: user-only tools are listed only with withUserTools: true.
+        params: JsonObject = {"withUserTools": True}
+        if cursor is not None:
+            params["cursor"] = cursor
+        self._request(_Purpose.LIST, "tools/list", params)
+
+    def _on_list_reply(self, reply: Response | ErrorResponse) -> None:
+        catalog = self._catalog
+        if isinstance(reply, ErrorResponse):
+            reason = f"tools/list failed: {reply.message}"
+            self._events.append(catalog.stop(reason, {"code": reply.code}))
+        else:
+            self._events.extend(catalog.add_page(reply.result))
+        if catalog.next_cursor is not None:
+            self._request_page(catalog.next_cursor)
+            return
+        self.state = State.READY
+        self._events.append(ToolsListed(catalog.tools, self._server_info, catalog.complete))
+        if self._relist:
+            self._start_listing()
+
+    # Outgoing messages.
+
+    def _request(self, purpose: _Purpose, method: str, params: JsonObject) -> None:
+        request_id = self._ids.allocate(self._pending)
+        self._send_mcp(make_request(request_id, method, params))
+        self._pending[request_id] = purpose
+
+    def _send_mcp(self, payload: JsonObject) -> None:
+        self._queue(self._encode_mcp(payload))
+
+    def _encode_mcp(self, payload: JsonObject) -> str:
+        return envelope.encode(envelope.mcp_envelope(self._session_id, payload))
+
+    def _queue(self, frame: str) -> None:
+        if self.debug:
+            self.logger.debug("> %s", frame)
+        self._outgoing.append(frame)
+
+    def _drop(self, reason: str, **detail: Any) -> None:
+        if self.debug:
+            self.logger.debug("dropped: %s %s", reason, detail)
+        self._events.append(MessageDropped(reason, detail))
+
+
+def _initialize_params(client_info: JsonObject | None, vision: dict[str, str] | None) -> JsonObject:
+    """Build the ``initialize`` params, checking now that they can be sent."""
+    capabilities: JsonObject = {}
+    if vision is not None:
+        # xiaozhi-protocol.md §4: the only way to tell a camera device where to upload photos.
+        capabilities["vision"] = dict(vision)
+    params: JsonObject = {
+        "protocolVersion": PROTOCOL_VERSION,
+        "capabilities": capabilities,
+        "clientInfo": dict(client_info or {"name": "esp-mcp-gateway", "version": __version__}),
+    }
+    try:
+        envelope.encode(params)
+    except (TypeError, ValueError) as exc:
+        raise LocalProtocolError(f"client_info or vision is not JSON: {exc}") from exc
+    return params

@@ -1,0 +1,187 @@
+"""The xiaozhi message envelope: one JSON object per text frame, ``{"session_id", "type", ...}``.
+
+MCP JSON-RPC travels inside it as ``{"session_id": S, "type": "mcp", "payload": <JSON-RPC>}`` in
+both directions (xiaozhi-protocol.md §1.1, §4). This module only frames and unframes; no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from gateway.errors import LocalProtocolError
+
+__all__ = [
+    "MalformedMessage",
+    "MessageTooLarge",
+    "check_session_id",
+    "decode",
+    "encode",
+    "mcp_envelope",
+    "new_session_id",
+    "salvage_error_reply",
+    "server_hello",
+    "utf8_length",
+]
+
+JsonObject = dict[str, Any]
+
+# xiaozhi-protocol.md §1 "Server hello": the downlink audio the device should expect.
+_AUDIO_PARAMS = {"format": "opus", "sample_rate": 24000, "channels": 1, "frame_duration": 60}
+
+# xiaozhi-protocol.md §7.2: the device concatenates the session id into its JSON unescaped.
+_SESSION_ID = re.compile(r"[A-Za-z0-9-]+")
+
+# xiaozhi-protocol.md §4 "Errors", §7.2: stock firmware builds MCP error replies by string
+# concatenation without escaping the message, so a quote in it makes the frame invalid JSON.
+_UNESCAPED_ERROR_REPLY = re.compile(
+    r'\s*\{\s*(?:"session_id"\s*:\s*"(?P<session>[^"\\]*)"\s*,\s*)?'
+    r'"type"\s*:\s*"mcp"\s*,\s*"payload"\s*:\s*\{\s*'
+    r'"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(?P<id>\d{1,10})\s*,\s*'
+    r'"error"\s*:\s*\{\s*"message"\s*:\s*"(?P<message>.*)"\s*\}\s*\}\s*\}\s*',
+    re.DOTALL,
+)
+
+
+class MalformedMessage(ValueError):
+    """A device frame is not a usable message; the text says why."""
+
+
+class MessageTooLarge(MalformedMessage):
+    """A device frame is longer than the configured limit."""
+
+
+def utf8_length(text: str) -> int:
+    """Return the length of ``text`` in UTF-8 bytes (lone surrogates count as three bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def decode(text: str, max_bytes: int) -> JsonObject:
+    """Parse one device frame into its message object.
+
+    Args:
+        text: the text frame as received.
+        max_bytes: the largest accepted frame, in UTF-8 bytes.
+
+    Returns:
+        The message object; its ``type`` is a string.
+
+    Raises:
+        MessageTooLarge: the frame is longer than ``max_bytes``.
+        MalformedMessage: the frame is not JSON, not an object, or has no string ``type``.
+    """
+    # Checking the character count first avoids encoding frames that are clearly too long.
+    if len(text) > max_bytes or utf8_length(text) > max_bytes:
+        raise MessageTooLarge(f"frame longer than {max_bytes} bytes")
+    try:
+        # strict=False: the device copies raw control characters (e.g. newlines) into strings.
+        message = json.loads(text, strict=False)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedMessage("invalid JSON") from exc
+    if not isinstance(message, dict):
+        raise MalformedMessage("not a JSON object")
+    if not isinstance(message.get("type"), str):
+        raise MalformedMessage("missing or non-string type")
+    return message
+
+
+def salvage_error_reply(text: str) -> JsonObject | None:
+    """Rebuild a stock MCP error reply whose message was not JSON-escaped.
+
+    Args:
+        text: a frame that ``decode`` rejected as invalid JSON.
+
+    Returns:
+        The equivalent well-formed ``mcp`` message, or None if ``text`` is not such a reply.
+    """
+    match = _UNESCAPED_ERROR_REPLY.fullmatch(text)
+    if match is None:
+        return None
+    payload = {
+        "jsonrpc": "2.0",
+        "id": int(match["id"]),
+        "error": {"message": match["message"]},
+    }
+    return {"session_id": match["session"] or "", "type": "mcp", "payload": payload}
+
+
+def encode(message: JsonObject) -> str:
+    """Serialise a message object into one compact text frame.
+
+    Args:
+        message: the message object.
+
+    Returns:
+        The frame text, without insignificant whitespace and with non-ASCII kept as is; it is
+        always encodable as UTF-8.
+
+    Raises:
+        TypeError: ``message`` holds something that is not JSON.
+        ValueError: ``message`` holds NaN or infinity, or refers to itself.
+    """
+    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (e.g. echoed from a device's "\ud800") is only valid escaped.
+            text = json.dumps(message, separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def check_session_id(session_id: str) -> str:
+    """Return ``session_id`` if it is safe to give a stock device.
+
+    Raises:
+        LocalProtocolError: it is empty or has characters outside ``[A-Za-z0-9-]``.
+    """
+    if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
+        raise LocalProtocolError(f"session id must match [A-Za-z0-9-]+: {session_id!r}")
+    return session_id
+
+
+def mcp_envelope(session_id: str, payload: JsonObject) -> JsonObject:
+    """Wrap a JSON-RPC message for the device.
+
+    Args:
+        session_id: our session id.
+        payload: the JSON-RPC request, notification or response.
+
+    Returns:
+        ``{"session_id": session_id, "type": "mcp", "payload": payload}``.
+
+    Raises:
+        LocalProtocolError: the session id is unsafe (see ``check_session_id``).
+    """
+    return {"session_id": check_session_id(session_id), "type": "mcp", "payload": payload}
+
+
+def server_hello(session_id: str, transport: str) -> JsonObject:
+    """Build the server's answer to a device ``hello``.
+
+    Args:
+        session_id: our session id.
+        transport: ``"websocket"`` or ``"udp"``, echoing the device's transport.
+
+    Returns:
+        The hello message, announcing 24 kHz / 60 ms Opus downlink audio.
+
+    Raises:
+        LocalProtocolError: the session id is unsafe or ``transport`` is not a non-empty string.
+    """
+    # xiaozhi-protocol.md §1 "Server hello": a missing or non-string transport crashes the device.
+    if not isinstance(transport, str) or not transport:
+        raise LocalProtocolError(f"hello transport must be a non-empty string: {transport!r}")
+    return {
+        "type": "hello",
+        "transport": transport,
+        "session_id": check_session_id(session_id),
+        "audio_params": _AUDIO_PARAMS.copy(),
+    }
+
+
+def new_session_id() -> str:
+    """Return a fresh session id made of ``[0-9a-f]`` only (32 characters)."""
+    return uuid.uuid4().hex

@@ -1,0 +1,799 @@
+"""Tests for gateway.protocol.device: DeviceProtocol, strings in, events and strings out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import __version__
+from gateway.errors import InvalidState, LocalProtocolError
+from gateway.protocol.device import DeviceProtocol, State
+from gateway.protocol.events import (
+    CallFailed,
+    CallSucceeded,
+    DeviceGoodbye,
+    HelloReceived,
+    MessageDropped,
+    ToolsListed,
+)
+
+SID = "test-session"
+CLIENT = {"name": "test-gateway", "version": "1.2.3"}
+HELLO = {
+    "type": "hello",
+    "version": 1,
+    "features": {"mcp": True},
+    "transport": "websocket",
+    "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60},
+}
+SERVER_INFO = {"name": "bread-compact-wifi", "version": "2.4.2"}
+INIT_RESULT = {
+    "protocolVersion": "2024-11-05",
+    "capabilities": {"tools": {}},
+    "serverInfo": SERVER_INFO,
+}
+TOOL_A = {"name": "a", "description": "A", "inputSchema": {"type": "object", "properties": {}}}
+TOOL_B = {"name": "b", "description": "B", "inputSchema": {"type": "object", "properties": {}}}
+RESULT = {"content": [{"type": "text", "text": "true"}], "isError": False}
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=20,
+)
+
+
+# Helpers: build a protocol, speak as the device, read what the gateway sent.
+
+
+def make(**kwargs: Any) -> DeviceProtocol:
+    kwargs.setdefault("client_info", CLIENT)
+    return DeviceProtocol("dev-1", session_id=SID, **kwargs)
+
+
+def mcp(payload: Any, session_id: str = SID) -> str:
+    return json.dumps({"session_id": session_id, "type": "mcp", "payload": payload})
+
+
+def reply(protocol: DeviceProtocol, request_id: Any, result: Any) -> None:
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "id": request_id, "result": result}))
+
+
+def fail(protocol: DeviceProtocol, request_id: Any, error: Any) -> None:
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "id": request_id, "error": error}))
+
+
+def notify(protocol: DeviceProtocol, method: str = "notifications/tools/list_changed") -> None:
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "method": method}))
+
+
+def sent(protocol: DeviceProtocol) -> list[dict[str, Any]]:
+    return [json.loads(frame) for frame in protocol.data_to_send()]
+
+
+def payloads(protocol: DeviceProtocol) -> list[dict[str, Any]]:
+    frames = sent(protocol)
+    assert all(f.keys() == {"session_id", "type", "payload"} for f in frames), frames
+    assert all(f["session_id"] == SID and f["type"] == "mcp" for f in frames), frames
+    return [frame["payload"] for frame in frames]
+
+
+def list_request(request_id: int, cursor: str | None = None) -> dict[str, Any]:
+    params: dict[str, Any] = {"withUserTools": True}
+    if cursor is not None:
+        params["cursor"] = cursor
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/list", "params": params}
+
+
+def listing(**kwargs: Any) -> DeviceProtocol:
+    """A protocol that said hello, got its initialize reply and waits for page 1 (id 2)."""
+    protocol = make(**kwargs)
+    protocol.receive_text(json.dumps(HELLO))
+    reply(protocol, 1, INIT_RESULT)
+    protocol.data_to_send()
+    protocol.events_received()
+    assert protocol.state is State.LISTING
+    return protocol
+
+
+def ready(**kwargs: Any) -> DeviceProtocol:
+    """A protocol that finished discovery with TOOL_A and TOOL_B; its next request id is 3."""
+    protocol = listing(**kwargs)
+    reply(protocol, 2, {"tools": [TOOL_A, TOOL_B]})
+    protocol.events_received()
+    assert protocol.state is State.READY
+    return protocol
+
+
+def dropped(protocol: DeviceProtocol) -> list[str]:
+    events = protocol.events_received()
+    assert all(isinstance(event, MessageDropped) for event in events), events
+    return [event.reason for event in events]  # type: ignore[union-attr]
+
+
+# Hello and discovery.
+
+
+def test_hello_is_answered_at_once_then_initialize_is_sent() -> None:
+    """A device hello gets the server hello first, then initialize; HelloReceived is emitted."""
+    protocol = make()
+    protocol.receive_text(json.dumps(HELLO))
+    frames = sent(protocol)
+    assert frames[0] == {
+        "type": "hello",
+        "transport": "websocket",
+        "session_id": SID,
+        "audio_params": {
+            "format": "opus",
+            "sample_rate": 24000,
+            "channels": 1,
+            "frame_duration": 60,
+        },
+    }
+    assert frames[1] == {
+        "session_id": SID,
+        "type": "mcp",
+        "payload": {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": CLIENT},
+        },
+    }
+    assert len(frames) == 2
+    assert protocol.events_received() == [HelloReceived(HELLO)]
+    assert protocol.state is State.INITIALIZING
+
+
+def test_hello_reply_carries_the_configured_transport_as_a_string() -> None:
+    """Over MQTT the hello answers with transport "udp" (a string, or a stock device crashes)."""
+    protocol = make(transport="udp")
+    protocol.receive_text('{"type":"hello","version":3,"transport":"udp"}')
+    assert sent(protocol)[0]["transport"] == "udp"
+
+
+def test_construction_rejects_what_a_device_cannot_take() -> None:
+    """Unsafe session ids, non-string transports and non-JSON client info are refused early."""
+    with pytest.raises(LocalProtocolError):
+        DeviceProtocol("d", session_id='a"b')
+    with pytest.raises(LocalProtocolError):
+        DeviceProtocol("d", transport=None)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError):
+        DeviceProtocol("d", client_info={"name": object()})
+
+
+def test_default_session_id_is_fresh_and_plain() -> None:
+    """Without a session id, each protocol gets a fresh one made of [A-Za-z0-9-]."""
+    first, second = DeviceProtocol("d"), DeviceProtocol("d")
+    assert first.session_id != second.session_id
+    assert re.fullmatch(r"[A-Za-z0-9-]+", first.session_id)
+    assert make().session_id == SID
+
+
+def test_initialize_carries_default_client_info_and_vision() -> None:
+    """clientInfo names the gateway by default; vision goes into capabilities."""
+    vision = {"url": "http://gw.local/vision", "token": "t"}
+    protocol = DeviceProtocol("d", session_id=SID, vision=vision)
+    protocol.start_discovery()
+    params = payloads(protocol)[0]["params"]
+    assert params["clientInfo"] == {"name": "esp-mcp-gateway", "version": __version__}
+    assert params["capabilities"] == {"vision": vision}
+
+
+def test_discovery_lists_tools_and_becomes_ready() -> None:
+    """initialize, then tools/list with withUserTools, then READY with ToolsListed."""
+    protocol = make()
+    protocol.receive_text(json.dumps(HELLO))
+    protocol.data_to_send()
+    protocol.events_received()
+    reply(protocol, 1, INIT_RESULT)
+    assert payloads(protocol) == [list_request(2)]
+    assert protocol.state is State.LISTING
+    reply(protocol, 2, {"tools": [TOOL_A, TOOL_B]})
+    assert protocol.events_received() == [ToolsListed((TOOL_A, TOOL_B), SERVER_INFO, True)]
+    assert protocol.state is State.READY
+    assert protocol.data_to_send() == []
+
+
+def test_second_hello_is_answered_without_restarting_discovery() -> None:
+    """Stock devices say hello per conversation: each is answered, discovery runs once."""
+    protocol = ready()
+    protocol.receive_text(json.dumps(HELLO))
+    frames = sent(protocol)
+    assert [frame["type"] for frame in frames] == ["hello"]
+    assert protocol.events_received() == [HelloReceived(HELLO)]
+    assert protocol.state is State.READY
+
+
+def test_hello_during_discovery_does_not_restart_it() -> None:
+    """A hello while listing is answered and the listing carries on."""
+    protocol = listing()
+    protocol.receive_text(json.dumps(HELLO))
+    assert [frame["type"] for frame in sent(protocol)] == ["hello"]
+    assert protocol.state is State.LISTING
+
+
+def test_start_discovery_without_hello() -> None:
+    """start_discovery() (MQTT, hello timeout) sends initialize; it is a no-op afterwards."""
+    protocol = make()
+    protocol.start_discovery()
+    assert payloads(protocol)[0]["method"] == "initialize"
+    assert protocol.state is State.INITIALIZING
+    protocol.start_discovery()
+    assert protocol.data_to_send() == []
+
+
+def test_initialize_error_still_lists_tools() -> None:
+    """initialize is optional on stock devices: an error reply goes on to tools/list."""
+    protocol = make()
+    protocol.start_discovery()
+    protocol.data_to_send()
+    fail(protocol, 1, {"message": "Method not implemented: initialize"})
+    assert payloads(protocol) == [list_request(2)]
+    reply(protocol, 2, {"tools": [TOOL_A]})
+    assert protocol.events_received() == [ToolsListed((TOOL_A,), None, True)]
+
+
+@pytest.mark.parametrize("result", [None, [], {}, {"serverInfo": "board"}])
+def test_initialize_result_without_server_info(result: Any) -> None:
+    """A result without an object serverInfo gives ToolsListed without server_info."""
+    protocol = make()
+    protocol.start_discovery()
+    reply(protocol, 1, result)
+    reply(protocol, 2, {"tools": []})
+    assert protocol.events_received() == [ToolsListed((), None, True)]
+
+
+def test_listing_follows_cursor_over_three_pages() -> None:
+    """nextCursor is followed page after page; the tools arrive in device order."""
+    protocol = listing()
+    reply(protocol, 2, {"tools": [TOOL_A], "nextCursor": "b"})
+    assert payloads(protocol) == [list_request(3, "b")]
+    reply(protocol, 3, {"tools": [TOOL_B], "nextCursor": "self.c"})
+    assert payloads(protocol) == [list_request(4, "self.c")]
+    assert protocol.events_received() == []
+    tool_c = {**TOOL_A, "name": "self.c"}
+    reply(protocol, 4, {"tools": [tool_c]})
+    assert protocol.events_received() == [ToolsListed((TOOL_A, TOOL_B, tool_c), SERVER_INFO, True)]
+    assert protocol.data_to_send() == []
+
+
+def test_cursor_loop_stops_listing_incomplete() -> None:
+    """A cursor seen before stops the listing with what was gathered, complete=False."""
+    protocol = listing()
+    reply(protocol, 2, {"tools": [TOOL_A], "nextCursor": "x"})
+    reply(protocol, 3, {"tools": [TOOL_B], "nextCursor": "x"})
+    assert payloads(protocol) == [list_request(3, "x")]
+    assert protocol.events_received() == [
+        MessageDropped("tools/list cursor loop", {"pages": 2}),
+        ToolsListed((TOOL_A, TOOL_B), SERVER_INFO, False),
+    ]
+    assert protocol.state is State.READY
+
+
+def test_page_cap_stops_listing_incomplete() -> None:
+    """No more than max_pages pages are requested, however many cursors come."""
+    protocol = listing(max_pages=3)
+    for request_id in (2, 3, 4):
+        tool = {"name": f"t{request_id}"}
+        reply(protocol, request_id, {"tools": [tool], "nextCursor": f"c{request_id}"})
+    assert [p["id"] for p in payloads(protocol)] == [3, 4]
+    events = protocol.events_received()
+    assert events[0] == MessageDropped("tools/list stopped after 3 pages", {"pages": 3})
+    assert isinstance(events[1], ToolsListed)
+    assert [tool["name"] for tool in events[1].tools] == ["t2", "t3", "t4"]
+    assert not events[1].complete
+
+
+def test_page_error_stops_listing_incomplete() -> None:
+    """An error reply to a later page keeps the earlier pages, complete=False."""
+    protocol = listing()
+    reply(protocol, 2, {"tools": [TOOL_A], "nextCursor": "zzz"})
+    fail(protocol, 3, {"message": "Failed to add tool  because of payload size limit"})
+    assert protocol.events_received() == [
+        MessageDropped(
+            "tools/list failed: Failed to add tool  because of payload size limit",
+            {"pages": 2, "code": None},
+        ),
+        ToolsListed((TOOL_A,), SERVER_INFO, False),
+    ]
+
+
+def test_malformed_page_stops_listing_incomplete() -> None:
+    """A page without a tools array ends the listing."""
+    protocol = listing()
+    reply(protocol, 2, {"nextCursor": "x"})
+    assert protocol.events_received() == [
+        MessageDropped("malformed tools/list result", {"pages": 1}),
+        ToolsListed((), SERVER_INFO, False),
+    ]
+
+
+def test_tools_are_normalised() -> None:
+    """Bad entries are dropped, names deduplicated, descriptions and schemas filled in."""
+    protocol = listing()
+    tools = [
+        {"name": "x", "inputSchema": {"type": "string"}, "annotations": {"audience": ["user"]}},
+        "junk",
+        {"description": "no name"},
+        {"name": "x", "description": "second x"},
+        {"name": "y", "description": None, "inputSchema": None, "annotations": []},
+    ]
+    reply(protocol, 2, {"tools": tools})
+    assert protocol.events_received() == [
+        MessageDropped("tool is not an object", {"page": 1, "index": 1}),
+        MessageDropped("tool has no name", {"page": 1, "index": 2}),
+        MessageDropped("duplicate tool name", {"name": "x"}),
+        ToolsListed(
+            (
+                {
+                    "name": "x",
+                    "description": "",
+                    "inputSchema": {"type": "object"},
+                    "annotations": {"audience": ["user"]},
+                },
+                {
+                    "name": "y",
+                    "description": "",
+                    "inputSchema": {"type": "object", "properties": {}},
+                },
+            ),
+            SERVER_INFO,
+            True,
+        ),
+    ]
+
+
+# tools/list_changed.
+
+
+def test_list_changed_when_ready_lists_again_from_first_page() -> None:
+    """A list_changed notification in READY starts a new listing without cursor."""
+    protocol = ready()
+    notify(protocol)
+    assert protocol.state is State.LISTING
+    assert payloads(protocol) == [list_request(3)]
+    reply(protocol, 3, {"tools": [TOOL_B]})
+    assert protocol.events_received() == [ToolsListed((TOOL_B,), SERVER_INFO, True)]
+    assert protocol.state is State.READY
+
+
+def test_list_changed_during_listing_is_coalesced_into_one_more_listing() -> None:
+    """Notifications during a listing cause exactly one listing after it finishes."""
+    protocol = listing()
+    notify(protocol)
+    notify(protocol)
+    assert protocol.data_to_send() == []
+    reply(protocol, 2, {"tools": [TOOL_A]})
+    assert protocol.events_received() == [ToolsListed((TOOL_A,), SERVER_INFO, True)]
+    assert protocol.state is State.LISTING
+    assert payloads(protocol) == [list_request(3)]
+    reply(protocol, 3, {"tools": [TOOL_A, TOOL_B]})
+    assert protocol.events_received() == [ToolsListed((TOOL_A, TOOL_B), SERVER_INFO, True)]
+    assert protocol.data_to_send() == []
+    assert protocol.state is State.READY
+
+
+def test_list_changed_during_initialize_is_covered_by_the_first_listing() -> None:
+    """A notification before the first listing starts needs no second listing."""
+    protocol = make()
+    protocol.start_discovery()
+    notify(protocol)
+    reply(protocol, 1, INIT_RESULT)
+    reply(protocol, 2, {"tools": [TOOL_A]})
+    assert [p["id"] for p in payloads(protocol)] == [1, 2]
+    assert protocol.state is State.READY
+
+
+def test_list_changed_before_discovery_is_ignored() -> None:
+    """Before discovery the notification does nothing: discovery will list anyway."""
+    protocol = make()
+    notify(protocol)
+    assert protocol.events_received() == []
+    assert protocol.data_to_send() == []
+    assert protocol.state is State.CONNECTED
+
+
+def test_other_notifications_are_dropped() -> None:
+    """Notifications other than tools/list_changed become MessageDropped."""
+    protocol = ready()
+    notify(protocol, "notifications/state_changed")
+    assert protocol.events_received() == [
+        MessageDropped("unsupported notification", {"method": "notifications/state_changed"})
+    ]
+    assert protocol.data_to_send() == []
+
+
+# Requests from the device.
+
+
+def test_ping_from_device_gets_empty_result() -> None:
+    """A device ping is answered with an empty result, wrapped in the envelope."""
+    protocol = make()
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "id": 9, "method": "ping"}))
+    assert payloads(protocol) == [{"jsonrpc": "2.0", "id": 9, "result": {}}]
+    assert protocol.events_received() == []
+
+
+def test_unknown_request_from_device_gets_method_not_found() -> None:
+    """Any other device request gets METHOD_NOT_FOUND, echoing a string id as is."""
+    protocol = make()
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "id": "r1", "method": "sampling/createMessage"}))
+    assert payloads(protocol) == [
+        {
+            "jsonrpc": "2.0",
+            "id": "r1",
+            "error": {"code": -32601, "message": "Method not found: sampling/createMessage"},
+        }
+    ]
+
+
+# Tool calls.
+
+
+def test_call_tool_sends_tools_call_and_returns_its_id() -> None:
+    """call_tool queues a tools/call with a fresh int id and tracks it as pending."""
+    protocol = ready()
+    call_id = protocol.call_tool("a", {"x": "é"})
+    assert call_id == 3
+    assert payloads(protocol) == [
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "a", "arguments": {"x": "é"}},
+        }
+    ]
+    assert protocol.pending_calls == frozenset({3})
+
+
+def test_call_tool_works_before_discovery() -> None:
+    """Stock devices need no initialize, so calls are allowed in any open state."""
+    protocol = make()
+    assert protocol.call_tool("a", {}) == 1
+    reply(protocol, 1, RESULT)
+    assert protocol.events_received() == [CallSucceeded(1, RESULT)]
+
+
+def test_pending_calls_leave_out_discovery_requests() -> None:
+    """Only tools/call ids are pending calls; discovery ids are not."""
+    protocol = make()
+    protocol.start_discovery()
+    call_id = protocol.call_tool("a", {})
+    assert call_id == 2
+    assert protocol.pending_calls == frozenset({2})
+
+
+def test_out_of_order_replies_are_matched_by_id() -> None:
+    """Replies in any order resolve the right calls."""
+    protocol = ready()
+    first, second, third = (protocol.call_tool("a", {"n": n}) for n in range(3))
+    reply(protocol, third, {"content": [], "n": 3})
+    fail(protocol, first, {"message": "boom"})
+    reply(protocol, second, RESULT)
+    assert protocol.events_received() == [
+        CallSucceeded(third, {"content": [], "n": 3}),
+        CallFailed(first, "boom", None),
+        CallSucceeded(second, RESULT),
+    ]
+    assert protocol.pending_calls == frozenset()
+
+
+def test_call_error_without_code_has_code_none() -> None:
+    """A stock error reply (message, no code) fails the call with code None."""
+    protocol = ready()
+    call_id = protocol.call_tool("a", {})
+    fail(protocol, call_id, {"message": "Missing valid argument: volume"})
+    assert protocol.events_received() == [
+        CallFailed(call_id, "Missing valid argument: volume", None)
+    ]
+
+
+def test_call_error_keeps_code_and_defaults_message() -> None:
+    """A code is kept; a missing message reads "device error"."""
+    protocol = ready()
+    first, second = protocol.call_tool("a", {}), protocol.call_tool("b", {})
+    fail(protocol, first, {"code": -32602, "message": "bad"})
+    fail(protocol, second, {"code": 7})
+    assert protocol.events_received() == [
+        CallFailed(first, "bad", -32602),
+        CallFailed(second, "device error", 7),
+    ]
+
+
+@pytest.mark.parametrize("result", [None, "true", [1], 5])
+def test_call_result_that_is_not_an_object_fails_the_call(result: Any) -> None:
+    """A result that is not an object fails the call as "malformed result"."""
+    protocol = ready()
+    call_id = protocol.call_tool("a", {})
+    reply(protocol, call_id, result)
+    assert protocol.events_received() == [CallFailed(call_id, "malformed result", None)]
+
+
+def test_unescaped_error_message_is_salvaged() -> None:
+    """Stock firmware's invalid-JSON error reply still fails the right call with its message."""
+    protocol = ready()
+    call_id = protocol.call_tool("a", {})
+    protocol.receive_text(
+        '{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":'
+        + str(call_id)
+        + ',"error":{"message":"Missing valid argument: "x""}}}'
+    )
+    assert protocol.events_received() == [CallFailed(call_id, 'Missing valid argument: "x"', None)]
+
+
+def test_float_id_reply_resolves_the_call() -> None:
+    """A reply id of 3.0 matches the call with id 3."""
+    protocol = ready()
+    call_id = protocol.call_tool("a", {})
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "id": float(call_id), "result": RESULT}))
+    assert protocol.events_received() == [CallSucceeded(call_id, RESULT)]
+
+
+@pytest.mark.parametrize("request_id", [99, "3", None])
+def test_reply_to_unknown_id_is_dropped(request_id: Any) -> None:
+    """Replies that match no pending request become MessageDropped."""
+    protocol = ready()
+    protocol.call_tool("a", {})
+    fail(protocol, request_id, {"message": "x"})
+    assert protocol.events_received() == [
+        MessageDropped("reply to an unknown or forgotten request", {"id": request_id})
+    ]
+    assert protocol.pending_calls == frozenset({3})
+
+
+def test_late_reply_after_forget_is_dropped() -> None:
+    """A reply to a forgotten call is MessageDropped, not CallSucceeded."""
+    protocol = ready()
+    call_id = protocol.call_tool("a", {})
+    protocol.forget(call_id)
+    assert protocol.pending_calls == frozenset()
+    reply(protocol, call_id, RESULT)
+    assert dropped(protocol) == ["reply to an unknown or forgotten request"]
+
+
+def test_forget_ignores_unknown_and_discovery_ids() -> None:
+    """forget() only drops tools/call ids; discovery replies still count."""
+    protocol = make()
+    protocol.start_discovery()
+    protocol.forget(1)
+    protocol.forget(42)
+    reply(protocol, 1, INIT_RESULT)
+    assert protocol.state is State.LISTING
+
+
+def test_call_ids_skip_pending_requests_and_go_up() -> None:
+    """Every request gets its own id, discovery and calls alike."""
+    protocol = listing()
+    assert [protocol.call_tool("a", {}) for _ in range(2)] == [3, 4]
+
+
+def test_call_tool_rejects_oversize_frame() -> None:
+    """A call whose frame exceeds max_message_bytes raises and sends nothing."""
+    protocol = ready(max_message_bytes=400)
+    with pytest.raises(LocalProtocolError, match="over 400"):
+        protocol.call_tool("a", {"text": "x" * 400})
+    assert protocol.data_to_send() == []
+    assert protocol.pending_calls == frozenset()
+    protocol.call_tool("a", {"text": "x"})
+    assert len(protocol.data_to_send()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments"),
+    [("", {}), (None, {}), ("a", None), ("a", [1]), ("a", {"v": float("nan")}), ("a", {"v": {1}})],
+)
+def test_call_tool_rejects_what_cannot_be_sent(name: Any, arguments: Any) -> None:
+    """Empty names, non-object arguments and non-JSON values raise LocalProtocolError."""
+    protocol = ready()
+    with pytest.raises(LocalProtocolError):
+        protocol.call_tool(name, arguments)
+    assert protocol.data_to_send() == []
+
+
+# Closing.
+
+
+def test_close_returns_pending_call_ids_and_ignores_later_input() -> None:
+    """close() returns the pending call ids; afterwards input yields nothing."""
+    protocol = listing()
+    ids = [protocol.call_tool("a", {}) for _ in range(3)]
+    protocol.forget(ids[1])
+    assert protocol.close() == [ids[0], ids[2]]
+    assert protocol.state is State.CLOSED
+    assert protocol.pending_calls == frozenset()
+    protocol.data_to_send()
+    reply(protocol, ids[0], RESULT)
+    protocol.receive_text(json.dumps(HELLO))
+    assert protocol.events_received() == []
+    assert protocol.data_to_send() == []
+    assert protocol.close() == []
+
+
+def test_call_tool_after_close_raises_invalid_state() -> None:
+    """No call can be made on a closed session."""
+    protocol = make()
+    protocol.close()
+    with pytest.raises(InvalidState):
+        protocol.call_tool("a", {})
+
+
+def test_start_discovery_after_close_does_nothing() -> None:
+    """A closed session does not start discovery."""
+    protocol = make()
+    protocol.close()
+    protocol.start_discovery()
+    assert protocol.data_to_send() == []
+
+
+def test_goodbye_emits_device_goodbye() -> None:
+    """An MQTT goodbye becomes DeviceGoodbye; the I/O layer decides to close."""
+    protocol = ready()
+    protocol.receive_text(f'{{"session_id":"{SID}","type":"goodbye"}}')
+    assert protocol.events_received() == [DeviceGoodbye()]
+    assert protocol.state is State.READY
+
+
+# Garbage in.
+
+
+def test_oversize_input_is_dropped() -> None:
+    """A frame over max_message_bytes is dropped unparsed."""
+    protocol = make(max_message_bytes=100)
+    text = mcp({"jsonrpc": "2.0", "id": 1, "method": "ping", "x": "y" * 100})
+    protocol.receive_text(text)
+    assert protocol.events_received() == [
+        MessageDropped("frame longer than 100 bytes", {"chars": len(text)})
+    ]
+    assert protocol.data_to_send() == []
+
+
+def test_oversize_unescaped_error_is_not_salvaged() -> None:
+    """The size limit applies before salvaging."""
+    protocol = make(max_message_bytes=80)
+    text = (
+        '{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":1,'
+        '"error":{"message":"%s"x""}}}' % ("y" * 50)
+    )
+    protocol.receive_text(text)
+    assert dropped(protocol) == ["frame longer than 80 bytes"]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("\x00\x01\xff\ufffd garbage", "invalid JSON"),
+        ("OggS\x00\x02" + "\x00" * 20, "invalid JSON"),
+        ("", "invalid JSON"),
+        ("[1]", "not a JSON object"),
+        ('{"session_id":"x"}', "missing or non-string type"),
+    ],
+)
+def test_undecodable_input_is_dropped(text: str, reason: str) -> None:
+    """Binary-ish garbage, non-objects and type-less objects are dropped, never raised."""
+    protocol = ready()
+    protocol.receive_text(text)
+    assert dropped(protocol) == [reason]
+    assert protocol.data_to_send() == []
+
+
+@pytest.mark.parametrize("payload", [None, "x", [1], 5])
+def test_non_object_mcp_payload_is_dropped(payload: Any) -> None:
+    """An mcp message whose payload is not an object is dropped."""
+    protocol = ready()
+    protocol.receive_text(mcp(payload))
+    assert dropped(protocol) == ["invalid JSON-RPC: JSON-RPC message is not an object"]
+
+
+def test_invalid_json_rpc_is_dropped() -> None:
+    """An object that is no JSON-RPC message is dropped with the reason."""
+    protocol = ready()
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "id": 1}))
+    assert dropped(protocol) == [
+        "invalid JSON-RPC: neither a request, a notification nor a response"
+    ]
+
+
+@pytest.mark.parametrize("kind", ["listen", "abort", "stt", "tts", "iot", "custom"])
+def test_voice_message_types_are_dropped(kind: str) -> None:
+    """Message types other than hello, mcp and goodbye are dropped."""
+    protocol = ready()
+    protocol.receive_text(json.dumps({"session_id": SID, "type": kind, "state": "start"}))
+    assert protocol.events_received() == [
+        MessageDropped("unsupported message type", {"type": kind})
+    ]
+
+
+@settings(max_examples=300)
+@given(st.text())
+def test_any_text_never_raises(text: str) -> None:
+    """Whatever text arrives, receive_text never raises and the session stays READY."""
+    protocol = ready()
+    protocol.receive_text(text)
+    assert protocol.state is State.READY
+
+
+@settings(max_examples=300)
+@given(JSON, st.sampled_from(["hello", "mcp", "goodbye", "listen"]))
+def test_any_json_message_never_raises(payload: Any, kind: str) -> None:
+    """Any JSON in any message type's payload is digested without raising."""
+    protocol = listing()
+    protocol.call_tool("a", {})
+    protocol.receive_text(json.dumps({"type": kind, "payload": payload}))
+    for frame in protocol.data_to_send():
+        json.loads(frame)
+        frame.encode("utf-8")
+
+
+@settings(max_examples=100)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"id": st.integers(0, 6)}, optional={"result": JSON, "error": JSON, "method": st.text()}
+        ),
+        max_size=8,
+    )
+)
+def test_any_reply_sequence_never_raises(messages: list[dict[str, Any]]) -> None:
+    """Random replies, in any order, never raise and leave a consistent state."""
+    protocol = listing()
+    protocol.call_tool("a", {})
+    for message in messages:
+        protocol.receive_text(mcp(message))
+    assert protocol.state in {State.LISTING, State.READY}
+
+
+# State machine and logging.
+
+
+def test_illegal_state_transition_raises_invalid_state() -> None:
+    """The state setter refuses transitions the table does not allow."""
+    protocol = make()
+    with pytest.raises(InvalidState):
+        protocol.state = State.READY
+    protocol.close()
+    with pytest.raises(InvalidState):
+        protocol.state = State.CONNECTED
+
+
+def test_frames_and_transitions_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """Incoming frames are marked "<", outgoing ">", transitions and drops are logged."""
+    caplog.set_level(logging.DEBUG, logger="gateway.protocol.device")
+    protocol = make()
+    protocol.receive_text(json.dumps(HELLO))
+    protocol.receive_text("junk")
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages[0].startswith('< {"type": "hello"')
+    assert messages[1].startswith('> {"type":"hello"')
+    assert "= CONNECTED -> INITIALIZING" in messages
+    assert any(m.startswith("> ") and '"initialize"' in m for m in messages)
+    assert any(m.startswith("dropped: invalid JSON") for m in messages)
+
+
+def test_uses_the_given_logger_adapter(caplog: pytest.LogCaptureFixture) -> None:
+    """A LoggerAdapter carrying the device id can be passed in."""
+    logger = logging.getLogger("test.device")
+    caplog.set_level(logging.INFO, logger="test.device")
+    adapter = logging.LoggerAdapter(logger, {"device_id": "dev-1"})
+    protocol = make(logger=adapter)
+    protocol.start_discovery()
+    fail(protocol, 1, {"message": "nope"})
+    assert [record.getMessage() for record in caplog.records] == [
+        "initialize failed (nope); listing tools anyway"
+    ]
+    assert caplog.records[0].device_id == "dev-1"  # type: ignore[attr-defined]
+
+
+def test_events_and_frames_are_drained() -> None:
+    """events_received() and data_to_send() return each item once."""
+    protocol = make()
+    protocol.receive_text(json.dumps(HELLO))
+    assert len(protocol.events_received()) == 1
+    assert protocol.events_received() == []
+    assert len(protocol.data_to_send()) == 2
+    assert protocol.data_to_send() == []

@@ -1,0 +1,194 @@
+"""Tests for gateway.protocol.envelope: framing device messages."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from gateway.errors import LocalProtocolError
+from gateway.protocol.envelope import (
+    MalformedMessage,
+    MessageTooLarge,
+    check_session_id,
+    decode,
+    encode,
+    mcp_envelope,
+    new_session_id,
+    salvage_error_reply,
+    server_hello,
+    utf8_length,
+)
+
+STOCK_ERROR = (
+    '{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":5,'
+    '"error":{"message":"Missing valid argument: "x""}}}'
+)
+
+
+def test_decode_returns_message_object() -> None:
+    """A well-formed frame decodes to its object."""
+    assert decode('{"session_id":"S","type":"listen","state":"stop"}', 100) == {
+        "session_id": "S",
+        "type": "listen",
+        "state": "stop",
+    }
+
+
+def test_decode_accepts_raw_control_characters_in_strings() -> None:
+    """The device copies newlines into strings unescaped; they are accepted."""
+    assert decode('{"type":"stt","text":"a\nb"}', 100)["text"] == "a\nb"
+
+
+def test_decode_accepts_frame_of_exactly_max_bytes() -> None:
+    """The limit is inclusive."""
+    text = '{"type":"x"}'
+    assert decode(text, len(text))["type"] == "x"
+
+
+def test_decode_rejects_oversize_frame() -> None:
+    """A frame longer than max_bytes raises MessageTooLarge."""
+    with pytest.raises(MessageTooLarge):
+        decode('{"type":"hello"}', 10)
+
+
+def test_decode_counts_utf8_bytes_not_characters() -> None:
+    """Multi-byte characters count by their UTF-8 length."""
+    text = '{"type":"é"}'
+    with pytest.raises(MessageTooLarge):
+        decode(text, len(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("not json", "invalid JSON"),
+        ("[" * 100_000, "invalid JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('"hello"', "not a JSON object"),
+        ('{"session_id":"S"}', "missing or non-string type"),
+        ('{"type":5}', "missing or non-string type"),
+    ],
+)
+def test_decode_rejects_malformed_frame(text: str, reason: str) -> None:
+    """Frames that are not objects with a string type raise MalformedMessage with a reason."""
+    with pytest.raises(MalformedMessage, match=reason):
+        decode(text, 1_000_000)
+
+
+def test_salvage_rebuilds_stock_error_with_unescaped_message() -> None:
+    """An error reply with raw quotes in its message becomes a well-formed mcp message."""
+    with pytest.raises(MalformedMessage):
+        decode(STOCK_ERROR, 1000)
+    assert salvage_error_reply(STOCK_ERROR) == {
+        "session_id": "",
+        "type": "mcp",
+        "payload": {"jsonrpc": "2.0", "id": 5, "error": {"message": 'Missing valid argument: "x"'}},
+    }
+
+
+def test_salvage_tolerates_whitespace_and_missing_session_id() -> None:
+    """Whitespace between tokens and a missing session id are tolerated."""
+    text = (
+        ' { "type" : "mcp", "payload" : { "jsonrpc":"2.0", "id" : 7,'
+        ' "error" : { "message" : "a"b" } } } '
+    )
+    assert salvage_error_reply(text) == {
+        "session_id": "",
+        "type": "mcp",
+        "payload": {"jsonrpc": "2.0", "id": 7, "error": {"message": 'a"b'}},
+    }
+
+
+def test_salvage_keeps_session_id() -> None:
+    """The session id of the broken frame is kept."""
+    text = STOCK_ERROR.replace('"session_id":""', '"session_id":"abc-1"')
+    salvaged = salvage_error_reply(text)
+    assert salvaged is not None
+    assert salvaged["session_id"] == "abc-1"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "garbage",
+        '{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":5,"result":{"x":"a"b"}}}',
+        '{"session_id":"","type":"listen","payload":{"jsonrpc":"2.0","id":5,"error":{"message":"x"}}}',
+        '{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":"5","error":{"message":"x"}}}',
+    ],
+)
+def test_salvage_ignores_anything_but_an_mcp_error_reply(text: str) -> None:
+    """Only the shape of a stock error reply is salvaged."""
+    assert salvage_error_reply(text) is None
+
+
+def test_encode_is_compact_and_keeps_non_ascii() -> None:
+    """Frames have no spaces and keep UTF-8 characters as they are."""
+    assert encode({"type": "stt", "text": "你好"}) == '{"type":"stt","text":"你好"}'
+
+
+def test_encode_escapes_lone_surrogates() -> None:
+    """A lone surrogate cannot be sent as UTF-8, so the frame falls back to ASCII escapes."""
+    text = encode({"type": "x", "text": "é\ud800"})
+    assert text == '{"type":"x","text":"\\u00e9\\ud800"}'
+    text.encode("utf-8")
+
+
+def test_encode_rejects_nan() -> None:
+    """NaN is not JSON."""
+    with pytest.raises(ValueError):
+        encode({"type": "x", "value": float("nan")})
+
+
+def test_utf8_length_counts_bytes() -> None:
+    """Length is in UTF-8 bytes, and lone surrogates do not raise."""
+    assert utf8_length("aé你") == 6
+    assert utf8_length("\ud800") == 3
+
+
+def test_mcp_envelope_wraps_payload() -> None:
+    """The payload travels under type mcp with our session id."""
+    payload = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    assert mcp_envelope("abc", payload) == {"session_id": "abc", "type": "mcp", "payload": payload}
+
+
+def test_server_hello_has_string_transport_and_audio_params() -> None:
+    """The hello carries the transport as a string (a stock device crashes otherwise)."""
+    hello = server_hello("abc", "websocket")
+    assert hello == {
+        "type": "hello",
+        "transport": "websocket",
+        "session_id": "abc",
+        "audio_params": {
+            "format": "opus",
+            "sample_rate": 24000,
+            "channels": 1,
+            "frame_duration": 60,
+        },
+    }
+    assert json.loads(encode(hello)) == hello
+
+
+@pytest.mark.parametrize("transport", [None, "", 1])
+def test_server_hello_rejects_non_string_transport(transport: object) -> None:
+    """A missing, empty or non-string transport is refused before it reaches a device."""
+    with pytest.raises(LocalProtocolError):
+        server_hello("abc", transport)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("session_id", ["", 'a"b', "a b", "ä", "a\\b", 5])
+def test_check_session_id_rejects_unsafe_ids(session_id: object) -> None:
+    """Only [A-Za-z0-9-] is safe: the device concatenates the id into JSON unescaped."""
+    with pytest.raises(LocalProtocolError):
+        check_session_id(session_id)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError):
+        mcp_envelope(session_id, {})  # type: ignore[arg-type]
+
+
+def test_new_session_id_is_plain_and_unique() -> None:
+    """Fresh session ids use only [A-Za-z0-9-] and differ from each other."""
+    ids = {new_session_id() for _ in range(100)}
+    assert len(ids) == 100
+    assert all(re.fullmatch(r"[A-Za-z0-9-]+", i) for i in ids)
+    assert all(check_session_id(i) == i for i in ids)
