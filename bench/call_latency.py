@@ -1,0 +1,206 @@
+"""Tool-call latency: an MCP client through the gateway to a device, against a bare SDK server.
+
+Run from the repository root, in the project's venv::
+
+    python bench/call_latency.py [--calls N] [--json] [--timeout SECONDS]
+
+Two targets, served in this process and event loop, called by the same client code
+(``mcp.Client(url, mode="legacy")``, streamable HTTP, one stateful session per target):
+
+* ``baseline``: a bare low-level SDK ``Server`` whose one tool answers at once, on uvicorn.
+* ``gateway``: the real gateway (``gateway.app.running``) with one ``SimulatedDevice`` connected
+  over WebSocket; the call is ``sim-esp32_0001_lamp_get_state``, a tool the device answers at once.
+
+After a warm-up, N sequential calls per target are timed with ``time.perf_counter()``, in
+alternating blocks so machine noise hits both alike. The table gives the median and p99 in
+milliseconds and the ratios gateway/baseline. A ratio of 1.0 would mean the gateway, the device
+WebSocket hop and the simulator cost nothing beyond the SDK's own per-call cost; the goal is a
+ratio under 1.5. It is a measurement, not a test: it always exits 0 (errors go to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import mcp.types as types
+import uvicorn
+from mcp import Client
+from mcp.server import Server, ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from gateway.app import bind, running
+from gateway.config import Config, ListenAddress
+from gateway.simulator import SimulatedDevice
+
+WARMUP = 50  # calls per target before timing
+BLOCK = 50  # calls per target per round; rounds alternate which target goes first
+DEVICE_TOKEN = "bench-device-token"
+DEVICE_ID = "02:00:00:00:00:01"
+GATEWAY_TOOL = "sim-esp32_0001_lamp_get_state"
+BASELINE_TOOL = "get_state"
+LAMP_STATE = '{"power":false}'  # what the simulated lamp answers, so both replies weigh the same
+LOOPBACK = ListenAddress("127.0.0.1", 0)
+
+
+def _baseline_server() -> Server:
+    """A low-level SDK server with one tool that answers what the simulated lamp answers."""
+    tool = types.Tool(name=BASELINE_TOOL, input_schema={"type": "object", "properties": {}})
+
+    async def list_tools(
+        ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool])
+
+    async def call_tool(
+        ctx: ServerRequestContext, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=LAMP_STATE)])
+
+    return Server("bench-baseline", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+@contextlib.asynccontextmanager
+async def baseline() -> AsyncIterator[str]:
+    """Serve the bare SDK server over stateful streamable HTTP; yield its MCP URL."""
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    manager = StreamableHTTPSessionManager(app=_baseline_server(), security_settings=security)
+    app = Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))])
+    config = uvicorn.Config(
+        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2
+    )
+    server, sock = uvicorn.Server(config), bind(LOOPBACK)
+    async with manager.run():
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="bench.baseline")
+        try:
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the baseline server stopped while starting")
+                await asyncio.sleep(0.01)
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+        finally:
+            server.should_exit = True
+            await asyncio.gather(task, return_exceptions=True)
+            sock.close()
+
+
+@contextlib.asynccontextmanager
+async def gateway(data_dir: Path) -> AsyncIterator[str]:
+    """Run the gateway with one simulated device whose tools are listed; yield the MCP URL."""
+    config = Config(
+        data_dir=data_dir,
+        device_listen=LOOPBACK,
+        host_listen=LOOPBACK,
+        mqtt_listen=None,
+        device_tokens=(DEVICE_TOKEN,),
+    )
+    async with running(config) as run:
+        registry = run.gateway.registry
+        changes = registry.changes()  # subscribe before the device connects: no missed change
+        async with SimulatedDevice(run.device_url, DEVICE_TOKEN, device_id=DEVICE_ID):
+            try:
+                while not any(
+                    t.device.device_id == DEVICE_ID and t.device.online
+                    for t in registry.exposed_tools()
+                ):
+                    await anext(changes)
+            finally:
+                changes.close()
+            yield run.mcp_url
+
+
+async def _timed_calls(client: Client, tool: str, count: int, into: list[float]) -> None:
+    for _ in range(count):
+        start = time.perf_counter()
+        result = await client.call_tool(tool, {})
+        into.append(time.perf_counter() - start)
+        if result.is_error:
+            raise RuntimeError(f"{tool} failed: {result.content}")
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    ms = [s * 1000 for s in samples]
+    return {
+        "calls": len(ms),
+        "median_ms": statistics.median(ms),
+        "p99_ms": statistics.quantiles(ms, n=100, method="inclusive")[98],
+    }
+
+
+async def measure(calls: int) -> dict[str, Any]:
+    """Warm up, then time ``calls`` calls per target in alternating blocks."""
+    samples: dict[str, list[float]] = {"baseline": [], "gateway": []}
+    with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
+        async with contextlib.AsyncExitStack() as stack:
+            urls = {
+                "baseline": await stack.enter_async_context(baseline()),
+                "gateway": await stack.enter_async_context(gateway(Path(data_dir))),
+            }
+            tools = {"baseline": BASELINE_TOOL, "gateway": GATEWAY_TOOL}
+            clients: dict[str, Client] = {}
+            for name, url in urls.items():
+                clients[name] = await stack.enter_async_context(Client(url, mode="legacy"))
+                await clients[name].list_tools()  # the client caches output schemas from this
+                await _timed_calls(clients[name], tools[name], WARMUP, [])
+            order = ["baseline", "gateway"]
+            done = 0
+            while done < calls:
+                block = min(BLOCK, calls - done)
+                for name in order:
+                    await _timed_calls(clients[name], tools[name], block, samples[name])
+                order.reverse()
+                done += block
+    figures: dict[str, Any] = {name: _summary(s) for name, s in samples.items()}
+    base, gw = figures["baseline"], figures["gateway"]
+    figures["ratio"] = {
+        "median": gw["median_ms"] / base["median_ms"],
+        "p99": gw["p99_ms"] / base["p99_ms"],
+    }
+    return figures
+
+
+def _table(figures: dict[str, Any]) -> str:
+    lines = [f"{'target':<10}{'calls':>7}{'median ms':>12}{'p99 ms':>10}"]
+    for name in ("baseline", "gateway"):
+        f = figures[name]
+        lines.append(f"{name:<10}{f['calls']:>7}{f['median_ms']:>12.3f}{f['p99_ms']:>10.3f}")
+    ratio = figures["ratio"]
+    lines.append(
+        f"gateway/baseline: median x{ratio['median']:.2f}, p99 x{ratio['p99']:.2f} (goal < 1.5)"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500, help="timed calls per target")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--timeout", type=float, default=120.0, help="bound on the whole run, s")
+    args = parser.parse_args()
+    try:
+        figures = asyncio.run(asyncio.wait_for(measure(max(args.calls, 2)), args.timeout))
+    except TimeoutError:
+        print(f"call_latency: did not finish within {args.timeout:g} s", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the figures, not the ratio, decide nothing; a broken run does
+        print(f"call_latency: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(figures, indent=2) if args.json else _table(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
