@@ -157,6 +157,7 @@ def _uvicorn_config(app: Starlette, config: Config) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         lifespan="off",  # Gateway owns the lifespan of everything
+        log_config=None,  # keep the CLI's logging: stderr only (stdout is MCP in stdio mode)
         log_level="warning",
         access_log=False,
         ws="websockets-sansio",

@@ -25,11 +25,13 @@ logger = logging.getLogger("gateway")
 
 def _announce(config: Config, run: Running) -> None:
     device = config.device_listen
-    logger.info(
-        "devices connect to ws://%s:%d/xiaozhi/v1/ (token: `esp-mcp-gateway token`)",
-        "127.0.0.1" if device.host in ("0.0.0.0", "::") else device.host,
-        run.device_port,
-    )
+    if config.public_url:
+        where = config.public_url.rstrip("/")
+    elif device.host in ("0.0.0.0", "::"):
+        where = f"ws://<this machine's LAN address>:{run.device_port}"
+    else:
+        where = f"ws://{device.host}:{run.device_port}"
+    logger.info("devices connect to %s/xiaozhi/v1/ (token: `esp-mcp-gateway token`)", where)
     logger.info(
         "MCP hosts connect to http://%s:%d/mcp (legacy SSE: /sse)%s",
         config.host_listen.host,
