@@ -160,8 +160,8 @@ def build_host_app(
         Route("/mcp", endpoint=guard(StreamableHTTPASGIApp(manager))),
         Route("/sse", endpoint=guard(_SseEndpoint(frontend, sse)), methods=["GET"]),
         Mount("/messages/", app=guard(sse.handle_post_message)),
-        Route("/api/devices", endpoint=guard(_view(api.devices)), methods=["GET"]),
-        Route("/api/call", endpoint=guard(_view(api.call)), methods=["POST"]),
+        Route("/api/devices", endpoint=guard(_Endpoint(api.devices)), methods=["GET"]),
+        Route("/api/call", endpoint=guard(_Endpoint(api.call)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),
     ]
     hosts, origins = host_patterns(config)
@@ -172,7 +172,7 @@ def build_host_app(
     return Starlette(routes=routes, middleware=middleware), manager
 
 
-class _view:  # noqa: N801 - reads as a function at the route table
+class _Endpoint:
     """A request/response view as a raw ASGI app, so that auth can wrap it like MCP routes.
 
     An instance, not a function: Starlette's ``Route`` treats a plain function as a view.
