@@ -1,4 +1,4 @@
-"""A device simulator: ESP32 boards that speak the xiaozhi protocol like stock firmware.
+"""A device simulator: ESP32 boards running the real firmware code (device_fw/) on CPython.
 
 It lets a new user watch the whole path work with no hardware, and the end-to-end tests use it
 as their device::
@@ -6,16 +6,18 @@ as their device::
     async with SimulatedDevice("ws://127.0.0.1:8765/xiaozhi/v1/", token) as device:
         await device.wait_for_call("self.lamp.turn_on")
 
-Layers, bottom up: ``cjson`` (the parser quirks stock firmware has), ``simtool`` (how a tool is
-declared), ``mcp_server`` (the device's MCP server, no I/O), ``tools`` (the default board),
-``device`` (the WebSocket client), ``fleet`` (many devices at once).
+The firmware does the work: its WebSocket client, stock handshake and hello, serving loop with
+reconnect backoff, and MCP server. This package gives it a typed face and a stock-like board.
+Layers, bottom up: ``simtool`` (how a tool is declared), ``mcp_server`` (the firmware's MCP
+server), ``tools`` (the default stock-like board), ``device`` (the firmware's device runtime),
+``fleet`` (many devices at once, or the firmware's own simulated board).
 """
 
 from __future__ import annotations
 
 from .device import SimulatedDevice, backoff_delay
 from .errors import DeviceReboot, HandshakeRefused, HelloFailed, SimulatorError, ToolError
-from .fleet import device_id_for, simulate
+from .fleet import device_id_for, firmware_device, simulate
 from .mcp_server import PAGE_LIMIT, DeviceMcpServer, Vision
 from .simtool import Args, Prop, SimTool
 from .tools import BoardState, default_tools
@@ -37,5 +39,6 @@ __all__ = [
     "backoff_delay",
     "default_tools",
     "device_id_for",
+    "firmware_device",
     "simulate",
 ]

@@ -1,20 +1,33 @@
 """How a simulated tool is declared: :class:`SimTool`, its :class:`Prop`s and its :class:`Args`.
 
-They model the stock ``McpTool`` / ``Property`` classes (``mcp_server.h``): the listed JSON, the
-``required`` rule and the argument checks are theirs (xiaozhi-protocol.md §4).
+They are the typed CPython face of the firmware's ``fw_mcp.Tool`` / ``fw_mcp.Prop``
+(device_fw/fw_tool.py): a declaration becomes a firmware tool with :meth:`SimTool.to_firmware`,
+and the firmware does the listing and the argument checks (xiaozhi-protocol.md §4).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
-from .cjson import JsonObject, JsonValue, is_number, item, valueint
-from .errors import INVALID_PARAMS, ToolError
+from device_fw.fw_mcp import Prop as FirmwareProp
+from device_fw.fw_mcp import Tool as FirmwareTool
 
-__all__ = ["ArgValue", "Args", "Handler", "Prop", "PropType", "SimTool", "ToolResult"]
+__all__ = [
+    "ArgValue",
+    "Args",
+    "Handler",
+    "JsonObject",
+    "JsonValue",
+    "Prop",
+    "PropType",
+    "SimTool",
+    "ToolResult",
+]
 
+JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
+JsonObject: TypeAlias = "dict[str, JsonValue]"
 PropType = Literal["boolean", "integer", "string", "number"]
 ArgValue: TypeAlias = "bool | int | float | str"
 ToolResult: TypeAlias = "bool | int | str | JsonObject | list[JsonValue]"
@@ -33,7 +46,7 @@ class Args(dict[str, ArgValue]):
     def number(self, name: str) -> float:
         """Return the numeric argument ``name`` (an integer or a float)."""
         value = self[name]
-        if not is_number(value):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError(f"argument {name} is not a number")
         return float(value)
 
@@ -57,23 +70,24 @@ Handler: TypeAlias = "Callable[[Args], Awaitable[ToolResult]]"
 
 @dataclass(frozen=True, slots=True)
 class Prop:
-    """One input property of a tool, as the stock ``Property`` class models it.
+    """One input property. A property without ``default`` is required (the stock rule).
 
-    A property without ``default`` is required. ``minimum`` / ``maximum`` apply to integers
-    (stock) and numbers (an extension: stock firmware has no ``number`` type).
+    ``minimum`` / ``maximum`` bound integers and numbers (``number`` is our firmware's
+    extension; stock firmware has none).
+
+    Raises:
+        ValueError: a declaration the firmware refuses (a range on a string or boolean, a
+            default of the wrong type or out of range).
     """
 
     type: PropType
     default: ArgValue | None = None
     minimum: int | float | None = None
     maximum: int | float | None = None
+    description: str | None = None
 
     def __post_init__(self) -> None:
-        numeric = self.type in ("integer", "number")
-        if not numeric and (self.minimum is not None or self.maximum is not None):
-            raise ValueError(f"a {self.type} property cannot have a minimum or maximum")
-        if self.default is not None:
-            self._check_default(self.default)
+        self.to_firmware("property")  # the firmware's constructor checks the declaration
 
     @property
     def required(self) -> bool:
@@ -81,58 +95,15 @@ class Prop:
         return self.default is None
 
     def schema(self) -> JsonObject:
-        """Return the property's JSON schema with stock key order: type, default, min, max."""
-        schema: JsonObject = {"type": self.type}
-        if self.default is not None:
-            schema["default"] = self.default
-        if self.minimum is not None:
-            schema["minimum"] = self.minimum
-        if self.maximum is not None:
-            schema["maximum"] = self.maximum
+        """Return the property's JSON schema as the firmware lists it."""
+        schema: JsonObject = self.to_firmware("property").schema()
         return schema
 
-    def accept(self, value: object) -> ArgValue | None:
-        """Return ``value`` as this property's type, or None when its JSON type differs.
-
-        Raises:
-            ToolError: the value is of the right type but out of range.
-        """
-        coerced = self._coerce(value)
-        if coerced is not None:
-            self.check_range(coerced)
-        return coerced
-
-    def check_range(self, value: ArgValue) -> None:
-        """Raise the stock range error if ``value`` lies outside ``minimum``..``maximum``.
-
-        Raises:
-            ToolError: the value is out of range.
-        """
-        if not is_number(value):
-            return
-        if self.minimum is not None and value < self.minimum:
-            raise ToolError(f"Value is below minimum allowed: {self.minimum}", INVALID_PARAMS)
-        if self.maximum is not None and value > self.maximum:
-            raise ToolError(f"Value exceeds maximum allowed: {self.maximum}", INVALID_PARAMS)
-
-    def _check_default(self, default: ArgValue) -> None:
-        coerced = self._coerce(default)
-        if coerced is None or type(coerced) is not type(default):
-            raise ValueError(f"default {default!r} is not a {self.type}")
-        try:
-            # The stock Property constructor range-checks its default too.
-            self.check_range(default)
-        except ToolError as exc:
-            raise ValueError(f"default {default!r}: {exc.message}") from None
-
-    def _coerce(self, value: object) -> ArgValue | None:
-        if self.type == "boolean":
-            return value if isinstance(value, bool) else None
-        if self.type == "string":
-            return value if isinstance(value, str) else None
-        if not is_number(value):
-            return None
-        return valueint(value) if self.type == "integer" else value
+    def to_firmware(self, name: str) -> FirmwareProp:
+        """Return the firmware's declaration of this property, named ``name``."""
+        return FirmwareProp(
+            name, self.type, self.default, self.minimum, self.maximum, self.description
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,38 +120,17 @@ class SimTool:
     handler: Handler
     user_only: bool = False
 
+    def to_firmware(self) -> FirmwareTool:
+        """Return the firmware tool that lists, checks and calls this one."""
+        handler = self.handler
+
+        async def call(values: dict[str, Any]) -> ToolResult:
+            return await handler(Args(values))
+
+        props = [prop.to_firmware(name) for name, prop in self.properties.items()]
+        return FirmwareTool(self.name, self.description, props, call, user=self.user_only)
+
     def to_json(self) -> JsonObject:
-        """Return the tool as stock firmware lists it (``mcp_server.h`` ``McpTool::to_json``)."""
-        schema: JsonObject = {
-            "type": "object",
-            "properties": {name: prop.schema() for name, prop in self.properties.items()},
-        }
-        required: list[JsonValue] = [n for n, p in self.properties.items() if p.required]
-        if required:
-            schema["required"] = required
-        tool: JsonObject = {
-            "name": self.name,
-            "description": self.description,
-            "inputSchema": schema,
-        }
-        if self.user_only:
-            tool["annotations"] = {"audience": ["user"]}
-        return tool
-
-    def parse_arguments(self, arguments: Mapping[str, object] | None) -> Args:
-        """Validate ``arguments`` the stock way (xiaozhi-protocol.md §4 "Arguments").
-
-        Only declared properties are read; a value of the wrong JSON type counts as absent.
-
-        Raises:
-            ToolError: a required property is missing, or a value is out of range.
-        """
-        args = Args()
-        for name, prop in self.properties.items():
-            value = prop.accept(item(arguments, name))
-            if value is None:
-                if prop.default is None:
-                    raise ToolError(f"Missing valid argument: {name}", INVALID_PARAMS)
-                value = prop.default
-            args[name] = value
-        return args
+        """Return the tool as the firmware lists it in ``tools/list``."""
+        listed: JsonObject = self.to_firmware().to_json()
+        return listed

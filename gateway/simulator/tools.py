@@ -15,9 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from . import descriptions as d
-from .cjson import JsonObject
 from .errors import DeviceReboot, ToolError
-from .simtool import Args, Handler, Prop, SimTool
+from .simtool import Args, Handler, JsonObject, Prop, SimTool
 
 __all__ = ["BoardState", "default_tools"]
 

@@ -35,3 +35,21 @@ async def test_simulate_runs_count_devices_until_stopped() -> None:
             await gw.wait_ended()  # cleanly, or aborted if stopped mid-hello
     ids = sorted(r.headers["Device-Id"] for r in gw.requests)
     assert ids == ["02:00:00:00:00:01", "02:00:00:00:00:02", "02:00:00:00:00:03"]
+
+
+async def test_simulate_can_run_our_firmware_board() -> None:
+    """board="firmware" boots device_fw as a board does, on its simulated hardware."""
+    stop = asyncio.Event()
+    async with mini_gateway() as gw:
+        runner = asyncio.create_task(
+            simulate(gw.url, "t", 1, stop_event=stop, board="firmware"), name="test.sim"
+        )
+        await gw.next_connection()
+        await gw.recv()  # the hello
+        listing = await gw.request(1, "tools/list")
+        stop.set()
+        with anyio.fail_after(bound()):
+            await runner
+    names = [tool["name"] for tool in listing["result"]["tools"]]
+    assert names[:3] == ["self.get_device_status", "self.led.set_power", "self.led.get_state"]
+    assert "self.relay.set_power" in names and "self.reboot" not in names

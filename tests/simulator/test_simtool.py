@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.simulator import Args, Prop, SimTool, ToolError
-from gateway.simulator.cjson import dumps
+from device_fw.fw_envelope import dumps
+from gateway.simulator import Args, DeviceMcpServer, Prop, SimTool
+
+pytestmark = pytest.mark.anyio
 
 
 async def _ok(args: Args) -> bool:
@@ -49,12 +51,23 @@ def test_bad_property_declarations_are_refused(kwargs: dict[str, object]) -> Non
         Prop(**kwargs)
 
 
-def test_number_properties_keep_floats_and_check_ranges() -> None:
-    """The number type (our extension) accepts floats unchanged and range-checks them."""
-    prop = Prop("number", minimum=0.5, maximum=2)
-    assert prop.accept(1.25) == 1.25 and prop.accept("1") is None
-    with pytest.raises(ToolError, match="Value is below minimum allowed: 0.5"):
-        prop.accept(0.1)
+async def test_number_properties_keep_floats_and_check_ranges() -> None:
+    """The number type (our extension) passes floats unchanged and range-checks them."""
+    server = DeviceMcpServer([SimTool("self.n", "n", {"x": Prop("number", None, 0.5, 2)}, _echo)])
+    for value, answer in [(1.25, "1.25"), (0.1, "Value is below minimum allowed: 0.5")]:
+        params = {"name": "self.n", "arguments": {"x": value}}
+        reply = await server.handle(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+        )
+        assert reply is not None
+        text = (
+            reply["error"]["message"] if "error" in reply else reply["result"]["content"][0]["text"]
+        )
+        assert text == answer
+
+
+async def _echo(args: Args) -> float:
+    return args.number("x")
 
 
 def test_args_accessors_check_types() -> None:

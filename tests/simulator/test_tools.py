@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from device_fw.fw_envelope import dumps
 from gateway.simulator import BoardState, DeviceMcpServer, DeviceReboot, default_tools
-from gateway.simulator.cjson import dumps
 
 pytestmark = pytest.mark.anyio
 

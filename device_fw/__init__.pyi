@@ -1,0 +1,3 @@
+FIRMWARE_DIR: str
+
+def board_files() -> list[str]: ...

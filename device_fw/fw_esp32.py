@@ -1,0 +1,99 @@
+"""A real ESP32 (ESP32_GENERIC, S2, S3, C3, C6 firmware): machine, network, neopixel, esp32.
+
+Only imported on a board (fw_board.make_board); every module used here is frozen into stock
+MicroPython for ESP32.
+"""
+
+import asyncio
+import os
+
+import machine
+import network
+
+import fw_compat as compat
+from fw_board import Board
+
+try:
+    import esp32
+except ImportError:
+    esp32 = None
+
+WIFI_TIMEOUT_MS = 20000
+
+
+class Esp32Board(Board):
+    """Outputs on GPIO pins, an ADC pin, an optional NeoPixel strip, Wi-Fi station."""
+
+    name = "esp32"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.wifi = config["wifi"]
+        self.hostname = config.get("name") or ""
+        self.chip = os.uname().machine.split(" with ")[-1].lower()  # e.g. "esp32s3"
+        self.name = self.chip
+        self.wlan = network.WLAN(network.STA_IF)
+        self._pins = {}
+        for name, (pin, inverted) in self.outputs.items():
+            self._pins[name] = machine.Pin(pin, machine.Pin.OUT, value=1 if inverted else 0)
+        self._adc = None
+        if self.adc_pin is not None:
+            self._adc = machine.ADC(machine.Pin(self.adc_pin))
+            if hasattr(machine.ADC, "ATTN_11DB"):
+                self._adc.atten(machine.ADC.ATTN_11DB)  # the full 0..3.3 V range
+        self._pixels = None
+        if self.pixel_pin is not None:
+            import neopixel
+
+            self._pixels = neopixel.NeoPixel(machine.Pin(self.pixel_pin), self.pixel_count)
+
+    async def start_network(self):
+        wlan = self.wlan
+        if wlan.isconnected():
+            return
+        if not self.wifi.get("ssid"):
+            raise OSError("config: wifi.ssid is empty")
+        wlan.active(True)
+        if self.hostname and hasattr(network, "hostname"):
+            network.hostname(self.hostname)
+        wlan.connect(self.wifi["ssid"], self.wifi.get("password") or "")
+        started = compat.ticks_ms()
+        while not wlan.isconnected():
+            if compat.ticks_diff(compat.ticks_ms(), started) > WIFI_TIMEOUT_MS:
+                wlan.disconnect()
+                raise OSError("Wi-Fi %r: no connection within 20 s" % self.wifi["ssid"])
+            await asyncio.sleep_ms(200)
+        compat.log(compat.INFO, "Wi-Fi up: %s", wlan.ifconfig()[0])
+
+    def mac(self):
+        return ":".join("%02x" % byte for byte in self.wlan.config("mac"))
+
+    def rssi(self):
+        try:
+            return self.wlan.status("rssi") if self.wlan.isconnected() else None
+        except (OSError, ValueError):
+            return None
+
+    def temperature(self):
+        # S2/S3/C3/C6 have a calibrated sensor; the original ESP32's raw one is not usable.
+        if esp32 is not None and hasattr(esp32, "mcu_temperature"):
+            return esp32.mcu_temperature()
+        return None
+
+    def set_output(self, name, on):
+        inverted = self.outputs[name][1]
+        self._pins[name].value(1 if bool(on) != inverted else 0)
+
+    def get_output(self, name):
+        return bool(self._pins[name].value()) != self.outputs[name][1]
+
+    def read_adc(self):
+        adc = self._adc
+        return adc.read_u16(), adc.read_uv() if hasattr(adc, "read_uv") else None
+
+    def set_pixel(self, rgb):
+        self._pixels.fill(tuple(rgb))
+        self._pixels.write()
+
+    def reboot(self):
+        machine.reset()

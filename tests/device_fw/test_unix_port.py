@@ -1,0 +1,137 @@
+"""device_fw on the real MicroPython unix port against a real gateway, used by an MCP client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from gateway.app import Running
+from gateway.config import ListenAddress
+from tests.conftest import bound, gateway
+from tests.device_fw.conftest import firmware_config, free_port, running_firmware
+from tests.e2e.helpers import Inbox, has_tools, until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+DEVICE_ID = "02:00:00:00:f1:01"
+
+
+def mcp_names(run: Running) -> dict[str, str]:
+    """The device's own tool names -> the names MCP hosts see."""
+    exposed = run.gateway.registry.exposed_tools()
+    return {t.tool["name"]: t.name for t in exposed if t.device.device_id == DEVICE_ID}
+
+
+async def wait_listed(run: Running) -> dict[str, str]:
+    """Wait until the firmware is online with its tools listed; return their MCP names."""
+    async with run.gateway.registry.changes() as changes:
+        await until(changes, has_tools(run, DEVICE_ID))
+    return mcp_names(run)
+
+
+def url_of(port: int) -> str:
+    return f"ws://127.0.0.1:{port}/xiaozhi/v1/"
+
+
+async def test_firmware_tools_are_listed_and_a_set_value_reads_back(tmp_path: Path) -> None:
+    """An MCP client lists the firmware's tools through the gateway, switches the LED on with
+    one call and reads it back with another."""
+    async with gateway(tmp_path / "gw") as run:
+        config = firmware_config(DEVICE_ID, url=url_of(run.device_port))
+        async with running_firmware(tmp_path / "fw", config):
+            names = await wait_listed(run)
+            async with Client(run.mcp_url, mode="legacy") as client:
+                listed = {t.name for t in (await client.list_tools()).tools}
+                before = await client.call_tool(names["self.led.get_state"], {})
+                switched = await client.call_tool(names["self.led.set_power"], {"on": True})
+                after = await client.call_tool(names["self.led.get_state"], {})
+                status = await client.call_tool(names["self.get_device_status"], {})
+    assert {names[n] for n in ("self.led.set_power", "self.adc.read", "self.relay.get_state")} <= (
+        listed
+    )
+    device = run.gateway.registry.find(DEVICE_ID)
+    assert device is not None and device.tool("self.reboot") is not None  # user-only: known,
+    assert "self.reboot" not in names  # but never offered to the model
+    assert json.loads(before.content[0].text) == {"on": False}
+    assert not switched.is_error and switched.content[0].text == "true"
+    assert json.loads(after.content[0].text) == {"on": True}
+    report = json.loads(status.content[0].text)
+    assert report["firmware"] == "0.1.0" and report["outputs"] == {"led": True, "relay": False}
+    assert report["memory"]["used"] > 0  # gc.mem_alloc() on MicroPython
+
+
+async def test_an_argument_the_schema_allows_but_the_device_refuses_gets_its_error(
+    tmp_path: Path,
+) -> None:
+    """A colour name the firmware does not know passes the gateway's schema check (any string)
+    and comes back as the device's own error, as isError."""
+    async with gateway(tmp_path / "gw") as run:
+        config = firmware_config(DEVICE_ID, url=url_of(run.device_port))
+        async with running_firmware(tmp_path / "fw", config):
+            names = await wait_listed(run)
+            async with Client(run.mcp_url, mode="legacy") as client:
+                refused = await client.call_tool(
+                    names["self.neopixel.set_color"], {"color": "ultraviolet"}
+                )
+                accepted = await client.call_tool(
+                    names["self.neopixel.set_color"], {"color": "#ff8000", "brightness": 50}
+                )
+    assert refused.is_error
+    assert "Unknown colour 'ultraviolet': give #rrggbb or one of" in refused.content[0].text
+    assert json.loads(accepted.content[0].text) == {"rgb": [127, 64, 0]}
+
+
+async def test_a_tool_added_at_runtime_reaches_the_mcp_client_by_list_changed(
+    tmp_path: Path,
+) -> None:
+    """Loading tool_dice on the running firmware sends tools/list_changed; the gateway lists
+    again and tells its MCP client, which can then call the new tool."""
+    async with gateway(tmp_path / "gw") as run:
+        config = firmware_config(DEVICE_ID, url=url_of(run.device_port))
+        async with running_firmware(tmp_path / "fw", config) as firmware:
+            names = await wait_listed(run)
+            assert "self.dice.roll" not in names
+            inbox = Inbox()
+            async with Client(run.mcp_url, mode="legacy", message_handler=inbox) as client:
+                with anyio.fail_after(bound(5)):
+                    await run.gateway.frontend.notifier.wait_for_sessions(1)
+                await firmware.command("add tool_dice")
+                await inbox.next_change()
+                names = mcp_names(run)
+                listed = {t.name for t in (await client.list_tools()).tools}
+                rolled = await client.call_tool(names["self.dice.roll"], {"count": 3})
+    assert names["self.dice.roll"] in listed
+    faces = json.loads(rolled.content[0].text)
+    assert len(faces) == 3 and all(1 <= face <= 6 for face in faces)
+
+
+async def test_firmware_reconnects_by_itself_after_a_gateway_restart(tmp_path: Path) -> None:
+    """Stop the gateway, start a new one on the same port and data dir: the firmware comes back
+    on its own and its tools work again."""
+    port = free_port()
+    # Tools hidden while offline: the device coming back is then a change the test can await.
+    options: dict[str, Any] = {
+        "device_listen": ListenAddress("127.0.0.1", port),
+        "offline_tools": "hide",
+        "offline_grace": 0.0,
+    }
+    config = firmware_config(DEVICE_ID, url=url_of(port))
+    async with running_firmware(tmp_path / "fw", config) as firmware:
+        async with gateway(tmp_path / "gw", **options) as run:
+            names = await wait_listed(run)
+            async with Client(run.mcp_url, mode="legacy") as client:
+                first = await client.call_tool(names["self.relay.set_power"], {"on": True})
+            seen = len(firmware.lines)
+        await firmware.expect("disconnected", start=seen)
+        async with gateway(tmp_path / "gw", **options) as run:
+            names = await wait_listed(run)
+            async with Client(run.mcp_url, mode="legacy") as client:
+                again = await client.call_tool(names["self.relay.get_state"], {})
+    assert first.content[0].text == "true"
+    assert json.loads(again.content[0].text) == {"on": True}  # the board kept running
+    assert sum("connected, session" in line for line in firmware.lines) == 2
