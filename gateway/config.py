@@ -26,6 +26,8 @@ __all__ = ["Config", "DeviceOptions", "ListenAddress", "load_config"]
 ENV_PREFIX = "GATEWAY_"
 TOOLS_MODES = ("per-device", "meta", "auto")
 OFFLINE_TOOLS = ("keep", "hide")
+MQTT_MODES = ("embedded", "external", "off")
+OTA_TRANSPORTS = ("mqtt", "websocket")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,20 @@ class Config:
     host_allowed_hosts: tuple[str, ...] = ()
     host_allowed_origins: tuple[str, ...] = ()
     devices: Mapping[str, DeviceOptions] = field(default_factory=dict)
+    mqtt_mode: str = "embedded"
+    mqtt_host: str = "localhost"
+    mqtt_port: int = 1883
+    mqtt_username: str | None = None
+    mqtt_password: str | None = None
+    mqtt_tls: bool = False
+    mqtt_ca_file: Path | None = None
+    mqtt_topic_prefix: str = "xiaozhi"
+    mqtt_public_endpoint: str | None = None
+    mqtt_probe_interval: float = 60.0
+    ota_enabled: bool = True
+    ota_transport: str = "mqtt"
+    ota_firmware_version: str | None = None
+    ota_firmware_url: str | None = None
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""
@@ -171,6 +187,54 @@ def _choice(*choices: str) -> Callable[[str, object], str]:
     return parse
 
 
+def _port(key: str, value: object) -> int:
+    number = _int(key, value)
+    if number > 65535:
+        raise ConfigError(key, f"port must be 1..65535, got {number}")
+    return number
+
+
+def _optional_path(key: str, value: object) -> Path | None:
+    text = _optional_str(key, value)
+    return Path(text).expanduser() if text else None
+
+
+def _host(key: str, value: object) -> str:
+    text = _str(key, value).strip()
+    if not text:
+        raise ConfigError(key, "expected a host name or address")
+    return text
+
+
+def _topic_prefix(key: str, value: object) -> str:
+    text = _str(key, value).strip()
+    if not text or text[0] == "/" or text[-1] == "/" or any(c in text for c in "+#$ "):
+        raise ConfigError(key, f"expected a topic prefix like xiaozhi: {text!r}")
+    return text
+
+
+def _optional_endpoint(key: str, value: object) -> str | None:
+    text = _optional_str(key, value)
+    if text is None:
+        return None
+    # xiaozhi-protocol.md §2: stock firmware takes "host" or "host:port" (no IPv6 literals).
+    host, sep, port = text.partition(":")
+    if not host or any(c in host for c in "/[] ") or (sep and not port.isdigit()):
+        raise ConfigError(key, f"expected host or host:port, got {text!r}")
+    if sep:
+        _port(key, port)
+    return text
+
+
+def _firmware_version(key: str, value: object) -> str | None:
+    text = _optional_str(key, value)
+    # xiaozhi-protocol.md §3, §7.1: the device compares versions with std::stoi on each part;
+    # a part that is not a number throws, uncaught, and the device crashes at every boot.
+    if text is not None and not all(part.isdigit() and part.isascii() for part in text.split(".")):
+        raise ConfigError(key, f"expected a numeric version like 2.4.2, got {text!r}")
+    return text
+
+
 def _log_level(key: str, value: object) -> str:
     return _choice("debug", "info", "warning", "error")(key, _str(key, value).lower())
 
@@ -196,6 +260,20 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("audit", "enabled", "audit_log", _bool),
     ("host", "allowed_hosts", "host_allowed_hosts", _str_list),
     ("host", "allowed_origins", "host_allowed_origins", _str_list),
+    ("mqtt", "mode", "mqtt_mode", _choice(*MQTT_MODES)),
+    ("mqtt", "host", "mqtt_host", _host),
+    ("mqtt", "port", "mqtt_port", _port),
+    ("mqtt", "username", "mqtt_username", _optional_str),
+    ("mqtt", "password", "mqtt_password", _optional_str),
+    ("mqtt", "tls", "mqtt_tls", _bool),
+    ("mqtt", "ca_file", "mqtt_ca_file", _optional_path),
+    ("mqtt", "topic_prefix", "mqtt_topic_prefix", _topic_prefix),
+    ("mqtt", "public_endpoint", "mqtt_public_endpoint", _optional_endpoint),
+    ("mqtt", "probe_interval", "mqtt_probe_interval", _number),
+    ("ota", "enabled", "ota_enabled", _bool),
+    ("ota", "transport", "ota_transport", _choice(*OTA_TRANSPORTS)),
+    ("ota", "firmware_version", "ota_firmware_version", _firmware_version),
+    ("ota", "firmware_url", "ota_firmware_url", _optional_str),
 )
 
 

@@ -64,6 +64,12 @@ class Device:
         """True while the device is connected."""
         return self.session is not None
 
+    @property
+    def firmware(self) -> str | None:
+        """The firmware version the device last reported (OTA check-in or ``serverInfo``)."""
+        version = (self.record.server_info or {}).get("version")
+        return version if isinstance(version, str) else None
+
     def tool(self, name: str) -> JsonObject | None:
         """The device tool called ``name`` (its own name, e.g. ``self.lamp.turn_on``)."""
         return next((t for t in self.record.tools if t["name"] == name), None)
@@ -164,6 +170,55 @@ class DeviceRegistry:
         if self._config.offline_tools == "hide":
             asyncio.get_running_loop().call_later(self._config.offline_grace, self._refresh)
 
+    def adopt(self, device_id: str, name: str) -> None:
+        """Name a device that was enrolled as ``name`` (unless the config or a past run did)."""
+        device_id = device_id.lower()
+        if device_id in self._devices or self._config.device(device_id).name:
+            return
+        now = self._clock()
+        alias = clean_alias(name)
+        if any(d.alias == alias for d in self._devices.values()):
+            alias = self._alias(device_id, name)
+        record = DeviceRecord(device_id, alias, None, None, None, None, (), now, now)
+        self._devices[device_id] = Device(record)
+        self._store.save_device(record)
+
+    def register(
+        self,
+        device_id: str,
+        *,
+        board: str | None = None,
+        firmware: str | None = None,
+        client_id: str | None = None,
+        transport: str | None = None,
+    ) -> Device:
+        """Record a device that checked in without connecting (a stock device's boot-time OTA).
+
+        It stays offline until it connects. Its board names it until it lists tools, and its
+        firmware version is kept as ``serverInfo.version`` (what stock firmware reports there).
+        """
+        device_id = device_id.lower()
+        now = self._clock()
+        device = self._devices.get(device_id)
+        if device is None:
+            record = DeviceRecord(device_id, self._alias(device_id, board), board, client_id,
+                                  transport, None, (), now, now)  # fmt: skip
+            device = self._devices[device_id] = Device(record)
+        record = device.record
+        if board and board != record.board and not record.tools and self._derived_alias(record):
+            record.alias = self._alias(device_id, board)
+        record.board = board or record.board
+        record.client_id = client_id or record.client_id
+        record.transport = transport or record.transport
+        if firmware:
+            record.server_info = {"name": record.board, **(record.server_info or {})}
+            record.server_info["version"] = firmware
+        record.last_seen = now
+        self._store.save_device(record)
+        logger.info("device %s (%s) checked in: %s %s", record.alias, device_id, board, firmware)
+        self._refresh()
+        return device
+
     def set_catalogue(
         self, device_id: str, tools: tuple[JsonObject, ...], server_info: JsonObject | None
     ) -> None:
@@ -172,9 +227,10 @@ class DeviceRegistry:
         record = device.record
         board = server_info.get("name") if server_info else None
         if isinstance(board, str) and board and record.board != board:
-            record.board = board
-            if not record.tools:  # first listing: the board name gives a better alias
+            if not record.tools and self._derived_alias(record):
+                # first listing: the board name gives a better alias than a guess
                 record.alias = self._alias(record.device_id, board)
+            record.board = board
         record.server_info = server_info
         record.tools = tools
         record.last_seen = self._clock()
@@ -182,6 +238,10 @@ class DeviceRegistry:
         self._assign_names(device)
         logger.info("device %s lists %d tools", record.alias, len(tools))
         self._refresh()
+
+    def _derived_alias(self, record: DeviceRecord) -> bool:
+        """True when nobody named the device: its alias was made from its board and id."""
+        return record.alias.startswith(derive_alias(record.device_id, record.board))
 
     def _alias(self, device_id: str, board: str | None) -> str:
         configured = self._config.device(device_id).name

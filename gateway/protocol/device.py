@@ -92,6 +92,7 @@ class DeviceProtocol:
         transport: str = "websocket",
         client_info: JsonObject | None = None,
         vision: dict[str, str] | None = None,
+        udp: dict[str, Any] | None = None,
         max_message_bytes: int = 65536,
         max_pages: int = 64,
         logger: Logger | None = None,
@@ -103,21 +104,21 @@ class DeviceProtocol:
             session_id: our session id; a fresh one when None.
             transport: the ``transport`` of our hello: ``"websocket"``, or ``"udp"`` over MQTT.
             client_info: the ``initialize`` ``clientInfo``; names this gateway when None.
-            vision: ``{"url": ..., "token": ...}`` sent as ``capabilities.vision`` so that camera
-                devices upload photos there.
+            vision: ``{"url", "token"}``, sent as ``capabilities.vision`` (camera photo uploads).
+            udp: over MQTT, the ``udp`` block of our hello (``envelope.check_udp_block``).
             max_message_bytes: the largest frame accepted from or sent to the device.
             max_pages: the most ``tools/list`` pages requested per listing.
             logger: where to log; ``getLogger(__name__)`` when None.
 
         Raises:
-            LocalProtocolError: ``session_id``, ``transport``, ``client_info`` or ``vision``
-                cannot be sent to a device.
+            LocalProtocolError: ``session_id``, ``transport``, ``client_info``, ``vision`` or
+                ``udp`` cannot be sent to a device.
         """
         self.device_id = device_id
         self.logger: Logger = logger if logger is not None else logging.getLogger(__name__)
         self.debug = self.logger.isEnabledFor(logging.DEBUG)
         self._session_id = envelope.new_session_id() if session_id is None else session_id
-        envelope.server_hello(self._session_id, transport)
+        self._hello = envelope.server_hello(self._session_id, transport, udp)
         self.transport = transport
         self._initialize_params = _initialize_params(client_info, vision)
         self._max_bytes = max_message_bytes
@@ -260,7 +261,7 @@ class DeviceProtocol:
     def _on_hello(self, hello: JsonObject) -> None:
         # xiaozhi-protocol.md §1: the device waits 10 s for our hello, and says hello again for
         # every conversation; each gets an answer, but only the first starts discovery.
-        self._queue(envelope.encode(envelope.server_hello(self._session_id, self.transport)))
+        self._queue(envelope.encode(self._hello))
         self._events.append(HelloReceived(hello))
         self.start_discovery()
 

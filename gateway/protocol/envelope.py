@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import LocalProtocolError
@@ -17,6 +18,7 @@ __all__ = [
     "MalformedMessage",
     "MessageTooLarge",
     "check_session_id",
+    "check_udp_block",
     "decode",
     "encode",
     "mcp_envelope",
@@ -33,6 +35,9 @@ _AUDIO_PARAMS = {"format": "opus", "sample_rate": 24000, "channels": 1, "frame_d
 
 # xiaozhi-protocol.md §7.2: the device concatenates the session id into its JSON unescaped.
 _SESSION_ID = re.compile(r"[A-Za-z0-9-]+")
+
+# xiaozhi-protocol.md §2 "Hello": udp.key and udp.nonce are exactly 16 bytes, hex-encoded.
+_HEX_16_BYTES = re.compile(r"[0-9A-Fa-f]{32}")
 
 # xiaozhi-protocol.md §4 "Errors", §7.2: stock firmware builds MCP error replies by string
 # concatenation without escaping the message, so a quote in it makes the frame invalid JSON.
@@ -158,28 +163,59 @@ def mcp_envelope(session_id: str, payload: JsonObject) -> JsonObject:
     return {"session_id": check_session_id(session_id), "type": "mcp", "payload": payload}
 
 
-def server_hello(session_id: str, transport: str) -> JsonObject:
+def server_hello(
+    session_id: str, transport: str, udp: Mapping[str, object] | None = None
+) -> JsonObject:
     """Build the server's answer to a device ``hello``.
 
     Args:
         session_id: our session id.
         transport: ``"websocket"`` or ``"udp"``, echoing the device's transport.
+        udp: over MQTT, the audio channel offered to the device (see ``check_udp_block``).
 
     Returns:
         The hello message, announcing 24 kHz / 60 ms Opus downlink audio.
 
     Raises:
-        LocalProtocolError: the session id is unsafe or ``transport`` is not a non-empty string.
+        LocalProtocolError: the session id is unsafe, ``transport`` is not a non-empty string,
+            or ``udp`` is not a block a stock device accepts.
     """
     # xiaozhi-protocol.md §1 "Server hello": a missing or non-string transport crashes the device.
     if not isinstance(transport, str) or not transport:
         raise LocalProtocolError(f"hello transport must be a non-empty string: {transport!r}")
-    return {
+    hello: JsonObject = {
         "type": "hello",
         "transport": transport,
         "session_id": check_session_id(session_id),
         "audio_params": _AUDIO_PARAMS.copy(),
     }
+    if udp is not None:
+        hello["udp"] = check_udp_block(udp)
+    return hello
+
+
+def check_udp_block(udp: Mapping[str, object]) -> JsonObject:
+    """Return a copy of the ``udp`` block of an MQTT hello reply if a stock device accepts it.
+
+    xiaozhi-protocol.md §2: a reply whose ``udp.server`` is not a string, ``udp.port`` not a
+    number in 1..65535, or ``udp.key``/``udp.nonce`` not 16 bytes of hex is silently ignored, and
+    the device gives up on the conversation after 10 s.
+
+    Raises:
+        LocalProtocolError: one of the four fields is missing or wrong.
+    """
+    server, port = udp.get("server"), udp.get("port")
+    if not isinstance(server, str) or not server:
+        raise LocalProtocolError(f"udp.server must be a non-empty string: {server!r}")
+    if type(port) is not int or not 1 <= port <= 65535:
+        raise LocalProtocolError(f"udp.port must be an int in 1..65535: {port!r}")
+    block: JsonObject = {"server": server, "port": port}
+    for name in ("key", "nonce"):
+        value = udp.get(name)
+        if not isinstance(value, str) or _HEX_16_BYTES.fullmatch(value) is None:
+            raise LocalProtocolError(f"udp.{name} must be 32 hex digits: {value!r}")
+        block[name] = value
+    return block
 
 
 def new_session_id() -> str:

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_REQUEST_ID",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "PROBE_ID",
     "ErrorResponse",
     "IdAllocator",
     "Message",
@@ -31,6 +32,7 @@ __all__ = [
     "classify",
     "make_error",
     "make_notification",
+    "make_probe",
     "make_request",
     "make_result",
 ]
@@ -46,6 +48,9 @@ INTERNAL_ERROR = -32603
 
 # The device truncates ids to a C int (cJSON valueint), so ours stay within a positive int32.
 MAX_REQUEST_ID = 2**31 - 1
+
+# IdAllocator never hands out 0, so the reply to a probe can never settle a pending request.
+PROBE_ID = 0
 
 DEFAULT_ERROR_MESSAGE = "device error"
 
@@ -98,6 +103,16 @@ def _check_method(method: str) -> str:
     if not isinstance(method, str) or not method:
         raise LocalProtocolError("method must be a non-empty string")
     return method
+
+
+def make_probe() -> JsonObject:
+    """Build a ``ping`` with id ``PROBE_ID``: any answer proves the device is there.
+
+    Stock firmware answers it with an error ("Method not implemented: ping"), our firmware with
+    ``{}``; either reply reaches a session as a reply to an unknown request and is dropped, so a
+    probe can be sent to a device whatever state its session is in.
+    """
+    return {"jsonrpc": "2.0", "id": PROBE_ID, "method": "ping"}
 
 
 def make_request(request_id: int, method: str, params: JsonObject | None = None) -> JsonObject:

@@ -1,0 +1,17 @@
+"""MQTT brokering: topic names, per-device credentials, and the embedded amqtt broker."""
+
+from __future__ import annotations
+
+from gateway.broker.credentials import DeviceCredentials
+from gateway.broker.embedded import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed
+from gateway.broker.topics import Topics, is_device_id
+
+__all__ = [
+    "GATEWAY_LOGIN",
+    "DeviceCredentials",
+    "EmbeddedBroker",
+    "Presence",
+    "PresenceFeed",
+    "Topics",
+    "is_device_id",
+]

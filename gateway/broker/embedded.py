@@ -1,0 +1,237 @@
+"""The embedded MQTT broker: amqtt in this process, so MQTT works with nothing else installed.
+
+``EmbeddedBroker`` owns the policy its amqtt plugins (``gateway.broker.plugin``) apply:
+
+- Login: the gateway's own client (a random password made at start), or a device whose client
+  id and username are both its device id and whose password ``admits`` accepts (a device token
+  for our firmware, the OTA-issued per-device password for stock firmware). Anonymous and
+  MQTT 5 logins are refused (amqtt speaks 3.1.1 only; reference/libraries.md §3).
+- Topics: a device may publish only to its own ``up`` and ``status`` topics and subscribe to,
+  and receive, only its own ``down`` topic; the broker subscribes it there when it connects.
+- Presence: devices connecting and leaving become ``Presence`` items of ``presence()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+from amqtt.broker import Broker
+
+from gateway.broker.plugin import AUTH_PLUGIN, TOPIC_PLUGIN, GatewayAuthPlugin, GatewayTopicPlugin
+from gateway.broker.topics import Topics, is_device_id
+from gateway.config import ListenAddress
+from gateway.errors import GatewayError
+
+__all__ = ["GATEWAY_LOGIN", "EmbeddedBroker", "Presence", "PresenceFeed"]
+
+logger = logging.getLogger(__name__)
+
+# Not a device id (those never contain "@"), so no device can claim the gateway's rights.
+GATEWAY_LOGIN = "@esp-mcp-gateway"
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class _SnapshotDict(dict[_K, _V]):
+    """A dict whose iterations walk a copy, so the dict may change meanwhile.
+
+    amqtt 0.12 awaits inside ``for ... in self._subscriptions.items()`` (``_run_broadcast``)
+    while another client's connect or disconnect adds or removes subscriptions: the broadcast
+    task then dies with "dictionary changed size during iteration" and the broker stops routing
+    anything. Each device connecting adds a subscription, so this happens in practice.
+    """
+
+    def __iter__(self) -> Iterator[_K]:
+        return iter(list(super().__iter__()))
+
+    def items(self) -> Any:  # a view of a copy (typeshed's dict_items is not importable)
+        return dict(super().items()).items()
+
+
+@dataclass(frozen=True, slots=True)
+class Presence:
+    """A device connected to the broker (``online``) or left it."""
+
+    device_id: str
+    online: bool
+
+
+class PresenceFeed:
+    """An async iterator of ``Presence`` items; the first ones are the devices already there."""
+
+    def __init__(self, subscribers: list[asyncio.Queue[Presence]], online: frozenset[str]):
+        self._subscribers = subscribers
+        self._queue: asyncio.Queue[Presence] = asyncio.Queue()
+        for device_id in sorted(online):
+            self._queue.put_nowait(Presence(device_id, True))
+        subscribers.append(self._queue)
+
+    def close(self) -> None:
+        """Stop receiving presence changes."""
+        if self._queue in self._subscribers:
+            self._subscribers.remove(self._queue)
+
+    def __aiter__(self) -> PresenceFeed:
+        return self
+
+    async def __anext__(self) -> Presence:
+        return await self._queue.get()
+
+
+class EmbeddedBroker:
+    """An amqtt broker on ``listen``; ``async with`` starts and stops it."""
+
+    def __init__(
+        self, listen: ListenAddress, topics: Topics, admits: Callable[[str, str], bool]
+    ) -> None:
+        """Prepare the broker.
+
+        Args:
+            listen: where devices connect (port 0 picks a free port).
+            topics: the device topics.
+            admits: ``admits(device_id, password)`` decides whether a device may log in.
+        """
+        self.listen = listen
+        self.topics = topics
+        self._admits = admits
+        self.gateway_password = secrets.token_urlsafe(24)
+        self._broker: Broker | None = None
+        self._online: set[str] = set()
+        self._subscribers: list[asyncio.Queue[Presence]] = []
+        self.port = listen.port
+
+    @property
+    def client_host(self) -> str:
+        """Where a client on this machine reaches the broker."""
+        host = self.listen.host
+        if host in ("0.0.0.0", ""):
+            return "127.0.0.1"
+        return "::1" if host == "::" else host
+
+    async def __aenter__(self) -> EmbeddedBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start listening (a restart listens on the port of the first start).
+
+        Raises:
+            GatewayError: the address cannot be bound.
+        """
+        _quiet_library_logs()
+        bind = f"[{self.listen.host}]" if ":" in self.listen.host else self.listen.host
+        broker = Broker(
+            {
+                "listeners": {"default": {"type": "tcp", "bind": f"{bind}:{self.port}"}},
+                "plugins": {AUTH_PLUGIN: {}, TOPIC_PLUGIN: {}},
+            }
+        )
+        for plugin in broker.plugins_manager.plugins:
+            if isinstance(plugin, GatewayAuthPlugin | GatewayTopicPlugin):
+                plugin.owner = self
+        subscriptions: _SnapshotDict[str, Any] = _SnapshotDict()
+        broker._subscriptions = subscriptions  # see _SnapshotDict
+        try:
+            await broker.start()
+        except Exception as exc:  # amqtt wraps the OSError in a BrokerError
+            cause = exc.__cause__ or exc
+            raise GatewayError(f"cannot start the MQTT broker on {self.listen}: {cause}") from None
+        self._broker = broker
+        server = broker._servers["default"].instance  # port 0: the only way to learn the port
+        self.port = server.sockets[0].getsockname()[1]
+        logger.info("embedded MQTT broker listening on %s:%d", self.listen.host, self.port)
+
+    async def stop(self) -> None:
+        """Disconnect every client and stop listening; every device goes offline."""
+        broker, self._broker = self._broker, None
+        if broker is None:
+            return
+        for device_id in sorted(self._online):
+            self.device_disconnected(device_id)
+        await broker.shutdown()
+
+    def online(self) -> frozenset[str]:
+        """The devices connected right now."""
+        return frozenset(self._online)
+
+    def presence(self) -> PresenceFeed:
+        """Subscribe to devices connecting and leaving (those connected now come first)."""
+        return PresenceFeed(self._subscribers, self.online())
+
+    # --- policy, called by the plugins ------------------------------------------------------
+
+    def is_device_login(self, username: str | None) -> bool:
+        """True for a device's login (anything but the gateway's own)."""
+        return username != GATEWAY_LOGIN
+
+    def admit(self, client_id: str | None, username: str | None, password: object) -> bool:
+        """Decide a CONNECT: the gateway itself, or a device with a valid password."""
+        if isinstance(password, bytes):
+            password = password.decode("utf-8", "replace")
+        if not isinstance(password, str) or not password or not username:
+            logger.warning("refused MQTT client %r: no username or password", client_id)
+            return False
+        if username == GATEWAY_LOGIN:
+            return secrets.compare_digest(password.encode(), self.gateway_password.encode())
+        if client_id != username or not is_device_id(username):
+            logger.warning(
+                "refused MQTT client %r: client id and username must both be the device id "
+                "(lower-case MAC)",
+                client_id,
+            )
+            return False
+        if not self._admits(username, password):
+            logger.warning("refused MQTT device %s: wrong password", username)
+            return False
+        return True
+
+    def allows(self, username: str | None, topic: str, *, publish: bool) -> bool:
+        """May ``username`` publish to (or else subscribe to / receive) ``topic``?"""
+        if username == GATEWAY_LOGIN:
+            return True
+        parsed = self.topics.parse(topic)
+        if parsed is None or parsed[0] != username:
+            return False
+        kind = parsed[1]
+        return kind in ("up", "status") if publish else kind == "down"
+
+    def device_connected(self, device_id: str) -> None:
+        """A device logged in (and is subscribed to its down topic)."""
+        self._online.add(device_id)
+        self._announce(Presence(device_id, True))
+
+    def device_disconnected(self, device_id: str) -> None:
+        """A device's connection ended."""
+        if device_id in self._online:
+            self._online.discard(device_id)
+            self._announce(Presence(device_id, False))
+
+    def _announce(self, presence: Presence) -> None:
+        for queue in self._subscribers:
+            queue.put_nowait(presence)
+
+
+def _quiet_library_logs() -> None:
+    # amqtt and its state machine library log every connection and transition at INFO: keep the
+    # gateway's log readable unless it is debugging (or the user set their levels).
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in ("amqtt", "transitions"):
+            library = logging.getLogger(name)
+            if library.level == logging.NOTSET:
+                library.setLevel(logging.WARNING)

@@ -1,0 +1,279 @@
+"""MQTT test kit: a real mosquitto on a free port, and devices that speak MQTT like real ones.
+
+``MqttDevice(stock=True)`` behaves like stock xiaozhi firmware (xiaozhi-protocol.md §2, §4):
+it logs in with its OTA credentials, never subscribes (the broker must push ``down`` to it),
+publishes QoS 0 to its ``publish_topic``, answers MCP through ``DeviceMcpServer`` (errors
+without ``code``, 8000-byte pages) and says hello (transport ``udp``) only when asked.
+``MqttDevice(stock=False)`` behaves like our firmware: it subscribes to its own down topic and
+keeps a retained ``online`` status with an ``offline`` last will. Both reconnect by themselves
+when the broker goes away, as devices do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiomqtt
+import pytest
+
+from gateway.simulator import DeviceMcpServer, default_tools
+from gateway.transports.mqtt import honour_cancellation
+from tests.conftest import bound
+
+JsonObject = dict[str, Any]
+
+MQTT_HELLO: JsonObject = {
+    "type": "hello",
+    "version": 3,
+    "transport": "udp",
+    "features": {"mcp": True, "glyph_push": False},
+    "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60},
+}
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (mosquitto cannot report an ephemeral one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Mosquitto:
+    """A real mosquitto on loopback, started and killed by the test."""
+
+    def __init__(
+        self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False
+    ) -> None:
+        if shutil.which("mosquitto") is None:
+            pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+        self.port = free_port()
+        self._dir = workdir
+        self._users = users
+        self.tls = tls
+        self._proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+        self.log: list[str] = []
+
+    @property
+    def cert(self) -> Path:
+        """The broker's self-signed certificate (its own CA) when ``tls``."""
+        return self._dir / "cert.pem"
+
+    def _make_cert(self) -> None:
+        if shutil.which("openssl") is None:
+            pytest.skip("openssl is not installed (apt-get install openssl)")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-keyout", str(self._dir / "key.pem"), "-out", str(self.cert),
+             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+
+    def _write_config(self) -> Path:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        if self.tls and not self.cert.exists():
+            self._make_cert()
+        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "log_dest stderr"]
+        if self.tls:
+            lines += [f"certfile {self.cert}", f"keyfile {self._dir / 'key.pem'}"]
+        if os.geteuid() == 0:
+            lines.append("user root")  # else it drops to "mosquitto" and cannot read our files
+        if self._users:
+            passwd = self._dir / "passwd"
+            passwd.write_text("")
+            for user, password in self._users.items():
+                subprocess.run(["mosquitto_passwd", "-b", str(passwd), user, password], check=True)
+            lines += ["allow_anonymous false", f"password_file {passwd}"]
+        else:
+            lines.append("allow_anonymous true")
+        conf = self._dir / "mosquitto.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        return conf
+
+    async def start(self) -> None:
+        """Start it, and return once it listens (it says so on stderr)."""
+        conf = self._write_config()
+        self._proc = await asyncio.create_subprocess_exec(
+            "mosquitto", "-c", str(conf), stderr=asyncio.subprocess.PIPE
+        )
+        assert self._proc.stderr is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound(10)):
+                while line := (await self._proc.stderr.readline()).decode():
+                    self.log.append(line)
+                    if " running" in line:
+                        break
+        assert self.log and " running" in self.log[-1], "".join(self.log)
+        self._drain = asyncio.create_task(self._read_rest(self._proc.stderr), name="mosquitto.log")
+
+    async def _read_rest(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            self.log.append(line.decode())
+
+    async def kill(self) -> None:
+        """SIGKILL: no goodbye to anyone, no last wills kept (persistence is off)."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+            await self._proc.wait()
+        if self._drain is not None:
+            await self._drain
+            self._drain = None
+
+    async def __aenter__(self) -> Mosquitto:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.kill()
+
+
+class MqttDevice:
+    """A device on an MQTT broker; ``async with`` connects it and keeps it connected."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        device_id: str,
+        password: str,
+        *,
+        stock: bool = True,
+        subscribe: bool | None = None,
+        prefix: str = "xiaozhi",
+        publish_topic: str | None = None,
+        username: str | None = None,
+        client_id: str | None = None,
+        mcp: DeviceMcpServer | None = None,
+    ) -> None:
+        self.device_id = device_id
+        self.stock = stock
+        # A stock device never subscribes; one behind EMQX's auto-subscribe acts as if it did.
+        self.subscribe = (not stock) if subscribe is None else subscribe
+        self.mcp = mcp or DeviceMcpServer(default_tools(), board="mqtt-esp32")
+        self.topic_up = publish_topic or f"{prefix}/{device_id}/up"
+        self.topic_down = f"{prefix}/{device_id}/down"
+        self.topic_status = f"{prefix}/{device_id}/status"
+        self._login = (host, port, username or device_id, password, client_id or device_id)
+        self.session_id = ""
+        self.connected = asyncio.Event()
+        self.hellos: asyncio.Queue[JsonObject] = asyncio.Queue()
+        self.received: list[JsonObject] = []
+        self.calls: list[str] = []
+        self._client: aiomqtt.Client | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.refused: BaseException | None = None
+
+    def _client_for(self) -> aiomqtt.Client:
+        host, port, username, password, client_id = self._login
+        will = None
+        if not self.stock:
+            will = aiomqtt.Will(self.topic_status, b"offline", qos=1, retain=True)
+        return aiomqtt.Client(host, port, username=username, password=password,
+                              identifier=client_id, keepalive=30, will=will)  # fmt: skip
+
+    async def __aenter__(self) -> MqttDevice:
+        self._task = asyncio.create_task(self._run(), name=f"mqtt-device[{self.device_id}]")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Disconnect for good (a clean DISCONNECT: no last will)."""
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            task.cancel()  # again if aiomqtt's wait_for swallowed it (honour_cancellation)
+            await asyncio.wait([task], timeout=0.5)
+
+    async def wait_connected(self) -> None:
+        """Wait until the broker has accepted the device."""
+        async with asyncio.timeout(bound(10)):
+            await self.connected.wait()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with self._client_for() as client:
+                    honour_cancellation()
+                    self._client = client
+                    if self.subscribe:
+                        await client.subscribe(self.topic_down, qos=1)
+                    if not self.stock:  # our firmware says it is online, its will says offline
+                        await client.publish(self.topic_status, b"online", qos=1, retain=True)
+                    honour_cancellation()
+                    self.connected.set()
+                    async for message in client.messages:
+                        await self._on_message(message.payload)
+            except aiomqtt.MqttCodeError as exc:
+                self.refused = exc
+            except aiomqtt.MqttError:
+                pass
+            finally:
+                self._client = None
+                self.connected.clear()
+            await asyncio.sleep(0.1)  # the device's own reconnect timer
+
+    async def _on_message(self, payload: object) -> None:
+        assert isinstance(payload, bytes)
+        message = json.loads(payload)
+        self.received.append(message)
+        if message.get("type") == "hello":
+            self.session_id = message.get("session_id", self.session_id)
+            self.hellos.put_nowait(message)
+        elif message.get("type") == "mcp" and isinstance(message.get("payload"), dict):
+            request = message["payload"]
+            if request.get("method") == "tools/call":
+                self.calls.append(request["params"]["name"])
+            reply = await self.mcp.handle(request)
+            if reply is not None:
+                await self.send({"session_id": self.session_id, "type": "mcp", "payload": reply})
+
+    async def send(self, message: JsonObject | str | bytes) -> None:
+        """Publish to the device's up topic, QoS 0 and not retained, as stock firmware does."""
+        client = self._client
+        assert client is not None, "device not connected"
+        if isinstance(message, dict):
+            message = json.dumps(message, separators=(",", ":"))
+        await client.publish(self.topic_up, message, qos=0)
+
+    async def set_status(self, status: bytes) -> None:
+        """Publish a retained status, as our firmware (or its last will) does."""
+        assert self._client is not None, "device not connected"
+        await self._client.publish(self.topic_status, status, qos=1, retain=True)
+
+    async def hello(self) -> JsonObject:
+        """Open a conversation (hello, transport udp) and return the gateway's reply."""
+        self.session_id = ""  # mqtt_protocol.cc resets it before each hello
+        await self.send(MQTT_HELLO)
+        async with asyncio.timeout(bound(10)):  # the device's own limit is 10 s
+            return await self.hellos.get()
+
+    async def goodbye(self) -> None:
+        """End the conversation (the device stays connected)."""
+        await self.send({"session_id": self.session_id, "type": "goodbye"})
+
+
+def stock_accepts_hello(reply: JsonObject) -> bool:
+    """The checks stock firmware makes on an MQTT hello reply (xiaozhi-protocol.md §2)."""
+    udp = reply.get("udp")
+    if reply.get("transport") != "udp" or not isinstance(udp, dict):
+        return False
+    port = udp.get("port")
+    try:
+        sizes = [len(bytes.fromhex(udp["key"])), len(bytes.fromhex(udp["nonce"]))]
+    except (KeyError, TypeError, ValueError):
+        return False
+    return isinstance(udp.get("server"), str) and isinstance(port, int) and 1 <= port <= 65535 \
+        and sizes == [16, 16]  # fmt: skip
