@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import secrets
 import socket
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -20,17 +24,21 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.audit import AuditLog
+from gateway.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
 from gateway.config import Config, ListenAddress
 from gateway.devices.calls import CallRouter
 from gateway.devices.connection import DeviceConnection
+from gateway.devices.enrollment import Enrollment
 from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
 from gateway.errors import ConfigError, GatewayError
 from gateway.host_app import build_host_app
 from gateway.mcp_server import McpFrontend
+from gateway.ota import OtaEndpoint, PublicAddress
 from gateway.protocol import DeviceProtocol
-from gateway.tokens import device_tokens
+from gateway.tokens import device_tokens, token_matches
+from gateway.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
 from gateway.transports.websocket import DEVICE_PATH, device_websocket_routes
 
 __all__ = ["Gateway", "running"]
@@ -59,9 +67,22 @@ class Gateway:
         self.registry = DeviceRegistry(config, self.store)
         self.router = CallRouter(config, self.audit)
         self.frontend = McpFrontend(config, self.registry, self.router)
+        self.credentials = DeviceCredentials(config.data_dir)
+        self.public = PublicAddress(config)
+        self.topics = Topics(config.mqtt_topic_prefix)
+        self.broker = (
+            EmbeddedBroker(config.mqtt_listen, self.topics, self.admits)
+            if config.mqtt_mode == "embedded" and config.mqtt_listen is not None
+            else None
+        )
+        self.mqtt: MqttTransport | None = None
+        self.ota = OtaEndpoint(
+            config, self.registry, self.credentials, self.public, self.device_tokens[0]
+        )
         self.device_app = self._build_device_app()
+        self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.host_app, self._manager = build_host_app(
-            config, self.frontend, self.registry, self.router
+            config, self.frontend, self.registry, self.router, self.enroll
         )
         self._stack = contextlib.AsyncExitStack()
 
@@ -72,8 +93,12 @@ class Gateway:
         )
         self._stack.push_async_callback(_cancel, forwarder)
         self._stack.callback(self.store.close)
+        self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
         self._stack.callback(self.frontend.notifier.listen_handler.close)
+        for warning in self.public.warnings():
+            logger.warning("%s", warning)
+        await self._start_mqtt()
         return self
 
     async def __aexit__(
@@ -89,9 +114,11 @@ class Gateway:
         log = logging.LoggerAdapter(
             logging.getLogger("gateway.device"), {"device": identity.device_id}
         )
+        mqtt = identity.transport == "mqtt"
         protocol = DeviceProtocol(
             identity.device_id,
-            transport=identity.transport,
+            transport="udp" if mqtt else identity.transport,
+            udp=self._udp_block() if mqtt else None,
             max_message_bytes=self.config.max_message_bytes,
             logger=log,
         )
@@ -100,17 +127,121 @@ class Gateway:
             identity,
             self.registry,
             protocol=protocol,
-            hello_timeout=self.config.hello_timeout,
+            # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
+            # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
+            hello_timeout=0.0 if mqtt else self.config.hello_timeout,
             discovery_timeout=self.config.discovery_timeout,
         )
         await connection.run()
+
+    def admits(self, device_id: str, password: str) -> bool:
+        """May ``device_id`` connect (WebSocket) or log in (embedded broker) with ``password``?
+
+        A shared device token, a token issued for this board when it was flashed, or (MQTT) the
+        device's OTA-issued password (stock firmware).
+        """
+        if token_matches(password, self.device_tokens):
+            return True
+        issued = self.enrollment.admit(password, device_id)
+        if issued is not None:
+            self.registry.adopt(device_id, issued.name)
+            return True
+        return self.credentials.admits(device_id, password)
+
+    def enroll(self, name: str) -> dict[str, Any]:
+        """Issue a token for a board about to be flashed, with the URLs it should use."""
+        token = self.enrollment.issue(name)
+        urls = {"ws": self.public.websocket_url()}
+        if self.config.mqtt_mode != "off" and self.config.mqtt_listen is not None:
+            urls["mqtt"] = "mqtt://" + self.public.mqtt_endpoint(self.ota.broker_port)
+        # A loopback address would only work for a board plugged into... nothing: leave it out
+        # and let `flash` ask for --gateway instead of writing a URL that cannot work.
+        reachable = {k: v for k, v in urls.items() if not _loopback_url(v)}
+        logger.info("issued a device token for %r", name)
+        return {"token": token, "urls": reachable}
+
+    def _udp_block(self) -> dict[str, Any]:
+        # xiaozhi-protocol.md §2: stock firmware ignores a hello reply without a valid udp
+        # block. No audio server listens there (audio is out of scope, docs/mqtt.md): the block
+        # only lets the device accept the reply; MCP never needed it.
+        _, host, port = self.public.device_base()
+        key, nonce = secrets.token_hex(16), "01" + secrets.token_hex(15)
+        return {"server": host, "port": port, "key": key, "nonce": nonce}
+
+    async def _start_mqtt(self) -> None:
+        config = self.config
+        if self.broker is not None:
+            await self._stack.enter_async_context(self.broker)
+            self.ota.broker_port = self.broker.port
+            broker = self.broker
+            login = BrokerLogin(broker.client_host, broker.port, GATEWAY_LOGIN,
+                                broker.gateway_password)  # fmt: skip
+            presence = self.broker.presence()
+        elif config.mqtt_mode == "external":
+            login = BrokerLogin(
+                config.mqtt_host,
+                config.mqtt_port,
+                config.mqtt_username,
+                config.mqtt_password,
+                tls=config.mqtt_tls,
+                ca_file=config.mqtt_ca_file,
+            )
+            presence = None
+        else:
+            return
+        self.mqtt = MqttTransport(
+            login,
+            self.topics,
+            presence=presence,
+            probe_interval=None if presence is not None else config.mqtt_probe_interval,
+            known=self._mqtt_devices,
+        )
+        await self._stack.enter_async_context(self.mqtt)
+        task = asyncio.create_task(self._serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
+        self._stack.push_async_callback(_cancel, task)
+
+    def _mqtt_devices(self) -> list[str]:
+        return [d.device_id for d in self.registry.devices() if d.record.transport == "mqtt"]
+
+    async def _serve_mqtt(self, transport: MqttTransport) -> None:
+        """Serve every device link the MQTT transport opens, each in its own task."""
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            async for link, identity in transport.links():
+                task = asyncio.create_task(
+                    self._serve_mqtt_device(link, identity),
+                    name=f"gateway.mqtt.device[{identity.device_id}]",
+                )
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _serve_mqtt_device(self, link: MqttLink, identity: DeviceIdentity) -> None:
+        try:
+            await self.serve_device(link, identity)
+        except Exception:  # one device's failure must not end the others' sessions
+            logger.exception("MQTT device %s: session failed", identity.device_id)
+            link.close()
 
     def _build_device_app(self) -> Starlette:
         async def health(request: object) -> JSONResponse:
             return JSONResponse({"status": "ok"})
 
-        routes = device_websocket_routes(lambda: self.device_tokens, self.serve_device)
+        routes = device_websocket_routes(self.admits, self.serve_device)
+        if self.config.ota_enabled:
+            routes += self.ota.routes()
         return Starlette(routes=[*routes, Route("/healthz", health)])
+
+
+def _loopback_url(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -209,6 +340,7 @@ async def running(config: Config) -> AsyncIterator[Running]:
                     task.result()  # it stopped before listening: raise why
                     raise GatewayError("a listener stopped while starting")
             ports = [sock.getsockname()[1] for sock in sockets]
+            gateway.public.device_port = ports[0]
             yield Running(gateway, ports[0], ports[1])
         finally:
             for server in listeners:
