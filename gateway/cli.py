@@ -20,6 +20,9 @@ from typing import Any
 from gateway import __version__
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError, GatewayError
+from gateway.flashing.cli import BOARD_COMMANDS
+from gateway.flashing.cli import add_parsers as add_board_parsers
+from gateway.flashing.cli import run as run_board_command
 
 __all__ = ["main"]
 
@@ -60,10 +63,20 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument("arguments", nargs="?", default="{}", help="JSON object")
     sub.add_parser("token", parents=[common], help="print the device token")
     sub.add_parser("check-config", parents=[common], help="validate and print the configuration")
+    sub.add_parser(
+        "doctor", parents=[common], help="find what keeps devices or MCP hosts from connecting"
+    )
+    add_board_parsers(sub, common)
     simulate = sub.add_parser("simulate", help="run simulated devices against a gateway")
     simulate.add_argument("--url", default="ws://127.0.0.1:8765/xiaozhi/v1/")
     simulate.add_argument("--token", required=True, help="device token (esp-mcp-gateway token)")
     simulate.add_argument("--count", type=int, default=1, help="how many devices")
+    simulate.add_argument(
+        "--board",
+        choices=("stock", "firmware"),
+        default="stock",
+        help="stock: tools like stock xiaozhi firmware; firmware: device_fw's simulated board",
+    )
     return parser
 
 
@@ -106,8 +119,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "simulate":
         _setup_logging("info")
-        return _run(commands.simulate(args.url, args.token, args.count))
+        return _run(commands.simulate(args.url, args.token, args.count, args.board))
+    if args.command == "monitor":
+        return run_board_command(args, None)
     config = _load(args)
+    if args.command in BOARD_COMMANDS:
+        return run_board_command(args, config)
     _setup_logging(config.log_level if args.command in ("serve", "stdio") else "warning")
     if args.command == "serve":
         return _run(commands.serve(config))
@@ -125,6 +142,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.call(config, args.url, args.token, args.device, args.tool, arguments)
     if args.command == "token":
         return commands.token(config)
+    if args.command == "doctor":
+        return commands.doctor(config, args.config)
     return commands.check_config(config)
 
 

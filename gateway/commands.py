@@ -18,7 +18,17 @@ from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.tokens import device_tokens
 
-__all__ = ["call", "check_config", "devices", "relay", "serve", "simulate", "stdio", "token"]
+__all__ = [
+    "call",
+    "check_config",
+    "devices",
+    "doctor",
+    "relay",
+    "serve",
+    "simulate",
+    "stdio",
+    "token",
+]
 
 logger = logging.getLogger("gateway")
 
@@ -70,11 +80,11 @@ async def relay(url: str, token: str | None) -> int:
     return 0
 
 
-async def simulate(url: str, token: str, count: int) -> int:
+async def simulate(url: str, token: str, count: int, board: str = "stock") -> int:
     """Run ``count`` simulated devices against the gateway at ``url``."""
     from gateway.simulator import simulate as run_devices
 
-    await run_devices(url, token, count)
+    await run_devices(url, token, count, board="firmware" if board == "firmware" else "stock")
     return 0
 
 
@@ -155,7 +165,7 @@ def token(config: Config) -> int:
 
 def check_config(config: Config) -> int:
     """Print the effective configuration, secrets redacted."""
-    secret = {"host_token", "device_tokens"}
+    secret = {"host_token", "device_tokens", "mqtt_password"}
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if field.name in secret and value:
@@ -167,3 +177,22 @@ def check_config(config: Config) -> int:
         print("error: host_listen is not loopback but no host token is set", file=sys.stderr)
         return 2
     return 0
+
+
+def doctor(config: Config, config_path: str | None) -> int:
+    """Print what ``gateway.doctor`` finds, each problem with its fix; 1 when something is wrong."""
+    from gateway.doctor import diagnose, file_only_config, in_container
+
+    findings = diagnose(config, container=in_container(), file_only=file_only_config(config_path))
+    label = {"ok": "ok", "info": "info", "warning": "WARNING", "problem": "PROBLEM"}
+    for finding in findings:
+        print(f"{label[finding.level]:<8} {finding.topic}: {finding.message}")
+        if finding.fix and finding.level in ("warning", "problem"):
+            print(f"{'':<8} fix: {finding.fix}")
+    problems = sum(finding.level == "problem" for finding in findings)
+    warnings = sum(finding.level == "warning" for finding in findings)
+    if problems or warnings:
+        print(f"\n{problems} problem(s), {warnings} warning(s)")
+    else:
+        print("\nno problems found")
+    return 1 if problems else 0

@@ -109,11 +109,29 @@ class _SseEndpoint:
             await server.run(read, write, server.create_initialization_options())
 
 
-class _Api:
-    """The small JSON API the CLI uses (``devices``, ``call``)."""
+Enroll = Callable[[str], dict[str, Any]]
 
-    def __init__(self, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter):
+
+class _Api:
+    """The small JSON API the CLI uses (``devices``, ``call``, ``enroll``)."""
+
+    def __init__(self, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter,
+                 enroll: Enroll | None) -> None:  # fmt: skip
         self.frontend, self.registry, self.router = frontend, registry, router
+        self._enroll = enroll
+
+    async def enroll(self, request: Request) -> Response:
+        """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
+        try:
+            body: Any = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"error": "the body must be JSON"}, 400)
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name.strip() or len(name) > 64:
+            return JSONResponse({"error": "name must be a string of 1 to 64 characters"}, 400)
+        if self._enroll is None:
+            return JSONResponse({"error": "this gateway does not issue device tokens"}, 404)
+        return JSONResponse(self._enroll(name.strip()))
 
     async def devices(self, request: Request) -> Response:
         return JSONResponse(self.frontend.describe_devices())
@@ -145,12 +163,16 @@ class _Api:
 
 
 def build_host_app(
-    config: Config, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter
+    config: Config,
+    frontend: McpFrontend,
+    registry: DeviceRegistry,
+    router: CallRouter,
+    enroll: Enroll | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``)."""
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
-    api = _Api(frontend, registry, router)
+    api = _Api(frontend, registry, router, enroll)
     token = config.host_token
 
     def guard(app: ASGIApp) -> ASGIApp:
@@ -162,6 +184,7 @@ def build_host_app(
         Mount("/messages/", app=guard(sse.handle_post_message)),
         Route("/api/devices", endpoint=guard(_Endpoint(api.devices)), methods=["GET"]),
         Route("/api/call", endpoint=guard(_Endpoint(api.call)), methods=["POST"]),
+        Route("/api/enroll", endpoint=guard(_Endpoint(api.enroll)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),
     ]
     hosts, origins = host_patterns(config)

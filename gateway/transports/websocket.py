@@ -16,7 +16,6 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.devices.link import DeviceIdentity, LinkClosed
-from gateway.tokens import token_matches
 
 __all__ = ["StarletteLink", "authenticate", "device_websocket_routes"]
 
@@ -58,28 +57,32 @@ class StarletteLink:
         if self._ws.application_state == WebSocketState.CONNECTED:
             try:
                 await self._ws.close()
-            except (RuntimeError, OSError):
-                pass
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass  # the device left first: nothing to close
 
 
 def _first(*values: str | None) -> str | None:
     return next((v for v in values if v), None)
 
 
+Admit = Callable[[str, str], bool]
+"""``admit(device_id, token)``: may this device connect with this token?"""
+
+
 def authenticate(
-    headers: Mapping[str, str], query: Mapping[str, str], tokens: tuple[str, ...]
+    headers: Mapping[str, str], query: Mapping[str, str], admit: Admit
 ) -> DeviceIdentity | str:
-    """The device's identity if its token is valid, else the reason to refuse it."""
+    """The device's identity if its token admits it, else the reason to refuse it."""
+    device_id = _first(headers.get("device-id"), query.get("device-id"), query.get("device_id"))
+    if not device_id or not _DEVICE_ID.match(device_id):
+        return "missing or malformed Device-Id"
     authorization = _first(headers.get("authorization"), query.get("authorization"))
     token = _first(query.get("token"))
     if authorization:
         # Stock firmware sends "Bearer <token>", or the token verbatim if it holds a space.
         token = authorization.removeprefix("Bearer ").strip()
-    if not token_matches(token, tokens):
+    if not token or not admit(device_id.lower(), token):
         return "missing or invalid device token"
-    device_id = _first(headers.get("device-id"), query.get("device-id"), query.get("device_id"))
-    if not device_id or not _DEVICE_ID.match(device_id):
-        return "missing or malformed Device-Id"
     return DeviceIdentity(
         device_id=device_id.lower(),
         client_id=_first(headers.get("client-id"), query.get("client-id"), query.get("client_id")),
@@ -89,7 +92,7 @@ def authenticate(
 
 
 def device_websocket_routes(
-    tokens: Callable[[], tuple[str, ...]],
+    admit: Admit,
     serve: Callable[[StarletteLink, DeviceIdentity], Awaitable[None]],
 ) -> list[BaseRoute]:
     """The device WebSocket routes; ``serve`` runs a connection for an authenticated device."""
@@ -97,7 +100,7 @@ def device_websocket_routes(
     async def endpoint(websocket: WebSocket) -> None:
         client = websocket.client
         remote = f"{client.host}:{client.port}" if client else None
-        identity = authenticate(websocket.headers, websocket.query_params, tokens())
+        identity = authenticate(websocket.headers, websocket.query_params, admit)
         if isinstance(identity, str):
             logger.warning("refused device WebSocket from %s: %s", remote, identity)
             await websocket.close(code=1008)  # before accept(): the client gets HTTP 403
