@@ -5,11 +5,12 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.config import Config
 
-__all__ = ["device_tokens", "generated_token_path", "token_matches"]
+__all__ = ["device_tokens", "generated_token_path", "stored_secret", "token_matches"]
 
 
 def generated_token_path(config: Config) -> Path:
@@ -17,24 +18,28 @@ def generated_token_path(config: Config) -> Path:
     return config.data_dir / "device_token"
 
 
+def stored_secret(path: Path, make: Callable[[], str]) -> str:
+    """The secret kept in ``path``; made with ``make`` and stored (mode 0600) the first time."""
+    if path.exists():
+        text = path.read_text(encoding="utf-8").strip()
+        if text:
+            return text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = make()
+    # Write-then-rename, 0600 from the start: a secret must never be readable by others.
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(secret + "\n")
+    tmp.replace(path)
+    return secret
+
+
 def device_tokens(config: Config) -> tuple[str, ...]:
     """The tokens devices may present: the configured ones, else the generated one."""
     if config.device_tokens:
         return config.device_tokens
-    path = generated_token_path(config)
-    if path.exists():
-        token = path.read_text(encoding="utf-8").strip()
-        if token:
-            return (token,)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
-    # Write-then-rename, 0600 from the start: the token must never be readable by others.
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(token + "\n")
-    tmp.replace(path)
-    return (token,)
+    return (stored_secret(generated_token_path(config), lambda: secrets.token_urlsafe(24)),)
 
 
 def token_matches(presented: str | None, tokens: tuple[str, ...]) -> bool:

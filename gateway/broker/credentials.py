@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
+
+from gateway.tokens import stored_secret
 
 __all__ = ["DeviceCredentials"]
 
@@ -37,16 +38,5 @@ class DeviceCredentials:
 
 
 def _load_or_create(path: Path) -> bytes:
-    if path.exists():
-        text = path.read_text(encoding="utf-8").strip()
-        if text:
-            return text.encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    secret = secrets.token_hex(32)
-    # Write-then-rename, 0600 from the start: whoever reads it can log in as any device.
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(secret + "\n")
-    tmp.replace(path)
-    return secret.encode()
+    # Whoever reads this file can log in as any device: stored_secret keeps it 0600.
+    return stored_secret(path, lambda: secrets.token_hex(32)).encode()

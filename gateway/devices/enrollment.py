@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from gateway.devices.store import open_database
 
 __all__ = ["Enrollment", "IssuedToken"]
 
@@ -43,10 +44,7 @@ class Enrollment:
     """The issued-token book, in the registry's SQLite file."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(path, _SCHEMA)
 
     def close(self) -> None:
         """Close the database."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.naming import NameAssignment
 
-__all__ = ["DeviceRecord", "Store"]
+__all__ = ["DeviceRecord", "Store", "open_database"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
@@ -53,14 +53,20 @@ class DeviceRecord:
     last_seen: float
 
 
+def open_database(path: Path, schema: str) -> sqlite3.Connection:
+    """The registry's SQLite file (autocommit, WAL), with ``schema`` applied."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(schema)
+    return db
+
+
 class Store:
     """The registry's SQLite database in the data dir."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(path, _SCHEMA)
 
     def close(self) -> None:
         """Close the database."""
