@@ -154,8 +154,8 @@ class Gateway:
         urls = {"ws": self.public.websocket_url()}
         if self.config.mqtt_mode != "off" and self.config.mqtt_listen is not None:
             urls["mqtt"] = "mqtt://" + self.public.mqtt_endpoint(self.ota.broker_port)
-        # A loopback address would only work for a board plugged into... nothing: leave it out
-        # and let `flash` ask for --gateway instead of writing a URL that cannot work.
+        # A loopback address cannot reach a board: leave it out, so that `flash` asks for
+        # --gateway rather than writing a URL into the board that can never work.
         reachable = {k: v for k, v in urls.items() if not _loopback_url(v)}
         logger.info("issued a device token for %r", name)
         return {"token": token, "urls": reachable}
