@@ -269,6 +269,7 @@ class McpFrontend:
                     "online": device.online,
                     "last_seen": format_time(device.record.last_seen),
                     "board": device.record.board,
+                    "firmware": device.firmware,
                     "transport": device.record.transport,
                     "tools": tools,
                 }

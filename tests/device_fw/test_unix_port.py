@@ -135,3 +135,25 @@ async def test_firmware_reconnects_by_itself_after_a_gateway_restart(tmp_path: P
     assert first.content[0].text == "true"
     assert json.loads(again.content[0].text) == {"on": True}  # the board kept running
     assert sum("connected, session" in line for line in firmware.lines) == 2
+
+
+async def test_firmware_over_mqtt_serves_its_tools_through_the_embedded_broker(
+    tmp_path: Path,
+) -> None:
+    """The firmware's MQTT link logs in to the gateway's own broker with its token, and an MCP
+    client sets a value with one call and reads it back with another."""
+    options: dict[str, Any] = {"mqtt_listen": ListenAddress("127.0.0.1", 0)}
+    async with gateway(tmp_path / "gw", **options) as run:
+        broker = run.gateway.broker
+        assert broker is not None
+        mqtt = {"host": "127.0.0.1", "port": broker.port}
+        config = firmware_config(DEVICE_ID, transport="mqtt", mqtt=mqtt)
+        async with running_firmware(tmp_path / "fw", config):
+            names = await wait_listed(run)
+            async with Client(run.mcp_url, mode="legacy") as client:
+                switched = await client.call_tool(names["self.led.set_power"], {"on": True})
+                state = await client.call_tool(names["self.led.get_state"], {})
+    device = run.gateway.registry.find(DEVICE_ID)
+    assert device is not None and device.record.transport == "mqtt"
+    assert switched.content[0].text == "true"
+    assert json.loads(state.content[0].text) == {"on": True}

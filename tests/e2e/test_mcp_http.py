@@ -182,6 +182,7 @@ async def test_meta_tools_list_and_call_devices(tmp_path: Path) -> None:
             )
             unknown = await client.call_tool("call_device_tool", {"device": "x", "tool": "y"})
     assert devices[0]["device"] == "sim-esp32_0001" and devices[0]["online"] is True
+    assert devices[0]["firmware"] == "2.4.2"  # the simulated stock firmware's serverInfo
     assert not any(t["tool"] == "self.reboot" for t in devices[0]["tools"])
     assert not result.is_error and result.content[0].text == "true"
     assert refused.is_error and "user-only" in refused.content[0].text
