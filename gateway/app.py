@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import secrets
 import socket
@@ -25,7 +24,7 @@ from starlette.routing import Route
 
 from gateway.audit import AuditLog
 from gateway.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
-from gateway.config import Config, ListenAddress
+from gateway.config import Config, ListenAddress, is_loopback_host
 from gateway.devices.calls import CallRouter
 from gateway.devices.connection import DeviceConnection
 from gateway.devices.enrollment import Enrollment
@@ -237,11 +236,7 @@ class Gateway:
 
 
 def _loopback_url(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urllib.parse.urlsplit(url).hostname or "")
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

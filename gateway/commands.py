@@ -35,13 +35,13 @@ logger = logging.getLogger("gateway")
 
 def _announce(config: Config, run: Running) -> None:
     device = config.device_listen
-    if config.public_url:
-        where = config.public_url.rstrip("/")
+    if config.public_url:  # the URL the OTA endpoint advertises too (http base -> ws URL)
+        where = run.gateway.public.websocket_url()
     elif device.host in ("0.0.0.0", "::"):
-        where = f"ws://<this machine's LAN address>:{run.device_port}"
+        where = f"ws://<this machine's LAN address>:{run.device_port}/xiaozhi/v1/"
     else:
-        where = f"ws://{device.host}:{run.device_port}"
-    logger.info("devices connect to %s/xiaozhi/v1/ (token: `esp-mcp-gateway token`)", where)
+        where = f"ws://{device.host}:{run.device_port}/xiaozhi/v1/"
+    logger.info("devices connect to %s (token: `esp-mcp-gateway token`)", where)
     logger.info(
         "MCP hosts connect to http://%s:%d/mcp (legacy SSE: /sse)%s",
         config.host_listen.host,

@@ -21,13 +21,23 @@ import platformdirs
 
 from gateway.errors import ConfigError
 
-__all__ = ["Config", "DeviceOptions", "ListenAddress", "load_config"]
+__all__ = ["Config", "DeviceOptions", "ListenAddress", "is_loopback_host", "load_config"]
 
 ENV_PREFIX = "GATEWAY_"
 TOOLS_MODES = ("per-device", "meta", "auto")
 OFFLINE_TOOLS = ("keep", "hide")
 MQTT_MODES = ("embedded", "external", "off")
 OTA_TRANSPORTS = ("mqtt", "websocket")
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a host name or address only this machine can reach."""
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +50,7 @@ class ListenAddress:
     @property
     def is_loopback(self) -> bool:
         """True when only this machine can reach the address."""
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(self.host)
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
-import ipaddress
 import json
 import os
 import socket
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from gateway.config import Config, ListenAddress, load_config
+from gateway.config import Config, ListenAddress, is_loopback_host, load_config
 
 __all__ = [
     "Finding",
@@ -258,7 +257,7 @@ def _public_url(ctx: _Context) -> None:
         )
         return
     host = parts.hostname
-    if _is_loopback(host):
+    if is_loopback_host(host):
         ctx.add(
             "problem",
             topic,
@@ -473,7 +472,7 @@ def _broker_endpoint(ctx: _Context) -> None:
     else:
         host, shown = endpoint.partition(":")[0], endpoint
     fix = f"set GATEWAY_MQTT_PUBLIC_ENDPOINT to an address devices reach, e.g. {_LAN_EXAMPLE}:1883"
-    if _is_loopback(host) or host in _ANY:
+    if is_loopback_host(host) or host in _ANY:
         ctx.add(
             "problem",
             topic,
@@ -558,17 +557,10 @@ def _proxied(url: str | None, port: int) -> bool:
         advertised = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         return False
-    return bool(parts.hostname) and not _is_loopback(parts.hostname or "") and advertised != port
+    return (
+        bool(parts.hostname) and not is_loopback_host(parts.hostname or "") and advertised != port
+    )
 
 
 def _is_any(address: ListenAddress) -> bool:
     return address.host in _ANY
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.broker import DeviceCredentials, Topics, is_device_id
-from gateway.config import Config, ListenAddress
+from gateway.config import Config, is_loopback_host
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError
 
@@ -42,10 +42,6 @@ MAX_VALUE = 256  # NVS allows 4000 bytes; ours stay short so a mistake cannot co
 KEEPALIVE = 240  # seconds, the stock default (xiaozhi-protocol.md §2)
 _NVS_SECTIONS = ("mqtt", "websocket")  # copied key by key into NVS by the device
 _MAX_BODY = 64 * 1024
-
-
-def _is_loopback(host: str) -> bool:
-    return ListenAddress(host, 0).is_loopback
 
 
 class PublicAddress:
@@ -66,14 +62,14 @@ class PublicAddress:
         config, problems = self._config, []
         lan = not config.device_listen.is_loopback
         parts = self._configured
-        if lan and parts is not None and _is_loopback(parts.hostname or ""):
+        if lan and parts is not None and is_loopback_host(parts.hostname or ""):
             problems.append(
                 f"public_url {config.public_url} is a loopback address, but devices are expected "
                 "on the LAN: they would be told to connect to themselves; set it to this "
                 "machine's LAN address"
             )
         if config.mqtt_mode == "external" and not config.mqtt_public_endpoint:
-            if _is_loopback(config.mqtt_host):
+            if is_loopback_host(config.mqtt_host):
                 problems.append(
                     f"mqtt.host {config.mqtt_host} is loopback: stock devices would be told to use "
                     "it; set mqtt.public_endpoint to the broker's LAN address"
@@ -319,7 +315,7 @@ class OtaEndpoint:
         if host:
             self._public.seen = (host, port or 80)
         lan = not self._config.device_listen.is_loopback
-        if lan and _is_loopback(host) and not self._config.public_url:
+        if lan and is_loopback_host(host) and not self._config.public_url:
             if not self._warned_loopback:
                 self._warned_loopback = True
                 logger.warning(
