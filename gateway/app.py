@@ -92,6 +92,7 @@ class Gateway:
         )
         self._stack.push_async_callback(_cancel, forwarder)
         self._stack.callback(self.store.close)
+        await self._stack.enter_async_context(self.store.writer())
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
         self._stack.callback(self.frontend.notifier.listen_handler.close)
@@ -119,19 +120,14 @@ class Gateway:
             transport="udp" if mqtt else identity.transport,
             udp=self._udp_block() if mqtt else None,
             max_message_bytes=self.config.max_message_bytes,
-            logger=log,
-        )
-        connection = DeviceConnection(
-            link,
-            identity,
-            self.registry,
-            protocol=protocol,
             # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
             # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
             hello_timeout=0.0 if mqtt else self.config.hello_timeout,
             discovery_timeout=self.config.discovery_timeout,
+            clock=asyncio.get_running_loop().time,
+            logger=log,
         )
-        await connection.run()
+        await DeviceConnection(link, identity, self.registry, protocol).run()
 
     def admits(self, device_id: str, password: str) -> bool:
         """May ``device_id`` connect (WebSocket) or log in (embedded broker) with ``password``?

@@ -31,7 +31,7 @@ from gateway.config import Config
 from gateway.devices.calls import CallRouter
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import CallRejected, DeviceError, DeviceTimeout
-from gateway.mcp_server import McpFrontend
+from gateway.mcp_server import McpFrontend, resolve_tool
 
 __all__ = ["HostOriginGuard", "build_host_app", "host_patterns"]
 
@@ -146,11 +146,14 @@ class _Api:
         device = self.registry.find(body["device"])
         if device is None:
             return JSONResponse({"error": f"unknown device {body['device']!r}"}, 404)
-        tool, arguments = body.get("tool"), body.get("arguments") or {}
-        if not isinstance(tool, str) or not isinstance(arguments, dict):
+        ref, arguments = body.get("tool"), body.get("arguments") or {}
+        if not isinstance(ref, str) or not isinstance(arguments, dict):
             return JSONResponse({"error": "tool must be a string, arguments an object"}, 400)
+        tool = resolve_tool(self.registry, device, ref)
+        if isinstance(tool, str):
+            return JSONResponse({"error": tool}, 400)
         try:
-            result = await self.router.call(device, tool, arguments, caller="api", user=True)
+            result = await self.router.call(tool, arguments, caller="api", user=True)
         except CallRejected as exc:
             return JSONResponse({"error": str(exc)}, 400)
         except DeviceError as exc:
@@ -158,8 +161,7 @@ class _Api:
         return JSONResponse({"result": result})
 
     async def health(self, request: Request) -> Response:
-        online = sum(d.online for d in self.registry.devices())
-        return JSONResponse({"status": "ok", "devices_online": online})
+        return JSONResponse({"status": "ok", "devices_online": self.registry.online_count})
 
 
 def build_host_app(

@@ -27,11 +27,10 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from gateway import __version__
 from gateway.config import Config
 from gateway.devices.calls import CallRouter, format_time
-from gateway.devices.policy import refusal, tool_hints
-from gateway.devices.registry import Device, DeviceRegistry, ExposedTool
+from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
 
-__all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend"]
+__all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend", "resolve_tool"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +165,16 @@ class ChangeNotifier:
 class McpFrontend:
     """The gateway's MCP face: builds the ``Server`` and answers its requests."""
 
-    def __init__(self, config: Config, registry: DeviceRegistry, router: CallRouter) -> None:
+    def __init__(
+        self,
+        config: Config,
+        registry: DeviceRegistry,
+        router: CallRouter,
+        *,
+        notify_window: float = 0.2,
+    ) -> None:
         self._config = config
+        self._notify_window = notify_window
         self._registry = registry
         self._router = router
         self.notifier = ChangeNotifier()
@@ -182,9 +189,14 @@ class McpFrontend:
         self.server.middleware.append(self.notifier)
 
     async def forward_changes(self) -> None:
-        """Push every registry change to every MCP session (runs for the gateway's life)."""
+        """Push registry changes to every MCP session (runs for the gateway's life).
+
+        Changes that come within ``notify_window`` of each other go out as one notification, so
+        a storm of joins costs hosts a bounded number of refetches.
+        """
         async with self._registry.changes() as changes:
             async for _ in changes:
+                await asyncio.sleep(self._notify_window)  # let the rest of a storm fold in
                 await self.notifier.tools_changed()
 
     def tools(self) -> list[types.Tool]:
@@ -211,7 +223,7 @@ class McpFrontend:
         exposed = self._registry.lookup(params.name)
         if exposed is None:  # the spec's answer to an unknown tool: a protocol error
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-        return await self._invoke(ctx, exposed.device, exposed.tool["name"], arguments)
+        return await self._invoke(ctx, exposed, arguments)
 
     async def _call_by_reference(self, ctx: Context, arguments: JsonObject) -> types.CallToolResult:
         device_ref, tool_ref = arguments.get("device"), arguments.get("tool")
@@ -224,57 +236,64 @@ class McpFrontend:
         if device is None:
             known = ", ".join(d.alias for d in self._registry.devices()) or "none"
             return _error(f"unknown device {device_ref!r} (known devices: {known})")
-        return await self._invoke(ctx, device, self._resolve_tool(device, tool_ref), tool_arguments)
-
-    def _resolve_tool(self, device: Device, ref: str) -> str:
-        """Accept a device tool by its own name, without ``self.``, or by its MCP name."""
-        if device.tool(ref) is None and device.tool("self." + ref) is not None:
-            return "self." + ref
-        exposed = self._registry.lookup(ref)
-        if device.tool(ref) is None and exposed is not None and exposed.device is device:
-            return str(exposed.tool["name"])
-        return ref  # the device's own name, or unknown: the router rejects it clearly
+        tool = resolve_tool(self._registry, device, tool_ref)
+        if isinstance(tool, str):
+            return _error(tool)
+        return await self._invoke(ctx, tool, tool_arguments)
 
     async def _invoke(
-        self, ctx: Context, device: Device, tool: str, arguments: JsonObject
+        self, ctx: Context, tool: DeviceTool, arguments: JsonObject
     ) -> types.CallToolResult:
         try:
-            result = await self._router.call(device, tool, arguments, caller=_caller(ctx))
+            result = await self._router.call(tool, arguments, caller=_caller(ctx))
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
         return to_call_result(result)
 
     def describe_devices(self) -> JsonObject:
         """Every device with its state and the tools the model may use (``list_devices``)."""
-        names = {
-            (t.device.device_id, t.tool["name"]): t.name for t in self._registry.exposed_tools()
-        }
-        devices = []
-        for device in self._registry.devices():
-            options = self._config.device(device.device_id)
-            tools = [
-                {
-                    "tool": tool["name"],
-                    "mcp_name": names.get((device.device_id, tool["name"])),
-                    "description": tool.get("description", ""),
-                    "inputSchema": tool.get("inputSchema"),
-                }
-                for tool in device.record.tools
-                if refusal(tool, options) is None
-            ]
-            devices.append(
-                {
-                    "device": device.alias,
-                    "id": device.device_id,
-                    "online": device.online,
-                    "last_seen": format_time(device.record.last_seen),
-                    "board": device.record.board,
-                    "firmware": device.firmware,
-                    "transport": device.record.transport,
-                    "tools": tools,
-                }
-            )
-        return {"devices": devices}
+        return {"devices": [describe_device(device) for device in self._registry.devices()]}
+
+
+def describe_device(device: Device) -> JsonObject:
+    """One device as ``list_devices`` shows it: state, the model's tools, rejected tools."""
+    return {
+        "device": device.alias,
+        "id": device.device_id,
+        "online": device.online,
+        "last_seen": format_time(device.record.last_seen),
+        "board": device.record.board,
+        "firmware": device.firmware,
+        "transport": device.record.transport,
+        "tools": [
+            {
+                "tool": tool.spec.name,
+                "mcp_name": tool.name,
+                "description": tool.spec.description,
+                "inputSchema": tool.spec.input_schema,
+            }
+            for tool in device.tools.values()
+            if tool.refusal is None
+        ],
+        "rejected": [{"tool": r.tool, "reason": r.reason} for r in device.rejected],
+    }
+
+
+def resolve_tool(registry: DeviceRegistry, device: Device, ref: str) -> DeviceTool | str:
+    """The device's tool named ``ref`` (its own name, without ``self.``, or its MCP name).
+
+    Returns a clear message instead when there is no such tool.
+    """
+    tool = device.tool(ref) or device.tool("self." + ref)
+    exposed = registry.lookup(ref)
+    if tool is None and exposed is not None and exposed.device is device:
+        tool = exposed
+    if tool is not None:
+        return tool
+    rejected = next((r for r in device.rejected if r.tool in (ref, "self." + ref)), None)
+    if rejected is not None:
+        return f"device {device.alias}: tool {rejected.tool!r} was rejected: {rejected.reason}"
+    return f"device {device.alias} has no tool {ref!r}"
 
 
 def _caller(ctx: Context) -> str:
@@ -285,17 +304,16 @@ def _caller(ctx: Context) -> str:
     return f"{where} {params.client_info.name}" if params is not None else where
 
 
-def _as_mcp_tool(exposed: ExposedTool) -> types.Tool:
-    tool = exposed.tool
-    hints = tool_hints(tool["name"])
+def _as_mcp_tool(tool: DeviceTool) -> types.Tool:
+    spec, alias = tool.spec, tool.device.alias
     return types.Tool(
-        name=exposed.name,
-        description=f"[{exposed.device.alias}] {tool.get('description', '')}",
-        input_schema=tool["inputSchema"],
+        name=tool.name,
+        description=f"[{alias}] {spec.description}",
+        input_schema=spec.input_schema,
         annotations=types.ToolAnnotations(
-            title=f"{exposed.device.alias}: {tool['name']}",
-            read_only_hint=hints["readOnlyHint"],
-            destructive_hint=hints["destructiveHint"],
+            title=f"{alias}: {spec.name}",
+            read_only_hint=spec.read_only,
+            destructive_hint=spec.destructive,
         ),
     )
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from gateway.audit import AuditLog
 from gateway.config import Config
 from gateway.devices.calls import CallRouter
+from gateway.devices.link import LinkClosed
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
 from gateway.mcp_server import McpFrontend
@@ -61,3 +64,34 @@ class Stack:
 
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
+
+
+class MemoryLink:
+    """An in-memory ``DeviceLink``: the test speaks as the device through ``feed``/``sent``."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._inbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[JsonObject] = asyncio.Queue()
+
+    def feed(self, message: JsonObject) -> None:
+        """The device sends ``message``."""
+        self._inbox.put_nowait(json.dumps(message))
+
+    async def next_sent(self) -> JsonObject:
+        """The next message the gateway sent (waits, bounded by the caller)."""
+        return await self._outbox.get()
+
+    async def send(self, text: str) -> None:
+        if self.closed:
+            raise LinkClosed("closed")
+        self._outbox.put_nowait(json.loads(text))
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        while (text := await self._inbox.get()) is not None:
+            yield text
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._inbox.put_nowait(None)

@@ -7,19 +7,13 @@ the same checks and leaves the same audit record.
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 import logging
 import time
 from typing import Any
 
-import jsonschema
-import jsonschema.exceptions
-
 from gateway.audit import AuditLog
 from gateway.config import Config
-from gateway.devices.policy import refusal
-from gateway.devices.registry import Device
+from gateway.devices.registry import DeviceTool
 from gateway.errors import CallRejected, DeviceError, DeviceTimeout, DeviceUnavailable
 
 __all__ = ["CallRouter", "format_time"]
@@ -34,29 +28,6 @@ def format_time(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
-@functools.lru_cache(maxsize=1024)
-def _validator(schema_json: str) -> jsonschema.protocols.Validator | None:
-    schema = json.loads(schema_json)
-    cls = jsonschema.validators.validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError:
-        logger.warning("a device sent an invalid inputSchema; its arguments go unchecked")
-        return None
-    return cls(schema)
-
-
-def _argument_problems(schema: JsonObject, arguments: JsonObject) -> list[str]:
-    validator = _validator(json.dumps(schema, sort_keys=True))
-    if validator is None:
-        return []
-    problems = []
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
-        where = "/".join(str(p) for p in error.path)
-        problems.append(f"argument {where!r}: {error.message}" if where else error.message)
-    return problems
-
-
 class CallRouter:
     """Checks and sends calls to devices, and audits every one."""
 
@@ -65,26 +36,21 @@ class CallRouter:
         self._audit = audit
 
     async def call(
-        self,
-        device: Device,
-        tool_name: str,
-        arguments: JsonObject,
-        *,
-        caller: str,
-        user: bool = False,
+        self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False
     ) -> JsonObject:
-        """Call ``tool_name`` on ``device`` with ``arguments``; return the device's result.
+        """Call ``tool`` with ``arguments``; return the device's result.
 
         ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools.
 
         Raises:
-            CallRejected: unknown tool, refused by policy, or arguments that fail the schema.
+            CallRejected: refused by policy, or arguments that fail the schema.
             DeviceError: the device is offline, timed out, vanished, or answered an error.
         """
         started = time.monotonic()
         outcome, message = "ok", None
+        device = tool.device
         try:
-            return await self._call(device, tool_name, arguments, user)
+            return await self._call(tool, arguments, user)
         except CallRejected as exc:
             outcome, message = "rejected", str(exc)
             raise
@@ -99,24 +65,19 @@ class CallRouter:
                 caller=caller,
                 device_id=device.device_id,
                 alias=device.alias,
-                tool=tool_name,
+                tool=tool.spec.name,
                 arguments=arguments,
                 outcome=outcome,
                 message=message,
                 started=started,
             )
 
-    async def _call(
-        self, device: Device, tool_name: str, arguments: JsonObject, user: bool
-    ) -> JsonObject:
-        tool = device.tool(tool_name)
-        if tool is None:
-            raise CallRejected(f"device {device.alias} has no tool {tool_name!r}")
-        options = self._config.device(device.device_id)
-        reason = refusal(tool, options, user=user)
+    async def _call(self, tool: DeviceTool, arguments: JsonObject, user: bool) -> JsonObject:
+        device, tool_name = tool.device, tool.spec.name
+        reason = tool.refused(user=user)
         if reason is not None:
             raise CallRejected(reason)
-        problems = _argument_problems(tool["inputSchema"], arguments)
+        problems = tool.spec.problems(arguments)
         if problems:
             raise CallRejected(f"invalid arguments for {tool_name}: " + "; ".join(problems))
         session = device.session
@@ -125,6 +86,7 @@ class CallRouter:
             raise DeviceUnavailable(
                 device.device_id, f"device {device.alias} is offline (last seen {last_seen})"
             )
+        options = self._config.device(device.device_id)
         timeout = (
             options.tool_timeouts.get(tool_name) or options.timeout or self._config.call_timeout
         )

@@ -1,15 +1,16 @@
 """One live device: pumps its link through the sans-I/O protocol and turns events into effects.
 
 ``DeviceConnection.run()`` owns the link for its whole life: it feeds every incoming message to
-``DeviceProtocol``, sends what the protocol queues, hands listed catalogues to the registry, and
-resolves the futures of pending calls. When the link goes, every pending call fails at once
-(DESIGN.md "Calls": a disconnect must not wait for the call timeout).
+``DeviceProtocol``, sends what the protocol queues, hands listed catalogues to the registry,
+resolves the futures of pending calls, and arms one timer for the protocol's deadline (the
+protocol decides what a deadline means: discover without a hello, or give up discovery). When
+the link goes, the protocol fails every pending call at once (DESIGN.md "Calls": a disconnect
+must not wait for the call timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -21,9 +22,11 @@ from gateway.protocol import (
     CallSucceeded,
     DeviceGoodbye,
     DeviceProtocol,
+    DiscoveryTimedOut,
     Event,
     HelloReceived,
     MessageDropped,
+    State,
     ToolsListed,
 )
 
@@ -35,27 +38,27 @@ JsonObject = dict[str, Any]
 
 
 class DeviceConnection:
-    """A connected device: implements the registry's ``DeviceSession``."""
+    """A connected device: implements the registry's ``DeviceSession``.
+
+    The protocol must read the running loop's clock (``clock=loop.time``): its ``timer`` is
+    armed with ``loop.call_at``.
+    """
 
     def __init__(
         self,
         link: DeviceLink,
         identity: DeviceIdentity,
         registry: DeviceRegistry,
-        *,
         protocol: DeviceProtocol,
-        hello_timeout: float,
-        discovery_timeout: float,
     ) -> None:
         self.identity = identity
         self._link = link
         self._registry = registry
         self._protocol = protocol
-        self._hello_timeout = hello_timeout
-        self._discovery_timeout = discovery_timeout
-        self._pending: dict[int, asyncio.Future[JsonObject]] = {}
+        self._futures: dict[int, asyncio.Future[JsonObject]] = {}
         self._send_lock = asyncio.Lock()
-        self._listed = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_task: asyncio.Task[None] | None = None
         self._log = logging.LoggerAdapter(logger, {"device_id": identity.device_id})
 
     async def run(self) -> None:
@@ -68,19 +71,20 @@ class DeviceConnection:
         )
         if replaced is not None:  # the device reconnected before we saw the old link drop
             await replaced.aclose()
-        watchdog = asyncio.create_task(
-            self._watch_discovery(), name=f"gateway.device[{self.identity.device_id}].discovery"
-        )
         try:
+            self._arm()  # MQTT: a deadline already due, discovery starts at once
             async for text in self._link:
                 self._protocol.receive_text(text)
                 self._handle(self._protocol.events_received())
                 await self._flush()
+                self._arm()
         except (LinkClosed, DeviceUnavailable):
             pass
         finally:
-            watchdog.cancel()
-            self._fail_pending(self._protocol.close())
+            if self._timer is not None:
+                self._timer.cancel()
+            self._protocol.close()
+            self._handle(self._protocol.events_received())
             self._registry.disconnect(self.identity.device_id, self)
             await self._link.aclose()
 
@@ -96,12 +100,12 @@ class DeviceConnection:
         """
         call_id = self._protocol.call_tool(tool, arguments)
         future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = future
+        self._futures[call_id] = future
         try:
             await self._flush()
             return await future
         finally:
-            if self._pending.pop(call_id, None) is not None:
+            if self._futures.pop(call_id, None) is not None:
                 self._protocol.forget(call_id)  # timed out or cancelled by the host
 
     async def aclose(self) -> None:
@@ -117,10 +121,40 @@ class DeviceConnection:
                 try:
                     await self._link.send(frame)
                 except LinkClosed:
-                    self._fail_pending(self._protocol.close())
+                    self._protocol.close()
+                    self._handle(self._protocol.events_received())
                     raise DeviceUnavailable(
                         self.identity.device_id, "device disconnected"
                     ) from None
+
+    def _arm(self) -> None:
+        """Keep one timer armed for the protocol's deadline."""
+        deadline = self._protocol.timer
+        if self._timer is not None:
+            if deadline is not None and self._timer.when() == deadline:
+                return
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None:
+            self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._protocol.handle_timer()
+        self._handle(self._protocol.events_received())
+        # Sending is async: a task sends what the deadline queued (initialize), or closes.
+        self._timer_task = asyncio.create_task(
+            self._after_timer(), name=f"gateway.device[{self.identity.device_id}].timer"
+        )
+        self._arm()
+
+    async def _after_timer(self) -> None:
+        try:
+            await self._flush()
+        except DeviceUnavailable:
+            return
+        if self._protocol.state is State.CLOSED:  # discovery gave up: end the session
+            await self._link.aclose()
 
     def _handle(self, events: list[Event]) -> None:
         for event in events:
@@ -134,7 +168,8 @@ class DeviceConnection:
                 self._registry.set_catalogue(
                     self.identity.device_id, event.tools, event.server_info
                 )
-                self._listed.set()
+            elif isinstance(event, DiscoveryTimedOut):
+                self._log.warning("no tool list within %g s; closing the connection", event.seconds)
             elif isinstance(event, HelloReceived):
                 self._log.debug("hello: %s", event.hello)
             elif isinstance(event, DeviceGoodbye):
@@ -143,41 +178,13 @@ class DeviceConnection:
                 self._log.debug("dropped: %s %s", event.reason, event.detail)
 
     def _settle(self, event: CallSucceeded | CallFailed) -> None:
-        future = self._pending.pop(event.call_id, None)
+        future = self._futures.pop(event.call_id, None)
         if future is None or future.done():
             return
+        device_id = self.identity.device_id
         if isinstance(event, CallSucceeded):
             future.set_result(event.result)
+        elif event.closed:
+            future.set_exception(DeviceUnavailable(device_id, event.message))
         else:
-            future.set_exception(
-                DeviceToolError(self.identity.device_id, event.message, event.code)
-            )
-
-    def _fail_pending(self, call_ids: list[int]) -> None:
-        for call_id in call_ids:
-            future = self._pending.pop(call_id, None)
-            if future is not None and not future.done():
-                future.set_exception(
-                    DeviceUnavailable(
-                        self.identity.device_id, "device disconnected during the call"
-                    )
-                )
-
-    async def _watch_discovery(self) -> None:
-        """Start discovery if the device never says hello; drop it if discovery never ends."""
-        try:
-            async with asyncio.timeout(self._hello_timeout):
-                await self._listed.wait()
-                return
-        except TimeoutError:
-            self._protocol.start_discovery()
-            with contextlib.suppress(DeviceUnavailable):
-                await self._flush()
-        try:
-            async with asyncio.timeout(self._discovery_timeout):
-                await self._listed.wait()
-        except TimeoutError:
-            self._log.warning(
-                "no tool list within %g s; closing the connection", self._discovery_timeout
-            )
-            await self._link.aclose()
+            future.set_exception(DeviceToolError(device_id, event.message, event.code))

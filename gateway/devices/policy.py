@@ -10,20 +10,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any
 
 from gateway.config import DeviceOptions
 
-__all__ = ["is_user_only", "refusal", "tool_hints"]
+__all__ = ["refusal", "tool_hints"]
 
 _READ_ONLY = re.compile(r"(^|[._])(get|read|list|status|info|query|describe)([._]|$)")
 _DESTRUCTIVE = re.compile(r"(^|[._])(reboot|restart|reset|upgrade|erase|format|factory|delete)")
-
-
-def is_user_only(tool: dict[str, Any]) -> bool:
-    """True for a tool the device marks for the user only (xiaozhi-protocol.md §4)."""
-    annotations = tool.get("annotations")
-    return isinstance(annotations, dict) and annotations.get("audience") == ["user"]
 
 
 def _matches(tool_name: str, patterns: tuple[str, ...]) -> bool:
@@ -31,13 +24,16 @@ def _matches(tool_name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(tool_name, p) or fnmatch.fnmatchcase(bare, p) for p in patterns)
 
 
-def refusal(tool: dict[str, Any], options: DeviceOptions, *, user: bool = False) -> str | None:
-    """Why ``tool`` may not be used under ``options``, or None when it may.
+def refusal(
+    name: str, user_only: bool, options: DeviceOptions, *, user: bool = False
+) -> str | None:
+    """Why the tool ``name`` may not be used under ``options``, or None when it may.
 
-    ``user`` is True for the person at the CLI or dashboard, who may use user-only tools.
+    ``user_only`` is True for a tool the device marks for the user only (xiaozhi-protocol.md §4:
+    ``annotations.audience == ["user"]``); ``user`` is True for the person at the CLI or
+    dashboard, who may use those.
     """
-    name = str(tool["name"])
-    if is_user_only(tool) and not user and not _matches(name, options.user_tools):
+    if user_only and not user and not _matches(name, options.user_tools):
         return f"{name} is a user-only tool (name it in the device's user_tools to allow it)"
     if not _matches(name, options.allow) or _matches(name, options.deny):
         return f"{name} is not allowed by the device's allow/deny policy"

@@ -1,30 +1,36 @@
 """Every device the gateway knows: online or not, its catalogue, and the MCP names of its tools.
 
-The registry is the one place that decides what hosts see. It announces a change (through
-``changes()``) only when the visible tool list really changes, so a device that drops and comes
-back with the same tools does not make hosts refetch (and lose their prompt caches).
+The registry is the one place that decides what hosts see, and it decides it device by device:
+a device joining, leaving or listing new tools updates only its own entries, so a join costs
+the same in a fleet of ten or of ten thousand. Each tool is decided once, when its catalogue
+arrives (``DeviceTool``: MCP name and policy verdicts), and identical catalogues are shared
+(``Catalogues``). Hosts are told of a change (``changes()``) only when what they see really
+changed, so a device that drops and comes back with the same tools does not make them refetch
+(and lose their prompt caches).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.broadcast import Broadcast, Subscription
 from gateway.config import Config
+from gateway.devices.catalogue import Catalogue, Catalogues, Rejection, ToolSpec
 from gateway.devices.policy import refusal
 from gateway.devices.store import DeviceRecord, Store
 from gateway.naming import NameMap, clean_alias, derive_alias
 
-__all__ = ["Changes", "Device", "DeviceRegistry", "DeviceSession", "ExposedTool"]
+__all__ = ["Changes", "Device", "DeviceRegistry", "DeviceSession", "DeviceTool"]
 
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+Changes = Subscription[None]
 
 
 class DeviceSession(Protocol):
@@ -42,12 +48,16 @@ class DeviceSession(Protocol):
         ...
 
 
-@dataclass(slots=True)
+@dataclass(eq=False, slots=True)
 class Device:
     """A known device; ``session`` is set while it is connected."""
 
     record: DeviceRecord
+    catalogue: Catalogue | None = None
+    tools: dict[str, DeviceTool] = field(default_factory=dict)  # by the device's tool name
     session: DeviceSession | None = None
+    exposed: bool = False  # its tools are in the list hosts see
+    hide_timer: asyncio.TimerHandle | None = None
 
     @property
     def device_id(self) -> str:
@@ -70,38 +80,65 @@ class Device:
         version = (self.record.server_info or {}).get("version")
         return version if isinstance(version, str) else None
 
-    def tool(self, name: str) -> JsonObject | None:
-        """The device tool called ``name`` (its own name, e.g. ``self.lamp.turn_on``)."""
-        return next((t for t in self.record.tools if t["name"] == name), None)
+    @property
+    def rejected(self) -> tuple[Rejection, ...]:
+        """The tools of its catalogue that were not served, and why."""
+        return self.catalogue.rejected if self.catalogue is not None else ()
+
+    def tool(self, name: str) -> DeviceTool | None:
+        """The tool called ``name`` (its own name, e.g. ``self.lamp.turn_on``)."""
+        return self.tools.get(name)
 
 
-@dataclass(frozen=True, slots=True)
-class ExposedTool:
-    """A device tool as hosts see it: its MCP ``name`` and the device tool behind it."""
+@dataclass(frozen=True, slots=True, eq=False)
+class DeviceTool:
+    """One tool of one device, decided when its catalogue arrived."""
 
-    name: str
     device: Device
-    tool: JsonObject
+    spec: ToolSpec
+    name: str  # its MCP name
+    refusal: str | None  # why the model may not use it; None when it may
+    user_refusal: str | None  # why even the person at the CLI or dashboard may not
+
+    def refused(self, *, user: bool) -> str | None:
+        """Why this caller may not use the tool, or None."""
+        return self.user_refusal if user else self.refusal
 
 
 class DeviceRegistry:
-    """Devices, catalogues and names, persisted in the data dir's SQLite store."""
+    """Devices, catalogues and names, persisted in the data dir's SQLite store.
+
+    ``touched`` counts the tool entries added to or taken from what hosts see: the work of the
+    updates so far (tests use it to show a join's work does not grow with the fleet).
+    """
 
     def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time):
         self._config = config
         self._store = store
         self._clock = clock
-        self._devices: dict[str, Device] = {r.device_id: Device(r) for r in store.devices()}
-        self._names = NameMap(store.names())
-        self._subscribers: list[asyncio.Queue[None]] = []
-        self._exposed: dict[str, ExposedTool] = {}
-        self._visible = ""
-        for device in self._devices.values():
-            configured = config.device(device.device_id).name
-            if configured:  # the config may have renamed the device since the last run
-                device.record.alias = clean_alias(configured)
-            self._assign_names(device)
-        self._refresh()
+        self._catalogues = Catalogues()
+        self._changes: Broadcast[None] = Broadcast()
+        self._devices: dict[str, Device] = {}
+        self._by_alias: dict[str, Device] = {}
+        self._exposed: dict[str, DeviceTool] = {}
+        self._snapshot: tuple[DeviceTool, ...] | None = None
+        self.online_count = 0
+        self.touched = 0
+        stored = store.load()
+        self._names = NameMap(stored.names)
+        catalogues = self._catalogues.load(stored.catalogues)
+        for record in stored.devices:
+            configured = config.device(record.device_id).name
+            if configured and clean_alias(configured) != record.alias:
+                record.alias = clean_alias(configured)  # the config renamed it since the last run
+                store.save_device(record)
+            device = self._devices[record.device_id] = Device(record)
+            self._by_alias.setdefault(record.alias, device)
+            if record.catalogue is not None and record.catalogue not in catalogues:
+                record.catalogue = None  # unreadable: the device lists its tools again anyway
+                store.save_device(record)
+            if record.catalogue is not None:
+                self._use(device, catalogues[record.catalogue])
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -111,24 +148,32 @@ class DeviceRegistry:
 
     def find(self, ref: str) -> Device | None:
         """The device whose id or alias is ``ref``."""
-        device = self._devices.get(ref.lower())
-        if device is not None:
-            return device
-        return next((d for d in self._devices.values() if d.alias == ref), None)
+        return self._devices.get(ref.lower()) or self._by_alias.get(ref)
 
-    def exposed_tools(self) -> list[ExposedTool]:
-        """The per-device tools the model may see, devices by alias, tools in device order."""
-        return list(self._exposed.values())
+    def exposed_tools(self) -> Sequence[DeviceTool]:
+        """The per-device tools the model may see, devices by alias, tools in device order.
 
-    def lookup(self, name: str) -> ExposedTool | None:
+        A snapshot, made again only after a change: between changes every read is free.
+        """
+        if self._snapshot is None:
+            shown = sorted((d for d in self._devices.values() if d.exposed),
+                           key=lambda d: (d.alias, d.device_id))  # fmt: skip
+            self._snapshot = tuple(
+                tool for device in shown for tool in device.tools.values() if tool.refusal is None
+            )
+        return self._snapshot
+
+    def lookup(self, name: str) -> DeviceTool | None:
         """The exposed tool whose MCP name is ``name``."""
         return self._exposed.get(name)
 
-    def _shows_tools_of(self, device: Device) -> bool:
-        if device.online or self._config.offline_tools == "keep":
-            return True
-        # hide mode: a short drop must not make the list flap
-        return self._clock() - device.record.last_seen < self._config.offline_grace
+    def changes(self) -> Changes:
+        """Subscribe, from now on, to changes of the tool list hosts see.
+
+        Use as ``async with registry.changes() as changes: async for _ in changes: ...``; each
+        item means "it changed since you last looked" (several changes fold into one).
+        """
+        return self._changes.subscribe(latest_only=True)
 
     # --- updates from connections ----------------------------------------------------------
 
@@ -141,20 +186,20 @@ class DeviceRegistry:
         transport: str | None = None,
     ) -> DeviceSession | None:
         """Mark ``device_id`` online through ``session``; return the session it replaces."""
-        device_id = device_id.lower()
-        now = self._clock()
-        device = self._devices.get(device_id)
-        if device is None:
-            record = DeviceRecord(device_id, self._alias(device_id, None), None, client_id,
-                                  transport, None, (), now, now)  # fmt: skip
-            device = self._devices[device_id] = Device(record)
+        device = self._device(device_id.lower(), None)
         replaced, device.session = device.session, session
-        device.record.client_id = client_id or device.record.client_id
-        device.record.transport = transport or device.record.transport
-        device.record.last_seen = now
-        self._store.save_device(device.record)
-        logger.info("device %s (%s) online over %s", device.alias, device_id, transport)
-        self._refresh()
+        if replaced is None:
+            self.online_count += 1
+        record = device.record
+        record.client_id = client_id or record.client_id
+        record.transport = transport or record.transport
+        record.last_seen = self._clock()
+        self._store.save_device(record)
+        if device.hide_timer is not None:
+            device.hide_timer.cancel()
+            device.hide_timer = None
+        logger.info("device %s (%s) online over %s", device.alias, device.device_id, transport)
+        self._show(device)
         return replaced
 
     def disconnect(self, device_id: str, session: DeviceSession) -> None:
@@ -163,25 +208,22 @@ class DeviceRegistry:
         if device is None or device.session is not session:
             return
         device.session = None
+        self.online_count -= 1
         device.record.last_seen = self._clock()
-        self._store.touch(device.device_id, device.record.last_seen)
+        self._store.save_device(device.record)
         logger.info("device %s (%s) offline", device.alias, device.device_id)
-        self._refresh()
         if self._config.offline_tools == "hide":
-            asyncio.get_running_loop().call_later(self._config.offline_grace, self._refresh)
+            grace = self._config.offline_grace
+            loop = asyncio.get_running_loop()
+            device.hide_timer = loop.call_later(grace, self._show, device)
 
     def adopt(self, device_id: str, name: str) -> None:
         """Name a device that was enrolled as ``name`` (unless the config or a past run did)."""
         device_id = device_id.lower()
         if device_id in self._devices or self._config.device(device_id).name:
             return
-        now = self._clock()
         alias = clean_alias(name)
-        if any(d.alias == alias for d in self._devices.values()):
-            alias = self._alias(device_id, name)
-        record = DeviceRecord(device_id, alias, None, None, None, None, (), now, now)
-        self._devices[device_id] = Device(record)
-        self._store.save_device(record)
+        self._device(device_id, None, alias if alias not in self._by_alias else None)
 
     def register(
         self,
@@ -197,119 +239,136 @@ class DeviceRegistry:
         It stays offline until it connects. Its board names it until it lists tools, and its
         firmware version is kept as ``serverInfo.version`` (what stock firmware reports there).
         """
-        device_id = device_id.lower()
-        now = self._clock()
-        device = self._devices.get(device_id)
-        if device is None:
-            record = DeviceRecord(device_id, self._alias(device_id, board), board, client_id,
-                                  transport, None, (), now, now)  # fmt: skip
-            device = self._devices[device_id] = Device(record)
+        device = self._device(device_id.lower(), board)
         record = device.record
-        if board and board != record.board and not record.tools and self._derived_alias(record):
-            record.alias = self._alias(device_id, board)
-        record.board = board or record.board
+        self._name_after_board(device, board)
         record.client_id = client_id or record.client_id
         record.transport = transport or record.transport
         if firmware:
             record.server_info = {"name": record.board, **(record.server_info or {})}
             record.server_info["version"] = firmware
-        record.last_seen = now
+        record.last_seen = self._clock()
         self._store.save_device(record)
         logger.info("device %s (%s) checked in: %s %s", record.alias, device_id, board, firmware)
-        self._refresh()
         return device
 
     def set_catalogue(
-        self, device_id: str, tools: tuple[JsonObject, ...], server_info: JsonObject | None
+        self, device_id: str, entries: Sequence[object], server_info: JsonObject | None
     ) -> None:
-        """Store the device's freshly listed tools and tell hosts if what they see changed."""
+        """Take the device's freshly listed tool entries; tell hosts if what they see changed."""
         device = self._devices[device_id.lower()]
         record = device.record
+        catalogue, judged = self._catalogues.get(entries)
+        if judged:  # each bad tool is logged once, however many devices share the catalogue
+            self._store.save_catalogue(catalogue.digest, catalogue.to_json())
+            for rejection in catalogue.rejected:
+                logger.warning("device %s: tool %r rejected: %s",
+                               record.alias, rejection.tool, rejection.reason)  # fmt: skip
         board = server_info.get("name") if server_info else None
-        if isinstance(board, str) and board and record.board != board:
-            if not record.tools and self._derived_alias(record):
-                # first listing: the board name gives a better alias than a guess
-                record.alias = self._alias(record.device_id, board)
-            record.board = board
+        renamed = self._name_after_board(device, board if isinstance(board, str) else None)
         record.server_info = server_info
-        record.tools = tools
         record.last_seen = self._clock()
         self._store.save_device(record)
-        self._assign_names(device)
-        logger.info("device %s lists %d tools", record.alias, len(tools))
-        self._refresh()
+        logger.info("device %s lists %d tools", record.alias, len(catalogue.tools))
+        if catalogue is not device.catalogue or renamed:
+            record.catalogue = catalogue.digest
+            self._use(device, catalogue)
 
-    def _derived_alias(self, record: DeviceRecord) -> bool:
-        """True when nobody named the device: its alias was made from its board and id."""
-        return record.alias.startswith(derive_alias(record.device_id, record.board))
+    # --- one device's entries --------------------------------------------------------------
+
+    def _device(self, device_id: str, board: str | None, alias: str | None = None) -> Device:
+        """The device called ``device_id``, made (and named) if it is new."""
+        device = self._devices.get(device_id)
+        if device is None:
+            now = self._clock()
+            record = DeviceRecord(device_id=device_id, alias=alias or self._alias(device_id, board),
+                                  board=board, first_seen=now, last_seen=now)  # fmt: skip
+            device = self._devices[device_id] = Device(record)
+            self._by_alias.setdefault(record.alias, device)
+            self._store.save_device(record)
+        return device
+
+    def _name_after_board(self, device: Device, board: str | None) -> bool:
+        """Learn the device's board; rename it after the board while nobody named it."""
+        record = device.record
+        if not board or board == record.board:
+            return False
+        first_listing = record.catalogue is None
+        derived = record.alias.startswith(derive_alias(record.device_id, record.board))
+        record.board = board
+        if not (first_listing and derived):
+            return False
+        alias = self._alias(record.device_id, board)
+        if alias == record.alias:
+            return False
+        if self._by_alias.get(record.alias) is device:
+            del self._by_alias[record.alias]
+        record.alias = alias
+        self._by_alias.setdefault(alias, device)
+        return True
 
     def _alias(self, device_id: str, board: str | None) -> str:
         configured = self._config.device(device_id).name
         if configured:
             return clean_alias(configured)
-        alias = derive_alias(device_id, board)
-        taken = {d.alias for d in self._devices.values() if d.device_id != device_id}
-        return alias if alias not in taken else f"{alias}_{len(taken)}"
+        alias = base = derive_alias(device_id, board)
+        number = 1
+        while (holder := self._by_alias.get(alias)) is not None and holder.device_id != device_id:
+            number += 1
+            alias = f"{base}_{number}"
+        return alias
 
-    # --- change announcements --------------------------------------------------------------
+    def _use(self, device: Device, catalogue: Catalogue | None) -> None:
+        """Give ``device`` this catalogue: decide each tool once, then show it to hosts."""
+        options = self._config.device(device.device_id)
+        self._hide(device)
+        device.catalogue = catalogue
+        device.tools = {}
+        new_names = []
+        for spec in catalogue.tools if catalogue is not None else ():
+            entry, is_new = self._names.assign(device.device_id, device.alias, spec.name)
+            if is_new:
+                new_names.append(entry)
+            device.tools[spec.name] = DeviceTool(
+                device=device,
+                spec=spec,
+                name=entry.name,
+                refusal=refusal(spec.name, spec.user_only, options),
+                user_refusal=refusal(spec.name, spec.user_only, options, user=True),
+            )
+        self._store.save_names(new_names)
+        self._show(device)
 
-    def _assign_names(self, device: Device) -> None:
-        assigned = [
-            self._names.assign(device.device_id, device.alias, tool["name"])
-            for tool in device.record.tools
-        ]
-        self._store.save_names([entry for entry, is_new in assigned if is_new])
+    def _shows_tools_of(self, device: Device) -> bool:
+        if device.online or self._config.offline_tools == "keep":
+            return True
+        # hide mode: a short drop must not make the list flap
+        return self._clock() - device.record.last_seen < self._config.offline_grace
 
-    def _refresh(self) -> None:
-        """Recompute what hosts see; announce it if it changed."""
-        exposed: dict[str, ExposedTool] = {}
-        for device in self.devices():
-            if not self._shows_tools_of(device):
-                continue
-            options = self._config.device(device.device_id)
-            for tool in device.record.tools:
-                if refusal(tool, options) is None:
-                    entry, _ = self._names.assign(device.device_id, device.alias, tool["name"])
-                    exposed[entry.name] = ExposedTool(entry.name, device, tool)
-        self._exposed = exposed
-        visible = json.dumps([(n, t.tool) for n, t in exposed.items()], sort_keys=True)
-        if visible == self._visible:
+    def _show(self, device: Device) -> None:
+        """Bring the device's entries in line with whether hosts should see its tools."""
+        if not self._shows_tools_of(device):
+            self._hide(device)
             return
-        self._visible = visible
-        for queue in self._subscribers:
-            if queue.empty():  # coalesce: one pending "changed" says it all
-                queue.put_nowait(None)
+        if device.exposed or not device.tools:
+            return
+        for tool in device.tools.values():
+            if tool.refusal is None:
+                self._exposed[tool.name] = tool
+                self.touched += 1
+        device.exposed = True
+        self._changed()
 
-    def changes(self) -> Changes:
-        """Subscribe, from now on, to changes of the tool list hosts see.
+    def _hide(self, device: Device) -> None:
+        if not device.exposed:
+            return
+        for tool in device.tools.values():
+            if self._exposed.get(tool.name) is tool:
+                del self._exposed[tool.name]
+                self.touched += 1
+        device.exposed = False
+        self._changed()
 
-        Use as ``async with registry.changes() as changes: async for _ in changes: ...``; each
-        item means "it changed since you last looked" (several changes may fold into one).
-        """
-        return Changes(self._subscribers)
-
-
-class Changes:
-    """A subscription to registry changes: an async context manager and iterator."""
-
-    def __init__(self, subscribers: list[asyncio.Queue[None]]) -> None:
-        self._subscribers = subscribers
-        self._queue: asyncio.Queue[None] = asyncio.Queue(maxsize=1)
-        subscribers.append(self._queue)
-
-    async def __aenter__(self) -> Changes:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop receiving changes."""
-        if self._queue in self._subscribers:
-            self._subscribers.remove(self._queue)
-
-    def __aiter__(self) -> Changes:
-        return self
-
-    async def __anext__(self) -> None:
-        await self._queue.get()
+    def _changed(self) -> None:
+        self._snapshot = None
+        self._changes.publish(None)

@@ -1,20 +1,35 @@
-"""SQLite persistence of the registry: devices, their catalogues, and the MCP names given out.
+"""SQLite persistence of the registry: devices, shared catalogues, and the MCP names given out.
 
-The data is small and written rarely (a device connects, lists its tools, goes away), so plain
-``sqlite3`` on the event loop is cheaper than a thread hop; WAL keeps readers out of the way.
+Writes are *behind* the event loop: the registry marks rows dirty (``save_*``, no I/O), and the
+``writer()`` task writes each batch in one transaction on a worker thread. A join then costs no
+disk time on the loop, a storm of joins becomes a few transactions, and a crash loses at most
+the last batch; SQLite's journal means it never corrupts what was written before. A batch that
+fails (a full disk, a read-only data dir) stays queued and is tried again; the gateway runs on.
+
+Devices with the same firmware share one ``catalogues`` row, referenced by its digest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.devices.catalogue import digest_of
 from gateway.naming import NameAssignment
 
-__all__ = ["DeviceRecord", "Store", "open_database"]
+__all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
+
+logger = logging.getLogger(__name__)
+
+_VERSION = 2  # PRAGMA user_version; 0 is the first layout (a catalogue per device row)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
@@ -24,9 +39,13 @@ CREATE TABLE IF NOT EXISTS devices (
     client_id   TEXT,
     transport   TEXT,
     server_info TEXT,
-    tools       TEXT NOT NULL,
+    catalogue   TEXT,
     first_seen  REAL NOT NULL,
     last_seen   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS catalogues (
+    digest TEXT PRIMARY KEY,
+    tools  TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tool_names (
     device_id TEXT NOT NULL,
@@ -36,101 +55,255 @@ CREATE TABLE IF NOT EXISTS tool_names (
     PRIMARY KEY (device_id, tool)
 );
 """
+_DEVICE_COLUMNS = (
+    "device_id, alias, board, client_id, transport, server_info, catalogue, first_seen, last_seen"
+)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class DeviceRecord:
     """What the gateway remembers of a device between runs."""
 
     device_id: str
     alias: str
-    board: str | None
-    client_id: str | None
-    transport: str | None
-    server_info: dict[str, Any] | None
-    tools: tuple[dict[str, Any], ...]
+    board: str | None = None
+    client_id: str | None = None
+    transport: str | None = None
+    server_info: dict[str, Any] | None = None
+    catalogue: str | None = None  # the digest of its catalogue (shared between devices)
     first_seen: float
     last_seen: float
+
+    def row(self) -> tuple[object, ...]:
+        """The ``devices`` row, in ``_DEVICE_COLUMNS`` order."""
+        info = json.dumps(self.server_info) if self.server_info is not None else None
+        return (self.device_id, self.alias, self.board, self.client_id, self.transport, info,
+                self.catalogue, self.first_seen, self.last_seen)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StoredState:
+    """Everything the registry reads back at start."""
+
+    devices: list[DeviceRecord]
+    catalogues: list[tuple[str, str]]  # (digest, stored JSON)
+    names: list[NameAssignment]
 
 
 def open_database(path: Path, schema: str) -> sqlite3.Connection:
     """The registry's SQLite file (autocommit, WAL), with ``schema`` applied."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, isolation_level=None)
+    # The writer thread uses the connection too; the store's lock keeps it to one at a time.
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.executescript(schema)
     return db
 
 
+@dataclass(slots=True)
+class _Batch:
+    devices: dict[str, DeviceRecord]
+    catalogues: dict[str, str]
+    names: dict[tuple[str, str], NameAssignment]
+
+    def __bool__(self) -> bool:
+        return bool(self.devices or self.catalogues or self.names)
+
+    def rows(self) -> int:
+        return len(self.devices) + len(self.catalogues) + len(self.names)
+
+
+def _empty() -> _Batch:
+    return _Batch({}, {}, {})
+
+
 class Store:
-    """The registry's SQLite database in the data dir."""
+    """The registry's SQLite database in the data dir, written behind the event loop."""
 
     def __init__(self, path: Path) -> None:
-        self._db = open_database(path, _SCHEMA)
+        self._db = open_database(path, "")
+        self._lock = threading.Lock()
+        with self._lock:
+            _prepare(self._db)
+        self._pending = _empty()
+        self._dirty = asyncio.Event()
+        self.rows_written = 0  # for tests and metrics: rows sent to SQLite so far
+        self.transactions = 0  # ... in this many transactions
+        self._failing = False
 
     def close(self) -> None:
-        """Close the database."""
-        self._db.close()
+        """Write what is still pending, then close the database."""
+        self.flush()
+        with self._lock:
+            self._db.close()
 
-    def devices(self) -> list[DeviceRecord]:
-        """Every device ever seen."""
-        rows = self._db.execute(
-            "SELECT device_id, alias, board, client_id, transport, server_info, tools,"
-            " first_seen, last_seen FROM devices"
-        ).fetchall()
-        return [
-            DeviceRecord(
-                device_id=row[0],
-                alias=row[1],
-                board=row[2],
-                client_id=row[3],
-                transport=row[4],
-                server_info=json.loads(row[5]) if row[5] else None,
-                tools=tuple(json.loads(row[6])),
-                first_seen=row[7],
-                last_seen=row[8],
-            )
-            for row in rows
-        ]
+    def load(self) -> StoredState:
+        """Every device, catalogue and name kept so far."""
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_DEVICE_COLUMNS} FROM devices").fetchall()
+            catalogues = self._db.execute("SELECT digest, tools FROM catalogues").fetchall()
+            names = self._db.execute("SELECT device_id, tool, alias, name FROM tool_names")
+            return StoredState([_record(row) for row in rows], catalogues,
+                               [NameAssignment(*n) for n in names])  # fmt: skip
+
+    # --- queued writes (no I/O: cheap on the event loop) -----------------------------------
 
     def save_device(self, record: DeviceRecord) -> None:
-        """Insert or update ``record``."""
-        self._db.execute(
-            "INSERT OR REPLACE INTO devices VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.device_id,
-                record.alias,
-                record.board,
-                record.client_id,
-                record.transport,
-                json.dumps(record.server_info) if record.server_info is not None else None,
-                json.dumps(list(record.tools)),
-                record.first_seen,
-                record.last_seen,
-            ),
-        )
+        """Queue ``record`` to be written (its state at write time is what lands)."""
+        self._pending.devices[record.device_id] = record
+        self._dirty.set()
 
-    def touch(self, device_id: str, last_seen: float) -> None:
-        """Record that ``device_id`` was seen at ``last_seen``."""
-        self._db.execute(
-            "UPDATE devices SET last_seen = ? WHERE device_id = ?", (last_seen, device_id)
-        )
-
-    def names(self) -> list[NameAssignment]:
-        """Every MCP name given out so far."""
-        rows = self._db.execute("SELECT device_id, tool, alias, name FROM tool_names").fetchall()
-        return [NameAssignment(*row) for row in rows]
+    def save_catalogue(self, digest: str, stored: str) -> None:
+        """Queue a catalogue row (written once: a digest names its content)."""
+        self._pending.catalogues[digest] = stored
+        self._dirty.set()
 
     def save_names(self, entries: list[NameAssignment]) -> None:
-        """Persist new or changed name assignments in one transaction."""
-        with self._db:
-            self._db.execute("BEGIN")
-            for entry in entries:
-                self._db.execute(
-                    "DELETE FROM tool_names WHERE name = ? AND NOT (device_id = ? AND tool = ?)",
-                    (entry.name, entry.device_id, entry.tool),
-                )
-                self._db.execute(
-                    "INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)",
-                    (entry.device_id, entry.tool, entry.alias, entry.name),
-                )
+        """Queue new or changed name assignments."""
+        for entry in entries:
+            self._pending.names[(entry.device_id, entry.tool)] = entry
+        if entries:
+            self._dirty.set()
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Write everything pending now, in one transaction; return the rows written."""
+        batch = self._take()
+        if batch:
+            self._settle(batch, self._write(batch, [r.row() for r in batch.devices.values()]))
+        return batch.rows()
+
+    @asynccontextmanager
+    async def writer(self, interval: float = 0.2) -> AsyncIterator[None]:
+        """Run the write-behind task while the block runs; write the rest on exit."""
+        task = asyncio.create_task(self._write_loop(interval), name="gateway.store.writer")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self.flush()
+
+    async def _write_loop(self, interval: float) -> None:
+        delay = interval
+        while True:
+            await self._dirty.wait()
+            await asyncio.sleep(delay)  # gather a batch: one transaction per interval, not event
+            batch = self._take()
+            rows = [r.row() for r in batch.devices.values()]  # the records' state now
+            error = await asyncio.to_thread(self._write, batch, rows)
+            delay = interval if self._settle(batch, error) else min(delay * 2, 30.0)
+
+    def _take(self) -> _Batch:
+        batch, self._pending = self._pending, _empty()
+        self._dirty.clear()
+        return batch
+
+    def _write(self, batch: _Batch, device_rows: list[tuple[object, ...]]) -> Exception | None:
+        """Write ``batch`` in one transaction (on the writer thread); return what went wrong."""
+        try:
+            with self._lock, self._db as db:
+                db.execute("BEGIN")
+                db.executemany("INSERT OR IGNORE INTO catalogues VALUES (?, ?)",
+                               batch.catalogues.items())  # fmt: skip
+                db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
+                               "(?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
+                for entry in batch.names.values():
+                    db.execute(
+                        "DELETE FROM tool_names WHERE name = ?"
+                        " AND NOT (device_id = ? AND tool = ?)",
+                        (entry.name, entry.device_id, entry.tool),
+                    )
+                    db.execute(
+                        "INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)",
+                        (entry.device_id, entry.tool, entry.alias, entry.name),
+                    )
+        except sqlite3.Error as exc:  # a full disk, a read-only or vanished data dir
+            return exc
+        return None
+
+    def _settle(self, batch: _Batch, error: Exception | None) -> bool:
+        """Count a written batch, or queue a failed one again; True when it was written."""
+        if error is None:
+            if self._failing:
+                logger.info("the registry is written again")
+            self._failing = False
+            self.rows_written += batch.rows()
+            self.transactions += 1
+            return True
+        if not self._failing:  # say it once, not at every retry
+            logger.error("cannot write the registry (%s); will retry", error)
+        self._failing = True
+        self._requeue(batch)
+        return False
+
+    def _requeue(self, batch: _Batch) -> None:
+        # The loop may have queued newer state meanwhile: newer wins.
+        pending = self._pending
+        for key, record in batch.devices.items():
+            pending.devices.setdefault(key, record)
+        for digest, stored in batch.catalogues.items():
+            pending.catalogues.setdefault(digest, stored)
+        for pair, entry in batch.names.items():
+            pending.names.setdefault(pair, entry)
+        self._dirty.set()
+
+
+def _record(row: tuple[Any, ...]) -> DeviceRecord:
+    return DeviceRecord(
+        device_id=row[0],
+        alias=row[1],
+        board=row[2],
+        client_id=row[3],
+        transport=row[4],
+        server_info=json.loads(row[5]) if row[5] else None,
+        catalogue=row[6],
+        first_seen=row[7],
+        last_seen=row[8],
+    )
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    """Bring the file to ``_VERSION`` and drop catalogues no device uses any more.
+
+    The first layout kept a whole catalogue in each device row; its rows move to the shared
+    table (and are judged again when loaded, like every stored catalogue).
+    """
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    columns = {row[1] for row in db.execute("PRAGMA table_info(devices)")}
+    first_layout = version < _VERSION and "tools" in columns
+    with db:
+        db.execute("BEGIN")
+        if first_layout:
+            db.execute("ALTER TABLE devices RENAME TO devices_v1")
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        if first_layout:
+            _copy_first_layout(db)
+        db.execute(
+            "DELETE FROM catalogues WHERE digest NOT IN"
+            " (SELECT catalogue FROM devices WHERE catalogue IS NOT NULL)"
+        )
+        db.execute(f"PRAGMA user_version = {_VERSION}")
+
+
+def _copy_first_layout(db: sqlite3.Connection) -> None:
+    """Move each old row's catalogue into the shared table."""
+    rows = db.execute(
+        "SELECT device_id, alias, board, client_id, transport, server_info, tools,"
+        " first_seen, last_seen FROM devices_v1"
+    ).fetchall()
+    for *head, tools, first_seen, last_seen in rows:
+        try:
+            entries = json.loads(tools)
+        except ValueError:
+            entries = []
+        digest = digest_of(entries) if isinstance(entries, list) and entries else None
+        if digest is not None:
+            stored = json.dumps({"tools": entries, "rejected": []}, ensure_ascii=True)
+            db.execute("INSERT OR IGNORE INTO catalogues VALUES (?, ?)", (digest, stored))
+        db.execute(f"INSERT INTO devices ({_DEVICE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (*head, digest, first_seen, last_seen))  # fmt: skip
+    db.execute("DROP TABLE devices_v1")

@@ -6,7 +6,7 @@ Nothing in this package does I/O: text frames go in, events and text frames come
 
 from __future__ import annotations
 
-from gateway.protocol.catalog import ToolCatalog, normalize_tool
+from gateway.protocol.catalog import ToolCatalog
 from gateway.protocol.device import PROTOCOL_VERSION, DeviceProtocol, State
 from gateway.protocol.envelope import (
     MalformedMessage,
@@ -25,6 +25,7 @@ from gateway.protocol.events import (
     CallFailed,
     CallSucceeded,
     DeviceGoodbye,
+    DiscoveryTimedOut,
     Event,
     HelloReceived,
     MessageDropped,
@@ -66,6 +67,7 @@ __all__ = [
     "CallSucceeded",
     "DeviceGoodbye",
     "DeviceProtocol",
+    "DiscoveryTimedOut",
     "ErrorResponse",
     "Event",
     "HelloReceived",
@@ -93,7 +95,6 @@ __all__ = [
     "make_result",
     "mcp_envelope",
     "new_session_id",
-    "normalize_tool",
     "salvage_error_reply",
     "server_hello",
     "utf8_length",

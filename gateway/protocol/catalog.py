@@ -1,8 +1,10 @@
-"""Gathering a device's ``tools/list`` pages into one clean catalogue.
+"""Gathering a device's ``tools/list`` pages into one catalogue.
 
-``ToolCatalog`` holds one listing in progress: it normalises every tool entry, follows
-``nextCursor`` and refuses cursor loops and runaway page counts. It only digests data; when to
-request a page and what state that puts the session in is ``DeviceProtocol``'s business.
+``ToolCatalog`` holds one listing in progress: it collects every page's tool entries as the
+device sent them, follows ``nextCursor`` and refuses cursor loops and runaway page counts. Judging
+the entries (names, texts, schemas) is the device layer's business (``gateway.devices.catalogue``):
+it must decide tool by tool, and it shares the verdict between devices with the same firmware.
+When to request a page and what state that puts the session in is ``DeviceProtocol``'s business.
 """
 
 from __future__ import annotations
@@ -11,55 +13,13 @@ from typing import Any
 
 from gateway.protocol.events import MessageDropped
 
-__all__ = ["ToolCatalog", "normalize_tool"]
+__all__ = ["ToolCatalog"]
 
 JsonObject = dict[str, Any]
 
 
 class _Stop(Exception):
     """The listing must end before the device's last page; the text says why."""
-
-
-def _empty_schema() -> JsonObject:
-    return {"type": "object", "properties": {}}
-
-
-def normalize_tool(entry: object) -> JsonObject:
-    """Return the tool ``entry`` in the shape MCP hosts expect.
-
-    The result has a string ``name``, a string ``description`` (default ``""``) and an object
-    ``inputSchema`` whose ``type`` is ``"object"``, plus ``annotations`` when they are an object.
-    Other keys are left out.
-
-    Args:
-        entry: one element of a ``tools/list`` result's ``tools`` array.
-
-    Returns:
-        A new dict; ``entry`` is not modified.
-
-    Raises:
-        ValueError: ``entry`` is not an object or has no non-empty string ``name``.
-    """
-    if not isinstance(entry, dict):
-        raise ValueError("tool is not an object")
-    name = entry.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError("tool has no name")
-    description = entry.get("description")
-    schema = entry.get("inputSchema")
-    if not isinstance(schema, dict):
-        schema = _empty_schema()
-    elif schema.get("type") != "object":
-        schema = {**schema, "type": "object"}
-    tool: JsonObject = {
-        "name": name,
-        "description": description if isinstance(description, str) else "",
-        "inputSchema": schema,
-    }
-    annotations = entry.get("annotations")
-    if isinstance(annotations, dict):
-        tool["annotations"] = annotations
-    return tool
 
 
 class ToolCatalog:
@@ -75,14 +35,14 @@ class ToolCatalog:
         self._max_pages = max_pages
         self._pages = 1
         self._cursors: set[str] = set()
-        self._tools: dict[str, JsonObject] = {}
+        self._tools: list[object] = []
         self.next_cursor: str | None = None
         self.complete = True
 
     @property
-    def tools(self) -> tuple[JsonObject, ...]:
-        """The tools gathered so far, in device order."""
-        return tuple(self._tools.values())
+    def tools(self) -> tuple[object, ...]:
+        """The tool entries gathered so far, in device order, unjudged."""
+        return tuple(self._tools)
 
     def add_page(self, result: object) -> list[MessageDropped]:
         """Take one page's ``tools/list`` result and decide on the next page.
@@ -91,33 +51,22 @@ class ToolCatalog:
             result: the ``result`` of the device's reply.
 
         Returns:
-            A ``MessageDropped`` for every tool entry left out and for the reason the listing
-            stopped early, if it did.
+            The ``MessageDropped`` that says why the listing stopped early, if it did.
         """
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             return [self.stop("malformed tools/list result")]
-        dropped = [d for i, e in enumerate(result["tools"]) if (d := self._add(i, e)) is not None]
+        self._tools.extend(result["tools"])
         try:
             self.next_cursor = self._follow(result.get("nextCursor"))
         except _Stop as exc:
-            dropped.append(self.stop(str(exc)))
-        return dropped
+            return [self.stop(str(exc))]
+        return []
 
     def stop(self, reason: str, detail: JsonObject | None = None) -> MessageDropped:
         """End the listing early and return the ``MessageDropped`` that says why."""
         self.next_cursor = None
         self.complete = False
         return MessageDropped(reason, {"pages": self._pages, **(detail or {})})
-
-    def _add(self, index: int, entry: object) -> MessageDropped | None:
-        try:
-            tool = normalize_tool(entry)
-        except ValueError as exc:
-            return MessageDropped(str(exc), {"page": self._pages, "index": index})
-        if tool["name"] in self._tools:
-            return MessageDropped("duplicate tool name", {"name": tool["name"]})
-        self._tools[tool["name"]] = tool
-        return None
 
     def _follow(self, cursor: object) -> str | None:
         # An empty string is how some servers spell "no more pages".

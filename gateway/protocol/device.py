@@ -7,15 +7,24 @@ calls them (xiaozhi-protocol.md §4).
 Rule: every change of ``state`` happens in this module, through the ``state`` setter, which checks
 ``_TRANSITIONS``::
 
-    CONNECTED --hello / start_discovery()--> INITIALIZING --initialize reply--> LISTING
-    LISTING --last page--> READY --notifications/tools/list_changed--> LISTING
-    (any state) --close()--> CLOSED
+    CONNECTED --hello / start_discovery() / hello deadline--> INITIALIZING
+    INITIALIZING --initialize reply--> LISTING --last page--> READY
+    READY --notifications/tools/list_changed--> LISTING
+    (any state) --close() / discovery deadline--> CLOSED
+
+The core owns the session's one deadline, read from the ``clock`` it is given (like aioquic's
+``get_timer()`` / ``handle_timer()``): the I/O layer arms a timer for ``timer`` and calls
+``handle_timer()`` when it fires. A session waits ``hello_timeout`` for a hello, then discovers
+anyway; discovery (and every later listing) must end ``discovery_timeout`` after it started,
+that is after the hello, or the session closes with ``DiscoveryTimedOut``.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway import __version__
@@ -26,6 +35,7 @@ from gateway.protocol.events import (
     CallFailed,
     CallSucceeded,
     DeviceGoodbye,
+    DiscoveryTimedOut,
     Event,
     HelloReceived,
     MessageDropped,
@@ -95,6 +105,9 @@ class DeviceProtocol:
         udp: dict[str, Any] | None = None,
         max_message_bytes: int = 65536,
         max_pages: int = 64,
+        hello_timeout: float = 3.0,
+        discovery_timeout: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
         logger: Logger | None = None,
     ) -> None:
         """Start a session in state ``CONNECTED``.
@@ -108,6 +121,9 @@ class DeviceProtocol:
             udp: over MQTT, the ``udp`` block of our hello (``envelope.check_udp_block``).
             max_message_bytes: the largest frame accepted from or sent to the device.
             max_pages: the most ``tools/list`` pages requested per listing.
+            hello_timeout: seconds to wait for a hello before discovering anyway.
+            discovery_timeout: seconds a discovery or listing may take, from its start.
+            clock: the time in seconds, for deadlines (the I/O layer's timer clock).
             logger: where to log; ``getLogger(__name__)`` when None.
 
         Raises:
@@ -123,6 +139,9 @@ class DeviceProtocol:
         self._initialize_params = _initialize_params(client_info, vision)
         self._max_bytes = max_message_bytes
         self._max_pages = max_pages
+        self._discovery_timeout = discovery_timeout
+        self._clock = clock
+        self._deadline: float | None = clock() + hello_timeout
         self._state = State.CONNECTED
         self._ids = IdAllocator()
         self._pending: dict[int, _Purpose] = {}
@@ -151,6 +170,11 @@ class DeviceProtocol:
     def session_id(self) -> str:
         """Our session id, sent in every frame."""
         return self._session_id
+
+    @property
+    def timer(self) -> float | None:
+        """When ``handle_timer()`` must be called next (``clock`` time), or None."""
+        return self._deadline
 
     @property
     def pending_calls(self) -> frozenset[int]:
@@ -220,18 +244,29 @@ class DeviceProtocol:
         if self._pending.get(call_id) is _Purpose.CALL:
             del self._pending[call_id]
 
-    def close(self) -> list[int]:
+    def handle_timer(self) -> None:
+        """Act on the deadline if it has come: discover without a hello, or give up discovery."""
+        if self._deadline is None or self._clock() < self._deadline:
+            return
+        if self._state is State.CONNECTED:
+            self._start_discovery()
+        else:  # INITIALIZING or LISTING: READY and CLOSED have no deadline
+            self._events.append(DiscoveryTimedOut(self._discovery_timeout))
+            self.close()
+
+    def close(self) -> None:
         """End the session; later input is ignored.
 
-        Returns:
-            The ids of the ``tools/call`` requests still pending, in order; they get no event.
+        Every ``tools/call`` still pending gets a ``CallFailed`` with ``closed=True``, in id order.
         """
         if self._state is State.CLOSED:
-            return []
+            return
         self.state = State.CLOSED
-        pending = sorted(self.pending_calls)
+        self._deadline = None
+        for call_id in sorted(self.pending_calls):
+            message = "device disconnected during the call"
+            self._events.append(CallFailed(call_id, message, closed=True))
         self._pending.clear()
-        return pending
 
     def events_received(self) -> list[Event]:
         """Return and forget the events produced since the last call."""
@@ -320,6 +355,7 @@ class DeviceProtocol:
 
     def _start_discovery(self) -> None:
         self.state = State.INITIALIZING
+        self._deadline = self._clock() + self._discovery_timeout
         self._request(_Purpose.INITIALIZE, "initialize", self._initialize_params)
 
     def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
@@ -331,6 +367,8 @@ class DeviceProtocol:
         self._start_listing()
 
     def _start_listing(self) -> None:
+        if self._state is State.READY:  # a re-listing gets a deadline of its own
+            self._deadline = self._clock() + self._discovery_timeout
         self.state = State.LISTING
         self._relist = False
         self._catalog = ToolCatalog(self._max_pages)
@@ -354,6 +392,7 @@ class DeviceProtocol:
             self._request_page(catalog.next_cursor)
             return
         self.state = State.READY
+        self._deadline = None
         self._events.append(ToolsListed(catalog.tools, self._server_info, catalog.complete))
         if self._relist:
             self._start_listing()

@@ -13,6 +13,7 @@ __all__ = [
     "CallFailed",
     "CallSucceeded",
     "DeviceGoodbye",
+    "DiscoveryTimedOut",
     "Event",
     "HelloReceived",
     "MessageDropped",
@@ -33,14 +34,14 @@ class HelloReceived:
 class ToolsListed:
     """Discovery (or a re-listing after ``notifications/tools/list_changed``) finished.
 
-    ``tools`` is the device's complete catalogue in device order, every entry a dict with a string
-    ``name``, a string ``description`` and an object ``inputSchema`` (plus ``annotations`` when the
-    device sent them). ``server_info`` is the device's ``initialize`` ``serverInfo`` when it gave
-    one. ``complete`` is False when listing stopped early (a cursor loop, a page error, the page
-    limit); ``tools`` then holds what was gathered before that.
+    ``tools`` is the device's complete catalogue in device order, each entry exactly as the device
+    sent it (any JSON value: the device layer judges them one by one). ``server_info`` is the
+    device's ``initialize`` ``serverInfo`` when it gave one. ``complete`` is False when listing
+    stopped early (a cursor loop, a page error, the page limit); ``tools`` then holds what was
+    gathered before that.
     """
 
-    tools: tuple[JsonObject, ...]
+    tools: tuple[object, ...]
     server_info: JsonObject | None = None
     complete: bool = True
 
@@ -55,19 +56,28 @@ class CallSucceeded:
 
 @dataclass(frozen=True, slots=True)
 class CallFailed:
-    """The device answered the ``tools/call`` with request id ``call_id`` with an error.
+    """The ``tools/call`` with request id ``call_id`` ended without a result.
 
-    ``code`` is None when the device's error had none (stock firmware never sends one).
+    Either the device answered with an error (``code`` is None when it had none: stock firmware
+    never sends one), or the session closed before the answer came (``closed`` is True).
     """
 
     call_id: int
     message: str
     code: int | None = None
+    closed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceGoodbye:
     """The device announced it is closing the session (MQTT ``goodbye``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryTimedOut:
+    """Discovery did not finish within ``seconds``; the session is closed (close the link)."""
+
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,4 +88,12 @@ class MessageDropped:
     detail: JsonObject = field(default_factory=dict)
 
 
-Event = HelloReceived | ToolsListed | CallSucceeded | CallFailed | DeviceGoodbye | MessageDropped
+Event = (
+    HelloReceived
+    | ToolsListed
+    | CallSucceeded
+    | CallFailed
+    | DeviceGoodbye
+    | DiscoveryTimedOut
+    | MessageDropped
+)

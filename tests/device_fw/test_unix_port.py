@@ -24,7 +24,7 @@ DEVICE_ID = "02:00:00:00:f1:01"
 def mcp_names(run: Running) -> dict[str, str]:
     """The device's own tool names -> the names MCP hosts see."""
     exposed = run.gateway.registry.exposed_tools()
-    return {t.tool["name"]: t.name for t in exposed if t.device.device_id == DEVICE_ID}
+    return {t.spec.name: t.name for t in exposed if t.device.device_id == DEVICE_ID}
 
 
 async def wait_listed(run: Running) -> dict[str, str]:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.anyio
 
 
 def pending(changes: object) -> bool:
-    return not changes._queue.empty()  # type: ignore[attr-defined]
+    return changes.pending  # type: ignore[attr-defined]
 
 
 async def test_new_catalogue_is_announced_once(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ async def test_hide_mode_hides_offline_tools_after_the_grace(tmp_path: Path) -> 
         assert stack.registry.exposed_tools() and not pending(changes)
         now[0] += 1
         await asyncio.wait_for(anext(changes), 2)  # the grace timer re-checks
-        assert stack.registry.exposed_tools() == []
+        assert not stack.registry.exposed_tools()
     stack.close()
 
 
@@ -97,4 +97,74 @@ async def test_derived_alias_prefers_the_board_name(tmp_path: Path) -> None:
         "aa:bb:cc:dd:ee:ff", (tool("self.a"),), {"name": "bread-compact-wifi"}
     )
     assert [t.name for t in stack.registry.exposed_tools()] == ["bread-compact-wifi_eeff_a"]
+    stack.close()
+
+
+def join(stack: Stack, n: int, tools: tuple[dict[str, object], ...]) -> None:
+    device_id = f"02:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}"
+    stack.registry.connect(device_id, ScriptedSession(), transport="websocket")
+    stack.registry.set_catalogue(device_id, tools, {"name": "bench-board", "version": "1"})
+
+
+def work(stack: Stack) -> tuple[int, int]:
+    """Entries touched and rows written so far (every pending row written first)."""
+    stack.store.flush()
+    return stack.registry.touched, stack.store.rows_written
+
+
+async def test_a_join_costs_its_own_work_whatever_the_fleet(tmp_path: Path) -> None:
+    """The 3,001st device touches as many entries and writes as many rows as the 2nd."""
+    stack = Stack(make_config(tmp_path))
+    tools = tuple(tool(f"self.tool_{i}", level={"type": "integer"}) for i in range(25))
+    join(stack, 0, tools)
+    before = work(stack)
+    join(stack, 1, tools)
+    small = tuple(b - a for a, b in zip(before, work(stack), strict=True))
+    for n in range(2, 3000):
+        join(stack, n, tools)
+    before = work(stack)
+    join(stack, 3000, tools)
+    large = tuple(b - a for a, b in zip(before, work(stack), strict=True))
+    assert small == large == (25, 26)  # its 25 tools shown; its row and its 25 names written
+    assert len(stack.registry.exposed_tools()) == 3001 * 25
+    stack.close()
+
+
+async def test_same_firmware_is_judged_once_and_shared(tmp_path: Path) -> None:
+    """A thousand devices with one catalogue share one judged Catalogue object."""
+    stack = Stack(make_config(tmp_path))
+    tools = tuple(tool(f"self.tool_{i}") for i in range(5))
+    for n in range(1000):
+        join(stack, n, tools)
+    catalogues = {id(d.catalogue) for d in stack.registry.devices()}
+    assert len(catalogues) == 1 and stack.registry._catalogues.judged == 1
+    stack.close()
+
+
+async def test_leaving_and_coming_back_costs_nothing_in_keep_mode(tmp_path: Path) -> None:
+    """A drop and a reconnect with the same tools touch no entry and announce nothing."""
+    stack = Stack(make_config(tmp_path))
+    tools = (tool("self.a"), tool("self.b"))
+    for n in range(100):
+        join(stack, n, tools)
+    device = stack.registry.find("02:00:00:00:00:07")
+    assert device is not None and device.session is not None
+    touched = stack.registry.touched
+    async with stack.registry.changes() as changes:
+        stack.registry.disconnect(device.device_id, device.session)
+        join(stack, 7, tools)
+        assert not pending(changes)
+    assert stack.registry.touched == touched
+    stack.close()
+
+
+async def test_one_bad_tool_leaves_the_rest_of_its_device_served(tmp_path: Path) -> None:
+    """A rejected tool is absent from the list, shown with its reason; the rest is served."""
+    stack = Stack(make_config(tmp_path))
+    bad = {"name": "self.bad", "inputSchema": {"type": "object", "properties": "nope"}}
+    stack.registry.connect("aa:09", ScriptedSession())
+    stack.registry.set_catalogue("aa:09", (tool("self.good"), bad), None)
+    assert [t.spec.name for t in stack.registry.exposed_tools()] == ["self.good"]
+    device = stack.registry.find("aa:09")
+    assert device is not None and [r.tool for r in device.rejected] == ["self.bad"]
     stack.close()

@@ -33,7 +33,7 @@ def tool_name(run: Running, device_id: str, tool: str) -> str:
     names = [
         t.name
         for t in run.gateway.registry.exposed_tools()
-        if t.device.device_id == device_id and t.tool["name"] == tool
+        if t.device.device_id == device_id and t.spec.name == tool
     ]
     assert names, f"{tool} of {device_id} is not exposed"
     return names[0]
@@ -147,17 +147,17 @@ async def test_broker_restart_devices_come_back_and_nothing_is_lost(tmp_path: Pa
             registry = run.gateway.registry
             async with MqttDevice("127.0.0.1", broker.port, FIRMWARE, DEVICE_TOKEN, stock=False):
                 await wait_listed(run, FIRMWARE)
-                before = [(t.name, t.tool) for t in registry.exposed_tools()]
+                before = [(t.name, t.spec) for t in registry.exposed_tools()]
                 device = registry.find(FIRMWARE)
                 assert device is not None
-                record = (device.alias, device.record.tools, device.record.first_seen)
+                record = (device.alias, device.catalogue, device.record.first_seen)
                 async with registry.changes() as changes:
                     await broker.kill()
                     await until(changes, lambda: not has_tools(run, FIRMWARE)())
                     await broker.start()
                     await until(changes, has_tools(run, FIRMWARE))
-                assert [(t.name, t.tool) for t in registry.exposed_tools()] == before
-                assert (device.alias, device.record.tools, device.record.first_seen) == record
+                assert [(t.name, t.spec) for t in registry.exposed_tools()] == before
+                assert (device.alias, device.catalogue, device.record.first_seen) == record
                 async with Client(run.mcp_url, mode="legacy") as client:
                     name = tool_name(run, FIRMWARE, "self.lamp.turn_on")
                     result = await client.call_tool(name, {})

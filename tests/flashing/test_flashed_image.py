@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 def enrolled_device_ready(run: Running) -> bool:
     device = run.gateway.registry.find("desk")
-    return device is not None and device.online and bool(device.record.tools)
+    return device is not None and device.online and bool(device.tools)
 
 
 async def test_firmware_booted_from_the_image_serves_its_tools(tmp_path: Path) -> None:

@@ -1,66 +1,11 @@
-"""Tests for gateway.protocol.catalog: normalising tools and following tools/list pages."""
+"""Tests for gateway.protocol.catalog: following tools/list pages and gathering their entries."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.protocol.catalog import ToolCatalog, normalize_tool
+from gateway.protocol.catalog import ToolCatalog
 from gateway.protocol.events import MessageDropped
-
-EMPTY_SCHEMA = {"type": "object", "properties": {}}
-
-
-def test_normalize_keeps_a_stock_tool_as_is() -> None:
-    """A well-formed stock tool, annotations included, comes out equal."""
-    tool = {
-        "name": "self.get_system_info",
-        "description": "Get the system information",
-        "inputSchema": {"type": "object", "properties": {}},
-        "annotations": {"audience": ["user"]},
-    }
-    assert normalize_tool(tool) == tool
-
-
-def test_normalize_fills_in_description_and_schema() -> None:
-    """A missing description becomes "" and a missing schema an empty object schema."""
-    assert normalize_tool({"name": "t"}) == {
-        "name": "t",
-        "description": "",
-        "inputSchema": EMPTY_SCHEMA,
-    }
-
-
-def test_normalize_replaces_non_object_schema_and_description() -> None:
-    """Non-object schemas, non-string descriptions and non-object annotations are replaced."""
-    tool = {"name": "t", "description": 5, "inputSchema": [1], "annotations": "user"}
-    assert normalize_tool(tool) == {"name": "t", "description": "", "inputSchema": EMPTY_SCHEMA}
-
-
-def test_normalize_forces_schema_type_object_without_touching_the_entry() -> None:
-    """A schema whose type is not "object" gets type object; the input is left as it was."""
-    schema = {"type": "string", "properties": {"a": {"type": "integer"}}}
-    tool = normalize_tool({"name": "t", "inputSchema": schema})
-    assert tool["inputSchema"] == {"type": "object", "properties": {"a": {"type": "integer"}}}
-    assert schema["type"] == "string"
-
-
-def test_normalize_drops_other_keys() -> None:
-    """Only name, description, inputSchema and annotations are kept."""
-    assert set(normalize_tool({"name": "t", "title": "T", "_meta": {}})) == {
-        "name",
-        "description",
-        "inputSchema",
-    }
-
-
-@pytest.mark.parametrize(
-    ("entry", "reason"),
-    [(5, "tool is not an object"), ({}, "tool has no name"), ({"name": ""}, "tool has no name")],
-)
-def test_normalize_rejects_entries_without_name(entry: object, reason: str) -> None:
-    """Entries that are not objects or have no string name raise ValueError."""
-    with pytest.raises(ValueError, match=reason):
-        normalize_tool(entry)
 
 
 def test_catalog_gathers_pages_in_order() -> None:
@@ -74,17 +19,12 @@ def test_catalog_gathers_pages_in_order() -> None:
     assert [tool["name"] for tool in catalog.tools] == ["a", "b"]
 
 
-def test_catalog_drops_bad_and_duplicate_entries() -> None:
-    """Entries without a name and repeated names are dropped; the first of a name wins."""
+def test_catalog_keeps_every_entry_as_sent() -> None:
+    """Entries are gathered unjudged (bad ones too): the device layer decides tool by tool."""
     catalog = ToolCatalog(max_pages=5)
-    dropped = catalog.add_page(
-        {"tools": [{"name": "a", "description": "first"}, None, {"name": "a"}, {"name": "b"}]}
-    )
-    assert dropped == [
-        MessageDropped("tool is not an object", {"page": 1, "index": 1}),
-        MessageDropped("duplicate tool name", {"name": "a"}),
-    ]
-    assert [(t["name"], t["description"]) for t in catalog.tools] == [("a", "first"), ("b", "")]
+    entries = [{"name": "a", "description": "first"}, None, {"name": "a"}, {"name": "b"}]
+    assert catalog.add_page({"tools": entries}) == []
+    assert catalog.tools == tuple(entries)
     assert catalog.complete
 
 

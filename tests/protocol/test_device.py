@@ -18,6 +18,7 @@ from gateway.protocol.events import (
     CallFailed,
     CallSucceeded,
     DeviceGoodbye,
+    DiscoveryTimedOut,
     HelloReceived,
     MessageDropped,
     ToolsListed,
@@ -314,42 +315,12 @@ def test_malformed_page_stops_listing_incomplete() -> None:
     ]
 
 
-def test_tools_are_normalised() -> None:
-    """Bad entries are dropped, names deduplicated, descriptions and schemas filled in."""
+def test_tool_entries_are_handed_over_unjudged() -> None:
+    """Bad entries reach ToolsListed as sent: the device layer rejects them one by one."""
     protocol = listing()
-    tools = [
-        {"name": "x", "inputSchema": {"type": "string"}, "annotations": {"audience": ["user"]}},
-        "junk",
-        {"description": "no name"},
-        {"name": "x", "description": "second x"},
-        {"name": "y", "description": None, "inputSchema": None, "annotations": []},
-    ]
+    tools = [{"name": "x", "inputSchema": {"type": "string"}}, "junk", {"description": "no name"}]
     reply(protocol, 2, {"tools": tools})
-    assert protocol.events_received() == [
-        MessageDropped("tool is not an object", {"page": 1, "index": 1}),
-        MessageDropped("tool has no name", {"page": 1, "index": 2}),
-        MessageDropped("duplicate tool name", {"name": "x"}),
-        ToolsListed(
-            (
-                {
-                    "name": "x",
-                    "description": "",
-                    "inputSchema": {"type": "object"},
-                    "annotations": {"audience": ["user"]},
-                },
-                {
-                    "name": "y",
-                    "description": "",
-                    "inputSchema": {"type": "object", "properties": {}},
-                },
-            ),
-            SERVER_INFO,
-            True,
-        ),
-    ]
-
-
-# tools/list_changed.
+    assert protocol.events_received() == [ToolsListed(tuple(tools), SERVER_INFO, True)]
 
 
 def test_list_changed_when_ready_lists_again_from_first_page() -> None:
@@ -599,20 +570,80 @@ def test_call_tool_rejects_what_cannot_be_sent(name: Any, arguments: Any) -> Non
 # Closing.
 
 
-def test_close_returns_pending_call_ids_and_ignores_later_input() -> None:
-    """close() returns the pending call ids; afterwards input yields nothing."""
+def test_close_fails_pending_calls_and_ignores_later_input() -> None:
+    """close() fails each pending call with closed=True; afterwards input yields nothing."""
     protocol = listing()
     ids = [protocol.call_tool("a", {}) for _ in range(3)]
     protocol.forget(ids[1])
-    assert protocol.close() == [ids[0], ids[2]]
+    protocol.close()
+    gone = "device disconnected during the call"
+    assert protocol.events_received() == [
+        CallFailed(ids[0], gone, closed=True),
+        CallFailed(ids[2], gone, closed=True),
+    ]
     assert protocol.state is State.CLOSED
-    assert protocol.pending_calls == frozenset()
+    assert protocol.pending_calls == frozenset() and protocol.timer is None
     protocol.data_to_send()
     reply(protocol, ids[0], RESULT)
     protocol.receive_text(json.dumps(HELLO))
+    protocol.close()
     assert protocol.events_received() == []
     assert protocol.data_to_send() == []
-    assert protocol.close() == []
+
+
+# Deadlines: the core owns them; the I/O layer only arms a timer for `timer`.
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_no_hello_by_the_hello_deadline_starts_discovery() -> None:
+    """At hello_timeout without a hello, handle_timer() sends initialize; not a moment before."""
+    clock = Clock()
+    protocol = make(hello_timeout=3, discovery_timeout=10, clock=clock)
+    assert protocol.timer == 103
+    clock.now = 102.9
+    protocol.handle_timer()
+    assert protocol.data_to_send() == [] and protocol.state is State.CONNECTED
+    clock.now = 103
+    protocol.handle_timer()
+    assert [p["method"] for p in payloads(protocol)] == ["initialize"]
+    assert protocol.state is State.INITIALIZING and protocol.timer == 113
+
+
+def test_discovery_deadline_counts_from_the_hello() -> None:
+    """A device that says hello and never lists is closed discovery_timeout after the hello."""
+    clock = Clock()
+    protocol = make(hello_timeout=3, discovery_timeout=0.3, clock=clock)
+    clock.now = 101
+    protocol.receive_text(json.dumps(HELLO))
+    protocol.events_received()
+    assert protocol.timer == pytest.approx(101.3)
+    call_id = protocol.call_tool("a", {})
+    clock.now = 101.3
+    protocol.handle_timer()
+    assert protocol.state is State.CLOSED and protocol.timer is None
+    assert protocol.events_received() == [
+        DiscoveryTimedOut(0.3),
+        CallFailed(call_id, "device disconnected during the call", closed=True),
+    ]
+
+
+def test_ready_session_has_no_deadline_and_a_relisting_gets_its_own() -> None:
+    """Listing ends the deadline; tools/list_changed starts a fresh one."""
+    clock = Clock()
+    protocol = ready(discovery_timeout=5, clock=clock)
+    assert protocol.timer is None
+    protocol.handle_timer()
+    assert protocol.state is State.READY
+    clock.now = 200
+    protocol.receive_text(mcp({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
+    assert protocol.state is State.LISTING and protocol.timer == 205
 
 
 def test_call_tool_after_close_raises_invalid_state() -> None:

@@ -1,0 +1,321 @@
+"""A device catalogue judged once, when it arrives: typed tools, rejections, and sharing.
+
+Every tool entry a device lists is checked on its own (``judge``). A tool that could harm a host
+or the gateway is *rejected* with a reason, and the device's other tools are served:
+
+- its name must be text (no lone surrogates, no control characters) of at most 128 characters,
+  and not repeat an earlier tool's;
+- its description must be text of at most 8 KiB;
+- its ``inputSchema`` must be a JSON Schema object (``type`` absent or ``"object"``) that passes
+  its metaschema, is at most 32 levels deep and 16 KiB as JSON, and compiles with the
+  linear-time regex engine and without fetching anything: a device's ``pattern`` can then never
+  stall the event loop (``^(a+)+$`` costs nothing), and a remote ``$ref`` is refused, not fetched.
+
+What a judged tool keeps is exactly what can be served again, so the store keeps only that.
+Devices running the same firmware list the same entries: ``Catalogues`` interns catalogues by
+content digest, so such devices share one ``Catalogue`` (its tools, schemas and compiled
+validators) and a device costs a reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema_rs
+
+from gateway.devices.policy import tool_hints
+
+__all__ = ["Catalogue", "Catalogues", "Rejection", "ToolSpec", "judge"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+MAX_NAME_CHARS = 128
+MAX_DESCRIPTION_BYTES = 8192
+MAX_SCHEMA_BYTES = 16384
+MAX_SCHEMA_DEPTH = 32
+_REASON_CHARS = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Bounds the memory one device pattern may compile to (the engine's own default is 10 MiB).
+_REGEX = jsonschema_rs.RegexOptions(size_limit=1 << 20, dfa_size_limit=1 << 20)
+
+
+class _Reject(Exception):
+    """The tool entry cannot be served; the text says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A device tool that passed every check, with what the gateway needs to serve it."""
+
+    name: str
+    description: str
+    input_schema: JsonObject
+    user_only: bool
+    read_only: bool
+    destructive: bool
+    validator: Any = field(repr=False, compare=False)  # a compiled jsonschema_rs validator
+
+    def problems(self, arguments: JsonObject) -> list[str]:
+        """What is wrong with ``arguments`` for this tool, one clear sentence each."""
+        try:
+            errors = list(self.validator.iter_errors(arguments))
+        except Exception as exc:  # the engine refused the instance; never send it unchecked
+            return [f"the arguments cannot be checked: {_first_line(exc)}"]
+        problems = []
+        for error in sorted(errors, key=lambda e: [str(p) for p in e.instance_path]):
+            where = "/".join(str(p) for p in error.instance_path)
+            problems.append(f"argument {where!r}: {error.message}" if where else error.message)
+        return problems
+
+    def as_entry(self) -> JsonObject:
+        """The tool as the store keeps it (and as ``judge`` takes it back)."""
+        entry: JsonObject = {
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": self.input_schema,
+        }
+        if self.user_only:
+            entry["annotations"] = {"audience": ["user"]}
+        return entry
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A tool entry that was not served: its name (printable, None if it had none) and why."""
+
+    tool: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class Catalogue:
+    """One judged catalogue, shared by every device that lists the same entries."""
+
+    digest: str
+    tools: tuple[ToolSpec, ...]
+    rejected: tuple[Rejection, ...] = ()
+    _by_name: dict[str, ToolSpec] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name.update((tool.name, tool) for tool in self.tools)
+
+    def tool(self, name: str) -> ToolSpec | None:
+        """The tool called ``name`` (the device's own name), if it was accepted."""
+        return self._by_name.get(name)
+
+    def to_json(self) -> str:
+        """What the store keeps: the accepted tools and the rejections, nothing else."""
+        return json.dumps(
+            {
+                "tools": [tool.as_entry() for tool in self.tools],
+                "rejected": [[r.tool, r.reason] for r in self.rejected],
+            },
+            ensure_ascii=False,
+        )
+
+
+def digest_of(entries: Sequence[object]) -> str:
+    """The content digest of a device's tool entries (equal entries, equal digest)."""
+    hasher = hashlib.sha256()
+    for index, entry in enumerate(entries):
+        try:
+            text = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+        except (ValueError, TypeError, RecursionError):
+            text = f"!{index}"  # judged unservable anyway; only needs to be deterministic
+        hasher.update(text.encode("utf-8", "surrogatepass"))
+        hasher.update(b"\n")
+    return hasher.hexdigest()
+
+
+def judge(entries: Sequence[object], digest: str | None = None) -> Catalogue:
+    """Check every entry alone; return the catalogue of those that pass, and why others failed."""
+    tools: list[ToolSpec] = []
+    rejected: list[Rejection] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        name = _printable_name(entry)
+        try:
+            tool = _check_tool(entry)
+            if tool.name in seen:
+                raise _Reject("a tool of the same name came earlier")
+        except _Reject as exc:
+            rejected.append(Rejection(name, str(exc) or f"entry {index} cannot be served"))
+            continue
+        seen.add(tool.name)
+        tools.append(tool)
+    return Catalogue(digest or digest_of(entries), tuple(tools), tuple(rejected))
+
+
+def from_json(digest: str, text: str) -> Catalogue:
+    """A catalogue the store kept, judged again (an older version may have kept a bad tool).
+
+    Raises:
+        ValueError: ``text`` is not a stored catalogue.
+    """
+    stored = json.loads(text)
+    if not isinstance(stored, dict) or not isinstance(stored.get("tools"), list):
+        raise ValueError("not a stored catalogue")
+    catalogue = judge(stored["tools"], digest)
+    kept = [Rejection(*pair) for pair in stored.get("rejected", []) if _is_rejection(pair)]
+    return Catalogue(digest, catalogue.tools, (*kept, *catalogue.rejected))
+
+
+def _is_rejection(pair: object) -> bool:
+    return (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and (pair[0] is None or _is_text(pair[0]))
+        and _is_text(pair[1])
+    )
+
+
+class Catalogues:
+    """Interns catalogues by content: devices listing the same entries share one ``Catalogue``.
+
+    A catalogue lives as long as a device holds it; ``judged`` counts the catalogues judged so far
+    (the expensive part: a join with a known catalogue only hashes its entries).
+    """
+
+    def __init__(self) -> None:
+        self._by_digest: weakref.WeakValueDictionary[str, Catalogue] = weakref.WeakValueDictionary()
+        self.judged = 0
+
+    def get(self, entries: Sequence[object]) -> tuple[Catalogue, bool]:
+        """The catalogue of ``entries``; the flag is True when it was judged just now."""
+        digest = digest_of(entries)
+        known = self._by_digest.get(digest)
+        if known is not None:
+            return known, False
+        catalogue = self._by_digest[digest] = judge(entries, digest)
+        self.judged += 1
+        return catalogue, True
+
+    def load(self, stored: Iterable[tuple[str, str]]) -> dict[str, Catalogue]:
+        """Catalogues from the store, by digest; one that cannot be read is left out (logged)."""
+        loaded: dict[str, Catalogue] = {}
+        for digest, text in stored:
+            try:
+                catalogue = from_json(digest, text)
+            except (ValueError, TypeError, RecursionError):
+                logger.warning("stored catalogue %s cannot be read; dropped", digest[:12])
+                continue
+            loaded[digest] = self._by_digest.setdefault(digest, catalogue)
+        return loaded
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+
+def _check_tool(entry: object) -> ToolSpec:
+    if not isinstance(entry, dict):
+        raise _Reject("the entry is not an object")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise _Reject("the tool has no name")
+    if not _is_text(name) or _CONTROL.search(name):
+        raise _Reject("the name is not valid text (lone surrogates or control characters)")
+    if len(name) > MAX_NAME_CHARS:
+        raise _Reject(f"the name is longer than {MAX_NAME_CHARS} characters")
+    description = entry.get("description")
+    if description is None:
+        description = ""
+    if not isinstance(description, str) or not _is_text(description):
+        raise _Reject("the description is not valid text")
+    if len(description.encode()) > MAX_DESCRIPTION_BYTES:
+        raise _Reject(f"the description is larger than {MAX_DESCRIPTION_BYTES} bytes")
+    schema = _check_schema(entry.get("inputSchema"))
+    annotations = entry.get("annotations")
+    user_only = isinstance(annotations, dict) and annotations.get("audience") == ["user"]
+    hints = tool_hints(name)
+    return ToolSpec(
+        name=name,
+        description=description,
+        input_schema=schema,
+        user_only=user_only,
+        read_only=hints["readOnlyHint"],
+        destructive=hints["destructiveHint"],
+        validator=_compile(schema),
+    )
+
+
+def _check_schema(schema: object) -> JsonObject:
+    if schema is None:
+        return {"type": "object", "properties": {}}  # a tool without arguments
+    if not isinstance(schema, dict):
+        raise _Reject("inputSchema is not an object")
+    if schema.get("type", "object") != "object":
+        raise _Reject('inputSchema must describe an object ("type": "object")')
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise _Reject(f"inputSchema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
+    try:
+        text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise _Reject("inputSchema is not valid text (lone surrogates)") from None
+    except (ValueError, TypeError):
+        raise _Reject("inputSchema is not plain JSON (NaN or Infinity)") from None
+    if size > MAX_SCHEMA_BYTES:
+        raise _Reject(f"inputSchema is larger than {MAX_SCHEMA_BYTES} bytes")
+    schema = {"type": "object", **schema}
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
+        raise _Reject(f"inputSchema is not a valid JSON Schema: {_first_line(exc)}") from None
+    return schema
+
+
+def _compile(schema: JsonObject) -> Any:
+    try:
+        return jsonschema_rs.validator_for(schema, offline=True, pattern_options=_REGEX)
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
+        # Patterns the linear-time engine refuses (lookaround, backreferences, huge repeats) and
+        # $refs that would need fetching end here: unsafe to check means not served.
+        raise _Reject(f"inputSchema cannot be checked safely: {_first_line(exc)}") from None
+
+
+def _depth(value: object) -> int:
+    """How deeply ``value`` nests, without recursion (a hostile schema may nest deeper)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_SCHEMA_DEPTH:
+                return deepest
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        )
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def _is_text(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable_name(entry: object) -> str | None:
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if not isinstance(name, str):
+        return None
+    # A name kept for display only: any surrogate or control character made visible and safe.
+    safe = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", safe)[:MAX_NAME_CHARS]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:_REASON_CHARS]

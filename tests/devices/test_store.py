@@ -1,0 +1,89 @@
+"""Tests for gateway.devices.store: write-behind batches, failures that lose nothing, old files."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gateway.devices.store import DeviceRecord, Store
+from gateway.naming import NameAssignment
+from tests.conftest import make_config
+from tests.fakes import Stack, tool
+
+pytestmark = pytest.mark.anyio
+
+
+def record(n: int) -> DeviceRecord:
+    return DeviceRecord(device_id=f"aa:{n:04x}", alias=f"dev_{n}", first_seen=1.0, last_seen=2.0)
+
+
+def rows(path: Path, table: str) -> int:
+    with sqlite3.connect(path) as db:
+        count: int = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    return count
+
+
+async def test_saves_wait_for_the_writer_and_land_in_one_transaction(tmp_path: Path) -> None:
+    """Queueing does no I/O; the writer writes a burst of saves as one transaction."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    async with store.writer(interval=3600):  # the batch is only written when the block ends
+        for n in range(100):
+            store.save_device(record(n))
+        store.save_names([NameAssignment("aa:0000", "self.a", "dev_0", "dev_0_a")])
+        assert store.rows_written == 0 and rows(path, "devices") == 0
+    assert (store.rows_written, store.transactions) == (101, 1)
+    assert rows(path, "devices") == 100 and rows(path, "tool_names") == 1
+    store.close()
+
+
+def test_a_failed_write_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A write that fails (here: a read-only database) is kept and written once it can be."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    store._db.execute("PRAGMA query_only = ON")  # SQLite refuses every write, like a full disk
+    store.save_device(record(1))
+    assert store.flush() == 1 and store.rows_written == 0
+    store.save_device(record(2))
+    assert store.flush() == 2 and store.rows_written == 0
+    assert caplog.text.count("cannot write the registry") == 1  # said once, not per retry
+    store._db.execute("PRAGMA query_only = OFF")
+    assert store.flush() == 2 and store.rows_written == 2
+    assert rows(path, "devices") == 2
+    store.close()
+
+
+def test_identical_catalogues_are_stored_once(tmp_path: Path) -> None:
+    """Two devices with the same firmware share one catalogues row."""
+    stack = Stack(make_config(tmp_path))
+    for device_id in ("aa:01", "aa:02"):
+        stack.registry.connect(device_id, object())  # type: ignore[arg-type]
+        stack.registry.set_catalogue(device_id, (tool("self.a"), tool("self.b")), None)
+    stack.close()
+    path = tmp_path / "registry.sqlite3"
+    assert rows(path, "catalogues") == 1 and rows(path, "devices") == 2
+
+
+def test_first_layout_is_migrated_and_bad_tools_dropped(tmp_path: Path) -> None:
+    """A registry from the first version loads: its catalogue is judged, bad tools dropped."""
+    path = tmp_path / "registry.sqlite3"
+    bad = {"name": "self.bad", "description": "", "inputSchema": {"type": "object", "required": 5}}
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE devices (device_id TEXT PRIMARY KEY, alias TEXT NOT NULL, board TEXT,"
+            " client_id TEXT, transport TEXT, server_info TEXT, tools TEXT NOT NULL,"
+            " first_seen REAL NOT NULL, last_seen REAL NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO devices VALUES ('aa:01', 'lamp', 'b', NULL, 'websocket', NULL, ?, 1, 2)",
+            (json.dumps([tool("self.on"), bad]),),
+        )
+    stack = Stack(make_config(tmp_path))
+    device = stack.registry.find("lamp")
+    assert device is not None and list(device.tools) == ["self.on"]
+    assert [r.tool for r in device.rejected] == ["self.bad"]
+    assert [t.name for t in stack.registry.exposed_tools()] == ["lamp_on"]
+    stack.close()
