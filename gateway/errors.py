@@ -10,7 +10,6 @@
     └── DeviceError            a call to a device did not produce a result
         ├── DeviceUnavailable  the device is offline, unknown, or went away mid-call
         ├── DeviceTimeout      the device did not answer in time
-        ├── RemoteProtocolError the device sent something that breaks the protocol
         └── DeviceToolError    the device answered with a JSON-RPC error
 
 Every ``DeviceError`` carries the ``device_id`` it concerns; ``DeviceToolError`` also carries the
@@ -29,7 +28,6 @@ __all__ = [
     "GatewayError",
     "InvalidState",
     "LocalProtocolError",
-    "RemoteProtocolError",
 ]
 
 
@@ -71,10 +69,6 @@ class DeviceUnavailable(DeviceError):
 
 class DeviceTimeout(DeviceError):
     """The device did not answer within the call's timeout."""
-
-
-class RemoteProtocolError(DeviceError):
-    """The device sent a message that violates the protocol."""
 
 
 class DeviceToolError(DeviceError):

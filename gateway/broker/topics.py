@@ -39,10 +39,6 @@ class Topics:
         """Where the gateway publishes to ``device_id``."""
         return f"{self.prefix}/{device_id}/down"
 
-    def status(self, device_id: str) -> str:
-        """Where ``device_id`` keeps its retained ``online``/``offline``."""
-        return f"{self.prefix}/{device_id}/status"
-
     def every(self, kind: str) -> str:
         """The filter that matches topic ``kind`` of every device."""
         return f"{self.prefix}/+/{kind}"

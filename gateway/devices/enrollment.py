@@ -1,9 +1,9 @@
 """Per-device tokens, issued when a board is flashed or provisioned for this gateway.
 
-A shared device token is easy but all-or-nothing; an issued token belongs to one board and can be
-revoked alone. Only a SHA-256 of each token is stored. A token issued before the board's id is
-known (``esp-mcp-gateway image`` builds an image without a board) binds to the first device id
-that presents it; from then on it is refused for any other id.
+A shared device token is easy but all-or-nothing; an issued token belongs to one board. Only a
+SHA-256 of each token is stored. A token issued before the board's id is known
+(``esp-mcp-gateway image`` builds an image without a board) binds to the first device id that
+presents it; from then on it is refused for any other id.
 """
 
 from __future__ import annotations
@@ -76,10 +76,3 @@ class Enrollment:
         elif bound != device_id.lower():
             return None
         return IssuedToken(name, device_id.lower())
-
-    def revoke(self, device_id: str) -> int:
-        """Revoke every token of ``device_id``; return how many there were."""
-        cursor = self._db.execute(
-            "DELETE FROM issued_tokens WHERE device_id = ?", (device_id.lower(),)
-        )
-        return cursor.rowcount

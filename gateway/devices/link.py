@@ -20,8 +20,6 @@ class DeviceIdentity:
     device_id: str
     client_id: str | None
     transport: str
-    protocol_version: str | None = None
-    remote: str | None = None
 
 
 class DeviceLink(Protocol):

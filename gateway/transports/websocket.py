@@ -7,7 +7,6 @@ parameters instead. A device without a valid token is refused before the upgrade
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -87,7 +86,6 @@ def authenticate(
         device_id=device_id.lower(),
         client_id=_first(headers.get("client-id"), query.get("client-id"), query.get("client_id")),
         transport="websocket",
-        protocol_version=_first(headers.get("protocol-version"), query.get("protocol-version")),
     )
 
 
@@ -106,7 +104,7 @@ def device_websocket_routes(
             await websocket.close(code=1008)  # before accept(): the client gets HTTP 403
             return
         await websocket.accept()
-        await serve(StarletteLink(websocket), dataclasses.replace(identity, remote=remote))
+        await serve(StarletteLink(websocket), identity)
 
     return [
         WebSocketRoute(DEVICE_PATH, endpoint),

@@ -11,13 +11,13 @@ from gateway.broker import DeviceCredentials, Topics, is_device_id
 
 
 def test_topics_follow_the_contract() -> None:
-    """up/down/status under the prefix, with the lower-case MAC as device id."""
+    """up/down under the prefix, with the lower-case MAC as device id; status of every device."""
     topics = Topics()
     device = "aa:bb:cc:dd:ee:ff"
     assert topics.up(device) == "xiaozhi/aa:bb:cc:dd:ee:ff/up"
     assert topics.down(device) == "xiaozhi/aa:bb:cc:dd:ee:ff/down"
-    assert topics.status(device) == "xiaozhi/aa:bb:cc:dd:ee:ff/status"
     assert topics.every("up") == "xiaozhi/+/up"
+    assert topics.every("status") == "xiaozhi/+/status"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Issued device tokens: one board each, bound at first use, revocable, never stored in clear."""
+"""Issued device tokens: one board each, bound at issue or first use, never stored in clear."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ def test_token_binds_to_the_first_device_that_uses_it(tmp_path: Path) -> None:
     book.close()
 
 
-def test_unknown_tokens_and_revoked_ones_admit_nobody(tmp_path: Path) -> None:
-    """A token never issued, or revoked with its device, is refused."""
+def test_token_issued_for_a_device_admits_only_that_device(tmp_path: Path) -> None:
+    """A token issued with a device id is bound from the start; a made-up token admits nobody."""
     book = Enrollment(tmp_path / "r.sqlite3")
-    token = book.issue("hall", "aa:00:00:00:00:09")
+    token = book.issue("hall", "AA:00:00:00:00:09")
     assert book.admit("made-up", "aa:00:00:00:00:09") is None
-    assert book.revoke("AA:00:00:00:00:09") == 1
-    assert book.admit(token, "aa:00:00:00:00:09") is None
+    assert book.admit(token, "aa:00:00:00:00:0a") is None
+    hall = book.admit(token, "aa:00:00:00:00:09")
+    assert hall is not None and (hall.name, hall.device_id) == ("hall", "aa:00:00:00:00:09")
     book.close()
 
 
