@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 
 from amqtt.broker import Broker
 
+from gateway.broadcast import Broadcast, Subscription
 from gateway.broker.plugin import AUTH_PLUGIN, TOPIC_PLUGIN, GatewayAuthPlugin, GatewayTopicPlugin
 from gateway.broker.topics import Topics, is_device_id
 from gateway.config import ListenAddress
@@ -64,26 +64,8 @@ class Presence:
     online: bool
 
 
-class PresenceFeed:
-    """An async iterator of ``Presence`` items; the first ones are the devices already there."""
-
-    def __init__(self, subscribers: list[asyncio.Queue[Presence]], online: frozenset[str]):
-        self._subscribers = subscribers
-        self._queue: asyncio.Queue[Presence] = asyncio.Queue()
-        for device_id in sorted(online):
-            self._queue.put_nowait(Presence(device_id, True))
-        subscribers.append(self._queue)
-
-    def close(self) -> None:
-        """Stop receiving presence changes."""
-        if self._queue in self._subscribers:
-            self._subscribers.remove(self._queue)
-
-    def __aiter__(self) -> PresenceFeed:
-        return self
-
-    async def __anext__(self) -> Presence:
-        return await self._queue.get()
+PresenceFeed = Subscription[Presence]
+"""An async iterator of ``Presence`` items; the first ones are the devices already there."""
 
 
 class EmbeddedBroker:
@@ -105,7 +87,7 @@ class EmbeddedBroker:
         self.gateway_password = secrets.token_urlsafe(24)
         self._broker: Broker | None = None
         self._online: set[str] = set()
-        self._subscribers: list[asyncio.Queue[Presence]] = []
+        self._presence: Broadcast[Presence] = Broadcast()
         self.port = listen.port
 
     @property
@@ -172,7 +154,8 @@ class EmbeddedBroker:
 
     def presence(self) -> PresenceFeed:
         """Subscribe to devices connecting and leaving (those connected now come first)."""
-        return PresenceFeed(self._subscribers, self.online())
+        first = (Presence(device_id, True) for device_id in sorted(self._online))
+        return self._presence.subscribe(first=first)
 
     # --- policy, called by the plugins ------------------------------------------------------
 
@@ -223,8 +206,7 @@ class EmbeddedBroker:
             self._announce(Presence(device_id, False))
 
     def _announce(self, presence: Presence) -> None:
-        for queue in self._subscribers:
-            queue.put_nowait(presence)
+        self._presence.publish(presence)
 
 
 def _quiet_library_logs() -> None:

@@ -15,8 +15,13 @@ When is a device present (docs/mqtt.md)?
   answers, ``gateway.protocol.make_probe``); one silent for 2.5 intervals is offline.
 
 A fresh sign of life (broker connect, ``online``) starts a fresh link, so the device's tools are
-listed again after a reboot. Losing the broker closes every link at once (pending calls fail
-now, not at their timeout); the client reconnects with backoff and finds its devices again.
+listed again after a reboot. When the gateway itself ends a session (discovery gave up), the
+device is left alone for a while: a stray message does not reopen it at once, so a device that
+cannot finish discovery costs one attempt per backoff period, never a close-and-reopen loop; a
+device still present is tried again when the period ends.
+
+Losing the broker closes every link at once (pending calls fail now, not at their timeout); the
+client reconnects with backoff and finds its devices again.
 """
 
 from __future__ import annotations
@@ -90,8 +95,10 @@ class MqttLink:
             yield text
 
     async def aclose(self) -> None:
-        """Close the link (idempotent)."""
-        self.close()
+        """Close the link from the gateway's side (idempotent)."""
+        if not self.closed:
+            self.close()
+            self._transport.session_ended(self)
 
     def close(self) -> None:
         """Close the link now; the iterator ends after the messages already queued."""
@@ -108,6 +115,8 @@ class _Peer:
     on_broker: bool = False  # the embedded broker says it is connected
     status_online: bool = False  # its retained status says online (it has a last will)
     heard: float = 0.0  # loop time of its last message
+    quiet_until: float = 0.0  # loop time before which stray messages open no link
+    ended: int = 0  # sessions the gateway ended in a row (the backoff grows with it)
 
 
 class MqttTransport:
@@ -122,6 +131,7 @@ class MqttTransport:
         probe_interval: float | None = None,
         known: Callable[[], Iterable[str]] = tuple,
         retry: tuple[float, float] = (0.5, 5.0),
+        quiet: tuple[float, float] = (5.0, 300.0),
     ) -> None:
         """Prepare the transport; nothing connects before ``async with``.
 
@@ -132,6 +142,8 @@ class MqttTransport:
             probe_interval: seconds between presence probes; None disables probing.
             known: the ids of devices to probe (those the registry knows over MQTT).
             retry: the first and the longest wait between connection attempts, in seconds.
+            quiet: the first and the longest time a device whose session the gateway ended is
+                left alone, in seconds.
         """
         self.login = login
         self.topics = topics
@@ -141,6 +153,7 @@ class MqttTransport:
         self._probe_interval = probe_interval
         self._known = known
         self._retry = retry
+        self._quiet = quiet
         self._client: aiomqtt.Client | None = None
         self._peers: dict[str, _Peer] = {}
         self._new_links: asyncio.Queue[MqttLink] = asyncio.Queue()
@@ -281,6 +294,9 @@ class MqttTransport:
         peer = self._peers.setdefault(device_id, _Peer())
         peer.heard = asyncio.get_running_loop().time()
         link = peer.link if peer.link is not None and not peer.link.closed else None
+        if link is None and peer.heard < peer.quiet_until:
+            logger.debug("device %s is left alone for now; message dropped", device_id)
+            return
         if link is None:  # the first message is a sign of life too
             link = self._open(device_id, fresh=False)
         if text is None:
@@ -293,7 +309,7 @@ class MqttTransport:
             return  # the embedded broker's own events are the truth
         state = (text or "").strip().lower()
         if state == "online":
-            self._peers.setdefault(device_id, _Peer()).status_online = True
+            self._fresh_sign_of_life(device_id).status_online = True
             self._open(device_id, fresh=True)
         elif state in ("offline", ""):  # "" clears a retained status
             self._forget(device_id)
@@ -304,7 +320,7 @@ class MqttTransport:
         assert self._presence is not None
         async for presence in self._presence:
             if presence.online:
-                self._peers.setdefault(presence.device_id, _Peer()).on_broker = True
+                self._fresh_sign_of_life(presence.device_id).on_broker = True
                 self._open(presence.device_id, fresh=True)
             else:
                 self._forget(presence.device_id)
@@ -322,6 +338,29 @@ class MqttTransport:
         peer.heard = asyncio.get_running_loop().time()
         self._new_links.put_nowait(peer.link)
         return peer.link
+
+    def _fresh_sign_of_life(self, device_id: str) -> _Peer:
+        """The device (re)appeared: whatever sessions ended before, it starts afresh."""
+        peer = self._peers.setdefault(device_id, _Peer())
+        peer.quiet_until, peer.ended = 0.0, 0
+        return peer
+
+    def session_ended(self, link: MqttLink) -> None:
+        """The gateway ended ``link``'s session: leave the device alone, then try again."""
+        peer = self._peers.get(link.device_id)
+        if peer is None or peer.link is not link:
+            return  # a link already replaced by a fresh one: nothing to back off from
+        first, longest = self._quiet
+        delay = min(first * 2**peer.ended, longest)
+        peer.ended += 1
+        loop = asyncio.get_running_loop()
+        peer.quiet_until = loop.time() + delay
+        loop.call_later(delay, self._try_again, link)
+
+    def _try_again(self, ended: MqttLink) -> None:
+        peer = self._peers.get(ended.device_id)
+        if peer is not None and peer.link is ended and (peer.on_broker or peer.status_online):
+            self._open(ended.device_id, fresh=True)
 
     def _forget(self, device_id: str) -> None:
         peer = self._peers.pop(device_id, None)

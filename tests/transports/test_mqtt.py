@@ -24,7 +24,7 @@ DEVICE = "aa:bb:cc:dd:ee:01"
 @asynccontextmanager
 async def transport(
     broker: Mosquitto, known: Iterable[str] = (), probe_interval: float | None = None,
-    login: BrokerLogin | None = None,
+    login: BrokerLogin | None = None, quiet: tuple[float, float] = (5.0, 300.0),
 ) -> AsyncIterator[MqttTransport]:  # fmt: skip
     async with MqttTransport(
         login or BrokerLogin("127.0.0.1", broker.port),
@@ -32,6 +32,7 @@ async def transport(
         probe_interval=probe_interval,
         known=lambda: list(known),
         retry=(0.05, 0.2),
+        quiet=quiet,
     ) as running:
         async with asyncio.timeout(bound(10)):
             await running.connected.wait()
@@ -162,3 +163,28 @@ async def test_publish_without_a_broker_raises_link_closed() -> None:
     async with t:
         with pytest.raises(LinkClosed):
             await t.publish(DEVICE, "{}")
+
+
+async def test_a_session_the_gateway_ended_is_not_reopened_by_stray_messages(
+    tmp_path: Path,
+) -> None:
+    """After the gateway ends a session, the device's next messages open no link at once."""
+    async with Mosquitto(tmp_path) as broker, transport(broker, quiet=(3600, 3600)) as t:
+        async with MqttDevice("127.0.0.1", broker.port, DEVICE, "x", stock=False) as device:
+            ended = await next_link(t)
+            await ended.aclose()  # as when discovery gives up
+            await device.send("stray reply to the ended session")
+            await device.set_status(b"online")  # a fresh sign of life: a link at once
+            await device.send("marker")
+            fresh = await next_link(t)
+            assert fresh is not ended and await next_text(fresh) == "marker"
+
+
+async def test_a_present_device_is_tried_again_after_the_quiet_period(tmp_path: Path) -> None:
+    """A device still there when its quiet period ends gets a new session by itself."""
+    async with Mosquitto(tmp_path) as broker, transport(broker, quiet=(0.05, 0.05)) as t:
+        async with MqttDevice("127.0.0.1", broker.port, DEVICE, "x", stock=False):
+            ended = await next_link(t)
+            await ended.aclose()
+            again = await next_link(t)
+            assert again is not ended and not again.closed
