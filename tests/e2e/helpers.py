@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import mcp.types as types
+from websockets.asyncio.client import ClientConnection
 
 from gateway.app import Running
 from gateway.devices.registry import Changes
 from gateway.simulator import SimulatedDevice
 from tests.conftest import DEVICE_TOKEN, bound
+
+STOCK_HELLO = {
+    "type": "hello",
+    "version": 1,
+    "features": {"mcp": True},
+    "transport": "websocket",
+    "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60},
+}
+
+
+def stock_headers(device_id: str = "aa:bb:cc:dd:ee:01") -> dict[str, str]:
+    """The handshake headers stock firmware sends (xiaozhi-protocol.md §1)."""
+    return {
+        "Authorization": f"Bearer {DEVICE_TOKEN}",
+        "Protocol-Version": "1",
+        "Device-Id": device_id,
+        "Client-Id": "5b3f4c1e-0000-4000-8000-000000000001",
+    }
+
+
+async def receive_json(ws: ClientConnection) -> dict[str, object]:
+    """The next text frame from the gateway, parsed (binary frames are skipped)."""
+    with anyio.fail_after(bound(5)):
+        while True:
+            frame = await ws.recv()
+            if isinstance(frame, str):
+                message: dict[str, object] = json.loads(frame)
+                return message
 
 
 class Inbox:

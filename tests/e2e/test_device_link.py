@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import anyio
@@ -12,35 +13,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.conftest import DEVICE_TOKEN, bound, gateway
-from tests.e2e.helpers import listed_device
+from tests.e2e.helpers import STOCK_HELLO, listed_device, receive_json, stock_headers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
-
-STOCK_HELLO = {
-    "type": "hello",
-    "version": 1,
-    "features": {"mcp": True},
-    "transport": "websocket",
-    "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60},
-}
-
-
-def stock_headers(device_id: str = "aa:bb:cc:dd:ee:01") -> dict[str, str]:
-    return {
-        "Authorization": f"Bearer {DEVICE_TOKEN}",
-        "Protocol-Version": "1",
-        "Device-Id": device_id,
-        "Client-Id": "5b3f4c1e-0000-4000-8000-000000000001",
-    }
-
-
-async def receive_json(ws: ClientConnection) -> dict[str, object]:
-    with anyio.fail_after(bound(5)):
-        while True:
-            frame = await ws.recv()
-            if isinstance(frame, str):
-                message: dict[str, object] = json.loads(frame)
-                return message
 
 
 async def test_server_hello_answers_the_stock_hello(tmp_path: Path) -> None:
@@ -143,16 +118,40 @@ async def test_device_that_never_says_hello_is_still_discovered(tmp_path: Path) 
     assert initialize["payload"]["method"] == "initialize"
 
 
+async def seconds_until_closed(ws: ClientConnection, started: float) -> float:
+    """Wait for the gateway to close ``ws``; return the seconds since ``started``."""
+    with anyio.fail_after(bound(10)):
+        await ws.wait_closed()
+    return time.monotonic() - started
+
+
 async def test_device_that_never_lists_its_tools_is_disconnected(tmp_path: Path) -> None:
-    """A device stuck in discovery is dropped after discovery_timeout."""
+    """A device that says hello but never answers initialize is closed discovery_timeout later."""
     async with (
-        gateway(tmp_path, discovery_timeout=0.3) as run,
+        gateway(tmp_path, discovery_timeout=0.3, hello_timeout=5) as run,
         connect(run.device_url, additional_headers=stock_headers()) as ws,
     ):
+        started = time.monotonic()
         await ws.send(json.dumps(STOCK_HELLO))
-        with anyio.fail_after(bound(5)), pytest.raises(ConnectionClosed):
-            while True:
-                await ws.recv()
+        elapsed = await seconds_until_closed(ws, started)
+    # The deadline runs from the hello, not from hello_timeout after the connection.
+    assert 0.3 <= elapsed < 0.3 + bound(0.7), f"closed {elapsed:.2f} s after the hello"
+
+
+async def test_silent_device_is_disconnected_discovery_timeout_after_hello_timeout(
+    tmp_path: Path,
+) -> None:
+    """Without a hello, discovery starts at hello_timeout and ends discovery_timeout later."""
+    async with gateway(tmp_path, hello_timeout=0.2, discovery_timeout=0.3) as run:
+        started = time.monotonic()  # before connecting: the gateway's clocks start later
+        async with connect(run.device_url, additional_headers=stock_headers()) as ws:
+            initialize = await receive_json(ws)
+            discovering = time.monotonic() - started
+            elapsed = await seconds_until_closed(ws, started)
+    assert isinstance(initialize["payload"], dict)
+    assert initialize["payload"]["method"] == "initialize"
+    assert discovering >= 0.2, f"initialize came {discovering:.2f} s after connecting"
+    assert 0.5 <= elapsed < 0.5 + bound(0.7), f"closed {elapsed:.2f} s after connecting"
 
 
 async def test_host_cancellation_forgets_the_call(tmp_path: Path) -> None:
