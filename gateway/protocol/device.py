@@ -145,7 +145,7 @@ class DeviceProtocol:
         self._state = State.CONNECTED
         self._ids = IdAllocator()
         self._pending: dict[int, _Purpose] = {}
-        self._catalog = ToolCatalog(max_pages)
+        self._catalog: ToolCatalog | None = None  # only while listing: entries weigh a lot
         self._server_info: JsonObject | None = None
         self._relist = False
         self._events: list[Event] = []
@@ -383,6 +383,7 @@ class DeviceProtocol:
 
     def _on_list_reply(self, reply: Response | ErrorResponse) -> None:
         catalog = self._catalog
+        assert catalog is not None  # a tools/list id is pending only while listing
         if isinstance(reply, ErrorResponse):
             reason = f"tools/list failed: {reply.message}"
             self._events.append(catalog.stop(reason, {"code": reply.code}))
@@ -393,6 +394,7 @@ class DeviceProtocol:
             return
         self.state = State.READY
         self._deadline = None
+        self._catalog = None
         self._events.append(ToolsListed(catalog.tools, self._server_info, catalog.complete))
         if self._relist:
             self._start_listing()
