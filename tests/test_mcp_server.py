@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from mcp import Client, MCPError
 
 from gateway.errors import DeviceToolError
 from gateway.mcp_server import to_call_result
-from tests.conftest import make_config
+from tests.conftest import bound, make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +121,27 @@ def test_stock_image_content_becomes_a_standard_image() -> None:
 def test_device_is_error_result_passes_through() -> None:
     """A device result with isError true stays an error for the host."""
     assert to_call_result({"content": [], "isError": True}).is_error
+
+
+async def test_a_storm_of_joins_sends_a_bounded_number_of_notifications(stack: Stack) -> None:
+    """Two hundred joins, each a change, reach hosts as a handful of tools/list_changed."""
+    sent: list[int] = []
+    notified = asyncio.Event()
+
+    async def count() -> None:
+        sent.append(len(stack.registry.exposed_tools()))
+        notified.set()
+
+    stack.frontend.notifier.tools_changed = count  # type: ignore[method-assign]
+    forwarder = asyncio.create_task(stack.frontend.forward_changes())
+    await asyncio.sleep(0)  # let it subscribe
+    for n in range(200):
+        online(stack, f"aa:{n:04x}", [tool("self.a")])
+        await asyncio.sleep(0)  # each join is its own step of the loop, as from a socket
+    async with asyncio.timeout(bound(5)):
+        while not sent or sent[-1] < 200:  # until a notification reflects the whole storm
+            await notified.wait()
+            notified.clear()
+    forwarder.cancel()
+    await asyncio.gather(forwarder, return_exceptions=True)
+    assert len(sent) <= 3, sent
