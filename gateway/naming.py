@@ -98,22 +98,22 @@ class NameMap:
     """
 
     def __init__(self, saved: Iterable[NameAssignment] = ()) -> None:
-        self._by_pair: dict[tuple[str, str], NameAssignment] = {}
-        self._by_name: dict[str, tuple[str, str]] = {}
+        # By device, then tool: no tuple key per name (a fleet holds hundreds of thousands).
+        self._by_device: dict[str, dict[str, NameAssignment]] = {}
+        self._by_name: dict[str, NameAssignment] = {}
         for entry in saved:
             self._remember(entry)
 
     def assign(self, device_id: str, alias: str, tool: str) -> tuple[NameAssignment, bool]:
         """The name for ``tool`` on ``device_id``; the flag is True if it was just made."""
-        pair = (device_id, tool)
-        known = self._by_pair.get(pair)
+        known = self._by_device.get(device_id, {}).get(tool)
         if known is not None and known.alias == alias:
             return known, False
         if known is not None:  # the device was renamed: its old names are free again
             del self._by_name[known.name]
         name = _candidate(alias, tool)
         attempt = 0
-        while name in META_TOOL_NAMES or self._by_name.get(name, pair) != pair:
+        while name in META_TOOL_NAMES or not self._free(name, device_id, tool):
             name = _disambiguated(_candidate(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)
@@ -122,12 +122,17 @@ class NameMap:
 
     def lookup(self, name: str) -> tuple[str, str] | None:
         """The (device_id, tool) pair that ``name`` stands for, if any."""
-        return self._by_name.get(name)
+        entry = self._by_name.get(name)
+        return (entry.device_id, entry.tool) if entry is not None else None
 
     def entries(self) -> list[NameAssignment]:
         """Every assignment, for persisting."""
-        return list(self._by_pair.values())
+        return [entry for tools in self._by_device.values() for entry in tools.values()]
+
+    def _free(self, name: str, device_id: str, tool: str) -> bool:
+        holder = self._by_name.get(name)
+        return holder is None or (holder.device_id == device_id and holder.tool == tool)
 
     def _remember(self, entry: NameAssignment) -> None:
-        self._by_pair[(entry.device_id, entry.tool)] = entry
-        self._by_name[entry.name] = (entry.device_id, entry.tool)
+        self._by_device.setdefault(entry.device_id, {})[entry.tool] = entry
+        self._by_name[entry.name] = entry

@@ -26,3 +26,22 @@ async def test_call_latency_benchmark_runs_and_reports_both_targets() -> None:
     figures = json.loads(done.stdout)
     assert figures["baseline"]["calls"] == figures["gateway"]["calls"] == 4
     assert figures["ratio"]["median"] > 0
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
+    """`bench/fleet.py --json` runs every phase against a real gateway process."""
+    tiny = ["--count", "4", "--idle-count", "4", "--mqtt-count", "3", "--joins", "2",
+            "--idle-seconds", "1", "--json", "--timeout", str(bound(100))]  # fmt: skip
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "fleet.py"), *tiny], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    figures = json.loads(done.stdout)
+    assert figures["storm"]["baseline"]["listed"] == figures["storm"]["gateway"]["visible"] == 4
+    assert figures["idle"]["fill"]["visible"] == 4
+    assert figures["idle"]["rss_after_kb"] > 0
+    assert figures["join"]["empty"]["failed"] == figures["join"]["fleet"]["failed"] == 0
+    assert figures["mqtt"]["visible"] == 3

@@ -75,6 +75,7 @@ class DeviceConnection:
             self._arm()  # MQTT: a deadline already due, discovery starts at once
             async for text in self._link:
                 self._protocol.receive_text(text)
+                del text  # not kept alive while the device is idle: a tools/list page is 8 KB
                 self._handle(self._protocol.events_received())
                 await self._flush()
                 self._arm()

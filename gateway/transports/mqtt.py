@@ -50,6 +50,7 @@ _KEEPALIVE = 30  # seconds: the gateway notices a dead broker within about 1.5 o
 _MAX_QUEUED = 256  # messages a device may have waiting; more are dropped (a flood, not a device)
 _SILENT_PROBES = 2.5  # probe intervals without a word before a probed device counts as gone
 _PROBE_SESSION = "probe"
+_PENDING_PUBLISHES_WARNING = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class MqttLink:
         """Yield the device's messages until the link closes."""
         while (text := await self._queue.get()) is not None:
             yield text
+            del text  # an idle device must not keep its last message alive (thousands do)
 
     async def aclose(self) -> None:
         """Close the link from the gateway's side (idempotent)."""
@@ -218,7 +220,7 @@ class MqttTransport:
         if login.tls:
             cafile = str(login.ca_file) if login.ca_file else None
             context = ssl.create_default_context(cafile=cafile)
-        return aiomqtt.Client(
+        client = aiomqtt.Client(
             login.host,
             login.port,
             username=login.username,
@@ -229,6 +231,10 @@ class MqttTransport:
             clean_session=True,
             tls_context=context,
         )
+        # aiomqtt warns past 10 publishes awaiting their PUBACK; a storm of devices being
+        # discovered has a few per device in flight, so warn only when the broker really lags.
+        client.pending_calls_threshold = _PENDING_PUBLISHES_WARNING
+        return client
 
     async def _run_client(self) -> None:
         delay, longest = self._retry

@@ -47,8 +47,10 @@ class StarletteLink:
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
+            del message  # an idle device must not keep its last frame alive (thousands do)
             if text is not None:
                 yield text
+                del text
             # bytes: Opus audio frames (xiaozhi-protocol.md §1) mean nothing to a tool gateway
 
     async def aclose(self) -> None:

@@ -11,6 +11,7 @@ import aiomqtt
 import pytest
 
 from gateway.broker import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed, Topics
+from gateway.broker.embedded import _Subscriptions
 from gateway.config import ListenAddress
 from gateway.errors import GatewayError
 from tests.conftest import bound
@@ -171,3 +172,17 @@ async def test_port_in_use_is_a_gateway_error() -> None:
         b = EmbeddedBroker(ListenAddress("127.0.0.1", port), Topics(), admits)
         with pytest.raises(GatewayError, match="cannot start the MQTT broker"):
             await b.start()
+
+
+def test_a_broadcast_visits_only_the_filters_that_can_match() -> None:
+    """With a filter per device, a message's broadcast sees its own topic and the wildcards."""
+    table = _Subscriptions()
+    for n in range(1000):
+        table[f"xiaozhi/aa:{n:04x}/down"] = [("session", 0)]
+    table["xiaozhi/+/up"] = [("gateway", 0)]
+    table.next_topic = "xiaozhi/aa:0007/down"
+    assert list(dict(table.items())) == ["xiaozhi/aa:0007/down", "xiaozhi/+/up"]
+    assert len(table.items()) == 1001  # the hint is used once; without it, every filter
+    del table["xiaozhi/+/up"]
+    table.next_topic = "xiaozhi/aa:0007/up"
+    assert list(dict(table.items())) == []

@@ -1,0 +1,465 @@
+"""The processes behind ``fleet.py``: lean stock-like devices, and the bare baseline server.
+
+A *worker* (``worker_main``) is one process with one asyncio loop holding many devices, each a
+plain ``websockets`` client (or an OTA check-in plus an ``aiomqtt`` client) that behaves like
+stock xiaozhi firmware on the wire (xiaozhi-protocol.md §1-§4) and nothing more: no firmware
+code, pre-serialised replies (``_fleet_catalogue``), so thousands fit in a few processes. The
+orchestrator drives workers over a ``multiprocessing`` pipe, one request and one reply at a
+time: ``start`` a named group of devices, ``wait`` for it, fetch its ``results``, ``stop`` it.
+
+The *baseline* (``baseline_main``) is a bare ``websockets`` server doing the gateway's device
+handshake and nothing else: server hello, ``initialize``, ``tools/list`` following nextCursor.
+
+Times are ``time.monotonic()``, which is one clock for every process on Linux, so the
+orchestrator compares them with its own start time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiomqtt
+from _fleet_catalogue import CALL_RESULT, INIT_RESULT, page_for
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.http11 import Request, Response
+
+__all__ = ["FleetSpec", "Outcome", "baseline_main", "raise_fd_limit", "worker_main"]
+
+JsonObject = dict[str, Any]
+Outcome = tuple[float | None, float | None, str | None]
+"""Per device: when it answered its last tools/list page, when the server first answered
+(WebSocket: the server hello; MQTT: the OTA reply), and why it failed (None if it did not)."""
+
+DEVICE_HELLO = json.dumps(
+    {
+        "type": "hello",
+        "version": 1,
+        "features": {"mcp": True},
+        "transport": "websocket",
+        "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1,
+                         "frame_duration": 60},
+    },
+    separators=(",", ":"),
+)  # fmt: skip
+STOCK_HELLO_WAIT = 10.0  # s: stock firmware gives up on the server hello after this (§1)
+PING_INTERVAL = 20.0  # s: the gateway's WebSocket ping interval; the baseline pings alike
+BACKLOG = 2048  # uvicorn's default, which the gateway's listening sockets end up with
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-file limit to its hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    """A group of devices for one worker: who they are, where they go, how patient they are."""
+
+    kind: str  # "ws" (connect to url) or "mqtt" (OTA check-in at url, then the broker)
+    url: str
+    token: str
+    ids: tuple[str, ...] = ()
+    start_at: float = 0.0  # monotonic time at which every device of the group starts at once
+    open_timeout: float = 10.0  # s: WebSocket/MQTT connect (stock: 10 s handshake timeout)
+    hello_timeout: float | None = STOCK_HELLO_WAIT  # None: wait for the server hello forever
+    max_inflight: int | None = None  # joins in progress at once; None: all at once (a storm)
+
+
+# --- the device side of MCP (xiaozhi-protocol.md §4) -------------------------------------------
+
+
+def mcp_reply(payload: object, session: str) -> tuple[str | None, bool]:
+    """The envelope answering one JSON-RPC request, and whether it carries the last page.
+
+    Like stock firmware: notifications and requests without a numeric id get no answer,
+    unknown methods an error without ``code``.
+    """
+    if not isinstance(payload, dict):
+        return None, False
+    method, call_id = payload.get("method"), payload.get("id")
+    if not isinstance(method, str) or method.startswith("notifications"):
+        return None, False
+    if not isinstance(call_id, int) or isinstance(call_id, bool):
+        return None, False
+    last = False
+    if method == "initialize":
+        body = f'"result":{INIT_RESULT}'
+    elif method == "tools/list":
+        params = payload.get("params")
+        cursor = params.get("cursor", "") if isinstance(params, dict) else ""
+        page = page_for(cursor if isinstance(cursor, str) else "")
+        if page is None:  # stock's message for an unknown cursor, with the empty name
+            body = '"error":{"message":"Failed to add tool  because of payload size limit"}'
+        else:
+            body, last = f'"result":{page[0]}', page[1]
+    elif method == "tools/call":
+        body = f'"result":{CALL_RESULT}'
+    else:
+        body = f'"error":{{"message":"Method not implemented: {method}"}}'
+    envelope = (
+        f'{{"session_id":"{session}","type":"mcp","payload":{{"jsonrpc":"2.0","id":{call_id},'
+    )
+    return envelope + body + "}}", last
+
+
+def _parse(text: str | bytes) -> JsonObject:
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+# --- one group of devices ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Device:
+    """One emulated device and what happened to it."""
+
+    device_id: str
+    client_id: str
+    listed_at: float | None = None
+    first_at: float | None = None
+    failure: str | None = None
+    abort: Callable[[], None] | None = None  # drops the connection at once (no close frame)
+    holds_slot: bool = False
+
+
+@dataclass(slots=True)
+class Group:
+    """Devices started together; ``settled`` counts those listed or failed."""
+
+    spec: FleetSpec
+    devices: list[Device]
+    limit: asyncio.Semaphore | None
+    settled: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def listed(self, device: Device) -> None:
+        if device.listed_at is None and device.failure is None:
+            device.listed_at = time.monotonic()
+            self._settle(device)
+
+    def fail(self, device: Device, reason: str) -> None:
+        if device.listed_at is None and device.failure is None:
+            device.failure = reason
+            self._settle(device)
+
+    def _settle(self, device: Device) -> None:
+        if device.holds_slot and self.limit is not None:
+            device.holds_slot = False
+            self.limit.release()
+        self.settled += 1
+        if self.settled == len(self.devices):
+            self.done.set()
+
+    def counts(self) -> tuple[int, int, int]:
+        listed = sum(d.listed_at is not None for d in self.devices)
+        return listed, self.settled - listed, len(self.devices)
+
+
+async def _ws_device(group: Group, device: Device) -> None:
+    """A stock device over WebSocket: connect, hello, answer MCP until the socket goes."""
+    spec = group.spec
+    headers = {
+        "Authorization": f"Bearer {spec.token}",
+        "Protocol-Version": "1",
+        "Device-Id": device.device_id,
+        "Client-Id": device.client_id,
+    }
+    try:
+        # No compression (stock firmware offers none), no pings (devices answer, never send).
+        ws = await connect(spec.url, additional_headers=headers, user_agent_header=None,
+                           compression=None, proxy=None, open_timeout=spec.open_timeout,
+                           ping_interval=None, close_timeout=1)  # fmt: skip
+    except (OSError, TimeoutError, WebSocketException):
+        group.fail(device, "connect")
+        return
+    device.abort = ws.transport.abort
+    try:
+        await ws.send(DEVICE_HELLO)
+        session = ""
+        async with asyncio.timeout(spec.hello_timeout) as waiting:
+            async for text in ws:
+                message = _parse(text)
+                if message.get("type") == "hello" and device.first_at is None:
+                    device.first_at = time.monotonic()
+                    session = str(message.get("session_id") or "")
+                    waiting.reschedule(None)
+                elif message.get("type") == "mcp":
+                    reply, last = mcp_reply(message.get("payload"), session)
+                    if reply is not None:
+                        await ws.send(reply)
+                    if last:
+                        group.listed(device)
+        group.fail(device, "closed")
+    except TimeoutError:  # stock firmware gives up and drops the socket
+        group.fail(device, "hello_timeout")
+    except ConnectionClosed:
+        group.fail(device, "closed")
+    finally:
+        ws.transport.abort()
+
+
+async def _ota_check_in(url: str, device: Device) -> JsonObject:
+    """POST the stock OTA request (xiaozhi-protocol.md §3) over a raw HTTP/1.1 connection."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    body = json.dumps({
+        "version": 2, "language": "en-US", "flash_size": 16777216,
+        "minimum_free_heap_size": "123456", "mac_address": device.device_id,
+        "uuid": device.client_id, "chip_model_name": "esp32s3",
+        "application": {"name": "xiaozhi", "version": "1.0.0"},
+        "board": {"type": "bench-board", "name": "bench-board", "mac": device.device_id},
+    }).encode()  # fmt: skip
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {host}:{port}\r\nActivation-Version: 1\r\n"
+        f"Device-Id: {device.device_id}\r\nClient-Id: {device.client_id}\r\n"
+        "User-Agent: bench-board/1.0.0\r\nAccept-Language: en-US\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(head.encode() + body)
+        data = await reader.read()  # the server closes: Connection: close
+    finally:
+        writer.close()
+    status, _, rest = data.partition(b"\r\n")
+    if status.split()[1:2] != [b"200"]:
+        raise ValueError(f"OTA answered {status.decode(errors='replace')}")
+    reply = json.loads(rest.partition(b"\r\n\r\n")[2])
+    if not isinstance(reply, dict) or not isinstance(reply.get("mqtt"), dict):
+        raise ValueError("the OTA reply has no mqtt block")
+    return reply
+
+
+async def _mqtt_device(group: Group, device: Device) -> None:
+    """A stock device over MQTT: OTA check-in, then the broker with the issued login."""
+    try:
+        async with asyncio.timeout(30):  # esp_http_client's timeout (§3)
+            mqtt = (await _ota_check_in(group.spec.url, device))["mqtt"]
+        host, _, port = str(mqtt["endpoint"]).rpartition(":")
+        login = {key: str(mqtt[key]) for key in ("client_id", "username", "password")}
+        topic = str(mqtt["publish_topic"])
+    except (OSError, TimeoutError, ValueError, KeyError, IndexError):
+        group.fail(device, "ota")
+        return
+    device.first_at = time.monotonic()
+    # MQTT 3.1.1, never subscribing: the broker pushes the down topic (§2).
+    client = aiomqtt.Client(host, int(port), identifier=login["client_id"],
+                            username=login["username"], password=login["password"],
+                            protocol=aiomqtt.ProtocolVersion.V311, clean_session=True,
+                            keepalive=int(mqtt.get("keepalive", 240)),
+                            timeout=group.spec.open_timeout)  # fmt: skip
+    connected = False
+    try:
+        async with client:
+            connected = True
+            async for message in client.messages:
+                if not isinstance(message.payload, bytes | str):
+                    continue
+                parsed = _parse(message.payload)
+                if parsed.get("type") != "mcp":
+                    continue  # no hello over MQTT unless a conversation starts
+                reply, last = mcp_reply(parsed.get("payload"), "")
+                if reply is not None:
+                    await client.publish(topic, reply, qos=0)
+                if last:
+                    group.listed(device)
+        group.fail(device, "closed")
+    except aiomqtt.MqttError:
+        group.fail(device, "closed" if connected else "mqtt_connect")
+
+
+async def _run_device(group: Group, device: Device) -> None:
+    if group.limit is not None:
+        await group.limit.acquire()
+        device.holds_slot = True
+    try:
+        if group.spec.kind == "mqtt":
+            await _mqtt_device(group, device)
+        else:
+            await _ws_device(group, device)
+    finally:
+        group.fail(device, "closed")  # no-op unless it ended before being listed
+
+
+# --- the worker process ------------------------------------------------------------------
+
+
+class Worker:
+    """Groups of devices in this process, driven by requests from the orchestrator."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Group] = {}
+
+    async def handle(self, op: str, name: str, arg: Any) -> Any:
+        """Carry out one request; return the reply."""
+        if op == "start":
+            return self._start(name, arg)
+        group = self.groups[name]
+        if op == "wait":
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(arg):
+                    await group.done.wait()
+            return group.counts()
+        if op == "results":
+            return [(d.listed_at, d.first_at, d.failure) for d in group.devices]
+        if op == "stop":
+            await self._stop(self.groups.pop(name))
+            return None
+        raise ValueError(f"unknown request {op!r}")
+
+    def _start(self, name: str, spec: FleetSpec) -> int:
+        if name in self.groups:
+            raise ValueError(f"group {name!r} is already running")
+        devices = [Device(device_id, _client_id(device_id)) for device_id in spec.ids]
+        limit = asyncio.Semaphore(spec.max_inflight) if spec.max_inflight else None
+        group = Group(spec, devices, limit)
+        if not devices:
+            group.done.set()
+        self.groups[name] = group
+
+        async def launch() -> None:
+            await asyncio.sleep(max(0.0, spec.start_at - time.monotonic()))
+            for device in devices:  # all at once: each task starts connecting on its first step
+                group.tasks.append(asyncio.create_task(_run_device(group, device)))
+
+        group.tasks.append(asyncio.create_task(launch()))
+        return len(devices)
+
+    async def _stop(self, group: Group) -> None:
+        for device in group.devices:
+            if device.abort is not None:
+                device.abort()
+        for _ in range(5):  # cancel again: aiomqtt may swallow a cancellation (Python 3.11)
+            pending = [task for task in group.tasks if not task.done()]
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=1.0)
+
+
+def _client_id(device_id: str) -> str:
+    """A stable UUIDv4-shaped client id per device (stock keeps one in NVS)."""
+    digits = device_id.replace(":", "").rjust(12, "0")
+    return f"5b3f4c1e-0000-4000-8000-{digits}"
+
+
+async def _serve_requests(conn: Connection) -> None:
+    worker = Worker()
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            op, name, arg = await loop.run_in_executor(None, conn.recv)
+        except EOFError:  # the orchestrator is gone
+            return
+        if op == "exit":
+            return
+        try:
+            reply: Any = ("ok", await worker.handle(op, name, arg))
+        except Exception as exc:  # report it; the orchestrator decides
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        conn.send(reply)
+
+
+def worker_main(conn: Connection) -> None:
+    """Entry point of a worker process."""
+    raise_fd_limit()
+    try:
+        asyncio.run(_serve_requests(conn))
+    finally:
+        # Thousands of sockets and maybe a stuck aiomqtt task: leave without the slow goodbyes.
+        os._exit(0)
+
+
+# --- the baseline server -----------------------------------------------------------------
+
+
+async def _baseline_request(ws: ServerConnection, session: str, call_id: int, method: str,
+                            params: JsonObject) -> JsonObject:  # fmt: skip
+    request = {"jsonrpc": "2.0", "id": call_id, "method": method, "params": params}
+    await ws.send(json.dumps({"session_id": session, "type": "mcp", "payload": request}))
+    while True:  # the answer, by id (stock replies may come out of order)
+        payload = _parse(await ws.recv()).get("payload")
+        if isinstance(payload, dict) and payload.get("id") == call_id:
+            result = payload.get("result")
+            if not isinstance(result, dict):
+                raise ValueError(f"{method} failed: {payload.get('error')}")
+            return result
+
+
+async def _baseline_session(ws: ServerConnection) -> None:
+    """What the gateway does with a device, minus everything else."""
+    try:
+        async with asyncio.timeout(STOCK_HELLO_WAIT):
+            while _parse(await ws.recv()).get("type") != "hello":
+                pass
+        session = secrets.token_hex(8)
+        await ws.send(json.dumps({
+            "type": "hello", "transport": "websocket", "session_id": session,
+            "audio_params": {"format": "opus", "sample_rate": 24000, "channels": 1,
+                             "frame_duration": 60},
+        }))  # fmt: skip
+        init = {"protocolVersion": "2024-11-05", "capabilities": {},
+                "clientInfo": {"name": "bench-baseline", "version": "1"}}  # fmt: skip
+        await _baseline_request(ws, session, 1, "initialize", init)
+        tools: list[JsonObject] = []
+        cursor, call_id = "", 2
+        while True:
+            params = {"cursor": cursor} if cursor else {}
+            page = await _baseline_request(ws, session, call_id, "tools/list", params)
+            tools += page.get("tools", [])
+            cursor, call_id = str(page.get("nextCursor") or ""), call_id + 1
+            if not cursor:
+                break
+        await ws.wait_closed()  # the device stays, idle
+    except (ConnectionClosed, TimeoutError, ValueError):
+        pass
+
+
+def _baseline_admit(token: str) -> Callable[[ServerConnection, Request], Response | None]:
+    def admit(ws: ServerConnection, request: Request) -> Response | None:
+        if request.headers.get("Authorization") != f"Bearer {token}":
+            return ws.respond(403, "missing or invalid device token\n")
+        return None
+
+    return admit
+
+
+async def _baseline(conn: Connection, token: str) -> None:
+    async with serve(_baseline_session, "127.0.0.1", 0, compression=None,
+                     process_request=_baseline_admit(token), ping_interval=PING_INTERVAL,
+                     server_header=None, backlog=BACKLOG) as server:  # fmt: skip
+        conn.send(next(iter(server.sockets)).getsockname()[1])
+        with contextlib.suppress(EOFError):
+            await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+
+
+def baseline_main(conn: Connection, token: str) -> None:
+    """Entry point of the baseline server process: sends its port, serves until told to stop."""
+    raise_fd_limit()
+    try:
+        asyncio.run(_baseline(conn, token))
+    finally:
+        os._exit(0)

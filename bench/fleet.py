@@ -1,0 +1,529 @@
+"""Fleet scale: many stock devices against a real gateway process, and a bare baseline server.
+
+Run from the repository root, in the project's venv::
+
+    python bench/fleet.py [--count N] [--idle-count N] [--mqtt-count N] [--workers W]
+                          [--only storm,join,idle,mqtt] [--json] [--timeout SECONDS]
+
+The gateway runs as it does in production: ``esp-mcp-gateway serve`` in its own process, on
+free loopback ports, with a fresh data directory, one shared device token and its stderr in a
+log file. The devices are lean stock-xiaozhi emulators (``_fleet_devices``), many per asyncio
+loop in a few worker processes; all of them serve one 25-tool catalogue in three ``tools/list``
+pages (``_fleet_catalogue``). Phases, each against a fresh gateway:
+
+* **storm**: N devices connect at once over WebSocket, first to the *baseline* (a bare
+  ``websockets`` server in its own process doing only the device handshake: server hello,
+  ``initialize``, three ``tools/list`` pages), then to the gateway. Device side: when each
+  device answered its last page (p50, max). Gateway side: once the devices are done,
+  ``GET /api/devices`` every half second until all are online with 25 tools. Devices give up
+  on a server hello after 10 s as stock firmware does; those are counted, not retried.
+* **join**: gateway time for one more device to connect, be listed and leave, 20 times
+  (``--joins``), minus its time in idle slots of the same length between them: its event-loop
+  thread and all its threads (``/proc/<pid>/task/*/schedstat``, in nanoseconds); into an
+  empty gateway, then into a fleet of ``--idle-count`` devices.
+* **idle**: that fleet's cost: gateway RSS before the devices and after all are listed, per
+  device; gateway CPU over 10 s (``--idle-seconds``) with all of them connected and idle.
+* **mqtt**: N devices do the stock OTA check-in, log in to the embedded broker with what it
+  returns, and are listed over MQTT; gateway sessions closed for a discovery timeout are
+  counted from its log.
+
+It is a measurement, not a test: it exits 1 only when the run itself breaks (a process dies,
+the ``--timeout`` passes), never over a figure. Every process it starts is gone when it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+from _fleet_catalogue import PAGES, TOOL_COUNT
+from _fleet_devices import FleetSpec, Outcome, raise_fd_limit
+from _fleet_processes import Baseline, Gateway, Pool, RunBroken, cpu_s, kill_children
+
+DEVICE_TOKEN = "bench-fleet-device-token"
+PHASES = ("storm", "join", "idle", "mqtt")
+GOALS = {"storm_ratio": 2.0, "join_ms": 5.0, "rss_kb": 50.0, "idle_cpu_percent": 5.0}
+STALL_S = 45.0  # no device listed or failed for this long: the rest never will be
+CONFIRM_S = 120.0  # the gateway shows what the devices answered within this, or never
+CONFIRM_POLL_S = 0.5  # between /api/devices polls (from start to start)
+FILL_INFLIGHT = 200  # per worker: the idle fleet joins at a steady pace, not as a storm
+JOIN_SLOT_S, LEAVE_S = 0.5, 0.25  # per join: connect and list, then the gateway's follow-up
+# Device ids 02:00:<block>:xx:xx:xx (locally administered MACs), one block per group.
+BLOCKS = {"storm": 1, "fleet": 2, "join-empty": 3, "join-fleet": 4, "mqtt": 5, "warm-up": 6}
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise RunBroken("the --timeout passed")
+
+
+def device_ids(block: str, count: int) -> list[str]:
+    """``count`` MAC-style device ids of one block."""
+    b = BLOCKS[block]
+    return [
+        f"02:00:{b:02x}:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x}"
+        for i in range(1, count + 1)
+    ]
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+
+class Server(Protocol):
+    """The baseline or the gateway, as a group run watches it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def check(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Run:
+    """A group's common start, each device's outcome, and the CPU used until it was done."""
+
+    start_at: float
+    outcomes: list[Outcome]
+    cpu: dict[str, float]
+
+
+def run_group(
+    pool: Pool, group: str, spec: FleetSpec, ids: list[str], server: Server, delay: float = 0.3
+) -> Run:
+    """Start ``ids`` together; wait until each is listed or failed, or progress stalls.
+
+    The devices stay connected. The CPU figures say how busy the server and the device workers
+    were from the start until then, in % of one core: a server near 100 % is the bottleneck;
+    workers near 100 % each would make the devices one.
+    """
+    start_at = time.monotonic() + delay
+    pool.start(group, replace(spec, start_at=start_at), ids)
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    server_cpu, workers_cpu = cpu_s(server.pid), pool.cpu_s()
+    settled, changed = -1, time.monotonic()
+    while True:
+        listed, failed, total = pool.wait(group, 0.5)
+        server.check()
+        if listed + failed == total:
+            break
+        if listed + failed != settled:
+            settled, changed = listed + failed, time.monotonic()
+        elif time.monotonic() - changed > STALL_S:
+            break  # the rest are neither listed nor failed: reported as pending
+    wall = time.monotonic() - start_at
+    cpu = {
+        "server_cpu_percent": round(100 * (cpu_s(server.pid) - server_cpu) / wall, 1),
+        "workers_cpu_percent": round(100 * (pool.cpu_s() - workers_cpu) / wall, 1),
+    }
+    return Run(start_at, pool.results(group), cpu)
+
+
+def _seconds(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "max": None}
+    return {"p50": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    """Counts, times (from the common start) and CPU of one group."""
+    listed = [o[0] - run.start_at for o in run.outcomes if o[0] is not None]
+    first = [o[1] - run.start_at for o in run.outcomes if o[1] is not None]
+    failed = Counter(o[2] or "pending" for o in run.outcomes if o[0] is None)
+    return run.cpu | {
+        "devices": len(run.outcomes),
+        "listed": len(listed),
+        "listed_s": _seconds(listed),
+        "first_reply_s": _seconds(first),
+        "failed": dict(sorted(failed.items())),
+    }
+
+
+def confirm(gateway: Gateway, ids: list[str], run: Run) -> dict[str, Any]:
+    """Poll ``/api/devices`` until every device listed in ``run`` is online with its tools.
+
+    Polls start once the devices are done, not during the storm: each reply carries every
+    device's catalogue, and building it would slow down the storm being measured.
+    """
+    listed = {i for i, o in zip(ids, run.outcomes, strict=True) if o[0] is not None}
+    until, polls = time.monotonic() + CONFIRM_S, 0
+    while True:
+        began = time.monotonic()
+        shown = {
+            d["id"]
+            for d in gateway.devices()
+            if d.get("online") and len(d.get("tools") or ()) == TOOL_COUNT
+        }
+        polls += 1
+        visible = len(listed & shown)
+        if visible == len(listed) or time.monotonic() > until:
+            done = visible == len(listed) > 0
+            now = time.monotonic()
+            confirmed = round(now - run.start_at, 3) if done else None
+            # The last poll's own duration bounds how late "confirmed" may be.
+            last = round(now - began, 3)
+            return {
+                "confirmed_s": confirmed,
+                "visible": visible,
+                "polls": polls,
+                "last_poll_s": last,
+            }
+        time.sleep(max(0.0, CONFIRM_POLL_S - (time.monotonic() - began)))
+
+
+def storm(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
+    """N devices at once: the baseline server, then the gateway."""
+    ids = device_ids("storm", count)
+    stock = FleetSpec("ws", "", DEVICE_TOKEN)  # stock patience: 10 s, 10 s
+    figures: dict[str, Any] = {"devices": count}
+    baseline = Baseline(DEVICE_TOKEN)
+    try:
+        run = run_group(pool, "storm", replace(stock, url=baseline.url), ids, baseline)
+        figures["baseline"] = summarize(run)
+        pool.stop("storm")
+    finally:
+        baseline.close()
+    gateway = Gateway(workdir, "storm", DEVICE_TOKEN, mqtt=False)
+    try:
+        spec = replace(stock, url=gateway.device_url)
+        run = run_group(pool, "storm", spec, ids, gateway)
+        figures["gateway"] = summarize(run)
+        figures["gateway"] |= confirm(gateway, ids, run)
+        figures["gateway"]["log"] = gateway.log_counts()
+        pool.stop("storm")
+    finally:
+        gateway.close()
+    base, gw = figures["baseline"]["listed_s"]["max"], figures["gateway"]["listed_s"]["max"]
+    figures["ratio"] = round(gw / base, 2) if base and gw else None
+    figures["goal_ratio"] = GOALS["storm_ratio"]
+    return figures
+
+
+def _joiner(gateway: Gateway) -> FleetSpec:
+    return FleetSpec("ws", gateway.device_url, DEVICE_TOKEN, open_timeout=30, hello_timeout=30)
+
+
+@dataclass(slots=True)
+class Usage:
+    """Gateway CPU time, of its event-loop thread and of all its threads, summed over slots."""
+
+    loop: float = 0.0
+    threads: float = 0.0
+    wall: float = 0.0
+    precise: bool = True  # False where /proc/<pid>/schedstat is missing
+
+    @contextlib.contextmanager
+    def slot(self, gateway: Gateway) -> Iterator[None]:
+        loop, threads, wall = gateway.loop_s(), gateway.threads_s(), time.monotonic()
+        yield
+        self.wall += time.monotonic() - wall
+        end_loop, end_threads = gateway.loop_s(), gateway.threads_s()
+        if loop is None or threads is None or end_loop is None or end_threads is None:
+            self.precise = False
+        else:
+            self.loop += end_loop - loop
+            self.threads += end_threads - threads
+
+    def minus(self, idle: Usage, count: int) -> tuple[float, float] | None:
+        """Milliseconds per item beyond what ``idle`` used in the same wall time."""
+        if not (self.precise and idle.precise):
+            return None
+        scale = self.wall / idle.wall
+        loop = (self.loop - idle.loop * scale) / count * 1000
+        return loop, (self.threads - idle.threads * scale) / count * 1000
+
+
+def joins(pool: Pool, gateway: Gateway, block: str, count: int) -> dict[str, Any]:
+    """Gateway CPU per device joining (connect, list, leave), net of its idle CPU.
+
+    Each join is preceded by an idle slot of the same length, so that whatever the gateway
+    does meanwhile (pings, garbage collection) falls alike on both sides of the subtraction.
+    """
+    idle, joined = Usage(), Usage()
+    latencies, failures = [], 0
+    for device_id in device_ids(block, count):
+        with idle.slot(gateway):
+            time.sleep(JOIN_SLOT_S + LEAVE_S)
+        with joined.slot(gateway):
+            slot = time.monotonic()
+            spec = _joiner(gateway)
+            run = run_group(pool, "join", spec, [device_id], gateway, delay=0.0)
+            [outcome] = run.outcomes
+            if outcome[0] is None:
+                failures += 1
+            else:
+                latencies.append(outcome[0] - run.start_at)
+            time.sleep(max(0.0, slot + JOIN_SLOT_S - time.monotonic()))  # the follow-up work
+            pool.stop("join")
+            time.sleep(LEAVE_S)
+    net = joined.minus(idle, count)
+    latency = _seconds(latencies)
+    return {
+        "joins": count,
+        "failed": failures,
+        "loop_ms": None if net is None else round(net[0], 2),
+        "threads_ms": None if net is None else round(net[1], 2),
+        "latency_ms": {k: None if v is None else round(v * 1000, 1) for k, v in latency.items()},
+        "idle_loop_percent": round(100 * idle.loop / idle.wall, 2),
+    }
+
+
+def fleet(pool: Pool, workdir: Path, args: argparse.Namespace, phases: set[str]) -> dict[str, Any]:
+    """The join and idle phases, which share one gateway and one fleet of devices."""
+    figures: dict[str, Any] = {}
+    gateway = Gateway(workdir, "fleet", DEVICE_TOKEN, mqtt=False)
+    try:
+        # One device in and out first: the first one loads code and fills caches, once.
+        run_group(pool, "join", _joiner(gateway), device_ids("warm-up", 1), gateway, 0.0)
+        pool.stop("join")
+        gateway.settle()
+        if "join" in phases:
+            figures["join"] = {"empty": joins(pool, gateway, "join-empty", args.joins)}
+        rss_before = gateway.rss_kb()  # warm, and no device connected (joins have left)
+        ids = device_ids("fleet", args.idle_count)
+        patient = FleetSpec("ws", gateway.device_url, DEVICE_TOKEN, open_timeout=60,
+                            hello_timeout=None, max_inflight=FILL_INFLIGHT)  # fmt: skip
+        run = run_group(pool, "fleet", patient, ids, gateway)
+        fill = summarize(run)
+        gateway.settle()
+        rss_after = gateway.rss_kb()  # before /api/devices, whose big reply would count too
+        fill |= confirm(gateway, ids, run)
+        fill["log"] = gateway.log_counts()
+        if "idle" in phases:
+            cpu, wall = gateway.cpu_over(args.idle_seconds)
+            figures["idle"] = {
+                "devices": args.idle_count,
+                "fill": fill,
+                "rss_before_kb": rss_before,
+                "rss_after_kb": rss_after,
+                "rss_after_api_kb": gateway.rss_kb(),
+                "rss_per_device_kb": round((rss_after - rss_before) / max(fill["listed"], 1), 1),
+                "goal_rss_kb": GOALS["rss_kb"],
+                "idle_seconds": round(wall, 1),
+                "cpu_percent": round(100 * cpu / wall, 2),
+                "goal_cpu_percent": GOALS["idle_cpu_percent"],
+            }
+        if "join" in phases:
+            figures["join"]["fleet"] = joins(pool, gateway, "join-fleet", args.joins)
+            figures["join"]["fleet"]["fleet_devices"] = fill["listed"]
+            figures["join"]["ratio"] = _join_ratio(figures["join"])
+            figures["join"]["goal_ms"] = GOALS["join_ms"]
+        pool.stop("fleet")
+    finally:
+        gateway.close()
+    return figures
+
+
+def _join_ratio(join: dict[str, Any]) -> float | None:
+    empty, full = join["empty"]["loop_ms"], join["fleet"]["loop_ms"]
+    return round(full / empty, 2) if empty and full is not None and empty > 0 else None
+
+
+def mqtt(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
+    """N devices at once: OTA check-in, embedded broker, MCP over MQTT."""
+    ids = device_ids("mqtt", count)
+    gateway = Gateway(workdir, "mqtt", DEVICE_TOKEN, mqtt=True)
+    try:
+        spec = FleetSpec("mqtt", gateway.ota_url, DEVICE_TOKEN)
+        run = run_group(pool, "mqtt", spec, ids, gateway)
+        figures = summarize(run)
+        figures |= confirm(gateway, ids, run)
+        figures["log"] = gateway.log_counts()
+        pool.stop("mqtt")
+    finally:
+        gateway.close()
+    return figures
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
+
+def _group_line(name: str, g: dict[str, Any]) -> str:
+    failed = ", ".join(f"{k} {v}" for k, v in g["failed"].items()) or "none"
+    listed = f"{g['listed']}/{g['devices']}"
+    return (
+        f"  {name:<10}{listed:>11}{_s(g['listed_s']['p50']):>8}{_s(g['listed_s']['max']):>8}"
+        f"{_s(g['first_reply_s']['max']):>9}{g['server_cpu_percent']:>7.0f}%"
+        f"{g['workers_cpu_percent']:>7.0f}%   {failed}"
+    )
+
+
+def _incomplete(*groups: dict[str, Any]) -> str:
+    short = [f"{g['listed']}/{g['devices']}" for g in groups if g["listed"] < g["devices"]]
+    return f"   (incomplete: only {' and '.join(short)} listed)" if short else ""
+
+
+def _log_lines(g: dict[str, Any]) -> list[str]:
+    log = g["log"]
+    return [
+        f"  confirmed via /api/devices at {_s(g['confirmed_s'])} s "
+        f"({g['visible']}/{g['listed']} listed devices visible; {g['polls']} polls, the last "
+        f"took {_s(g['last_poll_s'])} s)",
+        f"  gateway log: {log['discovery_timeouts']} discovery timeouts, "
+        f"{log['warnings']} warnings, {log['errors']} errors",
+    ]
+
+
+_HEAD = (
+    f"  {'':<10}{'listed':>11}{'p50 s':>8}{'max s':>8}{'1st max':>9}{'server':>8}"
+    f"{'devices':>8}   failed"
+)
+_LEGEND = "server, devices: CPU they used meanwhile, in % of one core"
+
+
+def _storm_lines(f: dict[str, Any]) -> list[str]:
+    return [
+        f"storm: {f['devices']} WebSocket devices at once (times from the start; "
+        "1st = server hello)",
+        _HEAD,
+        _group_line("baseline", f["baseline"]),
+        _group_line("gateway", f["gateway"]),
+        *_log_lines(f["gateway"]),
+        f"  gateway/baseline (max): x{_s(f['ratio'])}   goal <= {f['goal_ratio']:g}x"
+        + _incomplete(f["baseline"], f["gateway"]),
+        f"  ({_LEGEND})",
+    ]
+
+
+def _join_lines(j: dict[str, Any]) -> list[str]:
+    lines = [
+        f"join: gateway time per device joining (connect, 3 pages, leave), mean of "
+        f"{j['empty']['joins']}, net of idle",
+        f"  {'':<27}{'event loop':>11}{'threads':>11}{'latency p50':>13}   failed",
+    ]
+    for key in ("empty", "fleet"):
+        if key in j:
+            r = j[key]
+            where = f"a fleet of {r['fleet_devices']}" if key == "fleet" else "an empty gateway"
+            goal = f"   goal < {j['goal_ms']:g} ms (event loop)" if key == "fleet" else ""
+            lines.append(
+                f"  into {where:<22}{_ms(r['loop_ms']):>11}{_ms(r['threads_ms']):>11}"
+                f"{_ms(r['latency_ms']['p50']):>13}   {r['failed']}{goal}"
+            )
+    if "fleet" in j:
+        lines.append(f"  fleet/empty: x{_s(j['ratio'])}")
+    return lines
+
+
+def _idle_lines(i: dict[str, Any]) -> list[str]:
+    fill = i["fill"]
+    return [
+        f"idle: {fill['listed']}/{i['devices']} devices listed "
+        f"(filled in {_s(fill['listed_s']['max'])} s; failed: {fill['failed'] or 'none'})",
+        f"  gateway RSS {i['rss_before_kb'] / 1024:.1f} MB before, "
+        f"{i['rss_after_kb'] / 1024:.1f} MB after: {i['rss_per_device_kb']:.1f} KB "
+        f"per device   goal < {i['goal_rss_kb']:g} KB",
+        f"  gateway CPU over {i['idle_seconds']:g} s idle: {i['cpu_percent']:.2f} %   "
+        f"goal < {i['goal_cpu_percent']:g} %",
+    ]
+
+
+def _mqtt_lines(m: dict[str, Any]) -> list[str]:
+    return [
+        f"mqtt: {m['devices']} devices at once: OTA check-in, embedded broker, MCP over MQTT "
+        "(1st = OTA reply)",
+        _HEAD,
+        _group_line("gateway", m),
+        *_log_lines(m),
+        f"  ({_LEGEND})",
+    ]
+
+
+def table(figures: dict[str, Any]) -> str:
+    """The figures as a table for people."""
+    lines = [
+        f"fleet: {figures['workers']} worker processes; each device serves {TOOL_COUNT} "
+        f"tools in {len(PAGES)} tools/list pages"
+    ]
+    phases = {"storm": _storm_lines, "join": _join_lines, "idle": _idle_lines, "mqtt": _mqtt_lines}
+    for phase, lines_of in phases.items():
+        if phase in figures:
+            lines += ["", *lines_of(figures[phase])]
+    return "\n".join(lines)
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _bounded(seconds: float) -> Iterator[None]:
+    """Raise RunBroken after ``seconds`` wherever the run is, then clean up every process."""
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        kill_children()
+
+
+def measure(args: argparse.Namespace, phases: set[str], figures: dict[str, Any]) -> None:
+    """Run the chosen phases, filling ``figures`` as each one ends."""
+    raise_fd_limit()  # inherited by the gateway, the baseline and the workers
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-", ignore_cleanup_errors=True) as tmp:
+        workdir = Path(args.log_dir) if args.log_dir else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        pool = Pool(args.workers)
+        if "storm" in phases:
+            figures["storm"] = storm(pool, workdir, args.count)
+        if phases & {"join", "idle"}:
+            figures |= fleet(pool, workdir, args, phases)
+        if "mqtt" in phases:
+            figures["mqtt"] = mqtt(pool, workdir, args.mqtt_count)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=1000, help="devices in the storm")
+    parser.add_argument("--idle-count", type=int, default=10000, help="devices in the fleet")
+    parser.add_argument("--mqtt-count", type=int, default=1000, help="devices over MQTT")
+    parser.add_argument("--workers", type=int, default=2, help="device worker processes")
+    parser.add_argument("--joins", type=int, default=20, help="joins per join measurement")
+    parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window, s")
+    parser.add_argument("--only", default=",".join(PHASES), help="phases, comma-separated")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run, s")
+    parser.add_argument("--log-dir", help="keep the gateway logs here (default: a temp dir)")
+    args = parser.parse_args()
+    phases = {p.strip() for p in args.only.split(",") if p.strip()}
+    if not phases or phases - set(PHASES):
+        parser.error(f"--only takes some of {','.join(PHASES)}")
+    if min(args.count, args.idle_count, args.mqtt_count, args.workers, args.joins) < 1:
+        parser.error("counts, --workers and --joins must be at least 1")
+    figures: dict[str, Any] = {"workers": args.workers}
+    status = 0
+    try:
+        with _bounded(args.timeout):
+            measure(args, phases, figures)
+    except (RunBroken, OSError, ValueError) as exc:
+        print(f"fleet: {type(exc).__name__}: {exc}", file=sys.stderr)
+        status = 1
+    except KeyboardInterrupt:
+        print("fleet: interrupted", file=sys.stderr)
+        status = 1
+    if len(figures) > 1:  # what was measured before a break is still worth seeing
+        print(json.dumps(figures, indent=2) if args.json else table(figures))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
