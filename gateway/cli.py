@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
             "--url", help="the gateway's host listener, e.g. http://127.0.0.1:8766"
         )
         command.add_argument("--token", help="host token (else GATEWAY_HOST_TOKEN)")
+        if name == "devices":
+            command.add_argument("action", nargs="?", choices=["list", "forget"], default="list",
+                                 help="list (the default), or forget DEVICE")  # fmt: skip
+            command.add_argument("device", nargs="?", help="for forget: device name or id")
         if name == "call":
             command.add_argument("device", help="device name or id")
             command.add_argument("tool", help="tool name, e.g. self.lamp.turn_on")
@@ -132,6 +136,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.connect:
             return _run(commands.relay(args.connect, args.token or config.host_token))
         return _run(commands.stdio(config))
+    if args.command == "devices" and args.action == "forget":
+        if not args.device:
+            raise GatewayError("devices forget needs a DEVICE (its name or id)")
+        return commands.forget(config, args.url, args.token, args.device)
     if args.command == "devices":
         return commands.devices(config, args.url, args.token)
     if args.command == "call":

@@ -139,6 +139,17 @@ def devices(config: Config, url: str | None, token: str | None) -> int:
     return 0
 
 
+def forget(config: Config, url: str | None, token: str | None, device: str) -> int:
+    """Remove a device and its tool names from the running gateway."""
+    status, body = _request(config, url, token, "/api/devices/forget", {"device": device})
+    if status != 200:
+        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        return 1
+    gone = body["forgotten"]
+    print(f"forgot {gone['device']} ({gone['id']}); if it comes back, it is a new device")
+    return 0
+
+
 def call(config: Config, url: str | None, token: str | None, device: str, tool: str,
          arguments: Any) -> int:  # fmt: skip
     """Call one device tool and print what it returned."""

@@ -160,6 +160,24 @@ class _Api:
             return JSONResponse({"error": str(exc)}, 504 if isinstance(exc, DeviceTimeout) else 502)
         return JSONResponse({"result": result})
 
+    async def forget(self, request: Request) -> Response:
+        """Remove a device and its names for good (``esp-mcp-gateway devices forget``)."""
+        try:
+            body: Any = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"error": "the body must be JSON"}, 400)
+        ref = body.get("device") if isinstance(body, dict) else None
+        if not isinstance(ref, str):
+            return JSONResponse({"error": "expected {device}"}, 400)
+        device = self.registry.find(ref)
+        if device is None:
+            return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
+        session = device.session
+        self.registry.forget(device)
+        if session is not None:
+            await session.aclose()  # if it comes back, it is a new device
+        return JSONResponse({"forgotten": {"device": device.alias, "id": device.device_id}})
+
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "devices_online": self.registry.online_count})
 
@@ -186,6 +204,7 @@ def build_host_app(
         Mount("/messages/", app=guard(sse.handle_post_message)),
         Route("/api/devices", endpoint=guard(_Endpoint(api.devices)), methods=["GET"]),
         Route("/api/call", endpoint=guard(_Endpoint(api.call)), methods=["POST"]),
+        Route("/api/devices/forget", endpoint=guard(_Endpoint(api.forget)), methods=["POST"]),
         Route("/api/enroll", endpoint=guard(_Endpoint(api.enroll)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),
     ]

@@ -120,6 +120,12 @@ class NameMap:
         self._remember(entry)
         return entry, True
 
+    def forget(self, device_id: str) -> None:
+        """Free every name of ``device_id`` (the device is gone for good)."""
+        for entry in self._by_device.pop(device_id, {}).values():
+            if self._by_name.get(entry.name) is entry:
+                del self._by_name[entry.name]
+
     def lookup(self, name: str) -> tuple[str, str] | None:
         """The (device_id, tool) pair that ``name`` stands for, if any."""
         entry = self._by_name.get(name)

@@ -217,6 +217,27 @@ class DeviceRegistry:
             loop = asyncio.get_running_loop()
             device.hide_timer = loop.call_later(grace, self._show, device)
 
+    def forget(self, device: Device) -> None:
+        """Remove ``device`` and its names for good; if it comes back, it is a new device.
+
+        A connected device stays connected until its session is closed (the caller's business);
+        its session no longer counts for anything.
+        """
+        if self._devices.get(device.device_id) is not device:
+            return
+        del self._devices[device.device_id]
+        if self._by_alias.get(device.alias) is device:
+            del self._by_alias[device.alias]
+        self._hide(device)
+        if device.session is not None:
+            device.session = None
+            self.online_count -= 1
+        if device.hide_timer is not None:
+            device.hide_timer.cancel()
+        self._names.forget(device.device_id)
+        self._store.forget_device(device.device_id)
+        logger.info("device %s (%s) forgotten", device.alias, device.device_id)
+
     def adopt(self, device_id: str, name: str) -> None:
         """Name a device that was enrolled as ``name`` (unless the config or a past run did)."""
         device_id = device_id.lower()
@@ -236,12 +257,12 @@ class DeviceRegistry:
     ) -> Device:
         """Record a device that checked in without connecting (a stock device's boot-time OTA).
 
-        It stays offline until it connects. Its board names it until it lists tools, and its
-        firmware version is kept as ``serverInfo.version`` (what stock firmware reports there).
+        It stays offline until it connects. A new device is named after its board; its firmware
+        version is kept as ``serverInfo.version`` (what stock firmware reports there).
         """
         device = self._device(device_id.lower(), board)
         record = device.record
-        self._name_after_board(device, board)
+        record.board = board or record.board
         record.client_id = client_id or record.client_id
         record.transport = transport or record.transport
         if firmware:
@@ -265,12 +286,13 @@ class DeviceRegistry:
                 logger.warning("device %s: tool %r rejected: %s",
                                record.alias, rejection.tool, rejection.reason)  # fmt: skip
         board = server_info.get("name") if server_info else None
-        renamed = self._name_after_board(device, board if isinstance(board, str) else None)
+        if isinstance(board, str) and board:
+            self._learn_board(device, board)
         record.server_info = server_info
         record.last_seen = self._clock()
         self._store.save_device(record)
         logger.info("device %s lists %d tools", record.alias, len(catalogue.tools))
-        if catalogue is not device.catalogue or renamed:
+        if catalogue is not device.catalogue:
             record.catalogue = catalogue.digest
             self._use(device, catalogue)
 
@@ -288,24 +310,24 @@ class DeviceRegistry:
             self._store.save_device(record)
         return device
 
-    def _name_after_board(self, device: Device, board: str | None) -> bool:
-        """Learn the device's board; rename it after the board while nobody named it."""
+    def _learn_board(self, device: Device, board: str) -> None:
+        """Note the device's board; name the device after it only if it never had a name.
+
+        An alias is fixed once people or hosts may have seen it: from the first sight of a board
+        (a stock device's OTA check-in) or the first listing. A device that connected without
+        any board (a WebSocket handshake carries none) is named at its first listing, before any
+        of its tools has a name.
+        """
         record = device.record
-        if not board or board == record.board:
-            return False
-        first_listing = record.catalogue is None
-        derived = record.alias.startswith(derive_alias(record.device_id, record.board))
+        unnamed = record.board is None and record.catalogue is None
         record.board = board
-        if not (first_listing and derived):
-            return False
+        if not unnamed or record.alias != derive_alias(record.device_id, None):
+            return  # named already, by its board, the config, an enrollment or a past run
         alias = self._alias(record.device_id, board)
-        if alias == record.alias:
-            return False
         if self._by_alias.get(record.alias) is device:
             del self._by_alias[record.alias]
         record.alias = alias
         self._by_alias.setdefault(alias, device)
-        return True
 
     def _alias(self, device_id: str, board: str | None) -> str:
         configured = self._config.device(device_id).name

@@ -105,16 +105,17 @@ class _Batch:
     devices: dict[str, DeviceRecord]
     catalogues: dict[str, str]
     names: dict[tuple[str, str], NameAssignment]
+    forgotten: set[str]  # device ids whose rows go first
 
     def __bool__(self) -> bool:
-        return bool(self.devices or self.catalogues or self.names)
+        return bool(self.devices or self.catalogues or self.names or self.forgotten)
 
     def rows(self) -> int:
-        return len(self.devices) + len(self.catalogues) + len(self.names)
+        return len(self.devices) + len(self.catalogues) + len(self.names) + len(self.forgotten)
 
 
 def _empty() -> _Batch:
-    return _Batch({}, {}, {})
+    return _Batch({}, {}, {}, set())
 
 
 class Store:
@@ -165,6 +166,15 @@ class Store:
         if entries:
             self._dirty.set()
 
+    def forget_device(self, device_id: str) -> None:
+        """Queue the removal of a device's row and names (and drop its queued writes)."""
+        pending = self._pending
+        pending.devices.pop(device_id, None)
+        for pair in [pair for pair in pending.names if pair[0] == device_id]:
+            del pending.names[pair]
+        pending.forgotten.add(device_id)
+        self._dirty.set()
+
     # --- writing ---------------------------------------------------------------------------
 
     def flush(self) -> int:
@@ -205,6 +215,9 @@ class Store:
         try:
             with self._lock, self._db as db:
                 db.execute("BEGIN")
+                forgotten = [(device_id,) for device_id in batch.forgotten]
+                db.executemany("DELETE FROM devices WHERE device_id = ?", forgotten)
+                db.executemany("DELETE FROM tool_names WHERE device_id = ?", forgotten)
                 db.executemany("INSERT OR IGNORE INTO catalogues VALUES (?, ?)",
                                batch.catalogues.items())  # fmt: skip
                 db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
@@ -247,6 +260,7 @@ class Store:
             pending.catalogues.setdefault(digest, stored)
         for pair, entry in batch.names.items():
             pending.names.setdefault(pair, entry)
+        pending.forgotten |= batch.forgotten  # deletes go first: a device back since is kept
         self._dirty.set()
 
 

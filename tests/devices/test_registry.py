@@ -89,14 +89,27 @@ async def test_registry_survives_a_restart(tmp_path: Path) -> None:
     second.close()
 
 
-async def test_derived_alias_prefers_the_board_name(tmp_path: Path) -> None:
-    """An unnamed device is called after the board its firmware reports."""
+async def test_alias_is_fixed_when_the_device_is_first_seen(tmp_path: Path) -> None:
+    """A stock device named at its OTA check-in keeps that name when initialize names a board."""
+    stack = Stack(make_config(tmp_path))
+    stack.registry.register("aa:bb:cc:dd:00:01", board="bread-compact-wifi", transport="mqtt")
+    stack.registry.connect("aa:bb:cc:dd:00:01", ScriptedSession(), transport="mqtt")
+    stack.registry.set_catalogue("aa:bb:cc:dd:00:01", (tool("self.a"),), {"name": "py-xiaozhi"})
+    assert [t.name for t in stack.registry.exposed_tools()] == ["bread-compact-wifi_0001_a"]
+    device = stack.registry.find("bread-compact-wifi_0001")
+    assert device is not None and device.record.board == "py-xiaozhi"
+    stack.close()
+
+
+async def test_device_first_seen_without_a_board_is_named_at_its_first_listing(
+    tmp_path: Path,
+) -> None:
+    """A WebSocket handshake carries no board: the first listing names it, then it stays."""
     stack = Stack(make_config(tmp_path))
     stack.registry.connect("aa:bb:cc:dd:ee:ff", ScriptedSession())
-    stack.registry.set_catalogue(
-        "aa:bb:cc:dd:ee:ff", (tool("self.a"),), {"name": "bread-compact-wifi"}
-    )
-    assert [t.name for t in stack.registry.exposed_tools()] == ["bread-compact-wifi_eeff_a"]
+    stack.registry.set_catalogue("aa:bb:cc:dd:ee:ff", (tool("self.a"),), {"name": "bread"})
+    stack.registry.set_catalogue("aa:bb:cc:dd:ee:ff", (tool("self.a"),), {"name": "other"})
+    assert [t.name for t in stack.registry.exposed_tools()] == ["bread_eeff_a"]
     stack.close()
 
 
@@ -168,3 +181,26 @@ async def test_one_bad_tool_leaves_the_rest_of_its_device_served(tmp_path: Path)
     device = stack.registry.find("aa:09")
     assert device is not None and [r.tool for r in device.rejected] == ["self.bad"]
     stack.close()
+
+
+async def test_forget_frees_the_device_and_its_names(tmp_path: Path) -> None:
+    """A forgotten device is gone from the list, the lookups and the store; its names free."""
+    stack = Stack(make_config(tmp_path, devices={"aa:01": DeviceOptions(name="lamp"),
+                                                 "aa:02": DeviceOptions(name="lamp")}))  # fmt: skip
+    registry = stack.registry
+    registry.connect("aa:01", ScriptedSession())
+    registry.set_catalogue("aa:01", (tool("self.on"),), None)
+    device = registry.find("aa:01")
+    assert device is not None
+    async with registry.changes() as changes:
+        registry.forget(device)
+        assert pending(changes)
+    assert registry.find("aa:01") is None and registry.find("lamp") is None
+    assert not registry.exposed_tools() and registry.online_count == 0
+    registry.connect("aa:02", ScriptedSession())
+    registry.set_catalogue("aa:02", (tool("self.on"),), None)
+    assert [t.name for t in registry.exposed_tools()] == ["lamp_on"]  # the name was freed
+    stack.close()
+    again = Stack(make_config(tmp_path))
+    assert again.registry.find("aa:01") is None and again.registry.find("aa:02") is not None
+    again.close()

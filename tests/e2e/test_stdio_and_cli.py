@@ -14,7 +14,7 @@ from mcp import Client, StdioServerParameters
 
 from gateway.simulator import SimulatedDevice
 from tests.conftest import DEVICE_TOKEN, bound, gateway
-from tests.e2e.helpers import Inbox, listed_device
+from tests.e2e.helpers import Inbox, listed_device, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -153,3 +153,24 @@ async def test_non_loopback_host_listener_needs_a_token(tmp_path: Path) -> None:
     env = cli_env(tmp_path, GATEWAY_HOST_LISTEN="0.0.0.0:0", GATEWAY_DEVICE_LISTEN="127.0.0.1:0")
     code, _, err = await cli("serve", env=env)
     assert code == 2 and "GATEWAY_HOST_TOKEN" in err
+
+
+async def test_devices_forget_removes_a_device_for_good(tmp_path: Path) -> None:
+    """`devices forget` drops the device, its tools and its names, also after a restart."""
+    async with gateway(tmp_path / "gw") as run, listed_device(run):
+        env = cli_env(tmp_path / "cli")
+        url = f"http://127.0.0.1:{run.host_port}"
+        registry = run.gateway.registry
+        first_seen = registry.find("sim-esp32_0001").record.first_seen  # type: ignore[union-attr]
+        async with registry.changes() as changes:
+            code, out, _ = await cli("devices", "forget", "sim-esp32_0001", "--url", url, env=env)
+            assert code == 0 and "forgot sim-esp32_0001 (02:00:00:00:00:01)" in out
+            await until(changes, lambda: registry.find("02:00:00:00:00:01") is None)
+        assert not registry.exposed_tools()
+        code, _, err = await cli("devices", "forget", "sim-esp32_0001", "--url", url, env=env)
+        assert code == 1 and "unknown device" in err
+    async with gateway(tmp_path / "gw") as run:
+        assert run.gateway.registry.find("02:00:00:00:00:01") is None
+        async with listed_device(run):  # it comes back: a new device
+            again = run.gateway.registry.find("02:00:00:00:00:01")
+            assert again is not None and again.record.first_seen > first_seen
