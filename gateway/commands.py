@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -122,9 +123,8 @@ def _request(config: Config, url: str | None, token: str | None, path: str,
 
 def devices(config: Config, url: str | None, token: str | None) -> int:
     """Print a table of the running gateway's devices."""
-    _, body = _request(config, url, token, "/api/devices")
     rows = [("DEVICE", "ID", "STATE", "LAST SEEN", "BOARD", "TOOLS")]
-    for d in body["devices"]:
+    for d in _all_devices(config, url, token):
         state = "online" if d["online"] else "offline"
         rows.append((d["device"], d["id"], state, d["last_seen"], d["board"] or "-",
                      str(len(d["tools"]))))  # fmt: skip
@@ -137,6 +137,19 @@ def devices(config: Config, url: str | None, token: str | None) -> int:
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
     return 0
+
+
+def _all_devices(config: Config, url: str | None, token: str | None) -> list[dict[str, Any]]:
+    """Every device of the gateway, following its pages."""
+    devices: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        query = "?" + urllib.parse.urlencode({"cursor": cursor}) if cursor else ""
+        _, body = _request(config, url, token, "/api/devices" + query)
+        devices += body["devices"]
+        cursor = body.get("next_cursor")
+        if not cursor:
+            return devices
 
 
 def forget(config: Config, url: str | None, token: str | None, device: str) -> int:

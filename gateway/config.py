@@ -24,7 +24,7 @@ from gateway.errors import ConfigError
 __all__ = ["Config", "DeviceOptions", "ListenAddress", "is_loopback_host", "load_config"]
 
 ENV_PREFIX = "GATEWAY_"
-TOOLS_MODES = ("per-device", "meta", "auto")
+TOOLS_MODES = ("auto", "per-device", "grouped", "meta")
 OFFLINE_TOOLS = ("keep", "hide")
 MQTT_MODES = ("embedded", "external", "off")
 OTA_TRANSPORTS = ("mqtt", "websocket")
@@ -85,7 +85,8 @@ class Config:
     hello_timeout: float = 3.0
     max_message_bytes: int = 65536
     tools_mode: str = "auto"
-    meta_threshold: int = 64
+    tools_budget: int = 128
+    tools_offline_age: float = 7 * 24 * 3600.0
     offline_tools: str = "keep"
     offline_grace: float = 30.0
     audit_log: bool = True
@@ -259,7 +260,8 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("devices", "hello_timeout", "hello_timeout", _number),
     ("devices", "max_message_bytes", "max_message_bytes", _int),
     ("tools", "mode", "tools_mode", _choice(*TOOLS_MODES)),
-    ("tools", "meta_threshold", "meta_threshold", _int),
+    ("tools", "budget", "tools_budget", _int),
+    ("tools", "offline_age", "tools_offline_age", _number),
     ("tools", "offline_tools", "offline_tools", _choice(*OFFLINE_TOOLS)),
     ("tools", "offline_grace", "offline_grace", _number),
     ("audit", "enabled", "audit_log", _bool),

@@ -28,6 +28,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Config
+from gateway.device_listing import DeviceQuery, list_devices
 from gateway.devices.calls import CallRouter
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import CallRejected, DeviceError, DeviceTimeout
@@ -134,7 +135,12 @@ class _Api:
         return JSONResponse(self._enroll(name.strip()))
 
     async def devices(self, request: Request) -> Response:
-        return JSONResponse(self.frontend.describe_devices())
+        """One page of devices; query parameters name, state, board and cursor as list_devices."""
+        try:
+            query = DeviceQuery(dict(request.query_params))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        return JSONResponse(list_devices(self.registry, query))
 
     async def call(self, request: Request) -> Response:
         try:

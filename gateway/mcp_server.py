@@ -18,6 +18,7 @@ from typing import Any
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
@@ -26,9 +27,11 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
 from gateway.config import Config
-from gateway.devices.calls import CallRouter, format_time
+from gateway.device_listing import STATES, DeviceQuery, list_devices
+from gateway.devices.calls import CallRouter
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
+from gateway.tool_listing import ToolGroup, ToolLister
 
 __all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend", "resolve_tool"]
 
@@ -47,9 +50,19 @@ INSTRUCTIONS = (
 LIST_DEVICES = types.Tool(
     name="list_devices",
     title="List devices",
-    description="List the connected and known ESP32 devices, whether each is online, and the "
-    "tools each offers (with their argument schemas).",
-    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+    description="List the known ESP32 devices, whether each is online, and the tools each "
+    "offers (with their argument schemas). Filter by name or board (globs such as kitchen*) "
+    "and state; a long list comes in pages: pass next_cursor back as cursor for the next.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "glob on the device name or id"},
+            "state": {"type": "string", "enum": list(STATES)},
+            "board": {"type": "string", "description": "glob on the board name"},
+            "cursor": {"type": "string", "description": "next_cursor of the previous page"},
+        },
+        "additionalProperties": False,
+    },
     annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False),
 )
 
@@ -178,6 +191,7 @@ class McpFrontend:
         self._registry = registry
         self._router = router
         self.notifier = ChangeNotifier()
+        self.lister = ToolLister(config, registry)
         self.server = GatewayServer(
             "esp-mcp-gateway",
             version=__version__,
@@ -185,6 +199,8 @@ class McpFrontend:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self.notifier.listen_handler,
+            # 2026-era clients may reuse a list this long; tools/list_changed says when sooner.
+            cache_hints={"tools/list": CacheHint(ttl_ms=60_000, scope="private")},
         )
         self.server.middleware.append(self.notifier)
 
@@ -199,31 +215,54 @@ class McpFrontend:
                 await asyncio.sleep(self._notify_window)  # let the rest of a storm fold in
                 await self.notifier.tools_changed()
 
-    def tools(self) -> list[types.Tool]:
-        """The tool list hosts see: meta-tools first (always there), then device tools."""
-        exposed = self._registry.exposed_tools()
-        mode = self._config.tools_mode
-        if mode == "meta" or (mode == "auto" and len(exposed) > self._config.meta_threshold):
-            return [LIST_DEVICES, CALL_DEVICE_TOOL]
-        return [LIST_DEVICES, CALL_DEVICE_TOOL, *(_as_mcp_tool(t) for t in exposed)]
+    def tools(self, cursor: str | None = None) -> tuple[list[types.Tool], str | None]:
+        """One page of the tool list hosts see, and the cursor of the next.
+
+        The first page starts with the meta-tools, always there whatever the mode.
+        """
+        listing, index, following = self.lister.page(cursor)
+        device_tools = listing.page(index)
+        return ([LIST_DEVICES, CALL_DEVICE_TOOL, *device_tools] if index == 0 else device_tools,
+                following)  # fmt: skip
 
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.tools())
+        tools, following = self.tools(params.cursor if params is not None else None)
+        return types.ListToolsResult(tools=tools, next_cursor=following)
 
     async def _call_tool(
         self, ctx: Context, params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         arguments = params.arguments or {}
         if params.name == LIST_DEVICES.name:
-            return types.CallToolResult(content=[_text(json.dumps(self.describe_devices()))])
+            try:
+                answer = list_devices(self._registry, DeviceQuery(arguments))
+            except ValueError as exc:
+                return _error(f"list_devices: {exc}")
+            return types.CallToolResult(content=[_text(json.dumps(answer))])
         if params.name == CALL_DEVICE_TOOL.name:
             return await self._call_by_reference(ctx, arguments)
-        exposed = self._registry.lookup(params.name)
+        group = self.lister.group(params.name)
+        if group is not None:
+            return await self._call_grouped(ctx, group, arguments)
+        exposed = self._registry.lookup(params.name)  # per-device names work in every mode
         if exposed is None:  # the spec's answer to an unknown tool: a protocol error
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         return await self._invoke(ctx, exposed, arguments)
+
+    async def _call_grouped(
+        self, ctx: Context, group: ToolGroup, arguments: JsonObject
+    ) -> types.CallToolResult:
+        arguments = dict(arguments)
+        ref = arguments.pop(group.argument, None)
+        if not isinstance(ref, str):
+            return _error(f"{group.name} needs `{group.argument}`: which device to use")
+        tool = group.member(ref)
+        if tool is None:
+            known = ", ".join(group.aliases(20)) + (", ..." if len(group.members) > 20 else "")
+            return _error(f"no device {ref!r} offers {group.name} (devices that do: {known})")
+        return await self._invoke(ctx, tool, arguments)
 
     async def _call_by_reference(self, ctx: Context, arguments: JsonObject) -> types.CallToolResult:
         device_ref, tool_ref = arguments.get("device"), arguments.get("tool")
@@ -250,34 +289,6 @@ class McpFrontend:
             return _error(str(exc))
         return to_call_result(result)
 
-    def describe_devices(self) -> JsonObject:
-        """Every device with its state and the tools the model may use (``list_devices``)."""
-        return {"devices": [describe_device(device) for device in self._registry.devices()]}
-
-
-def describe_device(device: Device) -> JsonObject:
-    """One device as ``list_devices`` shows it: state, the model's tools, rejected tools."""
-    return {
-        "device": device.alias,
-        "id": device.device_id,
-        "online": device.online,
-        "last_seen": format_time(device.record.last_seen),
-        "board": device.record.board,
-        "firmware": device.firmware,
-        "transport": device.record.transport,
-        "tools": [
-            {
-                "tool": tool.spec.name,
-                "mcp_name": tool.name,
-                "description": tool.spec.description,
-                "inputSchema": tool.spec.input_schema,
-            }
-            for tool in device.tools.values()
-            if tool.refusal is None
-        ],
-        "rejected": [{"tool": r.tool, "reason": r.reason} for r in device.rejected],
-    }
-
 
 def resolve_tool(registry: DeviceRegistry, device: Device, ref: str) -> DeviceTool | str:
     """The device's tool named ``ref`` (its own name, without ``self.``, or its MCP name).
@@ -302,20 +313,6 @@ def _caller(ctx: Context) -> str:
     where = f"http:{client.host}" if client is not None else "stdio"
     params = ctx.session.client_params
     return f"{where} {params.client_info.name}" if params is not None else where
-
-
-def _as_mcp_tool(tool: DeviceTool) -> types.Tool:
-    spec, alias = tool.spec, tool.device.alias
-    return types.Tool(
-        name=tool.name,
-        description=f"[{alias}] {spec.description}",
-        input_schema=spec.input_schema,
-        annotations=types.ToolAnnotations(
-            title=f"{alias}: {spec.name}",
-            read_only_hint=spec.read_only,
-            destructive_hint=spec.destructive,
-        ),
-    )
 
 
 def to_call_result(result: JsonObject) -> types.CallToolResult:

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"audit", "broadcast", "naming", "tokens"},
     {"protocol"},  # sans-I/O core
     {"devices"},  # connections, registry, calls, enrollment
-    {"broker"},  # the embedded MQTT broker, topic names, per-device MQTT passwords
+    {"broker", "device_listing", "tool_listing"},  # MQTT broker; what hosts see of devices
     {"mcp_server", "ota", "transports"},
     {"host_app"},
     {"app"},

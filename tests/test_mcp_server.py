@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,18 +52,102 @@ async def test_device_tools_follow_the_meta_tools_in_device_order(stack: Stack) 
     assert device_tool.description == "[board_aa00] does self.b"
 
 
-async def test_auto_mode_switches_to_meta_tools_above_the_threshold(tmp_path: Path) -> None:
-    """A fleet with more tools than tools.meta_threshold is served through the meta-tools."""
-    stack = Stack(make_config(tmp_path, meta_threshold=3))
-    online(stack, "aa:01", [tool(f"self.t{i}") for i in range(4)])
+async def list_all(client: Client) -> list[types.Tool]:
+    """Every tool, following nextCursor to the end."""
+    result = await client.list_tools()
+    tools = list(result.tools)
+    while result.next_cursor:
+        result = await client.list_tools(cursor=result.next_cursor)
+        tools += result.tools
+    return tools
+
+
+async def test_auto_mode_groups_above_the_budget_and_never_drops_to_meta_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the budget the device's tools are grouped, still listed, and a log line says why."""
+    caplog.set_level(logging.INFO, logger="gateway.tool_listing")
+    stack = Stack(make_config(tmp_path, tools_budget=3))
+    session = online(stack, "aa:01", [tool(f"self.t{i}") for i in range(4)])
     async with Client(stack.frontend.server, mode="legacy") as client:
-        names = [t.name for t in (await client.list_tools()).tools]
+        names = [t.name for t in await list_all(client)]
+        grouped = await client.call_tool("t3", {"device": "board_aa01"})
+        by_own_name = await client.call_tool("board_aa01_t2", {})
+    stack.close()
+    assert names == ["list_devices", "call_device_tool", "t0", "t1", "t2", "t3"]
+    assert not grouped.is_error and not by_own_name.is_error
+    assert session.calls == [("self.t3", {}), ("self.t2", {})]
+    assert "exceed the tools budget of 3" in caplog.text
+
+
+async def test_meta_mode_lists_only_the_meta_tools(tmp_path: Path) -> None:
+    """mode = "meta": only list_devices and call_device_tool, which reach every device."""
+    stack = Stack(make_config(tmp_path, tools_mode="meta"))
+    online(stack, "aa:01", [tool("self.t0")])
+    async with Client(stack.frontend.server, mode="legacy") as client:
+        names = [t.name for t in await list_all(client)]
         called = await client.call_tool(
-            "call_device_tool", {"device": "board_aa01", "tool": "t3", "arguments": {}}
+            "call_device_tool", {"device": "board_aa01", "tool": "t0", "arguments": {}}
         )
     stack.close()
-    assert names == ["list_devices", "call_device_tool"]
-    assert called.content[0].text == "ok"
+    assert names == ["list_devices", "call_device_tool"] and called.content[0].text == "ok"
+
+
+async def test_grouped_tools_route_by_the_device_argument(tmp_path: Path) -> None:
+    """Twenty identical devices: each shared tool listed once; a call reaches the named device."""
+    stack = Stack(make_config(tmp_path, tools_mode="grouped"))
+    volume = tool("self.audio_speaker.set_volume", volume={"type": "integer"})
+    sessions = [online(stack, f"aa:{n:02x}", [volume, tool("self.lamp.on")]) for n in range(20)]
+    async with Client(stack.frontend.server, mode="legacy") as client:
+        tools = {t.name: t for t in await list_all(client)}
+        called = await client.call_tool(
+            "audio_speaker_set_volume", {"device": "board_aa07", "volume": 30}
+        )
+        unknown = await client.call_tool("lamp_on", {"device": "kitchen"})
+        missing = await client.call_tool("lamp_on", {})
+    stack.close()
+    assert list(tools) == ["list_devices", "call_device_tool", "audio_speaker_set_volume",
+                           "lamp_on"]  # fmt: skip
+    schema = tools["audio_speaker_set_volume"].input_schema
+    assert schema["required"][0] == "device" and "volume" in schema["properties"]
+    assert schema["properties"]["device"]["enum"] == [f"board_aa{n:02x}" for n in range(20)]
+    assert not called.is_error
+    assert [s.calls for s in sessions].count([]) == 19
+    assert sessions[7].calls == [("self.audio_speaker.set_volume", {"volume": 30})]
+    assert unknown.is_error and "no device 'kitchen' offers lamp_on" in unknown.content[0].text
+    assert missing.is_error and "needs `device`" in missing.content[0].text
+
+
+async def test_same_tool_with_other_schemas_gets_distinct_group_names(tmp_path: Path) -> None:
+    """Two firmware versions whose set_volume schemas differ: two groups, neither name taken."""
+    stack = Stack(make_config(tmp_path, tools_mode="grouped"))
+    online(stack, "aa:01", [tool("self.set_volume", volume={"type": "integer"})])
+    online(stack, "aa:02", [tool("self.set_volume", level={"type": "integer"})])
+    online(stack, "aa:03", [tool("self.list_devices")])
+    async with Client(stack.frontend.server, mode="legacy") as client:
+        names = [t.name for t in await list_all(client)]
+    stack.close()
+    assert len(names) == len(set(names)) == 5
+    assert all(n.startswith(("set_volume_", "list_devices_")) for n in names[2:]), names
+
+
+async def test_offline_devices_past_the_age_are_not_listed_but_callable(tmp_path: Path) -> None:
+    """A device gone longer than offline_age leaves the list; call_device_tool still finds it."""
+    now = [1_000_000.0]
+    stack = Stack(make_config(tmp_path, tools_offline_age=60), lambda: now[0])
+    session = online(stack, "aa:01", [tool("self.t0")])
+    stack.registry.disconnect("aa:01", session)
+    now[0] -= 3600  # the registry's clock says it left an hour before the lister's "now"
+    stack.registry.connect("aa:02", ScriptedSession())
+    stack.registry.set_catalogue("aa:02", (tool("self.t0"),), {"name": "board"})
+    async with Client(stack.frontend.server, mode="legacy") as client:
+        names = [t.name for t in await list_all(client)]
+        called = await client.call_tool(
+            "call_device_tool", {"device": "board_aa01", "tool": "t0", "arguments": {}}
+        )
+    stack.close()
+    assert "board_aa01_t0" not in names and "board_aa02_t0" in names
+    assert called.is_error and "offline" in called.content[0].text
 
 
 async def test_unknown_tool_is_a_protocol_error(stack: Stack) -> None:
@@ -100,7 +185,7 @@ async def test_user_only_tools_hidden_unless_configured(tmp_path: Path) -> None:
     )
     online(shown, "aa:03", [tool("self.x"), reboot])
     hidden_names = [t.name for t in hidden.registry.exposed_tools()]
-    shown_tools = {t.name: t for t in shown.frontend.tools()}
+    shown_tools = {t.name: t for t in shown.frontend.tools()[0]}
     hidden.close(), shown.close()
     assert hidden_names == ["board_aa03_x"]
     assert shown_tools["board_aa03_reboot"].annotations.destructive_hint is True

@@ -62,6 +62,8 @@ class ToolSpec:
     user_only: bool
     read_only: bool
     destructive: bool
+    schema_key: str  # equal for equal schemas: tools of the same name and schema group together
+    size: int  # about how many bytes the tool takes in a tools/list result
     validator: Any = field(repr=False, compare=False)  # a compiled jsonschema_rs validator
 
     def problems(self, arguments: JsonObject) -> list[str]:
@@ -232,7 +234,7 @@ def _check_tool(entry: object) -> ToolSpec:
         raise _Reject("the description is not valid text")
     if len(description.encode()) > MAX_DESCRIPTION_BYTES:
         raise _Reject(f"the description is larger than {MAX_DESCRIPTION_BYTES} bytes")
-    schema = _check_schema(entry.get("inputSchema"))
+    schema, schema_text = _check_schema(entry.get("inputSchema"))
     annotations = entry.get("annotations")
     user_only = isinstance(annotations, dict) and annotations.get("audience") == ["user"]
     hints = tool_hints(name)
@@ -243,13 +245,16 @@ def _check_tool(entry: object) -> ToolSpec:
         user_only=user_only,
         read_only=hints["readOnlyHint"],
         destructive=hints["destructiveHint"],
+        schema_key=hashlib.sha256(schema_text.encode()).hexdigest()[:16],
+        size=len(name) + len(description.encode()) + len(schema_text.encode()),
         validator=_compile(schema),
     )
 
 
-def _check_schema(schema: object) -> JsonObject:
+def _check_schema(schema: object) -> tuple[JsonObject, str]:
+    """The schema to serve, and its canonical JSON text."""
     if schema is None:
-        return {"type": "object", "properties": {}}  # a tool without arguments
+        schema = {"type": "object", "properties": {}}  # a tool without arguments
     if not isinstance(schema, dict):
         raise _Reject("inputSchema is not an object")
     if schema.get("type", "object") != "object":
@@ -257,7 +262,7 @@ def _check_schema(schema: object) -> JsonObject:
     if _depth(schema) > MAX_SCHEMA_DEPTH:
         raise _Reject(f"inputSchema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
     try:
-        text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+        text = json.dumps(schema, ensure_ascii=False, allow_nan=False, sort_keys=True)
         size = len(text.encode())
     except UnicodeEncodeError:
         raise _Reject("inputSchema is not valid text (lone surrogates)") from None
@@ -270,7 +275,7 @@ def _check_schema(schema: object) -> JsonObject:
         jsonschema_rs.meta.validate(schema)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
         raise _Reject(f"inputSchema is not a valid JSON Schema: {_first_line(exc)}") from None
-    return schema
+    return schema, text
 
 
 def _compile(schema: JsonObject) -> Any:

@@ -124,6 +124,7 @@ class DeviceRegistry:
         self._snapshot: tuple[DeviceTool, ...] | None = None
         self.online_count = 0
         self.touched = 0
+        self.version = 0  # grows with every change of what hosts see
         stored = store.load()
         self._names = NameMap(stored.names)
         catalogues = self._catalogues.load(stored.catalogues)
@@ -392,5 +393,6 @@ class DeviceRegistry:
         self._changed()
 
     def _changed(self) -> None:
+        self.version += 1
         self._snapshot = None
         self._changes.publish(None)
