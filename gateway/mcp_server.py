@@ -220,10 +220,8 @@ class McpFrontend:
 
         The first page starts with the meta-tools, always there whatever the mode.
         """
-        listing, index, following = self.lister.page(cursor)
-        device_tools = listing.page(index)
-        return ([LIST_DEVICES, CALL_DEVICE_TOOL, *device_tools] if index == 0 else device_tools,
-                following)  # fmt: skip
+        device_tools, first, following = self.lister.page(cursor)
+        return [LIST_DEVICES, CALL_DEVICE_TOOL, *device_tools] if first else device_tools, following
 
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None

@@ -40,6 +40,7 @@ JsonObject = dict[str, Any]
 PAGE_BYTES = 200_000  # a page's tools as JSON, about; the reply stays well under 256 KB
 ENUM_LIMIT = 64  # a group's `device` argument lists its aliases up to this many devices
 _KEPT_LISTINGS = 8  # listings a cursor may still point into
+_KEPT_PAGES = 32  # pages of MCP Tool objects kept made
 _ENTRY_OVERHEAD = 300  # bytes a tool adds beyond its name, description and schema
 
 
@@ -70,24 +71,15 @@ class ToolGroup:
 Entry = DeviceTool | ToolGroup
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False)
 class Listing:
-    """One snapshot of the tool list, cut into pages; MCP ``Tool`` objects made per page."""
+    """One snapshot of the tool list, cut into pages."""
 
     version: int
     mode: str  # the mode in effect: per-device, grouped or meta
     entries: tuple[Entry, ...]
     pages: tuple[tuple[int, int], ...]  # [start, end) of each page in entries
     groups: dict[str, ToolGroup]
-    _made: dict[int, list[types.Tool]] = field(default_factory=dict)
-
-    def page(self, index: int) -> list[types.Tool]:
-        """The device tools of page ``index`` as MCP tools (made once per listing)."""
-        made = self._made.get(index)
-        if made is None:
-            start, end = self.pages[index]
-            made = self._made[index] = [_as_mcp_tool(e) for e in self.entries[start:end]]
-        return made
 
 
 class ToolLister:
@@ -97,6 +89,9 @@ class ToolLister:
         self._config = config
         self._registry = registry
         self._listings: OrderedDict[int, Listing] = OrderedDict()
+        # MCP Tool objects of recently listed pages: made once per page, not kept for a whole
+        # fleet (250,000 tools at 10,000 devices would weigh hundreds of megabytes).
+        self._made: OrderedDict[tuple[int, int], list[types.Tool]] = OrderedDict()
         self._mode = ""
 
     def current(self) -> Listing:
@@ -109,12 +104,20 @@ class ToolLister:
                 self._listings.popitem(last=False)
         return listing
 
-    def page(self, cursor: str | None) -> tuple[Listing, int, str | None]:
-        """The listing and page a cursor points at, and the cursor of the page after it."""
+    def page(self, cursor: str | None) -> tuple[list[types.Tool], bool, str | None]:
+        """The device tools of the page ``cursor`` points at, whether it is the first page, and
+        the cursor of the page after it."""
         listing, index = self._resolve(cursor)
+        key = (listing.version, index)
+        tools = self._made.get(key)
+        if tools is None:
+            start, end = listing.pages[index]
+            tools = self._made[key] = [_as_mcp_tool(e) for e in listing.entries[start:end]]
+            while len(self._made) > _KEPT_PAGES:
+                self._made.popitem(last=False)
         following = index + 1
         more = following < len(listing.pages)
-        return listing, index, f"{listing.version}.{following}" if more else None
+        return tools, index == 0, f"{listing.version}.{following}" if more else None
 
     def group(self, name: str) -> ToolGroup | None:
         """The group listed as ``name`` now, if any."""
