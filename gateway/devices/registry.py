@@ -312,7 +312,7 @@ class DeviceRegistry:
         return device
 
     def _learn_board(self, device: Device, board: str) -> None:
-        """Note the device's board; name the device after it only if it never had a name.
+        """Note the device's board if none is known; name the device after it if it had none.
 
         An alias is fixed once people or hosts may have seen it: from the first sight of a board
         (a stock device's OTA check-in) or the first listing. A device that connected without
@@ -320,9 +320,10 @@ class DeviceRegistry:
         of its tools has a name.
         """
         record = device.record
-        unnamed = record.board is None and record.catalogue is None
+        if record.board is not None:
+            return  # the OTA check-in's board (its board.type) says it better than serverInfo
         record.board = board
-        if not unnamed or record.alias != derive_alias(record.device_id, None):
+        if record.catalogue is not None or record.alias != derive_alias(record.device_id, None):
             return  # named already, by its board, the config, an enrollment or a past run
         alias = self._alias(record.device_id, board)
         if self._by_alias.get(record.alias) is device:

@@ -97,7 +97,7 @@ async def test_alias_is_fixed_when_the_device_is_first_seen(tmp_path: Path) -> N
     stack.registry.set_catalogue("aa:bb:cc:dd:00:01", (tool("self.a"),), {"name": "py-xiaozhi"})
     assert [t.name for t in stack.registry.exposed_tools()] == ["bread-compact-wifi_0001_a"]
     device = stack.registry.find("bread-compact-wifi_0001")
-    assert device is not None and device.record.board == "py-xiaozhi"
+    assert device is not None and device.record.board == "bread-compact-wifi"
     stack.close()
 
 

@@ -8,25 +8,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import httpx2
 import mcp.types as types
 import pytest
 from mcp import Client
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
 
-from gateway.app import Running
-from gateway.config import DeviceOptions
 from tests.conftest import bound, gateway
-from tests.e2e.helpers import STOCK_HELLO, listed_device, stock_headers, until
+from tests.e2e.helpers import RawDevice, aliases, listed_device, serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -90,78 +82,6 @@ WORD_CHECK_TOOL = {
 CATASTROPHIC_TEXT = "a" * 30 + "!"
 
 
-@dataclass
-class RawDevice:
-    """A stock-like device on a raw WebSocket, serving a fixed catalogue.
-
-    It says hello, answers ``initialize``, ``tools/list`` (``page_size`` tools a page; the cursor
-    is the next tool's name, as on stock firmware) and ``tools/call`` (with text), and records
-    the calls it gets. Its frames are ASCII JSON, so lone surrogates travel escaped.
-    """
-
-    device_id: str
-    alias: str
-    tools: list[JsonObject]
-    page_size: int = 16
-    calls: list[tuple[str, JsonObject]] = field(default_factory=list)
-    _ws: ClientConnection | None = field(default=None, init=False, repr=False)
-
-    def mcp_name(self, tool: str) -> str:
-        """The name hosts see for this device's ``tool``: ``<alias>_<tool without self.>``."""
-        return f"{self.alias}_{tool.removeprefix('self.').replace('.', '_')}"
-
-    async def serve(
-        self, url: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Connect, say hello (then count as started), and answer until the link closes."""
-        async with connect(url, additional_headers=stock_headers(self.device_id)) as ws:
-            self._ws = ws
-            await ws.send(json.dumps(STOCK_HELLO))
-            task_status.started()
-            try:
-                async for frame in ws:
-                    reply = self._answer(json.loads(frame)) if isinstance(frame, str) else None
-                    if reply is not None:
-                        await ws.send(json.dumps(reply))
-            except ConnectionClosed:
-                pass
-
-    async def close(self) -> None:
-        """Close the WebSocket; ``serve`` then returns."""
-        if self._ws is not None:
-            await self._ws.close()
-
-    def _answer(self, message: JsonObject) -> JsonObject | None:
-        payload = message.get("payload")
-        if message.get("type") != "mcp" or not isinstance(payload, dict) or "id" not in payload:
-            return None
-        method, params = payload.get("method"), payload.get("params") or {}
-        reply: JsonObject = {"jsonrpc": "2.0", "id": payload["id"]}
-        if method == "initialize":
-            reply["result"] = {
-                "protocolVersion": "2024-11-05",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "raw-board", "version": "1.0.0"},
-            }
-        elif method == "tools/list":
-            reply["result"] = self._page(params.get("cursor"))
-        elif method == "tools/call":
-            self.calls.append((params["name"], params.get("arguments") or {}))
-            reply["result"] = {"content": [{"type": "text", "text": f"{params['name']} done"}]}
-        else:
-            reply["error"] = {"message": f"Method not implemented: {method}"}
-        return {"session_id": "", "type": "mcp", "payload": reply}
-
-    def _page(self, cursor: str | None) -> JsonObject:
-        names = [tool["name"] for tool in self.tools]
-        start = names.index(cursor) if cursor else 0
-        end = start + self.page_size
-        page: JsonObject = {"tools": self.tools[start:end]}
-        if end < len(self.tools):
-            page["nextCursor"] = names[end]
-        return page
-
-
 def hostile_device(kind: str, number: int = 0x10, *, page_size: int = 16) -> RawDevice:
     """A device aliased ``kind`` that lists the bad tool of ``kind`` and then PING_TOOL."""
     tools = [BAD_TOOLS[kind], PING_TOOL]
@@ -174,43 +94,6 @@ def all_hostile_devices() -> list[RawDevice]:
         hostile_device(kind, 0x10 + i, page_size=1 if kind == "deep" else 16)
         for i, kind in enumerate(BAD_TOOLS)
     ]
-
-
-def aliases(*devices: RawDevice) -> dict[str, DeviceOptions]:
-    """The ``devices`` config that names each raw device by its alias."""
-    return {device.device_id: DeviceOptions(name=device.alias) for device in devices}
-
-
-def exposes(run: Running, device_id: str, name: str) -> Callable[[], bool]:
-    """A condition: the device ``device_id`` is online and hosts see its tool ``name``."""
-    registry = run.gateway.registry
-
-    def check() -> bool:
-        return any(
-            t.name == name and t.device.device_id == device_id and t.device.online
-            for t in registry.exposed_tools()
-        )
-
-    return check
-
-
-@asynccontextmanager
-async def serving(run: Running, *devices: RawDevice) -> AsyncIterator[None]:
-    """Raw devices, connected and with their whole catalogue processed; closed on exit.
-
-    Every device lists PING_TOOL last: once hosts see it, the gateway has read every tool.
-    """
-    async with run.gateway.registry.changes() as changes, anyio.create_task_group() as tg:
-        try:
-            for device in devices:
-                await tg.start(device.serve, run.device_url)
-            ready = [exposes(run, d.device_id, d.mcp_name(PING)) for d in devices]
-            await until(changes, lambda: all(condition() for condition in ready))
-            yield
-        finally:
-            with anyio.fail_after(bound(5)):
-                for device in devices:
-                    await device.close()
 
 
 def bad_names(names: list[str]) -> list[str]:

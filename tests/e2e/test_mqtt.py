@@ -11,11 +11,13 @@ from typing import Any
 
 import aiomqtt
 import httpx2
+import mcp.types as types
 import pytest
 from mcp import Client
 
 from gateway.app import Running
 from gateway.config import ListenAddress
+from gateway.simulator import DeviceMcpServer, default_tools
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.helpers import has_tools, listed_device, until
 from tests.mqtt_helpers import Mosquitto, MqttDevice, stock_accepts_hello
@@ -55,7 +57,7 @@ async def ota_check_in(run: Running) -> dict[str, Any]:
     return reply
 
 
-def stock_device(reply: dict[str, Any]) -> MqttDevice:
+def stock_device(reply: dict[str, Any], mcp: DeviceMcpServer | None = None) -> MqttDevice:
     """A stock-like device configured from its OTA reply only."""
     mqtt = reply["mqtt"]
     host, port = mqtt["endpoint"].rsplit(":", 1)
@@ -68,6 +70,7 @@ def stock_device(reply: dict[str, Any]) -> MqttDevice:
         username=mqtt["username"],
         client_id=mqtt["client_id"],
         publish_topic=mqtt["publish_topic"],
+        mcp=mcp,
     )
 
 
@@ -95,6 +98,32 @@ async def test_stock_device_ota_then_mqtt_then_tools_callable(tmp_path: Path) ->
         record = run.gateway.registry.find(STOCK)
         assert record is not None and record.record.transport == "mqtt"
         assert record.firmware == "2.4.2"
+
+
+async def test_alias_from_the_ota_check_in_survives_another_server_info_name(
+    tmp_path: Path,
+) -> None:
+    """Named after its OTA board, a device keeps that name when initialize says py-xiaozhi."""
+    async with gateway(tmp_path, **EMBEDDED) as run:
+        registry = run.gateway.registry
+        reply = await ota_check_in(run)  # board bread-compact-wifi
+        checked_in = registry.find(STOCK)
+        assert checked_in is not None and checked_in.alias == "bread-compact-wifi_eeff"
+        mcp = DeviceMcpServer(default_tools(), board="py-xiaozhi")  # its serverInfo.name
+        async with stock_device(reply, mcp), Client(run.mcp_url, mode="legacy") as client:
+            await wait_listed(run, STOCK)
+            names = [t.name for t in (await client.list_tools()).tools]
+            [listed] = (await client.call_tool("list_devices", {})).content
+    assert isinstance(listed, types.TextContent)
+    shown = json.loads(listed.text)["devices"]
+    assert [(d["device"], d["board"]) for d in shown] == [
+        ("bread-compact-wifi_eeff", "bread-compact-wifi")  # the OTA board.type, not serverInfo
+    ]
+    assert registry.find(STOCK) is checked_in and checked_in.alias == "bread-compact-wifi_eeff"
+    own = [t.name for t in registry.exposed_tools() if t.device is checked_in]
+    assert own and all(name.startswith("bread-compact-wifi_eeff_") for name in own)
+    assert set(own) <= set(names)
+    assert not any(name.startswith("py-xiaozhi") for name in names)
 
 
 async def test_mqtt_and_websocket_devices_side_by_side_on_the_embedded_broker(

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from gateway.app import Running
 from gateway.simulator import SimulatedDevice
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.helpers import Inbox, listed_device, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+SIMULATED = [f"sim-esp32_{n:04d}" for n in range(1, 6)]  # `simulate --count 5`
 
 
 def free_port() -> int:
@@ -174,3 +179,44 @@ async def test_devices_forget_removes_a_device_for_good(tmp_path: Path) -> None:
         async with listed_device(run):  # it comes back: a new device
             again = run.gateway.registry.find("02:00:00:00:00:01")
             assert again is not None and again.record.first_seen > first_seen
+
+
+def all_simulated_listed(run: Running) -> Callable[[], bool]:
+    """A condition: the five simulated devices are online and hosts see their tools."""
+    registry = run.gateway.registry
+
+    def check() -> bool:
+        listed = {t.device.alias for t in registry.exposed_tools() if t.device.online}
+        return listed == set(SIMULATED)
+
+    return check
+
+
+async def test_simulate_count_five_then_a_new_session_lists_device_tools(tmp_path: Path) -> None:
+    """`simulate --count 5`: a host session opened afterwards finds their tools, not meta only."""
+    async with gateway(tmp_path / "gw") as run:
+        args = ["simulate", "--url", run.device_url, "--token", DEVICE_TOKEN, "--count", "5"]
+        log = tmp_path / "simulate.log"
+        with log.open("wb") as output:
+            process = await anyio.open_process(
+                [sys.executable, "-m", "gateway", *args],
+                env=cli_env(tmp_path / "cli"), stdout=output, stderr=output,
+            )  # fmt: skip
+            try:
+                async with run.gateway.registry.changes() as changes:
+                    await until(changes, all_simulated_listed(run))
+                async with Client(run.mcp_url, mode="legacy") as client:
+                    result = await client.list_tools()
+                mode = run.gateway.frontend.lister.current().mode
+            finally:
+                process.send_signal(signal.SIGTERM)  # it runs until stopped, like `serve`
+                with anyio.fail_after(bound(10)):
+                    code = await process.wait()
+                await process.aclose()
+    assert code == 0, log.read_text()
+    names = [t.name for t in result.tools]
+    assert result.next_cursor is None
+    assert names[:2] == ["list_devices", "call_device_tool"] and len(names) > 2
+    assert mode == "per-device"  # 5 x 17 tools fit the default budget of 128
+    lamps = {name.removesuffix("_lamp_turn_on") for name in names if name.endswith("_lamp_turn_on")}
+    assert lamps == set(SIMULATED)
