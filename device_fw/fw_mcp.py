@@ -7,8 +7,12 @@
 
 A handler takes the dict of validated arguments and returns bool, int, str or any JSON value
 (sent as text); it may be async; it raises ToolError for a failure the caller should read.
+An async handler runs in a task that notifications/cancelled cancels, and then nothing is
+sent (stock firmware ignores the notification).
 Needs only fw_envelope.py and fw_tool.py: copy the three files to any board.
 """
+
+import asyncio
 
 import fw_envelope as env
 from fw_envelope import ToolError
@@ -19,6 +23,8 @@ __all__ = ["McpServer", "Prop", "Tool", "ToolError"]
 PAGE_LIMIT = 8000  # bytes of one tools/list result, as stock firmware pages it
 _PAGE_SLACK = 30
 _PAGE_HEAD = 10  # len('{"tools":[')
+CANCELLED = "notifications/cancelled"
+_GONE = object()  # a cancelled call's result: no reply
 
 
 class McpServer:
@@ -35,6 +41,7 @@ class McpServer:
         self.tools = []
         self.vision = None  # (url, token) from initialize's capabilities.vision
         self.listener = None
+        self.running = {}  # request id -> the task of its async handler
 
     def find(self, name):
         """The tool called ``name``, or None."""
@@ -69,9 +76,12 @@ class McpServer:
         if msg.get("jsonrpc") != "2.0":
             return None
         method = msg.get("method")
+        params = msg.get("params")
+        if method == CANCELLED and isinstance(params, dict):
+            self.cancel(params.get("requestId"))
+            return None
         if not isinstance(method, str) or method.startswith("notifications"):
             return None
-        params = msg.get("params")
         if "params" in msg and not isinstance(params, dict):
             return None
         rid = msg.get("id")
@@ -80,13 +90,21 @@ class McpServer:
         if isinstance(rid, float):
             rid = int(rid)
         try:
-            return env.result(rid, await self._dispatch(method, params))
+            result = await self._dispatch(method, params, rid)
         except ToolError as exc:
             return env.error(rid, exc.message, exc.code if self.codes else None)
+        return None if result is _GONE else env.result(rid, result)
 
-    async def _dispatch(self, method, params):
+    def cancel(self, rid):
+        """Cancel the async handler of request ``rid``; False if none runs."""
+        task = self.running.pop(rid, None)
+        if task:
+            task.cancel()
+        return task is not None
+
+    async def _dispatch(self, method, params, rid):
         if method == "tools/call":
-            return await self._call(params)
+            return await self._call(params, rid)
         params = params or {}
         if method == "initialize":
             return self._initialize(params)
@@ -139,7 +157,7 @@ class McpServer:
             listing["nextCursor"] = following
         return listing
 
-    async def _call(self, params):
+    async def _call(self, params, rid):
         if params is None:
             raise ToolError("Missing params", env.INVALID_PARAMS)
         name = params.get("name")
@@ -155,9 +173,25 @@ class McpServer:
         try:
             value = tool.handler(args)
             if hasattr(value, "send"):  # a coroutine (CPython) or generator (MicroPython)
-                value = await value
+                value = await self._run(rid, value)
         except ToolError:
             raise
         except Exception as exc:
             raise ToolError(str(exc) or type(exc).__name__, env.INTERNAL_ERROR)
+        if value is _GONE:
+            return value
         return {"content": [{"type": "text", "text": text_of(value)}], "isError": False}
+
+    async def _run(self, rid, coro):
+        # Its own task: cancel() stops this handler alone.
+        task = self.running[rid] = asyncio.create_task(coro)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self.running.get(rid) is not task:
+                return _GONE  # cancel() took it
+            task.cancel()  # we were cancelled (link lost): the handler stops too
+            raise
+        finally:
+            if self.running.get(rid) is task:
+                del self.running[rid]

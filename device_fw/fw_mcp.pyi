@@ -1,3 +1,4 @@
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -8,6 +9,7 @@ from .fw_tool import Tool as Tool
 __all__ = ["McpServer", "Prop", "Tool", "ToolError"]
 
 PAGE_LIMIT: int
+CANCELLED: str
 
 class McpServer:
     name: str
@@ -19,6 +21,7 @@ class McpServer:
     tools: list[Tool]
     vision: tuple[str, str] | None
     listener: Callable[[dict[str, Any]], None] | None
+    running: dict[Any, asyncio.Task[Any]]
     def __init__(
         self,
         name: str,
@@ -31,4 +34,5 @@ class McpServer:
     def add(self, tool: Tool) -> Tool: ...
     def remove(self, name: str) -> None: ...
     async def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None: ...
+    def cancel(self, rid: object) -> bool: ...
     def page(self, cursor: str = "", with_user: bool = False) -> dict[str, Any]: ...

@@ -1,7 +1,10 @@
 """Routing a tool call to a device: policy, argument checks, timeout, audit.
 
 Both the MCP server and the JSON API call devices through ``CallRouter``, so every path gets
-the same checks and leaves the same audit record.
+the same checks and leaves the same audit record. The timeout covers the whole call, including
+its wait for a free slot on a busy device. A call that ends unanswered is audited as
+``DeviceTimeout`` or ``cancelled`` (by its caller: an MCP host, the CLI, the API), saying
+whether the device was told to cancel it or never got it.
 """
 
 from __future__ import annotations
@@ -13,8 +16,15 @@ from typing import Any
 
 from gateway.audit import AuditLog
 from gateway.config import Config
+from gateway.devices.connection import CallReport, reporting
 from gateway.devices.registry import DeviceTool
-from gateway.errors import CallRejected, DeviceError, DeviceTimeout, DeviceUnavailable
+from gateway.errors import (
+    CallRejected,
+    DeviceBusy,
+    DeviceError,
+    DeviceTimeout,
+    DeviceUnavailable,
+)
 
 __all__ = ["CallRouter", "format_time"]
 
@@ -44,13 +54,14 @@ class CallRouter:
 
         Raises:
             CallRejected: refused by policy, or arguments that fail the schema.
-            DeviceError: the device is offline, timed out, vanished, or answered an error.
+            DeviceError: the device is offline, busy, timed out, vanished, or answered an error.
         """
         started = time.monotonic()
         outcome, message = "ok", None
         device = tool.device
         try:
-            return await self._call(tool, arguments, user)
+            with reporting() as report:
+                return await self._call(tool, arguments, user, report)
         except CallRejected as exc:
             outcome, message = "rejected", str(exc)
             raise
@@ -58,7 +69,7 @@ class CallRouter:
             outcome, message = type(exc).__name__, str(exc)
             raise
         except BaseException:
-            outcome = "cancelled"
+            outcome, message = "cancelled", "cancelled by the caller" + _aftermath(report)
             raise
         finally:
             self._audit.record(
@@ -72,7 +83,9 @@ class CallRouter:
                 started=started,
             )
 
-    async def _call(self, tool: DeviceTool, arguments: JsonObject, user: bool) -> JsonObject:
+    async def _call(
+        self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport
+    ) -> JsonObject:
         device, tool_name = tool.device, tool.spec.name
         reason = tool.refused(user=user)
         if reason is not None:
@@ -91,12 +104,23 @@ class CallRouter:
             options.tool_timeouts.get(tool_name) or options.timeout or self._config.call_timeout
         )
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as deadline:
+                report.timeout = deadline
                 return await session.call(tool_name, arguments)
         except TimeoutError:
-            raise DeviceTimeout(
-                device.device_id,
-                f"device {device.alias} did not answer {tool_name} within {timeout:g} s",
-            ) from None
+            message = f"device {device.alias} did not answer {tool_name} within {timeout:g} s"
+            raise DeviceTimeout(device.device_id, message + _aftermath(report)) from None
+        except DeviceBusy as exc:
+            message = f"device {device.alias} is busy: {exc}; try again later"
+            raise DeviceBusy(device.device_id, message) from None
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(device.device_id, f"device {device.alias}: {exc}") from None
+
+
+def _aftermath(report: CallReport) -> str:
+    """What became of an unanswered call on the device, as the end of a message."""
+    if report.cancel_sent:
+        return "; the device was told to cancel it"
+    if report.unsent:
+        return "; it was still waiting for a free slot and never reached the device"
+    return ""

@@ -6,17 +6,29 @@ resolves the futures of pending calls, and arms one timer for the protocol's dea
 protocol decides what a deadline means: discover without a hello, or give up discovery). When
 the link goes, the protocol fails every pending call at once (DESIGN.md "Calls": a disconnect
 must not wait for the call timeout).
+
+Calls under pressure: the protocol sends at most ``max_calls_in_flight`` calls at once, keeps up
+to ``max_calls_queued`` more waiting, and refuses the rest at once (``DeviceBusy``); the waiting
+happens inside ``call()``, so the caller's deadline covers it. A call that ends unanswered (its
+deadline, or its caller cancelling) is forgotten in a ``finally``: the protocol queues
+``notifications/cancelled`` and hands the slot to the next call, and a task of the connection
+sends those frames, so that a cancelled caller never waits on the link. Callers never send
+themselves: a caller cancelled mid-send would lose the frames it had taken from the protocol.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
 from gateway.devices.registry import DeviceRegistry
-from gateway.errors import DeviceToolError, DeviceUnavailable
+from gateway.errors import DeviceToolError, DeviceUnavailable, InvalidState
 from gateway.protocol import (
     CallFailed,
     CallSucceeded,
@@ -30,11 +42,42 @@ from gateway.protocol import (
     ToolsListed,
 )
 
-__all__ = ["DeviceConnection"]
+__all__ = ["CallReport", "DeviceConnection", "reporting"]
 
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+
+
+@dataclass(slots=True)
+class CallReport:
+    """What became of one call on the wire, for its audit record (see ``reporting()``)."""
+
+    timeout: asyncio.Timeout | None = None
+    """The caller's deadline, set by the caller: it tells a timeout from a cancellation."""
+    unsent: bool = False
+    """The call ended while still waiting for a free slot: the device never saw it."""
+    cancel_sent: bool = False
+    """The call ended unanswered and the device was told to cancel it."""
+
+
+_report: ContextVar[CallReport | None] = ContextVar("gateway_call_report", default=None)
+
+
+@contextmanager
+def reporting() -> Iterator[CallReport]:
+    """Collect in a ``CallReport`` what the one ``DeviceConnection.call()`` awaited in the block
+    does on the wire.
+
+    A context variable carries the report past the registry's ``DeviceSession`` seam, which
+    knows nothing of it (a session that is not a ``DeviceConnection`` leaves it blank).
+    """
+    report = CallReport()
+    token = _report.set(report)
+    try:
+        yield report
+    finally:
+        _report.reset(token)
 
 
 class DeviceConnection:
@@ -59,6 +102,7 @@ class DeviceConnection:
         self._send_lock = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_task: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
         self._log = logging.LoggerAdapter(logger, {"device_id": identity.device_id})
 
     async def run(self) -> None:
@@ -92,22 +136,27 @@ class DeviceConnection:
     async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
         """Call ``tool`` on the device; return its result.
 
-        The caller bounds the wait (``asyncio.timeout``); a call cancelled that way is forgotten,
-        so a late answer is dropped.
+        The call may first wait for a free slot. The caller bounds the whole wait
+        (``asyncio.timeout``); a call cancelled that way, or by its caller, is forgotten: the
+        device is told to cancel it if it was sent, and a late answer is dropped.
 
         Raises:
+            DeviceBusy: as many calls as allowed are running and waiting already.
             DeviceUnavailable: the link is gone or goes away before the answer.
             DeviceToolError: the device answered with an error.
         """
-        call_id = self._protocol.call_tool(tool, arguments)
+        try:
+            call_id = self._protocol.call_tool(tool, arguments)
+        except InvalidState:  # the link went; run() is about to unregister us
+            raise DeviceUnavailable(self.identity.device_id, "device disconnected") from None
         future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
         self._futures[call_id] = future
+        self._send_soon()
         try:
-            await self._flush()
             return await future
         finally:
-            if self._futures.pop(call_id, None) is not None:
-                self._protocol.forget(call_id)  # timed out or cancelled by the host
+            if self._futures.pop(call_id, None) is not None:  # no answer: timeout or cancel
+                self._forget(call_id)
 
     async def aclose(self) -> None:
         """Close the link; ``run`` then cleans up."""
@@ -115,10 +164,12 @@ class DeviceConnection:
 
     # --- internals -------------------------------------------------------------------------
 
-    async def _flush(self) -> None:
-        # The lock keeps frames in the order the protocol queued them across concurrent calls.
+    async def _flush(self) -> int:
+        """Send every frame the protocol has queued; return how many."""
+        # The lock keeps frames in the order the protocol queued them across concurrent senders.
         async with self._send_lock:
-            for frame in self._protocol.data_to_send():
+            frames = self._protocol.data_to_send()
+            for frame in frames:
                 try:
                     await self._link.send(frame)
                 except LinkClosed:
@@ -127,6 +178,40 @@ class DeviceConnection:
                     raise DeviceUnavailable(
                         self.identity.device_id, "device disconnected"
                     ) from None
+            return len(frames)
+
+    def _send_soon(self) -> None:
+        """Have the sender task send what the protocol queued (start it if it is idle)."""
+        if self._sender is None:
+            self._sender = asyncio.create_task(
+                self._send_all(), name=f"gateway.device[{self.identity.device_id}].send"
+            )
+
+    async def _send_all(self) -> None:
+        try:
+            while await self._flush():  # until a pass finds nothing: frames queued meanwhile go too
+                pass
+        except DeviceUnavailable:
+            pass  # the protocol is closed: every call still pending has failed with it
+        finally:
+            self._sender = None
+
+    def _forget(self, call_id: int) -> None:
+        """Forget a call that ended unanswered; tell the device if it has the call.
+
+        Runs in the ``finally`` of a cancelled ``call()``: it must not wait, so the frames it
+        queues go out from the sender task.
+        """
+        report = _report.get()
+        timed_out = report is not None and report.timeout is not None and report.timeout.expired()
+        unsent = call_id in self._protocol.waiting_calls
+        told = self._protocol.forget(
+            call_id, "timed out" if timed_out else "cancelled by the caller"
+        )
+        if report is not None:
+            report.unsent, report.cancel_sent = unsent, told
+        if told:  # notifications/cancelled, and the next waiting call now that a slot is free
+            self._send_soon()
 
     def _arm(self) -> None:
         """Keep one timer armed for the protocol's deadline."""

@@ -17,6 +17,13 @@ The core owns the session's one deadline, read from the ``clock`` it is given (l
 ``handle_timer()`` when it fires. A session waits ``hello_timeout`` for a hello, then discovers
 anyway; discovery (and every later listing) must end ``discovery_timeout`` after it started,
 that is after the hello, or the session closes with ``DiscoveryTimedOut``.
+
+Calls are bounded per session: at most ``max_calls_in_flight`` ``tools/call`` requests are sent
+and unanswered at once; more wait here, in order, up to ``max_calls_queued``, and are sent as
+answers free their slots; beyond that ``call_tool()`` raises ``DeviceBusy`` and sends nothing.
+``forget()`` drops a call: a waiting one silently, a sent one with ``notifications/cancelled``
+so that the device can stop it (stock firmware drops every notification, xiaozhi-protocol.md
+§4; our firmware cancels the tool's task).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import __version__
-from gateway.errors import InvalidState, LocalProtocolError
+from gateway.errors import DeviceBusy, InvalidState, LocalProtocolError
 from gateway.protocol import envelope
 from gateway.protocol.catalog import ToolCatalog
 from gateway.protocol.events import (
@@ -50,6 +57,7 @@ from gateway.protocol.jsonrpc import (
     Response,
     classify,
     make_error,
+    make_notification,
     make_request,
     make_result,
 )
@@ -61,6 +69,7 @@ Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 PROTOCOL_VERSION = "2024-11-05"
 TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
+CANCELLED = "notifications/cancelled"
 _EXCERPT = 120
 
 
@@ -107,6 +116,8 @@ class DeviceProtocol:
         max_pages: int = 64,
         hello_timeout: float = 3.0,
         discovery_timeout: float = 15.0,
+        max_calls_in_flight: int = 4,
+        max_calls_queued: int = 32,
         clock: Callable[[], float] = time.monotonic,
         logger: Logger | None = None,
     ) -> None:
@@ -123,6 +134,8 @@ class DeviceProtocol:
             max_pages: the most ``tools/list`` pages requested per listing.
             hello_timeout: seconds to wait for a hello before discovering anyway.
             discovery_timeout: seconds a discovery or listing may take, from its start.
+            max_calls_in_flight: the most calls sent to the device and not yet answered (≥ 1).
+            max_calls_queued: the most calls waiting for one of those slots (≥ 0).
             clock: the time in seconds, for deadlines (the I/O layer's timer clock).
             logger: where to log; ``getLogger(__name__)`` when None.
 
@@ -145,6 +158,9 @@ class DeviceProtocol:
         self._state = State.CONNECTED
         self._ids = IdAllocator()
         self._pending: dict[int, _Purpose] = {}
+        self._max_in_flight = max_calls_in_flight
+        self._max_queued = max_calls_queued
+        self._waiting: dict[int, str] = {}  # call id -> its frame, oldest first
         self._catalog: ToolCatalog | None = None  # only while listing: entries weigh a lot
         self._server_info: JsonObject | None = None
         self._relist = False
@@ -178,8 +194,13 @@ class DeviceProtocol:
 
     @property
     def pending_calls(self) -> frozenset[int]:
-        """Ids of the ``tools/call`` requests still waiting for a reply."""
+        """Ids of the ``tools/call`` requests sent and still waiting for a reply."""
         return frozenset(i for i, purpose in self._pending.items() if purpose is _Purpose.CALL)
+
+    @property
+    def waiting_calls(self) -> tuple[int, ...]:
+        """Ids of the calls not sent yet, waiting for a free slot, oldest first."""
+        return tuple(self._waiting)
 
     # Public API.
 
@@ -216,17 +237,24 @@ class DeviceProtocol:
             arguments: the tool's arguments.
 
         Returns:
-            The request id; a ``CallSucceeded`` or ``CallFailed`` with this id follows.
+            The request id; a ``CallSucceeded`` or ``CallFailed`` with this id follows. The
+            request is queued in ``data_to_send()`` at once, or when a slot frees if
+            ``max_calls_in_flight`` calls are running (``waiting_calls`` then holds it).
 
         Raises:
             InvalidState: the session is closed.
             LocalProtocolError: the request is not JSON or its frame exceeds the size limit.
+            DeviceBusy: as many calls as allowed are running and waiting already.
         """
         if self._state is State.CLOSED:
             raise InvalidState("cannot call a tool on a closed session")
         if not isinstance(name, str) or not name or not isinstance(arguments, dict):
             raise LocalProtocolError("tools/call needs a string name and an arguments object")
-        call_id = self._ids.allocate(self._pending)
+        running = self._calls_in_flight()
+        if running >= self._max_in_flight and len(self._waiting) >= self._max_queued:
+            detail = f"{_count(running, 'call')} running and {len(self._waiting)} waiting"
+            raise DeviceBusy(self.device_id, detail)
+        call_id = self._allocate_id()
         request = make_request(call_id, "tools/call", {"name": name, "arguments": arguments})
         try:
             frame = self._encode_mcp(request)
@@ -235,14 +263,33 @@ class DeviceProtocol:
         size = envelope.utf8_length(frame)
         if size > self._max_bytes:
             raise LocalProtocolError(f"tools/call frame is {size} bytes, over {self._max_bytes}")
-        self._queue(frame)
-        self._pending[call_id] = _Purpose.CALL
+        if running < self._max_in_flight:
+            self._queue(frame)
+            self._pending[call_id] = _Purpose.CALL
+        else:
+            self._waiting[call_id] = frame
         return call_id
 
-    def forget(self, call_id: int) -> None:
-        """Stop waiting for ``call_id``; a late reply then becomes ``MessageDropped``."""
-        if self._pending.get(call_id) is _Purpose.CALL:
-            del self._pending[call_id]
+    def forget(self, call_id: int, reason: str = "the caller stopped waiting") -> bool:
+        """Stop waiting for ``call_id`` (timed out, or cancelled by its caller).
+
+        A call still waiting for a slot is dropped unsent. A call sent already is cancelled on
+        the device: ``notifications/cancelled`` with ``reason`` is queued, its slot goes to the
+        oldest waiting call, and a late reply becomes ``MessageDropped``.
+
+        Returns:
+            True when the device is told to cancel (a frame is queued in ``data_to_send()``).
+        """
+        if self._waiting.pop(call_id, None) is not None:
+            return False
+        if self._pending.get(call_id) is not _Purpose.CALL:
+            return False  # answered, closed, unknown, or a discovery request
+        del self._pending[call_id]
+        # MCP cancellation: the device should stop the request and send no response for it.
+        params = {"requestId": call_id, "reason": reason}
+        self._send_mcp(make_notification(CANCELLED, params))
+        self._send_waiting()
+        return True
 
     def handle_timer(self) -> None:
         """Act on the deadline if it has come: discover without a hello, or give up discovery."""
@@ -257,7 +304,8 @@ class DeviceProtocol:
     def close(self) -> None:
         """End the session; later input is ignored.
 
-        Every ``tools/call`` still pending gets a ``CallFailed`` with ``closed=True``, in id order.
+        Every ``tools/call`` still pending gets a ``CallFailed`` with ``closed=True``: those sent in
+        id order, then those waiting in theirs.
         """
         if self._state is State.CLOSED:
             return
@@ -266,7 +314,11 @@ class DeviceProtocol:
         for call_id in sorted(self.pending_calls):
             message = "device disconnected during the call"
             self._events.append(CallFailed(call_id, message, closed=True))
+        for call_id in self._waiting:
+            message = "device disconnected before the call was sent"
+            self._events.append(CallFailed(call_id, message, closed=True))
         self._pending.clear()
+        self._waiting.clear()
 
     def events_received(self) -> list[Event]:
         """Return and forget the events produced since the last call."""
@@ -338,6 +390,7 @@ class DeviceProtocol:
         purpose = self._pending.pop(request_id)
         if purpose is _Purpose.CALL:
             self._on_call_reply(request_id, reply)
+            self._send_waiting()
         elif purpose is _Purpose.INITIALIZE:
             self._on_initialize_reply(reply)
         else:
@@ -402,9 +455,22 @@ class DeviceProtocol:
     # Outgoing messages.
 
     def _request(self, purpose: _Purpose, method: str, params: JsonObject) -> None:
-        request_id = self._ids.allocate(self._pending)
+        request_id = self._allocate_id()
         self._send_mcp(make_request(request_id, method, params))
         self._pending[request_id] = purpose
+
+    def _allocate_id(self) -> int:
+        return self._ids.allocate(self._pending.keys() | self._waiting.keys())
+
+    def _calls_in_flight(self) -> int:
+        return sum(purpose is _Purpose.CALL for purpose in self._pending.values())
+
+    def _send_waiting(self) -> None:
+        """Send the oldest waiting calls while slots are free."""
+        while self._waiting and self._calls_in_flight() < self._max_in_flight:
+            call_id = next(iter(self._waiting))
+            self._queue(self._waiting.pop(call_id))
+            self._pending[call_id] = _Purpose.CALL
 
     def _send_mcp(self, payload: JsonObject) -> None:
         self._queue(self._encode_mcp(payload))
@@ -421,6 +487,10 @@ class DeviceProtocol:
         if self.debug:
             self.logger.debug("dropped: %s %s", reason, detail)
         self._events.append(MessageDropped(reason, detail))
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _initialize_params(client_info: JsonObject | None, vision: dict[str, str] | None) -> JsonObject:

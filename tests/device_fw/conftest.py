@@ -121,15 +121,18 @@ def _write_config(workdir: Path, config: dict[str, Any]) -> None:
 
 
 @asynccontextmanager
-async def running_firmware(workdir: Path, config: dict[str, Any]) -> AsyncIterator[Firmware]:
-    """Start device_fw/main.py on the unix port with ``config``; stop it on exit."""
+async def running_firmware(
+    workdir: Path, config: dict[str, Any], *paths: Path
+) -> AsyncIterator[Firmware]:
+    """Start device_fw/main.py on the unix port with ``config`` (and modules from ``paths``,
+    e.g. a test's tools); stop it on exit."""
     micropython = tool_path("micropython")
     await asyncio.to_thread(_write_config, workdir, config)
     process = await asyncio.create_subprocess_exec(
         micropython,
         str(FIRMWARE / "main.py"),
         cwd=workdir,
-        env=micropython_env(),
+        env=micropython_env(*paths),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,

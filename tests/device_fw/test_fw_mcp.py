@@ -7,6 +7,9 @@ tests/simulator/test_mcp_server.py, and against the recorded vectors in test_vec
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -14,6 +17,14 @@ import pytest
 from device_fw.fw_envelope import INTERNAL_ERROR, INVALID_PARAMS, dumps
 from device_fw.fw_mcp import McpServer, Prop, Tool, ToolError
 from device_fw.fw_tool import text_of
+from tests.conftest import bound
+from tests.device_fw.conftest import TESTS, micropython_env, tool_path
+
+sys.path.append(str(TESTS))  # cancel_scenario imports the firmware by its board names
+import cancel_scenario  # noqa: E402
+
+Check = Callable[[], Coroutine[Any, Any, None]]
+CHECKS: list[tuple[str, Check]] = cancel_scenario.CHECKS
 
 
 def handle(server: McpServer, method: str, params: Any = None, request_id: Any = 1) -> Any:
@@ -146,3 +157,34 @@ def test_duplicate_and_unknown_tools_are_refused() -> None:
         server.add(Tool("self.a", "", (), lambda args: True))
     with pytest.raises(KeyError):
         server.remove("self.b")
+
+
+# notifications/cancelled (tests/device_fw/cancel_scenario.py plays the gateway).
+
+
+@pytest.mark.parametrize(("name", "check"), CHECKS, ids=[name for name, _ in CHECKS])
+def test_cancellation_on_cpython(name: str, check: Check) -> None:
+    """A cancelled async handler stops and its call gets no reply; other calls are answered."""
+    asyncio.run(check())
+
+
+def test_cancellation_on_micropython() -> None:
+    """The same checks pass on the real MicroPython unix port."""
+    done = subprocess.run(
+        [tool_path("micropython"), str(TESTS / "cancel_scenario.py")],
+        capture_output=True,
+        text=True,
+        env=micropython_env(),
+        timeout=bound(60),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    passed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("PASS ")]
+    assert passed == [name for name, _ in CHECKS], done.stdout
+
+
+def test_a_sync_handler_cannot_be_cancelled_and_is_answered() -> None:
+    """A plain handler has finished before any notification can arrive: it is answered."""
+    server = server_with(Tool("self.now", "", (), lambda args: True))
+    reply = handle(server, "tools/call", {"name": "self.now"}, request_id=4)
+    assert reply["result"]["content"][0]["text"] == "true"
+    assert server.cancel(4) is False and server.running == {}

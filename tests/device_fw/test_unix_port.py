@@ -110,6 +110,47 @@ async def test_a_tool_added_at_runtime_reaches_the_mcp_client_by_list_changed(
     assert len(faces) == 3 and all(1 <= face <= 6 for face in faces)
 
 
+HOLD_TOOL = """
+import asyncio
+
+from fw_mcp import Tool
+
+
+def tools(board):
+    async def hold(args):
+        print("hold: started")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            print("hold: cancelled")
+            raise
+
+    return [Tool("self.hold", "Waits an hour, unless cancelled.", (), hold)]
+"""
+
+
+async def test_a_call_that_times_out_is_cancelled_on_the_firmware(tmp_path: Path) -> None:
+    """At the call timeout the gateway sends notifications/cancelled: the firmware cancels the
+    tool's task, and goes on serving; the host and the audit log are told so."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "tool_hold.py").write_text(HOLD_TOOL)
+    async with gateway(tmp_path / "gw", call_timeout=bound(1.0)) as run:
+        config = firmware_config(DEVICE_ID, url=url_of(run.device_port), tools=["tool_hold"])
+        async with running_firmware(tmp_path / "fw", config, tools) as firmware:
+            names = await wait_listed(run)
+            async with Client(run.mcp_url, mode="legacy") as client:
+                held = await client.call_tool(names["self.hold"], {})
+                await firmware.expect("hold: cancelled")
+                after = await client.call_tool(names["self.led.get_state"], {})
+    assert "hold: started" in firmware.output()
+    assert held.is_error
+    assert held.content[0].text.endswith("; the device was told to cancel it")
+    assert json.loads(after.content[0].text) == {"on": False}
+    audit = [json.loads(line) for line in (tmp_path / "gw" / "audit.log").read_text().splitlines()]
+    assert [record["outcome"] for record in audit] == ["DeviceTimeout", "ok"]
+
+
 async def test_firmware_reconnects_by_itself_after_a_gateway_restart(tmp_path: Path) -> None:
     """Stop the gateway, start a new one on the same port and data dir: the firmware comes back
     on its own and its tools work again."""

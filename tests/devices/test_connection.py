@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from gateway.config import Config
 from gateway.devices.connection import DeviceConnection
-from gateway.devices.link import DeviceIdentity
-from gateway.errors import DeviceToolError, DeviceUnavailable
+from gateway.devices.link import DeviceIdentity, LinkClosed
+from gateway.errors import DeviceBusy, DeviceToolError, DeviceUnavailable
 from gateway.protocol import DeviceProtocol
 from tests.conftest import bound, make_config
 from tests.fakes import MemoryLink, Stack
@@ -31,8 +32,10 @@ def mcp(payload: dict[str, Any]) -> dict[str, Any]:
 class Harness:
     """A DeviceConnection over a MemoryLink, with the registry it reports to."""
 
-    def __init__(self, stack: Stack, link: MemoryLink, task: asyncio.Task[None]) -> None:
-        self.stack, self.link, self.task = stack, link, task
+    def __init__(
+        self, stack: Stack, link: MemoryLink, task: asyncio.Task[None], protocol: DeviceProtocol
+    ) -> None:
+        self.stack, self.link, self.task, self.protocol = stack, link, task, protocol
 
     async def sent(self) -> dict[str, Any]:
         async with asyncio.timeout(bound(5)):
@@ -58,15 +61,18 @@ class Harness:
 
 
 @asynccontextmanager
-async def connected(tmp_path: Path, **protocol: Any) -> AsyncIterator[Harness]:
-    stack = Stack(make_config(tmp_path))
-    link = MemoryLink()
+async def connected(
+    tmp_path: Path, *, config: Config | None = None, link: MemoryLink | None = None, **protocol: Any
+) -> AsyncIterator[Harness]:
+    """A DeviceConnection over a MemoryLink; ``protocol``: DeviceProtocol keyword arguments."""
+    stack = Stack(config or make_config(tmp_path))
+    link = link or MemoryLink()
     identity = DeviceIdentity(device_id=DEVICE, client_id="c1", transport="websocket")
     proto = DeviceProtocol(DEVICE, clock=asyncio.get_running_loop().time, **protocol)
     connection = DeviceConnection(link, identity, stack.registry, proto)
     task = asyncio.create_task(connection.run())
     try:
-        yield Harness(stack, link, task)
+        yield Harness(stack, link, task, proto)
     finally:
         await link.aclose()
         async with asyncio.timeout(bound(5)):
@@ -75,9 +81,18 @@ async def connected(tmp_path: Path, **protocol: Any) -> AsyncIterator[Harness]:
 
 
 async def call(harness: Harness, arguments: dict[str, Any]) -> asyncio.Task[dict[str, Any]]:
+    """Start a call in a task; when this returns, the call is sent or waiting for a slot."""
     device = harness.stack.registry.find(DEVICE)
     assert device is not None and device.session is not None
-    return asyncio.create_task(device.session.call("self.lamp.turn_on", arguments))
+    task = asyncio.create_task(device.session.call("self.lamp.turn_on", arguments))
+    # The loop runs ready tasks in order: once a task created now has run, so has the call's
+    # first step, which hands the request to the protocol.
+    await asyncio.create_task(nothing())
+    return task
+
+
+async def nothing() -> None:
+    """Do nothing (a task to await: every task ready before it has then run a step)."""
 
 
 async def test_discovery_lists_the_tools_into_the_registry(tmp_path: Path) -> None:
@@ -148,3 +163,103 @@ async def test_reconnect_closes_the_replaced_session(tmp_path: Path) -> None:
         assert device is not None and device.session is second
         await link.aclose()
         await task
+
+
+# Calls under pressure: the per-device bound, and cancellation reaching the device.
+
+
+def cancellation(call_id: int, reason: str) -> dict[str, Any]:
+    params = {"requestId": call_id, "reason": reason}
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+
+
+async def test_calls_beyond_the_bound_fail_at_once_and_queued_calls_run_as_slots_free(
+    tmp_path: Path,
+) -> None:
+    """With 2 slots and a queue of 1, the 4th call fails at once; the 3rd goes out when the 1st
+    is answered, and every call gets its own answer."""
+    async with connected(tmp_path, max_calls_in_flight=2, max_calls_queued=1) as harness:
+        await harness.discover()
+        calls = [await call(harness, {"n": n}) for n in range(3)]
+        first, second = await harness.request("tools/call"), await harness.request("tools/call")
+        device = harness.stack.registry.find(DEVICE)
+        assert device is not None and device.session is not None
+        with pytest.raises(DeviceBusy, match="^2 calls running and 1 waiting$"):
+            await device.session.call("self.lamp.turn_on", {"n": 3})
+        harness.link.feed(mcp({"id": first["id"], "result": {"n": 0}}))
+        third = await harness.request("tools/call")
+        assert third["params"]["arguments"] == {"n": 2}
+        for request in (second, third):
+            n = request["params"]["arguments"]["n"]
+            harness.link.feed(mcp({"id": request["id"], "result": {"n": n}}))
+        async with asyncio.timeout(bound(5)):
+            assert await asyncio.gather(*calls) == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+async def test_a_cancelled_call_is_cancelled_on_the_device(tmp_path: Path) -> None:
+    """Cancelling a sent call sends notifications/cancelled for its id, without waiting."""
+    async with connected(tmp_path) as harness:
+        await harness.discover()
+        pending = await call(harness, {})
+        request = await harness.request("tools/call")
+        pending.cancel()
+        assert (await harness.sent())["payload"] == cancellation(
+            request["id"], "cancelled by the caller"
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+
+
+async def test_a_cancelled_waiting_call_never_reaches_the_device(tmp_path: Path) -> None:
+    """A call cancelled while it waits for a slot is dropped: the next one takes the slot."""
+    async with connected(tmp_path, max_calls_in_flight=1) as harness:
+        await harness.discover()
+        running = await call(harness, {"n": 0})
+        first = await harness.request("tools/call")
+        dropped, last = await call(harness, {"n": 1}), await call(harness, {"n": 2})
+        assert len(harness.protocol.waiting_calls) == 2
+        dropped.cancel()
+        harness.link.feed(mcp({"id": first["id"], "result": {}}))
+        following = await harness.request("tools/call")
+        assert following["params"]["arguments"] == {"n": 2}
+        harness.link.feed(mcp({"id": following["id"], "result": {}}))
+        async with asyncio.timeout(bound(5)):
+            assert await running == {} and await last == {}
+
+
+async def test_link_loss_fails_waiting_calls_at_once_too(tmp_path: Path) -> None:
+    """Calls still waiting for a slot fail with DeviceUnavailable when the link goes."""
+    async with connected(tmp_path, max_calls_in_flight=1) as harness:
+        await harness.discover()
+        running, waiting = await call(harness, {}), await call(harness, {})
+        await harness.request("tools/call")
+        await harness.link.aclose()
+        async with asyncio.timeout(bound(5)):
+            with pytest.raises(DeviceUnavailable, match="during the call"):
+                await running
+            with pytest.raises(DeviceUnavailable, match="before the call was sent"):
+                await waiting
+
+
+class BrokenLink(MemoryLink):
+    """A MemoryLink whose sends fail, once ``broken``, as if the connection had just dropped."""
+
+    broken = False
+
+    async def send(self, text: str) -> None:
+        if self.broken:
+            raise LinkClosed("gone")
+        await super().send(text)
+
+
+async def test_a_call_that_finds_the_link_gone_fails_at_once(tmp_path: Path) -> None:
+    """A failed send fails the call with DeviceUnavailable, and later calls too, at once."""
+    link = BrokenLink()
+    async with connected(tmp_path, link=link) as harness:
+        await harness.discover()
+        link.broken = True
+        async with asyncio.timeout(bound(5)):
+            with pytest.raises(DeviceUnavailable, match="during the call"):
+                await (await call(harness, {}))
+        with pytest.raises(DeviceUnavailable, match="^device disconnected$"):
+            await (await call(harness, {}))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import __version__
-from gateway.errors import InvalidState, LocalProtocolError
+from gateway.errors import DeviceBusy, InvalidState, LocalProtocolError
 from gateway.protocol.device import DeviceProtocol, State
 from gateway.protocol.events import (
     CallFailed,
@@ -23,6 +23,7 @@ from gateway.protocol.events import (
     MessageDropped,
     ToolsListed,
 )
+from gateway.protocol.jsonrpc import IdAllocator
 
 SID = "test-session"
 CLIENT = {"name": "test-gateway", "version": "1.2.3"}
@@ -567,22 +568,121 @@ def test_call_tool_rejects_what_cannot_be_sent(name: Any, arguments: Any) -> Non
     assert protocol.data_to_send() == []
 
 
+# Calls under pressure: a bound on calls in flight, a queue, and cancellation.
+
+
+def call_request(call_id: int, name: str = "a") -> dict[str, Any]:
+    params = {"name": name, "arguments": {}}
+    return {"jsonrpc": "2.0", "id": call_id, "method": "tools/call", "params": params}
+
+
+def cancellation(call_id: int, reason: str) -> dict[str, Any]:
+    params = {"requestId": call_id, "reason": reason}
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+
+
+def test_calls_beyond_the_bound_wait_and_go_out_as_answers_free_slots() -> None:
+    """With 2 slots the third call waits unsent; each answer sends the oldest waiting call."""
+    protocol = ready(max_calls_in_flight=2, max_calls_queued=2)
+    ids = [protocol.call_tool(name, {}) for name in ("a", "b", "a", "b")]
+    assert ids == [3, 4, 5, 6]
+    assert payloads(protocol) == [call_request(3, "a"), call_request(4, "b")]
+    assert protocol.pending_calls == frozenset({3, 4}) and protocol.waiting_calls == (5, 6)
+    fail(protocol, 4, {"message": "no"})
+    assert payloads(protocol) == [call_request(5, "a")]
+    reply(protocol, 3, RESULT)
+    assert payloads(protocol) == [call_request(6, "b")]
+    assert protocol.events_received() == [CallFailed(4, "no"), CallSucceeded(3, RESULT)]
+    assert protocol.pending_calls == frozenset({5, 6}) and protocol.waiting_calls == ()
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "queued", "message"),
+    [(4, 32, "4 calls running and 32 waiting"), (1, 0, "1 call running and 0 waiting")],
+)
+def test_call_beyond_the_queue_raises_device_busy_and_sends_nothing(
+    in_flight: int, queued: int, message: str
+) -> None:
+    """The call after max_calls_in_flight + max_calls_queued fails at once, saying why."""
+    protocol = ready(max_calls_in_flight=in_flight, max_calls_queued=queued)
+    for _ in range(in_flight + queued):
+        protocol.call_tool("a", {})
+    protocol.data_to_send()
+    with pytest.raises(DeviceBusy, match=f"^{message}$") as busy:
+        protocol.call_tool("a", {})
+    assert busy.value.device_id == "dev-1"
+    assert protocol.data_to_send() == [] and protocol.events_received() == []
+    assert len(protocol.pending_calls) == in_flight and len(protocol.waiting_calls) == queued
+
+
+def test_forget_of_a_sent_call_tells_the_device_and_frees_its_slot() -> None:
+    """notifications/cancelled with the id and reason, then the oldest waiting call is sent."""
+    protocol = ready(max_calls_in_flight=1)
+    first, second = protocol.call_tool("a", {}), protocol.call_tool("b", {})
+    protocol.data_to_send()
+    assert protocol.forget(first, "timed out") is True
+    assert payloads(protocol) == [cancellation(first, "timed out"), call_request(second, "b")]
+    reply(protocol, first, RESULT)  # the device answered before it read the cancellation
+    assert dropped(protocol) == ["reply to an unknown or forgotten request"]
+    assert protocol.forget(first) is False and protocol.data_to_send() == []
+
+
+def test_forget_of_a_waiting_call_drops_it_unsent_and_keeps_the_order() -> None:
+    """A call that never left the queue is not mentioned to the device; the rest keep order."""
+    protocol = ready(max_calls_in_flight=1)
+    ids = [protocol.call_tool("a", {}) for _ in range(3)]
+    protocol.data_to_send()
+    assert protocol.forget(ids[1]) is False
+    assert protocol.data_to_send() == [] and protocol.waiting_calls == (ids[2],)
+    reply(protocol, ids[0], RESULT)
+    assert payloads(protocol) == [call_request(ids[2])]
+
+
+def test_forget_after_close_tells_nothing() -> None:
+    """A closed session sends no cancellation: the device is gone."""
+    protocol = ready()
+    call_id = protocol.call_tool("a", {})
+    protocol.close()
+    protocol.data_to_send()
+    assert protocol.forget(call_id, "timed out") is False
+    assert protocol.data_to_send() == []
+
+
+def test_request_ids_skip_waiting_calls() -> None:
+    """A re-listing while calls wait takes an id none of them holds."""
+    protocol = ready(max_calls_in_flight=1, max_calls_queued=2)
+    ids = [protocol.call_tool("a", {}) for _ in range(3)]
+    protocol.forget(ids[0])
+    protocol.call_tool("a", {})  # id 6; ids 4 (sent by forget) and 5 are still in use
+    protocol._ids = IdAllocator(4)  # wrap around onto them
+    notify(protocol)
+    listed = payloads(protocol)[-1]
+    assert listed["method"] == "tools/list" and listed["id"] == 7
+
+
 # Closing.
 
 
 def test_close_fails_pending_calls_and_ignores_later_input() -> None:
-    """close() fails each pending call with closed=True; afterwards input yields nothing."""
-    protocol = listing()
-    ids = [protocol.call_tool("a", {}) for _ in range(3)]
+    """close() fails each pending call with closed=True, sent then waiting; afterwards input
+    yields nothing."""
+    protocol = listing(max_calls_in_flight=3)
+    ids = [protocol.call_tool("a", {}) for _ in range(5)]
     protocol.forget(ids[1])
     protocol.close()
-    gone = "device disconnected during the call"
+    gone, unsent = (
+        "device disconnected during the call",
+        "device disconnected before the call was sent",
+    )
     assert protocol.events_received() == [
         CallFailed(ids[0], gone, closed=True),
         CallFailed(ids[2], gone, closed=True),
+        CallFailed(ids[3], gone, closed=True),
+        CallFailed(ids[4], unsent, closed=True),
     ]
     assert protocol.state is State.CLOSED
-    assert protocol.pending_calls == frozenset() and protocol.timer is None
+    assert protocol.pending_calls == frozenset() and protocol.waiting_calls == ()
+    assert protocol.timer is None
     protocol.data_to_send()
     reply(protocol, ids[0], RESULT)
     protocol.receive_text(json.dumps(HELLO))
