@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import socket
+import stat
 import tempfile
 import urllib.error
 import urllib.request
@@ -118,6 +119,21 @@ def writable_probe(path: Path) -> str | None:
     return None
 
 
+def exposed_probe(path: Path) -> list[str]:
+    """The data dir and the gateway's files in it that other users may read or write."""
+    names = ("", "registry.sqlite3", "registry.sqlite3-wal", "registry.sqlite3-shm", "audit.log",
+             "device_token", "mqtt_secret")  # fmt: skip
+    found = []
+    for name in names:
+        try:
+            mode = (path / name).stat().st_mode
+        except OSError:
+            continue  # not made yet: the gateway makes it private
+        if mode & 0o077:
+            found.append(f"{path / name} ({stat.S_IMODE(mode):04o})")
+    return found
+
+
 def in_container() -> bool:
     """True inside a Docker or Podman container (their marker files, or podman's ``container``)."""
     markers = (Path("/.dockerenv"), Path("/run/.containerenv"))
@@ -131,6 +147,7 @@ class Probes:
     tcp: Callable[[str, int, float], str | None] = tcp_probe
     listener: Callable[[str, int, float], Listener] = listener_probe
     writable: Callable[[Path], str | None] = writable_probe
+    exposed: Callable[[Path], list[str]] = exposed_probe
     timeout: float = 2.0
 
 
@@ -173,6 +190,7 @@ def diagnose(
     _broker(ctx, running)
     _broker_endpoint(ctx)
     _data_dir(ctx)
+    _data_dir_private(ctx)
     if file_only is not None:
         _overridden(ctx, file_only, os.environ if env is None else env)
     return ctx.findings
@@ -514,6 +532,21 @@ def _data_dir(ctx: _Context) -> None:
     else:
         fix = f"sudo chown -R {uid}:{gid} {path}, or set GATEWAY_DATA_DIR to a directory you own"
     ctx.add("problem", "data dir", f"the gateway cannot use {path}: {why}", fix)
+
+
+def _data_dir_private(ctx: _Context) -> None:
+    path = ctx.config.data_dir
+    exposed = ctx.probes.exposed(path)
+    if not exposed:
+        ctx.add("ok", "data dir privacy", f"only this user can read {path} (tokens, audit log)")
+        return
+    ctx.add(
+        "warning",
+        "data dir privacy",
+        f"other users can read or write {', '.join(exposed)}: tokens and the audit log are there",
+        f"chmod 700 {path} && chmod 600 {path}/* (the gateway does it at start when they "
+        "belong to its user)",
+    )
 
 
 def _overridden(ctx: _Context, file_only: Config, env: Mapping[str, str]) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.config import Config
+from gateway.datadir import FILE_MODE, private_dir, tighten
 
 __all__ = ["device_tokens", "generated_token_path", "stored_secret", "token_matches"]
 
@@ -20,15 +21,17 @@ def generated_token_path(config: Config) -> Path:
 
 def stored_secret(path: Path, make: Callable[[], str]) -> str:
     """The secret kept in ``path``; made with ``make`` and stored (mode 0600) the first time."""
+    private_dir(path.parent)
     if path.exists():
+        tighten(path)
         text = path.read_text(encoding="utf-8").strip()
         if text:
             return text
-    path.parent.mkdir(parents=True, exist_ok=True)
     secret = make()
     # Write-then-rename, 0600 from the start: a secret must never be readable by others.
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)  # a crash's leftover keeps its mode: make the file anew
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(secret + "\n")
     tmp.replace(path)

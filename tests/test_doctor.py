@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from gateway.doctor import (
     Listener,
     Probes,
     diagnose,
+    exposed_probe,
     file_only_config,
     listener_probe,
     tcp_probe,
@@ -40,10 +42,12 @@ class FakeNetwork:
         self.listeners = listeners or {}
         self.open_ports = open_ports or {}
         self.not_writable = writable
+        self.readable_by_others: list[str] = []
         self.asked: list[tuple[str, int]] = []
 
     def probes(self) -> Probes:
-        return Probes(tcp=self.tcp, listener=self.listener, writable=self.writable, timeout=0.1)
+        return Probes(tcp=self.tcp, listener=self.listener, writable=self.writable,
+                      exposed=self.exposed, timeout=0.1)  # fmt: skip
 
     def tcp(self, host: str, port: int, timeout: float) -> str | None:
         self.asked.append((host, port))
@@ -55,6 +59,9 @@ class FakeNetwork:
 
     def writable(self, path: Path) -> str | None:
         return self.not_writable
+
+    def exposed(self, path: Path) -> list[str]:
+        return self.readable_by_others
 
 
 def config(**overrides: Any) -> Config:
@@ -298,6 +305,27 @@ def test_writable_probe(tmp_path: Path) -> None:
     assert writable_probe(tmp_path / "not" / "yet") is None  # created at first start
     (tmp_path / "file").write_text("")
     assert "not a directory" in (writable_probe(tmp_path / "file" / "data") or "")
+
+
+def test_data_dir_readable_by_others_is_a_warning() -> None:
+    """Files others can read are named, with the chmod that fixes them now."""
+    network = FakeNetwork()
+    assert only(run(docker(), network), "data dir privacy").level == "ok"
+    network.readable_by_others = ["/data/audit.log (0644)"]
+    found = only(run(docker(), network), "data dir privacy")
+    assert found.level == "warning"
+    assert "/data/audit.log (0644)" in found.message and "chmod 600" in found.fix
+
+
+def test_exposed_probe(tmp_path: Path) -> None:
+    """The dir and the gateway's files with a group or other bit set; missing files are fine."""
+    assert exposed_probe(tmp_path / "not" / "yet") == []
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "audit.log").write_text("")
+    os.chmod(tmp_path / "audit.log", 0o640)
+    (tmp_path / "mqtt_secret").write_text("")
+    os.chmod(tmp_path / "mqtt_secret", 0o600)
+    assert exposed_probe(tmp_path) == [f"{tmp_path} (0755)", f"{tmp_path / 'audit.log'} (0640)"]
 
 
 # --- file settings the environment overrides ---------------------------------------------------

@@ -4,19 +4,30 @@ A shared device token is easy but all-or-nothing; an issued token belongs to one
 SHA-256 of each token is stored. A token issued before the board's id is known
 (``esp-mcp-gateway image`` builds an image without a board) binds to the first device id that
 presents it; from then on it is refused for any other id.
+
+When the data dir cannot be written (a full disk, a read-only mount), issuing fails with
+``StorageUnavailable``: a token the gateway could not recognise after a restart must not be
+flashed into a board. Admitting does not fail: a first use binds the token in memory at once
+(another id is refused from then on), and the binding is written by the next ``admit``,
+``issue`` or ``close`` that finds the file writable; the failure is logged once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.devices.store import open_database
+from gateway.errors import StorageUnavailable
 
 __all__ = ["Enrollment", "IssuedToken"]
+
+logger = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS issued_tokens (
@@ -45,18 +56,36 @@ class Enrollment:
 
     def __init__(self, path: Path) -> None:
         self._db = open_database(path, _SCHEMA)
+        self._unwritten: dict[str, str] = {}  # token digest -> device id, bound in memory only
+        self._failing = False
 
     def close(self) -> None:
-        """Close the database."""
+        """Write the bindings still held in memory if it can, then close the database."""
+        self._write_bindings()
+        if self._unwritten:
+            logger.warning("%d device token bindings could not be written; each token binds "
+                           "again at its next use", len(self._unwritten))  # fmt: skip
         self._db.close()
 
     def issue(self, name: str, device_id: str | None = None) -> str:
-        """A new token for the board called ``name`` (bound to ``device_id`` when known)."""
+        """A new token for the board called ``name`` (bound to ``device_id`` when known).
+
+        Raises:
+            StorageUnavailable: the registry cannot be written now; no token was issued.
+        """
+        self._write_bindings()
         token = secrets.token_urlsafe(24)
-        self._db.execute(
-            "INSERT INTO issued_tokens VALUES (?, ?, ?, ?)",
-            (_digest(token), name, device_id.lower() if device_id else None, time.time()),
-        )
+        try:
+            self._db.execute(
+                "INSERT INTO issued_tokens VALUES (?, ?, ?, ?)",
+                (_digest(token), name, device_id.lower() if device_id else None, time.time()),
+            )
+        except sqlite3.Error as exc:  # a full disk, a read-only data dir
+            logger.error("cannot store a new device token for %r: %s", name, exc)
+            raise StorageUnavailable(
+                f"the gateway cannot write its data dir ({exc}), so it issued no device token; "
+                "free some space or make the data dir writable, then try again"
+            ) from None
         return token
 
     def admit(self, token: str, device_id: str) -> IssuedToken | None:
@@ -68,11 +97,30 @@ class Enrollment:
         if row is None:
             return None
         name, bound = row
+        bound = bound or self._unwritten.get(digest)
         if bound is None:
-            self._db.execute(
-                "UPDATE issued_tokens SET device_id = ? WHERE token_sha256 = ?",
-                (device_id.lower(), digest),
-            )
+            self._unwritten[digest] = device_id.lower()  # binds now, written or not
         elif bound != device_id.lower():
             return None
+        self._write_bindings()
         return IssuedToken(name, device_id.lower())
+
+    def _write_bindings(self) -> None:
+        """Write the bindings held in memory; on failure keep them and say so (once)."""
+        if not self._unwritten:
+            return
+        try:
+            self._db.executemany(
+                "UPDATE issued_tokens SET device_id = ? WHERE token_sha256 = ?",
+                [(device_id, digest) for digest, device_id in self._unwritten.items()],
+            )
+        except sqlite3.Error as exc:  # a full disk, a read-only data dir: devices still connect
+            if not self._failing:
+                logger.error("cannot write device token bindings (%s); they hold in memory and "
+                             "are written once the data dir can be written", exc)  # fmt: skip
+            self._failing = True
+            return
+        if self._failing:
+            logger.info("device token bindings are written again")
+        self._failing = False
+        self._unwritten.clear()

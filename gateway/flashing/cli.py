@@ -126,9 +126,23 @@ def _register(config: Config, args: argparse.Namespace) -> tuple[str, dict[str, 
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # the gateway answered: say what it said (e.g. 503)
+        raise GatewayError(
+            f"the gateway at {base} issued no token ({exc.code}): {_said(exc)}"
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise GatewayError(
             f"cannot register the device with the gateway at {base} ({exc}): start the gateway "
             "(esp-mcp-gateway serve), point --api at it, or pass --token"
         ) from None
     return str(answer["token"]), dict(answer.get("urls") or {})
+
+
+def _said(error: urllib.error.HTTPError) -> str:
+    """The ``error`` of a gateway's JSON answer, else the HTTP reason."""
+    try:
+        body = json.loads(error.read())
+    except (OSError, ValueError):
+        body = None
+    said = body.get("error") if isinstance(body, dict) else None
+    return said if isinstance(said, str) else str(error.reason)

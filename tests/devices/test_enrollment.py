@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gateway.devices.enrollment import Enrollment
+from gateway.errors import StorageUnavailable
 
 
 def test_token_binds_to_the_first_device_that_uses_it(tmp_path: Path) -> None:
@@ -35,3 +38,52 @@ def test_only_a_digest_of_each_token_is_stored(tmp_path: Path) -> None:
     token = book.issue("desk")
     book.close()
     assert token.encode() not in (tmp_path / "r.sqlite3").read_bytes()
+
+
+def read_only(book: Enrollment, on: bool = True) -> None:
+    """SQLite refuses every write from now on, as on a full disk or a read-only data dir."""
+    book._db.execute(f"PRAGMA query_only = {'ON' if on else 'OFF'}")
+
+
+def test_no_token_is_issued_when_it_cannot_be_stored(tmp_path: Path) -> None:
+    """Issuing raises StorageUnavailable (the API's 503), naming what went wrong and the fix."""
+    book = Enrollment(tmp_path / "r.sqlite3")
+    read_only(book)
+    with pytest.raises(StorageUnavailable, match="readonly database.*make the data dir writable"):
+        book.issue("desk")
+    read_only(book, on=False)
+    assert book.admit(book.issue("desk"), "aa:00:00:00:00:01") is not None
+    book.close()
+
+
+def test_a_first_use_binds_in_memory_until_it_can_be_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-only registry still admits a new board, binds its token at once, says so once,
+    and writes the binding at the next use that can."""
+    book = Enrollment(tmp_path / "r.sqlite3")
+    token, other = book.issue("desk"), book.issue("hall")
+    read_only(book)
+    assert book.admit(token, "aa:00:00:00:00:01") is not None
+    assert book.admit(token, "aa:00:00:00:00:02") is None  # bound, though not yet written
+    assert book.admit(other, "aa:00:00:00:00:03") is not None
+    assert caplog.text.count("cannot write device token bindings") == 1
+    read_only(book, on=False)
+    assert book.admit(token, "aa:00:00:00:00:01") is not None  # writes both bindings
+    book.close()
+    again = Enrollment(tmp_path / "r.sqlite3")
+    assert again.admit(token, "aa:00:00:00:00:02") is None
+    assert again.admit(other, "aa:00:00:00:00:02") is None
+    again.close()
+
+
+def test_bindings_never_written_are_reported_at_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closing while the registry is still read-only says how many bindings were not kept."""
+    book = Enrollment(tmp_path / "r.sqlite3")
+    token = book.issue("desk")
+    read_only(book)
+    assert book.admit(token, "aa:00:00:00:00:01") is not None
+    book.close()
+    assert "1 device token bindings could not be written" in caplog.text

@@ -1,0 +1,69 @@
+"""The data dir holds secrets and metadata: only the gateway's own user may read it.
+
+Tokens, the MQTT secret, the registry and the audit log all live there, so the dir is mode 0700
+and every file the gateway makes in it 0600, from its creation (no window in which another user
+could open it). A looser dir or file, left by an older version or made by hand, is tightened when
+the gateway opens it, and the log says so. The dir's mode alone would protect the files; the
+files' own modes keep them private when they are copied or the dir is loosened again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["DIR_MODE", "FILE_MODE", "create_private", "open_private", "private_dir", "tighten"]
+
+logger = logging.getLogger(__name__)
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+_OTHERS = 0o077  # the group's and everyone else's bits
+
+
+def private_dir(path: Path) -> Path:
+    """Make the dir ``path`` (mode 0700), or tighten it if it exists and is looser; return it."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    tighten(path)
+    return path
+
+
+def create_private(path: Path) -> Path:
+    """Create ``path`` empty with mode 0600 unless it exists (then tighten it); return it."""
+    private_dir(path.parent)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+    tighten(path)
+    return path
+
+
+def open_private(path: Path) -> int:
+    """A descriptor appending to ``path``, which is created with mode 0600 (or tightened)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    if os.fstat(fd).st_mode & _OTHERS:  # an older file: the mode above only applies to new ones
+        tighten(path)
+    return fd
+
+
+def tighten(path: Path) -> None:
+    """Take the group's and others' permissions off ``path`` if it has any; log it."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return
+    if not mode & _OTHERS:
+        return
+    if mode & stat.S_ISVTX:  # /tmp and the like: shared on purpose, never ours to close
+        logger.warning("%s is a shared directory: other users may read what the gateway keeps "
+                       "there; give the gateway a data dir of its own", path)  # fmt: skip
+        return
+    try:
+        os.chmod(path, mode & ~_OTHERS)
+    except OSError as exc:  # not its owner: say so, and go on (the gateway still works)
+        logger.warning("%s is mode %04o and cannot be made private (%s): other users may read "
+                       "it; chown it to this user", path, mode, exc.strerror or exc)  # fmt: skip
+        return
+    logger.warning("%s was mode %04o; made it %04o (only this user)", path, mode, mode & ~_OTHERS)

@@ -1,0 +1,89 @@
+"""Tests for gateway.datadir: a private dir and private files, made so or tightened and logged."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from gateway.datadir import create_private, open_private, private_dir, tighten
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_new_data_dir_is_made_0700(tmp_path: Path) -> None:
+    """The dir and any missing parent are made; the dir itself is 0700."""
+    path = private_dir(tmp_path / "a" / "data")
+    assert mode(path) == 0o700
+
+
+def test_a_looser_data_dir_is_tightened_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 0755 dir becomes 0700, and the log says so; a private dir is left alone, silently."""
+    path = tmp_path / "data"
+    path.mkdir(mode=0o755)
+    os.chmod(path, 0o755)
+    private_dir(path)
+    assert mode(path) == 0o700
+    assert "was mode 0755; made it 0700" in caplog.text
+    caplog.clear()
+    private_dir(path)
+    assert caplog.text == ""
+
+
+def test_files_are_made_0600_or_tightened(tmp_path: Path) -> None:
+    """A new file is 0600 from its creation; an existing 0644 one loses the others' bits."""
+    made = create_private(tmp_path / "new")
+    old = tmp_path / "old"
+    old.write_text("kept")
+    os.chmod(old, 0o644)
+    create_private(old)
+    assert (mode(made), mode(old), old.read_text()) == (0o600, 0o600, "kept")
+
+
+def test_open_private_appends_to_a_0600_file(tmp_path: Path) -> None:
+    """``open_private`` creates 0600, appends, and tightens a looser file it opens."""
+    path = tmp_path / "log"
+    for text in (b"one\n", b"two\n"):
+        fd = open_private(path)
+        os.write(fd, text)
+        os.close(fd)
+        os.chmod(path, 0o644)
+    fd = open_private(path)
+    os.close(fd)
+    assert (path.read_bytes(), mode(path)) == (b"one\ntwo\n", 0o600)
+
+
+def test_a_file_that_cannot_be_tightened_is_logged_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another user's file (chmod refused) leaves a warning that names the fix; nothing raises."""
+    path = tmp_path / "theirs"
+    path.write_text("")
+    os.chmod(path, 0o644)
+
+    def refuse(*args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refuse)  # chmod does not stop root: refuse it here
+    tighten(path)
+    tighten(tmp_path / "missing")
+    assert mode(path) == 0o644
+    assert "cannot be made private (Operation not permitted)" in caplog.text
+
+
+def test_a_shared_sticky_dir_is_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A data dir pointed at /tmp-like shared space is not closed to its other users: a warning."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    private_dir(shared)
+    assert mode(shared) == 0o1777
+    assert "is a shared directory" in caplog.text

@@ -1,0 +1,40 @@
+"""Tests for gateway.tokens: stored secrets are private, and so is the dir they live in."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from gateway.tokens import device_tokens, generated_token_path, stored_secret, token_matches
+from tests.conftest import make_config
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_generated_token_is_kept_0600_in_a_0700_dir(tmp_path: Path) -> None:
+    """No configured token: one is made once, kept private, and the same one comes back."""
+    config = make_config(tmp_path / "data", device_tokens=())
+    (token,) = device_tokens(config)
+    path = generated_token_path(config)
+    assert (mode(path), mode(path.parent)) == (0o600, 0o700)
+    assert device_tokens(config) == (token,) and token_matches(token, (token,))
+
+
+def test_a_stale_temporary_file_does_not_lend_its_mode(tmp_path: Path) -> None:
+    """A 0644 leftover of a crash is replaced, not reused: the secret is 0600 all the same."""
+    stale = tmp_path / "mqtt_secret.tmp"
+    stale.write_text("half")
+    os.chmod(stale, 0o644)
+    stored_secret(tmp_path / "mqtt_secret", lambda: "s3cret")
+    assert mode(tmp_path / "mqtt_secret") == 0o600 and not stale.exists()
+
+
+def test_an_existing_looser_secret_is_tightened(tmp_path: Path) -> None:
+    """A secret an older version (or a person) left readable is made 0600 and kept as it was."""
+    path = tmp_path / "device_token"
+    path.write_text("kept\n")
+    os.chmod(path, 0o644)
+    assert stored_secret(path, lambda: "new") == "kept" and mode(path) == 0o600
