@@ -24,8 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from _fleet_devices import FleetSpec, Outcome, baseline_main, worker_main
+from _fleet_listing import listing_main
 
-__all__ = ["CHILDREN", "Baseline", "Gateway", "Pool", "RunBroken", "cpu_s", "kill_children"]
+__all__ = [
+    "CHILDREN",
+    "Baseline",
+    "Gateway",
+    "ListBaseline",
+    "Pool",
+    "RunBroken",
+    "cpu_s",
+    "kill_children",
+]
 
 DISCOVERY_TIMEOUT_LOG = "no tool list within"  # gateway/devices/connection.py
 
@@ -131,10 +141,54 @@ class Baseline:
             self._process.kill()
 
 
+class ListBaseline:
+    """The bare SDK server listing a fleet's tools (``_fleet_listing``), in its own process."""
+
+    def __init__(self, device_ids: list[str], timeout: float = 600.0) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        self._process = context.Process(
+            target=listing_main, args=(child, device_ids), daemon=True, name="fleet-list-baseline"
+        )
+        self._process.start()
+        child.close()
+        CHILDREN.append(self._process)
+        if not self._pipe.poll(timeout):
+            raise RunBroken("the list baseline did not start")
+        try:
+            started: dict[str, Any] = self._pipe.recv()
+        except EOFError:
+            self._process.join(5)
+            raise RunBroken(f"the list baseline exited ({self._process.exitcode})") from None
+        self.url = f"http://127.0.0.1:{started['port']}/mcp"
+        self.tools, self.pages = int(started["tools"]), int(started["pages"])
+        self.build_s = float(started["build_s"])
+        self.pid = self._process.pid or 0
+
+    def check(self) -> None:
+        """Raise if the list baseline process has ended."""
+        if not self._process.is_alive():
+            raise RunBroken(f"the list baseline exited ({self._process.exitcode})")
+
+    def close(self) -> None:
+        self._pipe.close()  # EOF: the server leaves
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+
+
 class Gateway:
     """``esp-mcp-gateway serve`` in its own process, on free loopback ports."""
 
-    def __init__(self, workdir: Path, name: str, token: str, *, mqtt: bool) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        name: str,
+        token: str,
+        *,
+        mqtt: bool,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.device_port, self.host_port = _free_port(), _free_port()
         self.mqtt_port = _free_port() if mqtt else None
         (workdir / name).mkdir()
@@ -145,7 +199,11 @@ class Gateway:
             "GATEWAY_HOST_LISTEN": f"127.0.0.1:{self.host_port}",
             "GATEWAY_MQTT_LISTEN": f"127.0.0.1:{self.mqtt_port}" if mqtt else "off",
             "GATEWAY_DEVICE_TOKEN": token,
+            # The emulated stock devices check in through OTA without a secret: the bench
+            # measures their arrival, not the user approving each of them.
+            "GATEWAY_DEVICES_ADOPTION": "auto",
         }
+        env |= settings or {}  # further GATEWAY_* settings
         script = Path(sys.executable).with_name("esp-mcp-gateway")
         command = [str(script)] if script.exists() else [sys.executable, "-m", "gateway"]
         self.log = workdir / f"{name}.log"
@@ -162,6 +220,10 @@ class Gateway:
         CHILDREN.append(self.process)
         self._wait_ready()
         self._log_start = self._quiet_log()  # count only what happens from now on
+
+    @property
+    def mcp_url(self) -> str:
+        return f"http://127.0.0.1:{self.host_port}/mcp"
 
     @property
     def device_url(self) -> str:

@@ -3,7 +3,8 @@
 Run from the repository root, in the project's venv::
 
     python bench/fleet.py [--count N] [--idle-count N] [--mqtt-count N] [--workers W]
-                          [--only storm,join,idle,mqtt] [--json] [--timeout SECONDS]
+                          [--list-counts N,N] [--only storm,join,idle,mqtt,list] [--json]
+                          [--timeout SECONDS]
 
 The gateway runs as it does in production: ``esp-mcp-gateway serve`` in its own process, on
 free loopback ports, with a fresh data directory, one shared device token and its stderr in a
@@ -26,6 +27,11 @@ pages (``_fleet_catalogue``). Phases, each against a fresh gateway:
 * **mqtt**: N devices do the stock OTA check-in, log in to the embedded broker with what it
   returns, and are listed over MQTT; gateway sessions closed for a discovery timeout are
   counted from its log.
+* **list**: for each of ``--list-counts`` fleets (1,000 and 10,000 devices), the wall time of
+  an SDK client fetching every ``tools/list`` page of a gateway in ``per-device`` tools mode
+  (25 tools a device, plus its two meta-tools), against the *baseline* of a bare low-level SDK
+  ``Server`` in its own process listing the same tools, prebuilt and paged alike
+  (``_fleet_listing``); ``--list-passes`` passes each, alternating targets.
 
 It is a measurement, not a test: it exits 1 only when the run itself breaks (a process dies,
 the ``--timeout`` passes), never over a figure. Every process it starts is gone when it ends.
@@ -34,6 +40,7 @@ the ``--timeout`` passes), never over a figure. Every process it starts is gone 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import signal
@@ -50,18 +57,38 @@ from typing import Any, Protocol
 
 from _fleet_catalogue import PAGES, TOOL_COUNT
 from _fleet_devices import FleetSpec, Outcome, raise_fd_limit
-from _fleet_processes import Baseline, Gateway, Pool, RunBroken, cpu_s, kill_children
+from _fleet_listing import PAGE_BYTES, Listed, list_all, pass_figures
+from _fleet_processes import (
+    Baseline,
+    Gateway,
+    ListBaseline,
+    Pool,
+    RunBroken,
+    cpu_s,
+    kill_children,
+)
+from mcp import Client
 
 DEVICE_TOKEN = "bench-fleet-device-token"
-PHASES = ("storm", "join", "idle", "mqtt")
-GOALS = {"storm_ratio": 2.0, "join_ms": 5.0, "rss_kb": 50.0, "idle_cpu_percent": 5.0}
+PHASES = ("storm", "join", "idle", "mqtt", "list")
+GOALS = {
+    "storm_ratio": 2.0,
+    "join_ms": 5.0,
+    "rss_kb": 50.0,
+    "idle_cpu_percent": 5.0,
+    "list_ratio": 1.5,
+}
 STALL_S = 45.0  # no device listed or failed for this long: the rest never will be
 CONFIRM_S = 120.0  # the gateway shows what the devices answered within this, or never
 CONFIRM_POLL_S = 0.5  # between /api/devices polls (from start to start)
 FILL_INFLIGHT = 200  # per worker: the idle fleet joins at a steady pace, not as a storm
 JOIN_SLOT_S, LEAVE_S = 0.5, 0.25  # per join: connect and list, then the gateway's follow-up
 # Device ids 02:00:<block>:xx:xx:xx (locally administered MACs), one block per group.
-BLOCKS = {"storm": 1, "fleet": 2, "join-empty": 3, "join-fleet": 4, "mqtt": 5, "warm-up": 6}
+BLOCKS = {"storm": 1, "fleet": 2, "join-empty": 3, "join-fleet": 4, "mqtt": 5, "warm-up": 6,
+          "list": 7}  # fmt: skip
+LIST_SETTINGS = {"GATEWAY_TOOLS_MODE": "per-device"}  # every device tool listed by its own name
+LIST_META_TOOLS = 2  # the gateway's list_devices and call_device_tool, first on page one
+LIST_MAX = 0xFFFF  # aliases end in the id's last 4 hex digits: beyond, the gateway numbers them
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
@@ -345,6 +372,96 @@ def mqtt(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
     return figures
 
 
+async def _list_passes(targets: dict[str, tuple[str, int]], passes: int) -> dict[str, list[Listed]]:
+    """``passes`` whole listings per target (URL, server pid), alternating who goes first.
+
+    One SDK session per target. Each pass also takes the server's CPU time over it; the first
+    pass measures page sizes (outside the timing) and keeps the names.
+    """
+    done: dict[str, list[Listed]] = {name: [] for name in targets}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            name: await stack.enter_async_context(Client(url, mode="legacy"))
+            for name, (url, _) in targets.items()
+        }
+        order = list(targets)
+        for index in range(passes):
+            for name in order:
+                first, pid = index == 0, targets[name][1]
+                cpu = cpu_s(pid)
+                listed = await list_all(clients[name], sizes=first, names=first)
+                listed.server_cpu_s = cpu_s(pid) - cpu
+                done[name].append(listed)
+            order.reverse()
+    return done
+
+
+def _target(passes: list[Listed]) -> dict[str, Any]:
+    later, cpu = [p.seconds for p in passes[1:]], [p.server_cpu_s for p in passes[1:]]
+    return {
+        "first": pass_figures(passes[0]),
+        "later_s": [round(s, 3) for s in later],
+        "later_median_s": round(statistics.median(later), 3) if later else None,
+        "later_server_cpu_s": round(statistics.median(cpu), 2) if cpu else None,
+    }
+
+
+def _ratio(gateway: float | None, baseline: float | None) -> float | None:
+    return round(gateway / baseline, 2) if gateway and baseline else None
+
+
+def list_fleet(pool: Pool, workdir: Path, count: int, passes: int) -> dict[str, Any]:
+    """Every tools/list page of a fleet of ``count`` devices: the baseline, then the gateway."""
+    ids = device_ids("list", count)
+    figures: dict[str, Any] = {"devices": count, "expected_tools": count * TOOL_COUNT
+                               + LIST_META_TOOLS}  # fmt: skip
+    baseline = ListBaseline(ids)  # made and paged before the gateway starts
+    try:
+        figures["baseline_build_s"] = round(baseline.build_s, 2)
+        gateway = Gateway(workdir, f"list-{count}", DEVICE_TOKEN, mqtt=False,
+                          settings=LIST_SETTINGS)  # fmt: skip
+        try:
+            patient = FleetSpec("ws", gateway.device_url, DEVICE_TOKEN, open_timeout=60,
+                                hello_timeout=None, max_inflight=FILL_INFLIGHT)  # fmt: skip
+            run = run_group(pool, "list", patient, ids, gateway)
+            fill = summarize(run)
+            figures["fill"] = {k: fill[k] for k in ("listed", "listed_s", "failed")}
+            gateway.settle()  # the last catalogues are taken; no listing is made yet
+            targets = {
+                "baseline": (baseline.url, baseline.pid),
+                "gateway": (gateway.mcp_url, gateway.pid),
+            }
+            done = asyncio.run(_list_passes(targets, passes))
+            baseline.check()
+            gateway.check()
+            figures["log"] = gateway.log_counts()
+            figures["rss_kb"] = gateway.rss_kb()
+            pool.stop("list")
+        finally:
+            gateway.close()
+    finally:
+        baseline.close()
+    for name in ("baseline", "gateway"):
+        figures[name] = _target(done[name])
+    figures["same_names"] = done["baseline"][0].names == done["gateway"][0].names
+    base, gw = figures["baseline"], figures["gateway"]
+    figures["ratio_first"] = _ratio(gw["first"]["seconds"], base["first"]["seconds"])
+    figures["ratio_later"] = _ratio(gw["later_median_s"], base["later_median_s"])
+    return figures
+
+
+def listing(pool: Pool, workdir: Path, args: argparse.Namespace, figures: dict[str, Any]) -> None:
+    """The list phase: a fresh gateway and baseline per fleet size.
+
+    Each fleet's figures go into ``figures["list"]`` as it ends: a later fleet may break the run.
+    """
+    fleets: list[dict[str, Any]] = []
+    figures["list"] = {"passes": args.list_passes, "page_bytes": PAGE_BYTES, "fleets": fleets,
+                       "goal_ratio": GOALS["list_ratio"]}  # fmt: skip
+    for count in args.list_counts:
+        fleets.append(list_fleet(pool, workdir, count, args.list_passes))
+
+
 # --- report ------------------------------------------------------------------------------
 
 
@@ -447,13 +564,60 @@ def _mqtt_lines(m: dict[str, Any]) -> list[str]:
     ]
 
 
+def _list_row(name: str, t: dict[str, Any], ratios: str = "") -> str:
+    first = t["first"]
+    largest = first["largest_page_bytes"] / 1000
+    return (
+        f"    {name:<10}{first['tools']:>9,}{first['pages']:>7}{largest:>9.1f} KB"
+        f"{first['seconds']:>9.2f}{_s(t['later_median_s']):>9}"
+        f"{first['server_cpu_s']:>9.2f}{_s(t['later_server_cpu_s']):>9}{ratios}"
+    )
+
+
+def _list_lines(li: dict[str, Any]) -> list[str]:
+    later = f"median of passes 2-{li['passes']}" if li["passes"] > 2 else "pass 2"
+    lines = [
+        f"list: every tools/list page, SDK client (legacy, streamable HTTP); gateway in "
+        f"per-device mode; pages of ~{li['page_bytes'] / 1000:g} KB; 1st pass, later = {later}",
+        f"    {'':<10}{'tools':>9}{'pages':>7}{'largest':>12}{'1st s':>9}{'later s':>9}"
+        f"{'cpu 1st':>9}{'later':>9}{'x 1st':>8}{'x later':>9}",
+    ]
+    for f in li["fleets"]:
+        fill = f["fill"]
+        failed = ", ".join(f"{k} {v}" for k, v in fill["failed"].items()) or "none failed"
+        lines.append(
+            f"  {f['devices']:,} devices ({fill['listed']:,} listed in "
+            f"{_s(fill['listed_s']['max'])} s, {failed}; {f['expected_tools']:,} tools expected)"
+        )
+        ratios = f"{'x' + _s(f['ratio_first']):>8}{'x' + _s(f['ratio_later']):>9}"
+        lines.append(_list_row("baseline", f["baseline"]))
+        lines.append(_list_row("gateway", f["gateway"], ratios))
+        problems = [
+            f"{name} listed {t['first']['tools']:,} tools ({t['first']['unique']:,} distinct)"
+            for name, t in (("baseline", f["baseline"]), ("gateway", f["gateway"]))
+            if not t["first"]["tools"] == t["first"]["unique"] == f["expected_tools"]
+        ]
+        if not f["same_names"]:
+            problems.append("the two listings differ in names")
+        log = f["log"]
+        if log["warnings"] or log["errors"]:
+            problems.append(f"gateway log: {log['warnings']} warnings, {log['errors']} errors")
+        lines += [f"    !! {p}" for p in problems]
+    lines.append(
+        f"  x = gateway/baseline wall time, goal <= {li['goal_ratio']:g}x; cpu = the server's "
+        "CPU seconds over the pass (the rest is the client)"
+    )
+    return lines
+
+
 def table(figures: dict[str, Any]) -> str:
     """The figures as a table for people."""
     lines = [
         f"fleet: {figures['workers']} worker processes; each device serves {TOOL_COUNT} "
         f"tools in {len(PAGES)} tools/list pages"
     ]
-    phases = {"storm": _storm_lines, "join": _join_lines, "idle": _idle_lines, "mqtt": _mqtt_lines}
+    phases = {"storm": _storm_lines, "join": _join_lines, "idle": _idle_lines,
+              "mqtt": _mqtt_lines, "list": _list_lines}  # fmt: skip
     for phase, lines_of in phases.items():
         if phase in figures:
             lines += ["", *lines_of(figures[phase])]
@@ -489,6 +653,8 @@ def measure(args: argparse.Namespace, phases: set[str], figures: dict[str, Any])
             figures |= fleet(pool, workdir, args, phases)
         if "mqtt" in phases:
             figures["mqtt"] = mqtt(pool, workdir, args.mqtt_count)
+        if "list" in phases:
+            listing(pool, workdir, args, figures)
 
 
 def main() -> int:
@@ -496,6 +662,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=1000, help="devices in the storm")
     parser.add_argument("--idle-count", type=int, default=10000, help="devices in the fleet")
     parser.add_argument("--mqtt-count", type=int, default=1000, help="devices over MQTT")
+    parser.add_argument("--list-counts", default="1000,10000", help="fleets to list, comma-sep.")
+    parser.add_argument("--list-passes", type=int, default=3, help="whole listings per target")
     parser.add_argument("--workers", type=int, default=2, help="device worker processes")
     parser.add_argument("--joins", type=int, default=20, help="joins per join measurement")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window, s")
@@ -507,8 +675,15 @@ def main() -> int:
     phases = {p.strip() for p in args.only.split(",") if p.strip()}
     if not phases or phases - set(PHASES):
         parser.error(f"--only takes some of {','.join(PHASES)}")
-    if min(args.count, args.idle_count, args.mqtt_count, args.workers, args.joins) < 1:
-        parser.error("counts, --workers and --joins must be at least 1")
+    try:
+        args.list_counts = [int(c) for c in args.list_counts.split(",") if c.strip()]
+    except ValueError:
+        parser.error("--list-counts takes comma-separated device counts")
+    counts = [args.count, args.idle_count, args.mqtt_count, *args.list_counts]
+    if not args.list_counts or min(*counts, args.workers, args.joins, args.list_passes) < 1:
+        parser.error("counts, --workers, --joins and --list-passes must be at least 1")
+    if max(args.list_counts) > LIST_MAX:
+        parser.error(f"--list-counts: at most {LIST_MAX:,} devices (one alias each)")
     figures: dict[str, Any] = {"workers": args.workers}
     status = 0
     try:

@@ -33,7 +33,8 @@ async def test_call_latency_benchmark_runs_and_reports_both_targets() -> None:
 async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
     """`bench/fleet.py --json` runs every phase against a real gateway process."""
     tiny = ["--count", "4", "--idle-count", "4", "--mqtt-count", "3", "--joins", "2",
-            "--idle-seconds", "1", "--json", "--timeout", str(bound(100))]  # fmt: skip
+            "--idle-seconds", "1", "--list-counts", "3", "--list-passes", "2", "--json",
+            "--timeout", str(bound(100))]  # fmt: skip
     with anyio.fail_after(bound(120)):
         done = await anyio.run_process(
             [sys.executable, str(BENCH / "fleet.py"), *tiny], check=False
@@ -45,3 +46,10 @@ async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
     assert figures["idle"]["rss_after_kb"] > 0
     assert figures["join"]["empty"]["failed"] == figures["join"]["fleet"]["failed"] == 0
     assert figures["mqtt"]["visible"] == 3
+    [listed] = figures["list"]["fleets"]
+    assert listed["expected_tools"] == 3 * 25 + 2
+    for target in ("baseline", "gateway"):
+        first = listed[target]["first"]
+        assert first["tools"] == first["unique"] == listed["expected_tools"]
+        assert len(listed[target]["later_s"]) == 1
+    assert listed["same_names"]
