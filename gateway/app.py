@@ -23,8 +23,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.audit import AuditLog
-from gateway.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
+from gateway.broker import (
+    GATEWAY_LOGIN,
+    DeviceCredentials,
+    EmbeddedBroker,
+    Topics,
+    is_device_id,
+)
 from gateway.config import Config, ListenAddress, is_loopback_host
+from gateway.descriptors import accept_errors_throttled, raise_fd_limit
 from gateway.devices.calls import CallRouter
 from gateway.devices.connection import DeviceConnection
 from gateway.devices.enrollment import Enrollment
@@ -33,6 +40,7 @@ from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
 from gateway.errors import ConfigError, GatewayError
 from gateway.host_app import build_host_app
+from gateway.limits import Guard, listener_limits, protocol_classes
 from gateway.mcp_server import McpFrontend
 from gateway.ota import OtaEndpoint, PublicAddress
 from gateway.protocol import DeviceProtocol
@@ -70,14 +78,18 @@ class Gateway:
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
         self.broker = (
-            EmbeddedBroker(config.mqtt_listen, self.topics, self.admits)
+            EmbeddedBroker(
+                config.mqtt_listen,
+                self.topics,
+                self.admits,
+                max_packet_bytes=config.limits_mqtt_max_packet_bytes,
+                limits=listener_limits(config, "mqtt"),
+            )
             if config.mqtt_mode == "embedded" and config.mqtt_listen is not None
             else None
         )
         self.mqtt: MqttTransport | None = None
-        self.ota = OtaEndpoint(
-            config, self.registry, self.credentials, self.public, self.device_tokens[0]
-        )
+        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
         self.device_app = self._build_device_app()
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.host_app, self._manager = build_host_app(
@@ -124,24 +136,55 @@ class Gateway:
             # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
             hello_timeout=0.0 if mqtt else self.config.hello_timeout,
             discovery_timeout=self.config.discovery_timeout,
+            max_calls_in_flight=self.config.call_max_in_flight,
+            max_calls_queued=self.config.call_max_queued,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
         await DeviceConnection(link, identity, self.registry, protocol).run()
 
     def admits(self, device_id: str, password: str) -> bool:
-        """May ``device_id`` connect (WebSocket) or log in (embedded broker) with ``password``?
+        """May ``device_id`` log in to the embedded broker with ``password``?"""
+        return self.admission(device_id, password, client_id=None, transport="mqtt") is None
 
-        A shared device token, a token issued for this board when it was flashed, or (MQTT) the
-        device's OTA-issued password (stock firmware).
+    def admit_websocket(self, identity: DeviceIdentity, token: str) -> str | None:
+        """None when a device WebSocket may be accepted, else why not."""
+        return self.admission(identity.device_id, token, identity.client_id, "websocket")
+
+    def admission(
+        self, device_id: str, secret: str, client_id: str | None, transport: str
+    ) -> str | None:
+        """None when ``device_id`` may connect with ``secret``, else why not.
+
+        A shared device token or a token issued for this board (``flash``) admits it as trusted:
+        approved. A stock device's OTA-issued credential admits it as it stands in the registry
+        (pending until the user approves it); that credential is bound to the Client-Id the
+        device checked in with, so another party's check-in cannot produce it.
         """
-        if token_matches(password, self.device_tokens):
-            return True
-        issued = self.enrollment.admit(password, device_id)
-        if issued is not None:
-            self.registry.adopt(device_id, issued.name)
-            return True
-        return self.credentials.admits(device_id, password)
+        device_id = device_id.lower()
+        if not is_device_id(device_id):
+            return "malformed device id"
+        trusted = token_matches(secret, self.device_tokens)
+        if not trusted:
+            issued = self.enrollment.admit(secret, device_id)
+            if issued is not None:
+                self.registry.adopt(device_id, issued.name)
+                trusted = True
+        if not trusted:
+            device = self.registry.get(device_id)  # it must have checked in through OTA
+            if device is None:
+                return "missing or invalid device token"
+            presented = device.record.binding or device.record.client_id
+            if not self.credentials.admits(device_id, presented, secret):
+                return "missing or invalid device token"
+        # Over MQTT the credential itself carries the Client-Id; a WebSocket presents it.
+        return self.registry.admit(
+            device_id,
+            trusted=trusted,
+            client_id=client_id,
+            transport=transport,
+            check_binding=transport != "mqtt",
+        )
 
     def enroll(self, name: str) -> dict[str, Any]:
         """Issue a token for a board about to be flashed, with the URLs it should use."""
@@ -223,9 +266,9 @@ class Gateway:
 
     def _build_device_app(self) -> Starlette:
         async def health(request: object) -> JSONResponse:
-            return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
-        routes = device_websocket_routes(self.admits, self.serve_device)
+        routes = device_websocket_routes(self.admit_websocket, self.serve_device)
         if self.config.ota_enabled:
             routes += self.ota.routes()
         return Starlette(routes=[*routes, Route("/healthz", health)])
@@ -275,14 +318,17 @@ def bind(address: ListenAddress) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: Starlette, config: Config) -> uvicorn.Config:
+def _uvicorn_config(app: Starlette, config: Config, listener: str) -> uvicorn.Config:
+    # Caps, handshake and authentication deadlines at the transport (gateway/limits.py).
+    http, ws = protocol_classes(Guard(listener_limits(config, listener)))
     return uvicorn.Config(
         app,
+        http=http,
         lifespan="off",  # Gateway owns the lifespan of everything
         log_config=None,  # keep the CLI's logging: stderr only (stdout is MCP in stdio mode)
         log_level="warning",
         access_log=False,
-        ws="websockets-sansio",
+        ws=ws,  # websockets-sansio
         ws_max_size=config.max_message_bytes,  # bigger frames close with 1009
         ws_ping_interval=_PING_INTERVAL,
         ws_ping_timeout=_PING_INTERVAL,
@@ -312,11 +358,14 @@ class Running:
 @contextlib.asynccontextmanager
 async def running(config: Config) -> AsyncIterator[Running]:
     """Start the gateway and both listeners; stop them all on exit."""
+    # Each listener may hold its cap of connections, a descriptor each (the broker's counts apart).
+    capped = 2 if config.mqtt_mode == "embedded" and config.mqtt_listen is not None else 1
+    raise_fd_limit(config.limits_device_connections * capped + config.limits_host_connections)
     sockets = (bind(config.device_listen), bind(config.host_listen))
-    async with Gateway(config) as gateway:
+    async with accept_errors_throttled(), Gateway(config) as gateway:
         listeners = (
-            _Listener(_uvicorn_config(gateway.device_app, config)),
-            _Listener(_uvicorn_config(gateway.host_app, config)),
+            _Listener(_uvicorn_config(gateway.device_app, config, "device")),
+            _Listener(_uvicorn_config(gateway.host_app, config, "host")),
         )
         tasks = [
             asyncio.create_task(server.serve(sockets=[sock]), name=f"gateway.listener[{name}]")

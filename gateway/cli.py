@@ -29,6 +29,9 @@ __all__ = ["main"]
 logger = logging.getLogger("gateway")
 
 
+DEVICE_ACTIONS = ("list", "approve", "reject", "forget", "pair")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="esp-mcp-gateway",
@@ -58,9 +61,13 @@ def _parser() -> argparse.ArgumentParser:
         )
         command.add_argument("--token", help="host token (else GATEWAY_HOST_TOKEN)")
         if name == "devices":
-            command.add_argument("action", nargs="?", choices=["list", "forget"], default="list",
-                                 help="list (the default), or forget DEVICE")  # fmt: skip
-            command.add_argument("device", nargs="?", help="for forget: device name or id")
+            command.add_argument(
+                "action", nargs="?", default="list", choices=DEVICE_ACTIONS,
+                help="list (the default); approve, reject or forget DEVICE; pair [--for SECONDS]",
+            )  # fmt: skip
+            command.add_argument("device", nargs="?", help="the device's name or id")
+            command.add_argument("--for", dest="seconds", type=float, default=120.0,
+                                 help="pair: seconds to approve new devices")  # fmt: skip
         if name == "call":
             command.add_argument("device", help="device name or id")
             command.add_argument("tool", help="tool name, e.g. self.lamp.turn_on")
@@ -136,10 +143,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.connect:
             return _run(commands.relay(args.connect, args.token or config.host_token))
         return _run(commands.stdio(config))
-    if args.command == "devices" and args.action == "forget":
+    if args.command == "devices" and args.action == "pair":
+        return commands.pair(config, args.url, args.token, args.seconds)
+    if args.command == "devices" and args.action != "list":
         if not args.device:
-            raise GatewayError("devices forget needs a DEVICE (its name or id)")
-        return commands.forget(config, args.url, args.token, args.device)
+            raise GatewayError(f"devices {args.action} needs a DEVICE (its name or id)")
+        return commands.device_action(config, args.url, args.token, args.action, args.device)
     if args.command == "devices":
         return commands.devices(config, args.url, args.token)
     if args.command == "call":

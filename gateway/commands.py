@@ -126,6 +126,8 @@ def devices(config: Config, url: str | None, token: str | None) -> int:
     rows = [("DEVICE", "ID", "STATE", "LAST SEEN", "BOARD", "TOOLS")]
     for d in _all_devices(config, url, token):
         state = "online" if d["online"] else "offline"
+        if d.get("state", "approved") != "approved":
+            state += f", {d['state']}"
         rows.append((d["device"], d["id"], state, d["last_seen"], d["board"] or "-",
                      str(len(d["tools"]))))  # fmt: skip
     if len(rows) == 1:
@@ -152,14 +154,34 @@ def _all_devices(config: Config, url: str | None, token: str | None) -> list[dic
             return devices
 
 
-def forget(config: Config, url: str | None, token: str | None, device: str) -> int:
-    """Remove a device and its tool names from the running gateway."""
-    status, body = _request(config, url, token, "/api/devices/forget", {"device": device})
+_DONE = {"forget": "forgotten", "approve": "approved", "reject": "rejected"}
+_AFTER = {
+    "forget": "if it comes back, it is a new device",
+    "approve": "its tools are served",
+    "reject": "it is refused from now on",
+}
+
+
+def device_action(config: Config, url: str | None, token: str | None, action: str,
+                  device: str) -> int:  # fmt: skip
+    """Forget, approve or reject a device of the running gateway."""
+    status, body = _request(config, url, token, f"/api/devices/{action}", {"device": device})
     if status != 200:
         print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
         return 1
-    gone = body["forgotten"]
-    print(f"forgot {gone['device']} ({gone['id']}); if it comes back, it is a new device")
+    done = body[_DONE[action]]
+    verb = "forgot" if action == "forget" else _DONE[action]
+    print(f"{verb} {done['device']} ({done['id']}); {_AFTER[action]}")
+    return 0
+
+
+def pair(config: Config, url: str | None, token: str | None, seconds: float) -> int:
+    """Open a pairing window: new devices are approved as they arrive."""
+    status, body = _request(config, url, token, "/api/devices/pair", {"seconds": seconds})
+    if status != 200:
+        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        return 1
+    print(f"pairing until {body['until']}: new devices are approved as they arrive")
     return 0
 
 

@@ -28,6 +28,7 @@ TOOLS_MODES = ("auto", "per-device", "grouped", "meta")
 OFFLINE_TOOLS = ("keep", "hide")
 MQTT_MODES = ("embedded", "external", "off")
 OTA_TRANSPORTS = ("mqtt", "websocket")
+ADOPTIONS = ("manual", "auto")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -81,8 +82,11 @@ class Config:
     device_tokens: tuple[str, ...] = ()
     log_level: str = "info"
     call_timeout: float = 30.0
+    call_max_in_flight: int = 4
+    call_max_queued: int = 32
     discovery_timeout: float = 15.0
     hello_timeout: float = 3.0
+    adoption: str = "manual"
     max_message_bytes: int = 65536
     tools_mode: str = "auto"
     tools_budget: int = 128
@@ -107,6 +111,18 @@ class Config:
     ota_transport: str = "mqtt"
     ota_firmware_version: str | None = None
     ota_firmware_url: str | None = None
+    # [limits]: listener caps and deadlines, request rates (gateway/limits.py, rate_limit.py)
+    limits_device_connections: int = 12000
+    limits_host_connections: int = 1000
+    limits_per_address: int = 64
+    limits_exempt_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1")
+    limits_handshake_timeout: float = 10.0
+    limits_auth_timeout: float = 30.0
+    limits_ota_per_minute: float = 20.0
+    limits_ota_burst: int = 20
+    limits_enroll_per_minute: float = 10.0
+    limits_enroll_burst: int = 10
+    limits_mqtt_max_packet_bytes: int = 256 * 1024
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""
@@ -162,6 +178,13 @@ def _int(key: str, value: object) -> int:
     if not number.is_integer():
         raise ConfigError(key, f"expected a whole number, got {value!r}")
     return int(number)
+
+
+def _count(key: str, value: object) -> int:
+    """A whole number, 0 included."""
+    if not isinstance(value, bool) and value in (0, "0"):
+        return 0
+    return _int(key, value)
 
 
 def _bool(key: str, value: object) -> bool:
@@ -241,6 +264,17 @@ def _firmware_version(key: str, value: object) -> str | None:
     return text
 
 
+def _networks(key: str, value: object) -> tuple[str, ...]:
+    texts = _str_list(key, value)
+    for text in texts:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            problem = f"expected addresses or networks like 10.0.0.0/8, got {text!r}"
+            raise ConfigError(key, problem) from None
+    return texts
+
+
 def _log_level(key: str, value: object) -> str:
     return _choice("debug", "info", "warning", "error")(key, _str(key, value).lower())
 
@@ -256,8 +290,11 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("", "device_tokens", "device_tokens", _str_list),
     ("", "log_level", "log_level", _log_level),
     ("calls", "timeout", "call_timeout", _number),
+    ("calls", "max_in_flight", "call_max_in_flight", _int),
+    ("calls", "max_queued", "call_max_queued", _count),
     ("devices", "discovery_timeout", "discovery_timeout", _number),
     ("devices", "hello_timeout", "hello_timeout", _number),
+    ("devices", "adoption", "adoption", _choice(*ADOPTIONS)),
     ("devices", "max_message_bytes", "max_message_bytes", _int),
     ("tools", "mode", "tools_mode", _choice(*TOOLS_MODES)),
     ("tools", "budget", "tools_budget", _int),
@@ -281,6 +318,17 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("ota", "transport", "ota_transport", _choice(*OTA_TRANSPORTS)),
     ("ota", "firmware_version", "ota_firmware_version", _firmware_version),
     ("ota", "firmware_url", "ota_firmware_url", _optional_str),
+    ("limits", "device_connections", "limits_device_connections", _int),
+    ("limits", "host_connections", "limits_host_connections", _int),
+    ("limits", "per_address", "limits_per_address", _int),
+    ("limits", "exempt_addresses", "limits_exempt_addresses", _networks),
+    ("limits", "handshake_timeout", "limits_handshake_timeout", _number),
+    ("limits", "auth_timeout", "limits_auth_timeout", _number),
+    ("limits", "ota_per_minute", "limits_ota_per_minute", _number),
+    ("limits", "ota_burst", "limits_ota_burst", _int),
+    ("limits", "enroll_per_minute", "limits_enroll_per_minute", _number),
+    ("limits", "enroll_burst", "limits_enroll_burst", _int),
+    ("limits", "mqtt_max_packet_bytes", "limits_mqtt_max_packet_bytes", _int),
 )
 
 

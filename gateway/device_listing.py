@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from gateway.devices.calls import format_time
-from gateway.devices.registry import Device, DeviceRegistry
+from gateway.devices.registry import PENDING, Device, DeviceRegistry
 
 __all__ = ["STATES", "DeviceQuery", "describe_device", "list_devices"]
 
@@ -49,9 +49,10 @@ class DeviceQuery:
 
     def matches(self, device: Device) -> bool:
         """True when ``device`` passes every filter."""
-        if self.state == "pending":
-            return False  # every device here is admitted (approval is not in this version)
-        if self.state is not None and device.online != (self.state == "online"):
+        if self.state == PENDING:
+            if device.record.state != PENDING:
+                return False
+        elif self.state is not None and device.online != (self.state == "online"):
             return False
         if self.name is not None and not (
             _glob(device.alias, self.name) or _glob(device.device_id, self.name)
@@ -87,6 +88,7 @@ def describe_device(device: Device, *, schemas: bool = True) -> JsonObject:
         "device": device.alias,
         "id": device.device_id,
         "online": device.online,
+        "state": device.record.state,  # approved, or pending / rejected: tools not served
         "last_seen": format_time(device.record.last_seen),
         "board": device.record.board,
         "firmware": device.firmware,
@@ -99,12 +101,14 @@ def describe_device(device: Device, *, schemas: bool = True) -> JsonObject:
                 **({"inputSchema": tool.spec.input_schema} if schemas else {}),
             }
             for tool in device.tools.values()
-            if tool.refusal is None
+            if tool.refusal is None and device.approved
         ],
         "rejected": [{"tool": r.tool, "reason": r.reason} for r in device.rejected],
     }
     if not schemas:
         described["schemas_omitted"] = True
+    if device.conflict is not None:
+        described["conflict"] = device.conflict
     return described
 
 

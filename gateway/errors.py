@@ -7,8 +7,11 @@
     ├── LocalProtocolError     we were about to send something the protocol forbids
     ├── InvalidState           an operation that the device session's state does not allow
     ├── CallRejected           the gateway refused to send a call (unknown tool, policy, arguments)
+    ├── StorageUnavailable     the data dir cannot be written now (full, read-only): a request
+    │                          that must be written first is refused (HTTP 503)
     └── DeviceError            a call to a device did not produce a result
         ├── DeviceUnavailable  the device is offline, unknown, or went away mid-call
+        ├── DeviceBusy         the device has too many calls running and waiting: try later
         ├── DeviceTimeout      the device did not answer in time
         └── DeviceToolError    the device answered with a JSON-RPC error
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "CallRejected",
     "ConfigError",
+    "DeviceBusy",
     "DeviceError",
     "DeviceTimeout",
     "DeviceToolError",
@@ -28,6 +32,7 @@ __all__ = [
     "GatewayError",
     "InvalidState",
     "LocalProtocolError",
+    "StorageUnavailable",
 ]
 
 
@@ -55,6 +60,10 @@ class CallRejected(GatewayError):
     """The gateway refused a call before sending it: unknown tool, policy, or bad arguments."""
 
 
+class StorageUnavailable(GatewayError):
+    """The data dir cannot be written now; what needed the write was not done (try later)."""
+
+
 class DeviceError(GatewayError):
     """A device call failed; ``device_id`` says which device."""
 
@@ -65,6 +74,10 @@ class DeviceError(GatewayError):
 
 class DeviceUnavailable(DeviceError):
     """The device is offline or unknown, or it disconnected while a call was pending."""
+
+
+class DeviceBusy(DeviceError):
+    """The device has as many calls running and waiting as allowed; this one was not sent."""
 
 
 class DeviceTimeout(DeviceError):

@@ -2,7 +2,8 @@
 
 Every route but ``/healthz`` sits behind the Host/Origin check (DNS rebinding) and, when a host
 token is set, behind bearer auth. The SDK's own transport checks are turned off in favour of
-``HostOriginGuard``, which covers the JSON API as well as MCP.
+``HostOriginGuard``, which covers the JSON API as well as MCP. ``/healthz`` answers anyone, so it
+says only that the gateway is alive; how many devices are online is for the host token's holder.
 """
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Config
 from gateway.device_listing import DeviceQuery, list_devices
-from gateway.devices.calls import CallRouter
-from gateway.devices.registry import DeviceRegistry
-from gateway.errors import CallRejected, DeviceError, DeviceTimeout
+from gateway.devices.calls import CallRouter, format_time
+from gateway.devices.registry import Device, DeviceRegistry
+from gateway.errors import (
+    CallRejected,
+    DeviceBusy,
+    DeviceError,
+    DeviceTimeout,
+    StorageUnavailable,
+)
 from gateway.mcp_server import McpFrontend, resolve_tool
+from gateway.rate_limit import configured_limiter, rate_limited
 
 __all__ = ["HostOriginGuard", "build_host_app", "host_patterns"]
 
@@ -132,7 +140,10 @@ class _Api:
             return JSONResponse({"error": "name must be a string of 1 to 64 characters"}, 400)
         if self._enroll is None:
             return JSONResponse({"error": "this gateway does not issue device tokens"}, 404)
-        return JSONResponse(self._enroll(name.strip()))
+        try:
+            return JSONResponse(self._enroll(name.strip()))
+        except StorageUnavailable as exc:  # a full or read-only data dir: try again later
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
 
     async def devices(self, request: Request) -> Response:
         """One page of devices; query parameters name, state, board and cursor as list_devices."""
@@ -163,29 +174,59 @@ class _Api:
         except CallRejected as exc:
             return JSONResponse({"error": str(exc)}, 400)
         except DeviceError as exc:
+            if isinstance(exc, DeviceBusy):  # come back later, not a broken device
+                return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "1"})
             return JSONResponse({"error": str(exc)}, 504 if isinstance(exc, DeviceTimeout) else 502)
         return JSONResponse({"result": result})
 
     async def forget(self, request: Request) -> Response:
         """Remove a device and its names for good (``esp-mcp-gateway devices forget``)."""
-        try:
-            body: Any = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"error": "the body must be JSON"}, 400)
+        return await self._device_action(request, "forgotten", self.registry.forget, close=True)
+
+    async def approve(self, request: Request) -> Response:
+        """Let a pending device serve its tools (``esp-mcp-gateway devices approve``)."""
+        return await self._device_action(request, "approved", self.registry.approve)
+
+    async def reject(self, request: Request) -> Response:
+        """Refuse a device from now on (``esp-mcp-gateway devices reject``)."""
+        return await self._device_action(request, "rejected", self.registry.reject, close=True)
+
+    async def pair(self, request: Request) -> Response:
+        """Approve new devices as they arrive for a while (``esp-mcp-gateway devices pair``)."""
+        body = await _json_body(request)
+        seconds = body.get("seconds", 120) if isinstance(body, dict) else None
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 < seconds <= 3600
+        ):
+            return JSONResponse({"error": "seconds must be a number from 1 to 3600"}, 400)
+        until = self.registry.pair(float(seconds))
+        return JSONResponse({"pairing_for": seconds, "until": format_time(until)})
+
+    async def _device_action(
+        self, request: Request, done: str, action: Callable[[Device], None], close: bool = False
+    ) -> Response:
+        body = await _json_body(request)
         ref = body.get("device") if isinstance(body, dict) else None
         if not isinstance(ref, str):
-            return JSONResponse({"error": "expected {device}"}, 400)
+            return JSONResponse({"error": "expected {device}: its name or id"}, 400)
         device = self.registry.find(ref)
         if device is None:
             return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
         session = device.session
-        self.registry.forget(device)
-        if session is not None:
-            await session.aclose()  # if it comes back, it is a new device
-        return JSONResponse({"forgotten": {"device": device.alias, "id": device.device_id}})
+        action(device)
+        if close and session is not None:
+            await session.aclose()  # if it comes back, the registry decides anew
+        return JSONResponse({done: {"device": device.alias, "id": device.device_id}})
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "devices_online": self.registry.online_count})
+        """Alive; the device count only for a request that carries the host token."""
+        body: dict[str, object] = {"status": "ok"}
+        user = request.scope.get("user")  # set by the bearer auth when a host token is configured
+        if user is not None and user.is_authenticated:
+            body["devices_online"] = self.registry.online_count
+        return JSONResponse(body)
 
 
 def build_host_app(
@@ -199,6 +240,8 @@ def build_host_app(
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = _Api(frontend, registry, router, enroll)
+    limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
+    enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token
 
     def guard(app: ASGIApp) -> ASGIApp:
@@ -210,8 +253,16 @@ def build_host_app(
         Mount("/messages/", app=guard(sse.handle_post_message)),
         Route("/api/devices", endpoint=guard(_Endpoint(api.devices)), methods=["GET"]),
         Route("/api/call", endpoint=guard(_Endpoint(api.call)), methods=["POST"]),
-        Route("/api/devices/forget", endpoint=guard(_Endpoint(api.forget)), methods=["POST"]),
-        Route("/api/enroll", endpoint=guard(_Endpoint(api.enroll)), methods=["POST"]),
+        *(
+            Route(f"/api/devices/{name}", endpoint=guard(_Endpoint(handler)), methods=["POST"])
+            for name, handler in (
+                ("forget", api.forget),
+                ("approve", api.approve),
+                ("reject", api.reject),
+                ("pair", api.pair),
+            )  # fmt: skip
+        ),
+        Route("/api/enroll", endpoint=guard(_Endpoint(enroll_limited)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),
     ]
     hosts, origins = host_patterns(config)
@@ -220,6 +271,14 @@ def build_host_app(
         backend = BearerAuthBackend(StaticTokenVerifier(token))
         middleware.append(Middleware(AuthenticationMiddleware, backend=backend))
     return Starlette(routes=routes, middleware=middleware), manager
+
+
+async def _json_body(request: Request) -> Any:
+    """The request's JSON body, or None when it is not JSON."""
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        return None
 
 
 class _Endpoint:

@@ -3,7 +3,9 @@
 At every boot a stock device POSTs its identity (xiaozhi-protocol.md §3) to its OTA URL and
 configures itself from the reply: ``server_time``, then exactly one of ``mqtt`` (per-device
 credentials and topic; the default, since MQTT keeps the device reachable from boot) or
-``websocket`` (URL and device token), ``firmware`` only when configured, never ``activation``.
+``websocket`` (URL and the device's own token), ``firmware`` only when configured, never
+``activation``. A device that checks in is pending until the user approves it, and a device id
+bound to another Client-Id gets no credentials at all (``DeviceRegistry.admit``).
 The device writes every key and value of those blocks to NVS, where a key over 15 characters
 or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards every reply.
 
@@ -30,6 +32,7 @@ from gateway.broker import DeviceCredentials, Topics, is_device_id
 from gateway.config import Config, is_loopback_host
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError
+from gateway.rate_limit import configured_limiter, rate_limited
 
 __all__ = ["OTA_PATH", "CheckIn", "OtaEndpoint", "PublicAddress", "check_reply", "parse_check_in"]
 
@@ -210,7 +213,6 @@ class OtaEndpoint:
         registry: DeviceRegistry,
         credentials: DeviceCredentials,
         public: PublicAddress,
-        device_token: str,
     ) -> None:
         """Check the OTA settings now.
 
@@ -223,7 +225,6 @@ class OtaEndpoint:
         self._registry = registry
         self._credentials = credentials
         self._public = public
-        self._token = device_token
         self._topics = Topics(config.mqtt_topic_prefix)
         self.broker_port: int | None = None  # the embedded broker's port, once it listens
         self._warned_loopback = False
@@ -240,9 +241,11 @@ class OtaEndpoint:
     def routes(self) -> list[BaseRoute]:
         """The OTA routes, with and without the trailing slash."""
         methods = ["GET", "POST"]
+        limiter = configured_limiter(self._config, "ota")  # [limits] ota_per_minute, ota_burst
+        endpoint = rate_limited(self.endpoint, limiter, "OTA check-ins")
         return [
-            Route(OTA_PATH, self.endpoint, methods=methods),
-            Route(OTA_PATH.rstrip("/"), self.endpoint, methods=methods),
+            Route(OTA_PATH, endpoint, methods=methods),
+            Route(OTA_PATH.rstrip("/"), endpoint, methods=methods),
         ]
 
     async def endpoint(self, request: Request) -> Response:
@@ -257,6 +260,11 @@ class OtaEndpoint:
         if isinstance(check_in, str):
             logger.warning("refused OTA request from %s: %s", client, check_in)
             return JSONResponse({"error": check_in}, status_code=400)
+        refusal = self._registry.admit(check_in.device_id, trusted=False, board=check_in.board,
+                                       client_id=check_in.client_id, transport="OTA")  # fmt: skip
+        if refusal is not None:  # no credentials: a bound device is never handed to another
+            logger.warning("refused OTA check-in from %s: %s", client, refusal)
+            return JSONResponse({"error": refusal}, status_code=403)
         host_header = request.headers.get("host")
         self._remember(host_header)
         reply = self.reply(check_in, host_header)
@@ -296,14 +304,16 @@ class OtaEndpoint:
                 "endpoint": self._public.mqtt_endpoint(self.broker_port, host_header),
                 "client_id": device_id,
                 "username": device_id,
-                "password": self._credentials.password_for(device_id),
+                "password": self._credentials.password_for(device_id, check_in.client_id),
                 "publish_topic": self._topics.up(device_id),
                 "keepalive": KEEPALIVE,
             }
         else:
             reply["websocket"] = {
                 "url": self._public.websocket_url(host_header),
-                "token": self._token,
+                # Its own credential, not the shared device token: a token would make whoever
+                # checks in a trusted device; this one admits this device id, pending approval.
+                "token": self._credentials.password_for(device_id, check_in.client_id),
                 "version": 1,
             }
         return reply

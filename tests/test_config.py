@@ -107,3 +107,35 @@ def test_example_config_documents_every_key_and_loads() -> None:
     config = load_config(path, env={"GATEWAY_DATA_DIR": "/tmp/unused"})
     defaults = load_config(None, env={"GATEWAY_DATA_DIR": "/tmp/unused"})
     assert config == defaults
+
+
+def test_limits_table_from_file_and_environment(tmp_path: Path) -> None:
+    """[limits] keys load from the file and GATEWAY_LIMITS_*; a bad address names its key."""
+    path = tmp_path / "gateway.toml"
+    path.write_text('[limits]\nper_address = 8\nexempt_addresses = ["10.0.0.0/8", "::1"]\n')
+    env = {"GATEWAY_DATA_DIR": str(tmp_path), "GATEWAY_LIMITS_HANDSHAKE_TIMEOUT": "2.5"}
+    config = load_config(path, env=env)
+    assert config.limits_per_address == 8 and config.limits_handshake_timeout == 2.5
+    assert config.limits_exempt_addresses == ("10.0.0.0/8", "::1")
+    none_exempt = load_config(None, env={**env, "GATEWAY_LIMITS_EXEMPT_ADDRESSES": ""})
+    assert none_exempt.limits_exempt_addresses == ()
+    path.write_text('[limits]\nexempt_addresses = ["nowhere"]\n')
+    with pytest.raises(ConfigError, match="limits.exempt_addresses"):
+        load_config(path, env=env)
+
+
+def test_call_bounds_from_file_and_environment(tmp_path: Path) -> None:
+    """[calls] max_in_flight (at least 1) and max_queued (0 allowed: never wait)."""
+    path = write(tmp_path, "[calls]\nmax_in_flight = 2\nmax_queued = 0\n")
+    env = {"GATEWAY_DATA_DIR": str(tmp_path)}
+    config = load_config(path, env=env)
+    assert (config.call_max_in_flight, config.call_max_queued) == (2, 0)
+    config = load_config(path, env={**env, "GATEWAY_CALLS_MAX_QUEUED": "0"})
+    assert config.call_max_queued == 0
+    defaults = load_config(None, env=env)
+    assert (defaults.call_max_in_flight, defaults.call_max_queued) == (4, 32)
+    for text, key in [("max_in_flight = 0", "calls.max_in_flight"),
+                      ("max_queued = -1", "calls.max_queued"),
+                      ("max_queued = false", "calls.max_queued")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=key):
+            load_config(write(tmp_path, f"[calls]\n{text}\n"), env=env)

@@ -21,11 +21,12 @@ IO_MODULES = {"asyncio", "anyio", "socket", "starlette", "uvicorn", "websockets"
 LAYERS: list[set[str]] = [
     {"__init__"},  # gateway/__init__.py: __version__ only; it runs before any other module
     {"errors"},
-    {"config"},
-    {"audit", "broadcast", "naming", "tokens"},
+    {"config", "datadir"},  # settings; the data dir kept private
+    {"audit", "broadcast", "limits", "naming", "tokens"},
     {"protocol"},  # sans-I/O core
     {"devices"},  # connections, registry, calls, enrollment
-    {"broker", "device_listing", "tool_listing"},  # MQTT broker; what hosts see of devices
+    # MQTT broker; what hosts see of devices; request rates; running out of descriptors
+    {"broker", "descriptors", "device_listing", "rate_limit", "tool_listing"},
     {"mcp_server", "ota", "transports"},
     {"host_app"},
     {"app"},

@@ -15,7 +15,7 @@ from gateway.broker import DeviceCredentials
 from gateway.config import ListenAddress, load_config
 from gateway.errors import ConfigError
 from gateway.ota import MAX_KEY, CheckIn, OtaEndpoint, PublicAddress, check_reply, parse_check_in
-from tests.conftest import DEVICE_TOKEN, gateway, make_config
+from tests.conftest import gateway, make_config
 from tests.fakes import Stack
 
 DEVICE = "aa:bb:cc:dd:ee:ff"
@@ -43,8 +43,7 @@ SAFE: dict[str, Any] = {
 def endpoint(tmp_path: Path, **overrides: Any) -> tuple[OtaEndpoint, Stack]:
     config = make_config(tmp_path, **overrides)
     stack = Stack(config)
-    ota = OtaEndpoint(config, stack.registry, DeviceCredentials(tmp_path), PublicAddress(config),
-                      DEVICE_TOKEN)  # fmt: skip
+    ota = OtaEndpoint(config, stack.registry, DeviceCredentials(tmp_path), PublicAddress(config))
     ota.broker_port = 1883
     return ota, stack
 
@@ -101,7 +100,7 @@ def test_default_reply_is_mqtt_with_per_device_credentials(tmp_path: Path) -> No
         "endpoint": "192.168.1.20:1883",
         "client_id": DEVICE,
         "username": DEVICE,
-        "password": DeviceCredentials(tmp_path).password_for(DEVICE),
+        "password": DeviceCredentials(tmp_path).password_for(DEVICE, "uuid"),
         "publish_topic": f"xiaozhi/{DEVICE}/up",
         "keepalive": 240,
     }
@@ -109,15 +108,15 @@ def test_default_reply_is_mqtt_with_per_device_credentials(tmp_path: Path) -> No
     assert isinstance(reply["server_time"]["timestamp"], int)
 
 
-def test_websocket_reply_uses_the_public_url_and_the_device_token(tmp_path: Path) -> None:
-    """ota.transport = websocket: the URL on public_url, whatever Host the device used."""
+def test_websocket_reply_uses_the_public_url_and_a_token_of_its_own(tmp_path: Path) -> None:
+    """ota.transport = websocket: the URL on public_url, and never the shared device token."""
     ota, stack = endpoint(tmp_path, ota_transport="websocket",
                           public_url="https://gw.example:8443")  # fmt: skip
     reply = ota.reply(CHECK_IN, "10.0.0.1:8765")
     stack.close()
     assert reply["websocket"] == {
         "url": "wss://gw.example:8443/xiaozhi/v1/",
-        "token": DEVICE_TOKEN,
+        "token": DeviceCredentials(tmp_path).password_for(DEVICE, "uuid"),
         "version": 1,
     }
     assert "mqtt" not in reply and check_reply(reply) == []

@@ -9,6 +9,9 @@
 - Topics: a device may publish only to its own ``up`` and ``status`` topics and subscribe to,
   and receive, only its own ``down`` topic; the broker subscribes it there when it connects.
 - Presence: devices connecting and leaving become ``Presence`` items of ``presence()``.
+- Limits: a packet over ``max_packet_bytes`` closes its client before its body is read; the
+  connection caps and the CONNECT deadline of ``limits`` hold (``gateway.broker.packets``;
+  amqtt has no such options).
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ from typing import Any
 from amqtt.broker import Broker
 
 from gateway.broadcast import Broadcast, Subscription
+from gateway.broker.packets import LimitedBroker
 from gateway.broker.plugin import AUTH_PLUGIN, TOPIC_PLUGIN, GatewayAuthPlugin, GatewayTopicPlugin
+from gateway.broker.sessions import AuthenticateFirst
 from gateway.broker.topics import Topics, is_device_id
 from gateway.config import ListenAddress
 from gateway.errors import GatewayError
+from gateway.limits import Guard, ListenerLimits
 
 __all__ = ["GATEWAY_LOGIN", "EmbeddedBroker", "Presence", "PresenceFeed"]
 
@@ -82,6 +88,10 @@ class _Subscriptions(dict[str, Any]):
         return {key: self[key] for key in candidates if key in self}.items()
 
 
+class _GatewayBroker(AuthenticateFirst, LimitedBroker):
+    """amqtt's broker with a packet size limit, authenticating before session take-over."""
+
+
 class _BroadcastQueue(asyncio.Queue[dict[str, Any]]):
     """amqtt's broadcast queue, telling the subscription table the topic it hands out next."""
 
@@ -113,7 +123,12 @@ class EmbeddedBroker:
     """An amqtt broker on ``listen``; ``async with`` starts and stops it."""
 
     def __init__(
-        self, listen: ListenAddress, topics: Topics, admits: Callable[[str, str], bool]
+        self,
+        listen: ListenAddress,
+        topics: Topics,
+        admits: Callable[[str, str], bool],
+        max_packet_bytes: int = 256 * 1024,
+        limits: ListenerLimits | None = None,
     ) -> None:
         """Prepare the broker.
 
@@ -121,10 +136,14 @@ class EmbeddedBroker:
             listen: where devices connect (port 0 picks a free port).
             topics: the device topics.
             admits: ``admits(device_id, password)`` decides whether a device may log in.
+            max_packet_bytes: a bigger packet closes the client's connection (packets.py).
+            limits: connection caps and the CONNECT deadline (none when None).
         """
         self.listen = listen
         self.topics = topics
         self._admits = admits
+        self.max_packet_bytes = max_packet_bytes
+        self._guard = Guard(limits) if limits is not None else None
         self.gateway_password = secrets.token_urlsafe(24)
         self._broker: Broker | None = None
         self._online: set[str] = set()
@@ -159,11 +178,13 @@ class EmbeddedBroker:
         """
         _quiet_library_logs()
         bind = f"[{self.listen.host}]" if ":" in self.listen.host else self.listen.host
-        broker = Broker(
+        broker = _GatewayBroker(
             {
                 "listeners": {"default": {"type": "tcp", "bind": f"{bind}:{self.port}"}},
                 "plugins": {AUTH_PLUGIN: {}, TOPIC_PLUGIN: {}},
-            }
+            },
+            self.max_packet_bytes,
+            self._guard,
         )
         for plugin in broker.plugins_manager.plugins:
             if isinstance(plugin, GatewayAuthPlugin | GatewayTopicPlugin):

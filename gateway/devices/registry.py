@@ -25,7 +25,18 @@ from gateway.devices.policy import refusal
 from gateway.devices.store import DeviceRecord, Store
 from gateway.naming import NameMap, clean_alias, derive_alias
 
-__all__ = ["Changes", "Device", "DeviceRegistry", "DeviceSession", "DeviceTool"]
+__all__ = [
+    "APPROVED",
+    "PENDING",
+    "REJECTED",
+    "Changes",
+    "Device",
+    "DeviceRegistry",
+    "DeviceSession",
+    "DeviceTool",
+]
+
+APPROVED, PENDING, REJECTED = "approved", "pending", "rejected"
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +69,7 @@ class Device:
     session: DeviceSession | None = None
     exposed: bool = False  # its tools are in the list hosts see
     hide_timer: asyncio.TimerHandle | None = None
+    conflict: str | None = None  # the last attempt to claim its id with another identity
 
     @property
     def device_id(self) -> str:
@@ -73,6 +85,11 @@ class Device:
     def online(self) -> bool:
         """True while the device is connected."""
         return self.session is not None
+
+    @property
+    def approved(self) -> bool:
+        """True once the device may serve tools (a device token, or the user approved it)."""
+        return self.record.state == APPROVED
 
     @property
     def firmware(self) -> str | None:
@@ -102,6 +119,13 @@ class DeviceTool:
 
     def refused(self, *, user: bool) -> str | None:
         """Why this caller may not use the tool, or None."""
+        if not self.device.approved:
+            alias = self.device.alias
+            if self.device.record.state == REJECTED:
+                return f"device {alias} was rejected"
+            return (
+                f"device {alias} is waiting for approval (esp-mcp-gateway devices approve {alias})"
+            )
         return self.user_refusal if user else self.refusal
 
 
@@ -118,6 +142,7 @@ class DeviceRegistry:
         self._clock = clock
         self._catalogues = Catalogues()
         self._changes: Broadcast[None] = Broadcast()
+        self._device_changes: Broadcast[None] = Broadcast()
         self._devices: dict[str, Device] = {}
         self._by_alias: dict[str, Device] = {}
         self._exposed: dict[str, DeviceTool] = {}
@@ -125,6 +150,7 @@ class DeviceRegistry:
         self.online_count = 0
         self.touched = 0
         self.version = 0  # grows with every change of what hosts see
+        self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
         stored = store.load()
         self._names = NameMap(stored.names)
         catalogues = self._catalogues.load(stored.catalogues)
@@ -146,6 +172,10 @@ class DeviceRegistry:
     def devices(self) -> list[Device]:
         """Every known device, ordered by alias (a stable order keeps hosts' caches warm)."""
         return sorted(self._devices.values(), key=lambda d: (d.alias, d.device_id))
+
+    def get(self, device_id: str) -> Device | None:
+        """The device whose id is ``device_id``."""
+        return self._devices.get(device_id.lower())
 
     def find(self, ref: str) -> Device | None:
         """The device whose id or alias is ``ref``."""
@@ -176,6 +206,13 @@ class DeviceRegistry:
         """
         return self._changes.subscribe(latest_only=True)
 
+    def device_changes(self) -> Changes:
+        """Subscribe to changes of any device: joins, leaves, catalogues, approvals, names.
+
+        Like ``changes()``, each item means "something changed since you last looked".
+        """
+        return self._device_changes.subscribe(latest_only=True)
+
     # --- updates from connections ----------------------------------------------------------
 
     def connect(
@@ -195,7 +232,7 @@ class DeviceRegistry:
         record.client_id = client_id or record.client_id
         record.transport = transport or record.transport
         record.last_seen = self._clock()
-        self._store.save_device(record)
+        self._save(record)
         if device.hide_timer is not None:
             device.hide_timer.cancel()
             device.hide_timer = None
@@ -211,12 +248,77 @@ class DeviceRegistry:
         device.session = None
         self.online_count -= 1
         device.record.last_seen = self._clock()
-        self._store.save_device(device.record)
+        self._save(device.record)
         logger.info("device %s (%s) offline", device.alias, device.device_id)
         if self._config.offline_tools == "hide":
             grace = self._config.offline_grace
             loop = asyncio.get_running_loop()
             device.hide_timer = loop.call_later(grace, self._show, device)
+
+    def admit(
+        self,
+        device_id: str,
+        *,
+        trusted: bool,
+        client_id: str | None,
+        transport: str,
+        check_binding: bool = True,
+        board: str | None = None,
+    ) -> str | None:
+        """Decide whether ``device_id`` may check in or connect; None, or why it may not.
+
+        ``trusted`` is True when it presented a device token (shared or its own): it is approved
+        if it was new or pending. A device without one (a stock device through OTA) is *pending*
+        until the user approves it, unless ``[devices] adoption = "auto"`` or a pairing window
+        is open. Once approved, a device is bound to the Client-Id it presented: a later attempt
+        with another one is refused and kept as the device's ``conflict``, never swapped in.
+        """
+        device_id = device_id.lower()
+        device = self._devices.get(device_id)
+        if device is None:
+            device = self._device(device_id, board)
+            device.record.client_id = client_id
+            device.record.state = PENDING
+            if trusted or self._config.adoption == "auto" or self._clock() < self.pairing_until:
+                self.approve(device)
+            else:
+                logger.warning("device %s (%s) is waiting for approval: esp-mcp-gateway devices "
+                               "approve %s", device.alias, device_id, device.alias)  # fmt: skip
+            return None
+        record = device.record
+        if record.state == REJECTED:
+            return f"device {device_id} was rejected"
+        if check_binding and record.binding is not None and client_id != record.binding:
+            device.conflict = (f"{transport} attempt with Client-Id {client_id!r} refused: "
+                               f"the device is bound to another")  # fmt: skip
+            logger.warning("refused %s for %s (%s): Client-Id %r, bound to another",
+                           transport, device.alias, device_id, client_id)  # fmt: skip
+            return f"device {device_id} is bound to another Client-Id"
+        if record.state == PENDING and (trusted or self._clock() < self.pairing_until):
+            self.approve(device)
+        return None
+
+    def approve(self, device: Device) -> None:
+        """Let ``device`` serve tools; bind its id to the Client-Id it presented."""
+        record = device.record
+        record.state = APPROVED
+        record.binding = record.binding or record.client_id
+        self._save(record)
+        logger.info("device %s (%s) approved", device.alias, device.device_id)
+        self._show(device)
+
+    def reject(self, device: Device) -> None:
+        """Refuse ``device`` from now on; its tools go (the caller closes its session)."""
+        device.record.state = REJECTED
+        self._save(device.record)
+        logger.info("device %s (%s) rejected", device.alias, device.device_id)
+        self._hide(device)
+
+    def pair(self, seconds: float) -> float:
+        """Approve new devices as they arrive for ``seconds``; return when that ends."""
+        self.pairing_until = self._clock() + seconds
+        logger.info("pairing for %g s: new devices are approved as they arrive", seconds)
+        return self.pairing_until
 
     def forget(self, device: Device) -> None:
         """Remove ``device`` and its names for good; if it comes back, it is a new device.
@@ -237,6 +339,7 @@ class DeviceRegistry:
             device.hide_timer.cancel()
         self._names.forget(device.device_id)
         self._store.forget_device(device.device_id)
+        self._device_changes.publish(None)
         logger.info("device %s (%s) forgotten", device.alias, device.device_id)
 
     def adopt(self, device_id: str, name: str) -> None:
@@ -270,7 +373,7 @@ class DeviceRegistry:
             record.server_info = {"name": record.board, **(record.server_info or {})}
             record.server_info["version"] = firmware
         record.last_seen = self._clock()
-        self._store.save_device(record)
+        self._save(record)
         logger.info("device %s (%s) checked in: %s %s", record.alias, device_id, board, firmware)
         return device
 
@@ -291,7 +394,7 @@ class DeviceRegistry:
             self._learn_board(device, board)
         record.server_info = server_info
         record.last_seen = self._clock()
-        self._store.save_device(record)
+        self._save(record)
         logger.info("device %s lists %d tools", record.alias, len(catalogue.tools))
         if catalogue is not device.catalogue:
             record.catalogue = catalogue.digest
@@ -308,7 +411,7 @@ class DeviceRegistry:
                                   board=board, first_seen=now, last_seen=now)  # fmt: skip
             device = self._devices[device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
-            self._store.save_device(record)
+            self._save(record)
         return device
 
     def _learn_board(self, device: Device, board: str) -> None:
@@ -363,7 +466,14 @@ class DeviceRegistry:
         self._store.save_names(new_names)
         self._show(device)
 
+    def _save(self, record: DeviceRecord) -> None:
+        """Queue the record's write, and tell whoever watches devices that one changed."""
+        self._store.save_device(record)
+        self._device_changes.publish(None)
+
     def _shows_tools_of(self, device: Device) -> bool:
+        if not device.approved:
+            return False
         if device.online or self._config.offline_tools == "keep":
             return True
         # hide mode: a short drop must not make the list flap

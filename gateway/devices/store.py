@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.datadir import create_private, tighten
 from gateway.devices.catalogue import digest_of
 from gateway.naming import NameAssignment
 
@@ -29,7 +30,7 @@ __all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
 
 logger = logging.getLogger(__name__)
 
-_VERSION = 2  # PRAGMA user_version; 0 is the first layout (a catalogue per device row)
+_VERSION = 3  # PRAGMA user_version; 0 is the first layout (a catalogue per device row)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
@@ -41,7 +42,9 @@ CREATE TABLE IF NOT EXISTS devices (
     server_info TEXT,
     catalogue   TEXT,
     first_seen  REAL NOT NULL,
-    last_seen   REAL NOT NULL
+    last_seen   REAL NOT NULL,
+    state       TEXT NOT NULL DEFAULT 'approved',
+    binding     TEXT
 );
 CREATE TABLE IF NOT EXISTS catalogues (
     digest TEXT PRIMARY KEY,
@@ -56,7 +59,8 @@ CREATE TABLE IF NOT EXISTS tool_names (
 );
 """
 _DEVICE_COLUMNS = (
-    "device_id, alias, board, client_id, transport, server_info, catalogue, first_seen, last_seen"
+    "device_id, alias, board, client_id, transport, server_info, catalogue, first_seen, last_seen,"
+    " state, binding"
 )
 
 
@@ -73,12 +77,15 @@ class DeviceRecord:
     catalogue: str | None = None  # the digest of its catalogue (shared between devices)
     first_seen: float
     last_seen: float
+    state: str = "approved"  # approved, pending (waits for the user) or rejected
+    binding: str | None = None  # the Client-Id it was approved with; others are refused
 
     def row(self) -> tuple[object, ...]:
         """The ``devices`` row, in ``_DEVICE_COLUMNS`` order."""
         info = json.dumps(self.server_info) if self.server_info is not None else None
         return (self.device_id, self.alias, self.board, self.client_id, self.transport, info,
-                self.catalogue, self.first_seen, self.last_seen)  # fmt: skip
+                self.catalogue, self.first_seen, self.last_seen, self.state,
+                self.binding)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +98,13 @@ class StoredState:
 
 
 def open_database(path: Path, schema: str) -> sqlite3.Connection:
-    """The registry's SQLite file (autocommit, WAL), with ``schema`` applied."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The registry's SQLite file (autocommit, WAL, mode 0600), with ``schema`` applied."""
+    create_private(path)  # SQLite gives the -wal and -shm files the database file's mode
     # The writer thread uses the connection too; the store's lock keeps it to one at a time.
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
+    for leftover in ("-wal", "-shm"):  # made looser by an older version, and never removed
+        tighten(path.with_name(path.name + leftover))
     db.executescript(schema)
     return db
 
@@ -221,7 +230,7 @@ class Store:
                 db.executemany("INSERT OR IGNORE INTO catalogues VALUES (?, ?)",
                                batch.catalogues.items())  # fmt: skip
                 db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
-                               "(?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
+                               "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
                 for entry in batch.names.values():
                     db.execute(
                         "DELETE FROM tool_names WHERE name = ?"
@@ -275,6 +284,8 @@ def _record(row: tuple[Any, ...]) -> DeviceRecord:
         catalogue=row[6],
         first_seen=row[7],
         last_seen=row[8],
+        state=row[9],
+        binding=row[10],
     )
 
 
@@ -296,6 +307,9 @@ def _prepare(db: sqlite3.Connection) -> None:
                 db.execute(statement)
         if first_layout:
             _copy_first_layout(db)
+        if version == 2:  # device approval came in version 3: devices known before stay approved
+            db.execute("ALTER TABLE devices ADD COLUMN state TEXT NOT NULL DEFAULT 'approved'")
+            db.execute("ALTER TABLE devices ADD COLUMN binding TEXT")
         db.execute(
             "DELETE FROM catalogues WHERE digest NOT IN"
             " (SELECT catalogue FROM devices WHERE catalogue IS NOT NULL)"
@@ -318,6 +332,7 @@ def _copy_first_layout(db: sqlite3.Connection) -> None:
         if digest is not None:
             stored = json.dumps({"tools": entries, "rejected": []}, ensure_ascii=True)
             db.execute("INSERT OR IGNORE INTO catalogues VALUES (?, ?)", (digest, stored))
-        db.execute(f"INSERT INTO devices ({_DEVICE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        db.execute(f"INSERT INTO devices ({_DEVICE_COLUMNS}) VALUES "
+                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'approved', NULL)",
                    (*head, digest, first_seen, last_seen))  # fmt: skip
     db.execute("DROP TABLE devices_v1")

@@ -10,6 +10,7 @@ options (no error codes, no ping, no keepalive pings).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import uuid
 from collections.abc import Iterable
@@ -25,9 +26,15 @@ from .mcp_server import DeviceMcpServer
 from .simtool import JsonObject, SimTool
 from .tools import BoardState, default_tools
 
-__all__ = ["SimulatedDevice", "backoff_delay"]
+__all__ = ["SimulatedDevice", "backoff_delay", "persistent_client_id"]
 
 logger = logging.getLogger(__name__)
+
+
+def persistent_client_id(device_id: str) -> str:
+    """The Client-Id a simulated board keeps for life: one per device id, like stock's NVS."""
+    digest = hashlib.sha256(f"esp-mcp-gateway-simulator:{device_id.lower()}".encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))  # v4 in form, as stock makes them
 
 
 class _Firmware(Device):
@@ -85,8 +92,9 @@ class SimulatedDevice:
     ) -> None:
         self.url = url
         self.device_id = device_id.lower()
-        # Stock firmware generates its Client-Id once and keeps it in NVS (§1).
-        self.client_id = str(uuid.uuid4())
+        # Stock firmware generates its Client-Id once and keeps it in NVS (§1): the same board
+        # always presents the same one, which the gateway binds its id to on approval.
+        self.client_id = persistent_client_id(self.device_id)
         self.board = BoardState(device_id=self.device_id, client_id=self.client_id, board=board)
         catalogue = default_tools(self.board) if tools is None else tools
         self.mcp = DeviceMcpServer(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
@@ -12,7 +11,7 @@ from device_fw.fw_app import build
 from device_fw.fw_config import DEFAULTS, check, merge
 from device_fw.fw_device import Device
 
-from .device import SimulatedDevice
+from .device import SimulatedDevice, persistent_client_id
 
 __all__ = ["BoardKind", "device_id_for", "firmware_device", "simulate"]
 
@@ -48,7 +47,7 @@ def firmware_device(url: str, token: str | None, device_id: str, **settings: Any
         "token": token or "",
         "board": "sim",
         "device_id": device_id,
-        "client_id": str(uuid.uuid4()),  # else the firmware keeps one in ./client_id
+        "client_id": persistent_client_id(device_id),  # else the firmware keeps ./client_id
         "pins": {"outputs": {"led": 2, "relay": 5}},
     }
     values.update(settings)

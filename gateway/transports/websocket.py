@@ -8,12 +8,12 @@ parameters instead. A device without a valid token is refused before the upgrade
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway.broker.topics import is_device_id
 from gateway.devices.link import DeviceIdentity, LinkClosed
 
 __all__ = ["StarletteLink", "authenticate", "device_websocket_routes"]
@@ -21,7 +21,6 @@ __all__ = ["StarletteLink", "authenticate", "device_websocket_routes"]
 logger = logging.getLogger(__name__)
 
 DEVICE_PATH = "/xiaozhi/v1/"
-_DEVICE_ID = re.compile(r"^[\x21-\x7e]{1,64}$")  # printable ASCII, no spaces: it names log lines
 
 
 class StarletteLink:
@@ -66,29 +65,31 @@ def _first(*values: str | None) -> str | None:
     return next((v for v in values if v), None)
 
 
-Admit = Callable[[str, str], bool]
-"""``admit(device_id, token)``: may this device connect with this token?"""
+Admit = Callable[[DeviceIdentity, str], str | None]
+"""``admit(identity, token)``: None when this device may connect with this token, else why not."""
 
 
 def authenticate(
     headers: Mapping[str, str], query: Mapping[str, str], admit: Admit
 ) -> DeviceIdentity | str:
-    """The device's identity if its token admits it, else the reason to refuse it."""
+    """The device's identity if it is admitted, else the reason to refuse it."""
     device_id = _first(headers.get("device-id"), query.get("device-id"), query.get("device_id"))
-    if not device_id or not _DEVICE_ID.match(device_id):
+    if not device_id or not is_device_id(device_id.lower()):
         return "missing or malformed Device-Id"
     authorization = _first(headers.get("authorization"), query.get("authorization"))
     token = _first(query.get("token"))
     if authorization:
         # Stock firmware sends "Bearer <token>", or the token verbatim if it holds a space.
         token = authorization.removeprefix("Bearer ").strip()
-    if not token or not admit(device_id.lower(), token):
-        return "missing or invalid device token"
-    return DeviceIdentity(
+    identity = DeviceIdentity(
         device_id=device_id.lower(),
         client_id=_first(headers.get("client-id"), query.get("client-id"), query.get("client_id")),
         transport="websocket",
     )
+    if not token:
+        return "missing device token"
+    refusal = admit(identity, token)
+    return identity if refusal is None else refusal
 
 
 def device_websocket_routes(

@@ -47,20 +47,22 @@ def test_device_ids_are_topic_safe() -> None:
 
 
 def test_device_passwords_are_per_device_and_stable(tmp_path: Path) -> None:
-    """Derived passwords differ per device, survive a restart, and admit only their device."""
+    """Derived passwords differ per device and Client-Id, survive a restart, admit only theirs."""
     first = DeviceCredentials(tmp_path)
-    password = first.password_for("aa:bb:cc:dd:ee:ff")
-    assert len(password) == 32 and password != first.password_for("aa:bb:cc:dd:ee:00")
+    password = first.password_for("aa:bb:cc:dd:ee:ff", "uuid-1")
+    assert len(password) == 32 and password != first.password_for("aa:bb:cc:dd:ee:00", "uuid-1")
+    assert password != first.password_for("aa:bb:cc:dd:ee:ff", "uuid-2")  # another check-in
     again = DeviceCredentials(tmp_path)
-    assert again.password_for("AA:BB:CC:DD:EE:FF") == password
-    assert again.admits("aa:bb:cc:dd:ee:ff", password)
-    assert not again.admits("aa:bb:cc:dd:ee:00", password)
+    assert again.password_for("AA:BB:CC:DD:EE:FF", "uuid-1") == password
+    assert again.admits("aa:bb:cc:dd:ee:ff", "uuid-1", password)
+    assert not again.admits("aa:bb:cc:dd:ee:00", "uuid-1", password)
+    assert not again.admits("aa:bb:cc:dd:ee:ff", "uuid-2", password)
     mode = (tmp_path / "mqtt_secret").stat().st_mode
     assert stat.S_IMODE(mode) == 0o600
 
 
 def test_deleting_the_secret_revokes_every_password(tmp_path: Path) -> None:
     """A new secret means new passwords (devices get them at their next OTA check-in)."""
-    password = DeviceCredentials(tmp_path).password_for("aa:bb")
+    password = DeviceCredentials(tmp_path).password_for("aa:bb", None)
     (tmp_path / "mqtt_secret").unlink()
-    assert not DeviceCredentials(tmp_path).admits("aa:bb", password)
+    assert not DeviceCredentials(tmp_path).admits("aa:bb", None, password)

@@ -204,3 +204,54 @@ async def test_forget_frees_the_device_and_its_names(tmp_path: Path) -> None:
     again = Stack(make_config(tmp_path))
     assert again.registry.find("aa:01") is None and again.registry.find("aa:02") is not None
     again.close()
+
+
+async def test_a_device_without_a_token_waits_for_approval(tmp_path: Path) -> None:
+    """No token: pending, tools hidden and refused; approval shows them and binds its Client-Id."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    assert registry.admit("aa:10", trusted=False, client_id="uuid-1", transport="OTA") is None
+    registry.connect("aa:10", ScriptedSession())
+    registry.set_catalogue("aa:10", (tool("self.a"),), None)
+    device = registry.get("aa:10")
+    assert device is not None and device.record.state == "pending"
+    assert not registry.exposed_tools()
+    assert "waiting for approval" in (device.tools["self.a"].refused(user=True) or "")
+    registry.approve(device)
+    assert [t.spec.name for t in registry.exposed_tools()] == ["self.a"]
+    assert device.record.binding == "uuid-1"
+    refusal = registry.admit("aa:10", trusted=True, client_id="uuid-2", transport="websocket")
+    assert refusal is not None and "bound" in refusal and device.conflict
+    assert registry.admit("aa:10", trusted=False, client_id="uuid-1", transport="OTA") is None
+    stack.close()
+
+
+async def test_tokens_pairing_and_auto_adoption_approve_new_devices(tmp_path: Path) -> None:
+    """A device token, an open pairing window or adoption = auto let a new device in at once."""
+    now = [1000.0]
+    stack = Stack(make_config(tmp_path), lambda: now[0])
+    registry = stack.registry
+    registry.admit("aa:01", trusted=True, client_id=None, transport="mqtt")
+    registry.pair(60)
+    registry.admit("aa:02", trusted=False, client_id="u2", transport="OTA")
+    now[0] += 61
+    registry.admit("aa:03", trusted=False, client_id="u3", transport="OTA")
+    states = {d.device_id: d.record.state for d in registry.devices()}
+    assert states == {"aa:01": "approved", "aa:02": "approved", "aa:03": "pending"}
+    stack.close()
+    auto = Stack(make_config(tmp_path / "auto", adoption="auto"))
+    auto.registry.admit("aa:04", trusted=False, client_id="u4", transport="OTA")
+    assert auto.registry.get("aa:04").record.state == "approved"  # type: ignore[union-attr]
+    auto.close()
+
+
+async def test_rejected_device_is_refused_and_its_state_survives_a_restart(tmp_path: Path) -> None:
+    """A rejected device is refused even with a token, also after a restart."""
+    stack = Stack(make_config(tmp_path))
+    stack.registry.admit("aa:20", trusted=False, client_id="u", transport="OTA")
+    stack.registry.reject(stack.registry.get("aa:20"))  # type: ignore[arg-type]
+    stack.close()
+    again = Stack(make_config(tmp_path))
+    refusal = again.registry.admit("aa:20", trusted=True, client_id="u", transport="websocket")
+    assert refusal == "device aa:20 was rejected"
+    again.close()

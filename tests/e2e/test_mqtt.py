@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 STOCK = "aa:bb:cc:dd:ee:ff"
 FIRMWARE = "aa:bb:cc:dd:ee:02"
-EMBEDDED: dict[str, Any] = {"mqtt_listen": ListenAddress("127.0.0.1", 0)}
+# Stock devices arrive without a token: these tests are about MQTT, so they are let in at once
+# (test_device_trust.py covers approval).
+EMBEDDED: dict[str, Any] = {"mqtt_listen": ListenAddress("127.0.0.1", 0), "adoption": "auto"}
 
 
 def tool_name(run: Running, device_id: str, tool: str) -> str:
