@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import replace
@@ -263,8 +264,15 @@ class Gateway:
             return json.loads(response.read())
 
     def devices(self) -> list[dict[str, Any]]:
-        """``GET /api/devices``: every device with its tools (big: a fleet's catalogues)."""
-        return list(self._get("/api/devices", 300)["devices"])
+        """``GET /api/devices``, every page: every device with its tools (a fleet's catalogues)."""
+        devices: list[dict[str, Any]] = []
+        query = ""
+        while True:
+            page = self._get("/api/devices" + query, 300)
+            devices += page["devices"]
+            if not page.get("next_cursor"):
+                return devices
+            query = "?" + urllib.parse.urlencode({"cursor": page["next_cursor"]})
 
     @property
     def pid(self) -> int:
