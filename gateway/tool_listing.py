@@ -166,8 +166,7 @@ class ToolLister:
                     len(tools),
                     budget,
                 )
-        if mode != self._mode:
-            self._mode = mode
+        self._mode = mode  # the switch to grouped is logged once, not at every listing
         return mode
 
 
@@ -187,11 +186,8 @@ def _groups(tools: list[DeviceTool]) -> dict[str, ToolGroup]:
             base = f"{base}_{short_hash(name, schema_key)}"  # same name, other schemas
         spec = group[0].spec
         properties = spec.input_schema.get("properties")
-        argument = (
-            "device"
-            if not (isinstance(properties, dict) and "device" in properties)
-            else ("target_device")
-        )
+        taken = isinstance(properties, dict) and "device" in properties
+        argument = "target_device" if taken else "device"  # never shadow the tool's own
         groups[base] = ToolGroup(base, spec, tuple(group), argument)
     return groups
 

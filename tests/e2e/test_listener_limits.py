@@ -20,6 +20,7 @@ from tests.broker.test_packets import logged_in, publish_head
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.helpers import has_tools, listed_device, until
 from tests.mqtt_helpers import MqttDevice
+from tests.test_limits import closed_by_server, opened
 from tests.test_ota import STOCK_BODY, STOCK_HEADERS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -27,25 +28,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 # A WebSocket upgrade whose headers never end, and a connection that says nothing at all.
 SLOW_UPGRADE = b"GET /xiaozhi/v1/ HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
 COUNTED: dict[str, Any] = {"limits_exempt_addresses": ()}  # loopback counts like the LAN
-
-
-async def opened(port: int, data: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A raw TCP connection that has sent ``data``."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    if data:
-        writer.write(data)
-        await writer.drain()
-    return reader, writer
-
-
-async def closed_by_gateway(reader: asyncio.StreamReader, seconds: float = 5) -> bytes:
-    """Wait until the gateway closes the connection; what it sent before."""
-    received = b""
-    async with asyncio.timeout(bound(seconds)):
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := await reader.read(65536):
-                received += chunk
-    return received
 
 
 async def test_200_slow_loris_sockets_are_closed_by_the_deadline_while_a_device_connects(
@@ -64,7 +46,7 @@ async def test_200_slow_loris_sockets_are_closed_by_the_deadline_while_a_device_
             held = [not reader.at_eof() for reader, _ in slow]
             await until(changes, has_tools(run, device.device_id))
         assert held == [True] * 200  # the device got in while all 200 held their sockets
-        sent = await asyncio.gather(*(closed_by_gateway(reader) for reader, _ in slow))
+        sent = await asyncio.gather(*(closed_by_server(reader) for reader, _ in slow))
         assert sent == [b""] * 200  # closed, not answered
         assert loop.time() - start >= deadline * 0.9
         for _, writer in slow:
@@ -80,7 +62,7 @@ async def test_past_the_device_listener_cap_connections_are_refused_at_once(
         async with listed_device(run):
             request = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n"
             extra, writer = await opened(run.device_port, request)
-            assert await closed_by_gateway(extra, 2) == b""
+            assert await closed_by_server(extra, 2) == b""
             writer.close()
             assert has_tools(run, "02:00:00:00:00:01")()
         for _, writer in held:
@@ -95,7 +77,7 @@ async def test_one_address_may_hold_only_so_many_unauthenticated_connections(
         async with listed_device(run):  # accepted: it no longer counts against its address
             held = [await opened(run.device_port, SLOW_UPGRADE) for _ in range(3)]
             extra, writer = await opened(run.device_port)
-            assert await closed_by_gateway(extra, 2) == b""
+            assert await closed_by_server(extra, 2) == b""
             writer.close()
             assert [reader.at_eof() for reader, _ in held] == [False] * 3
             for _, held_writer in held:
@@ -149,7 +131,7 @@ async def publish_10_mb(port: int, device_id: str) -> None:
         for _ in range(size // len(chunk)):
             writer.write(chunk)
             await writer.drain()
-    assert await closed_by_gateway(reader) == b""
+    assert await closed_by_server(reader) == b""
     writer.close()
 
 
