@@ -67,6 +67,9 @@ class DeviceOptions:
     allow: tuple[str, ...] = ("*",)
     deny: tuple[str, ...] = ()
     user_tools: tuple[str, ...] = ()
+    # Globs of tools hosts are told are read-only / destructive where the device says nothing.
+    read_only: tuple[str, ...] = ()
+    destructive: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,9 @@ class Config:
     limits_enroll_per_minute: float = 10.0
     limits_enroll_burst: int = 10
     limits_mqtt_max_packet_bytes: int = 256 * 1024
+    # [vision]: camera photos devices upload during take_photo (gateway/vision.py)
+    vision_enabled: bool = True
+    vision_max_photo_bytes: int = 4 * 1024 * 1024
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""
@@ -318,6 +324,8 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("ota", "transport", "ota_transport", _choice(*OTA_TRANSPORTS)),
     ("ota", "firmware_version", "ota_firmware_version", _firmware_version),
     ("ota", "firmware_url", "ota_firmware_url", _optional_str),
+    ("vision", "enabled", "vision_enabled", _bool),
+    ("vision", "max_photo_bytes", "vision_max_photo_bytes", _int),
     ("limits", "device_connections", "limits_device_connections", _int),
     ("limits", "host_connections", "limits_host_connections", _int),
     ("limits", "per_address", "limits_per_address", _int),
@@ -406,7 +414,8 @@ def _devices(table: object) -> dict[str, DeviceOptions]:
 def _device_options(prefix: str, options: object) -> DeviceOptions:
     if not isinstance(options, dict):
         raise ConfigError(prefix, "expected a table")
-    known = {"name", "timeout", "tool_timeouts", "allow", "deny", "user_tools"}
+    known = {"name", "timeout", "tool_timeouts", "allow", "deny", "user_tools", "read_only",
+             "destructive"}  # fmt: skip
     for key in options:
         if key not in known:
             raise ConfigError(f"{prefix}.{key}", f"unknown key (known: {', '.join(sorted(known))})")
@@ -423,6 +432,8 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
         allow=_str_list(f"{prefix}.allow", options.get("allow", ["*"])),
         deny=_str_list(f"{prefix}.deny", options.get("deny", [])),
         user_tools=_str_list(f"{prefix}.user_tools", options.get("user_tools", [])),
+        read_only=_str_list(f"{prefix}.read_only", options.get("read_only", [])),
+        destructive=_str_list(f"{prefix}.destructive", options.get("destructive", [])),
     )
 
 

@@ -214,15 +214,18 @@ def _as_mcp_tool(entry: Entry) -> types.Tool:
     # Built without validation: the catalogue checked every part when the device listed it, and
     # validating would copy each schema again (a full listing at 10,000 devices makes a quarter
     # of a million of these, and the copies cost more in garbage collection than in making).
+    # model_construct marks every field it is given as set: pass outputSchema only when there is one.
+    output = {} if spec.output_schema is None else {"output_schema": spec.output_schema}
     return types.Tool.model_construct(
         name=entry.name,
         description=f"[{alias}] {spec.description}",
         input_schema=spec.input_schema,
         annotations=types.ToolAnnotations.model_construct(
-            title=f"{alias}: {spec.name}",
-            read_only_hint=spec.read_only,
-            destructive_hint=spec.destructive,
+            title=f"{alias}: {spec.title or spec.name}",
+            read_only_hint=entry.hints.read_only,
+            destructive_hint=entry.hints.destructive,
         ),
+        **output,
     )
 
 
@@ -244,7 +247,10 @@ def _group_tool(group: ToolGroup) -> types.Tool:
         name=group.name,
         description=f"{spec.description} [on {where}; `{group.argument}` says which]",
         input_schema=schema,
+        output_schema=spec.output_schema,
         annotations=types.ToolAnnotations(
-            title=spec.name, read_only_hint=spec.read_only, destructive_hint=spec.destructive
+            title=spec.title or spec.name,
+            read_only_hint=all(m.hints.read_only for m in group.members),
+            destructive_hint=any(m.hints.destructive for m in group.members),
         ),
     )

@@ -10,6 +10,11 @@ or the gateway is *rejected* with a reason, and the device's other tools are ser
   its metaschema, is at most 32 levels deep and 16 KiB as JSON, and compiles with the
   linear-time regex engine and without fetching anything: a device's ``pattern`` can then never
   stall the event loop (``^(a+)+$`` costs nothing), and a remote ``$ref`` is refused, not fetched.
+- an ``outputSchema``, where the device declares one, passes the same checks: hosts validate
+  the results' ``structuredContent`` against it, and so does the gateway before passing it on.
+
+Of the device's ``annotations``, the gateway keeps ``audience`` (user-only tools) and the hints
+hosts show: ``title``, ``readOnlyHint``, ``destructiveHint`` (each only when it has the right type).
 
 What a judged tool keeps is exactly what can be served again, so the store keeps only that.
 Devices running the same firmware list the same entries: ``Catalogues`` interns catalogues by
@@ -29,8 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema_rs
-
-from gateway.devices.policy import tool_hints
 
 __all__ = ["Catalogue", "Catalogues", "Rejection", "ToolSpec", "judge"]
 
@@ -60,11 +63,14 @@ class ToolSpec:
     description: str
     input_schema: JsonObject
     user_only: bool
-    read_only: bool
-    destructive: bool
     schema_key: str  # equal for equal schemas: tools of the same name and schema group together
     size: int  # about how many bytes the tool takes in a tools/list result
     validator: Any = field(repr=False, compare=False)  # a compiled jsonschema_rs validator
+    title: str | None = None
+    read_only: bool | None = None  # the device's own hints; None where it gave none
+    destructive: bool | None = None
+    output_schema: JsonObject | None = None
+    output_validator: Any = field(default=None, repr=False, compare=False)
 
     def problems(self, arguments: JsonObject) -> list[str]:
         """What is wrong with ``arguments`` for this tool, one clear sentence each."""
@@ -78,6 +84,16 @@ class ToolSpec:
             problems.append(f"argument {where!r}: {error.message}" if where else error.message)
         return problems
 
+    def output_problems(self, structured: object) -> list[str]:
+        """What is wrong with a result's ``structuredContent`` for this tool's outputSchema."""
+        if self.output_validator is None:
+            return []
+        try:
+            errors = list(self.output_validator.iter_errors(structured))
+        except Exception as exc:
+            return [f"the result cannot be checked: {_first_line(exc)}"]
+        return [error.message for error in errors[:3]]
+
     def as_entry(self) -> JsonObject:
         """The tool as the store keeps it (and as ``judge`` takes it back)."""
         entry: JsonObject = {
@@ -85,8 +101,18 @@ class ToolSpec:
             "description": self.description,
             "inputSchema": self.input_schema,
         }
-        if self.user_only:
-            entry["annotations"] = {"audience": ["user"]}
+        if self.output_schema is not None:
+            entry["outputSchema"] = self.output_schema
+        annotations: JsonObject = {"audience": ["user"]} if self.user_only else {}
+        for key, value in (
+            ("title", self.title),
+            ("readOnlyHint", self.read_only),
+            ("destructiveHint", self.destructive),
+        ):
+            if value is not None:
+                annotations[key] = value
+        if annotations:
+            entry["annotations"] = annotations
         return entry
 
 
@@ -234,57 +260,67 @@ def _check_tool(entry: object) -> ToolSpec:
         raise _Reject("the description is not valid text")
     if len(description.encode()) > MAX_DESCRIPTION_BYTES:
         raise _Reject(f"the description is larger than {MAX_DESCRIPTION_BYTES} bytes")
-    schema, schema_text = _check_schema(entry.get("inputSchema"))
+    schema, schema_text = _check_schema("inputSchema", entry.get("inputSchema"))
+    output_schema, output_text = None, ""
+    if entry.get("outputSchema") is not None:
+        output_schema, output_text = _check_schema("outputSchema", entry["outputSchema"])
     annotations = entry.get("annotations")
-    user_only = isinstance(annotations, dict) and annotations.get("audience") == ["user"]
-    hints = tool_hints(name)
+    if not isinstance(annotations, dict):
+        annotations = {}
+    title = annotations.get("title")
+    if not (_is_text(title) and 0 < len(title) <= MAX_NAME_CHARS and not _CONTROL.search(title)):
+        title = None
+    read_only, destructive = annotations.get("readOnlyHint"), annotations.get("destructiveHint")
     return ToolSpec(
         name=name,
         description=description,
         input_schema=schema,
-        user_only=user_only,
-        read_only=hints["readOnlyHint"],
-        destructive=hints["destructiveHint"],
-        schema_key=hashlib.sha256(schema_text.encode()).hexdigest()[:16],
-        size=len(name) + len(description.encode()) + len(schema_text.encode()),
-        validator=_compile(schema),
+        user_only=annotations.get("audience") == ["user"],
+        schema_key=hashlib.sha256((schema_text + output_text).encode()).hexdigest()[:16],
+        size=len(name) + len(description.encode()) + len((schema_text + output_text).encode()),
+        validator=_compile("inputSchema", schema),
+        title=title,
+        read_only=read_only if isinstance(read_only, bool) else None,
+        destructive=destructive if isinstance(destructive, bool) else None,
+        output_schema=output_schema,
+        output_validator=None if output_schema is None else _compile("outputSchema", output_schema),
     )
 
 
-def _check_schema(schema: object) -> tuple[JsonObject, str]:
+def _check_schema(key: str, schema: object) -> tuple[JsonObject, str]:
     """The schema to serve, and its canonical JSON text."""
     if schema is None:
         schema = {"type": "object", "properties": {}}  # a tool without arguments
     if not isinstance(schema, dict):
-        raise _Reject("inputSchema is not an object")
+        raise _Reject(f"{key} is not an object")
     if schema.get("type", "object") != "object":
-        raise _Reject('inputSchema must describe an object ("type": "object")')
+        raise _Reject(f'{key} must describe an object ("type": "object")')
     if _depth(schema) > MAX_SCHEMA_DEPTH:
-        raise _Reject(f"inputSchema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
+        raise _Reject(f"{key} is nested deeper than {MAX_SCHEMA_DEPTH} levels")
     try:
         text = json.dumps(schema, ensure_ascii=False, allow_nan=False, sort_keys=True)
         size = len(text.encode())
     except UnicodeEncodeError:
-        raise _Reject("inputSchema is not valid text (lone surrogates)") from None
+        raise _Reject(f"{key} is not valid text (lone surrogates)") from None
     except (ValueError, TypeError):
-        raise _Reject("inputSchema is not plain JSON (NaN or Infinity)") from None
+        raise _Reject(f"{key} is not plain JSON (NaN or Infinity)") from None
     if size > MAX_SCHEMA_BYTES:
-        raise _Reject(f"inputSchema is larger than {MAX_SCHEMA_BYTES} bytes")
+        raise _Reject(f"{key} is larger than {MAX_SCHEMA_BYTES} bytes")
     schema = {"type": "object", **schema}
     try:
         jsonschema_rs.meta.validate(schema)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
-        raise _Reject(f"inputSchema is not a valid JSON Schema: {_first_line(exc)}") from None
+        raise _Reject(f"{key} is not a valid JSON Schema: {_first_line(exc)}") from None
     return schema, text
 
 
-def _compile(schema: JsonObject) -> Any:
+def _compile(key: str, schema: JsonObject) -> Any:
     try:
         return jsonschema_rs.validator_for(schema, offline=True, pattern_options=_REGEX)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
         # Patterns the linear-time engine refuses (lookaround, backreferences, huge repeats) and
         # $refs that would need fetching end here: unsafe to check means not served.
-        raise _Reject(f"inputSchema cannot be checked safely: {_first_line(exc)}") from None
+        raise _Reject(f"{key} cannot be checked safely: {_first_line(exc)}") from None
 
 
 def _depth(value: object) -> int:

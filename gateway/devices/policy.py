@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from typing import NamedTuple
 
 from gateway.config import DeviceOptions
 
-__all__ = ["refusal", "tool_hints"]
+__all__ = ["Hints", "refusal", "tool_hints"]
 
 _READ_ONLY = re.compile(r"(^|[._])(get|read|list|status|info|query|describe)([._]|$)")
 _DESTRUCTIVE = re.compile(r"(^|[._])(reboot|restart|reset|upgrade|erase|format|factory|delete)")
@@ -40,10 +41,36 @@ def refusal(
     return None
 
 
-def tool_hints(tool_name: str) -> dict[str, bool]:
-    """MCP annotation hints guessed from a device tool's name (all hints, never promises)."""
+class Hints(NamedTuple):
+    """The MCP annotation hints hosts get for a tool (hints, never promises)."""
+
+    read_only: bool
+    destructive: bool
+
+
+def tool_hints(
+    tool_name: str,
+    options: DeviceOptions,
+    *,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
+) -> Hints:
+    """The hints for ``tool_name``: the config's globs, else the device's own, else a guess.
+
+    The config wins over the device: the user who owns the board knows what a tool does, and a
+    device's hints are its own claims (a hostile one may call a destructive tool read-only).
+    ``read_only``/``destructive`` are the device's hints, None where it gave none.
+    """
+    if _matches(tool_name, options.read_only):
+        return Hints(read_only=True, destructive=False)
+    if _matches(tool_name, options.destructive):
+        return Hints(read_only=False, destructive=True)
+    if read_only is not None or destructive is not None:
+        # MCP's defaults for what the device left out: not read-only; destructive unless read-only.
+        ro = bool(read_only)
+        return Hints(read_only=ro, destructive=(not ro) if destructive is None else destructive)
     if _READ_ONLY.search(tool_name):
-        return {"readOnlyHint": True, "destructiveHint": False}
+        return Hints(read_only=True, destructive=False)
     if _DESTRUCTIVE.search(tool_name):
-        return {"readOnlyHint": False, "destructiveHint": True}
-    return {"readOnlyHint": False, "destructiveHint": False}
+        return Hints(read_only=False, destructive=True)
+    return Hints(read_only=False, destructive=False)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from gateway.broadcast import Broadcast, Subscription
 from gateway.config import Config
 from gateway.devices.catalogue import Catalogue, Catalogues, Rejection, ToolSpec
-from gateway.devices.policy import refusal
+from gateway.devices.policy import Hints, refusal, tool_hints
 from gateway.devices.store import DeviceRecord, Store
 from gateway.naming import NameMap, clean_alias, derive_alias
 
@@ -116,6 +116,7 @@ class DeviceTool:
     name: str  # its MCP name
     refusal: str | None  # why the model may not use it; None when it may
     user_refusal: str | None  # why even the person at the CLI or dashboard may not
+    hints: Hints  # what hosts are told: read-only, destructive
 
     def refused(self, *, user: bool) -> str | None:
         """Why this caller may not use the tool, or None."""
@@ -462,6 +463,9 @@ class DeviceRegistry:
                 name=entry.name,
                 refusal=refusal(spec.name, spec.user_only, options),
                 user_refusal=refusal(spec.name, spec.user_only, options, user=True),
+                hints=tool_hints(
+                    spec.name, options, read_only=spec.read_only, destructive=spec.destructive
+                ),
             )
         self._store.save_names(new_names)
         self._show(device)

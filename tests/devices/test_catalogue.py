@@ -63,7 +63,34 @@ def test_a_stock_tool_is_served_as_sent() -> None:
     volume, reboot = catalogue.tools
     assert (volume.name, volume.description) == (GOOD["name"], "Set the volume")
     assert volume.input_schema == GOOD["inputSchema"] and not volume.user_only
-    assert reboot.user_only and reboot.destructive
+    assert reboot.user_only and reboot.destructive is None  # the device gave no hints
+
+
+def test_the_device_s_hints_and_output_schema_are_kept_and_stored() -> None:
+    """title, readOnlyHint, destructiveHint and outputSchema reach hosts and survive the store."""
+    output = {"type": "object", "properties": {"volume": {"type": "integer"}}}
+    entry = {
+        **GOOD,
+        "outputSchema": output,
+        "annotations": {"title": "Volume", "readOnlyHint": False, "destructiveHint": False},
+    }
+    catalogue = judge([entry])
+    (tool,) = catalogue.tools
+    assert (tool.title, tool.read_only, tool.destructive) == ("Volume", False, False)
+    assert tool.output_schema == {"type": "object", **output}
+    assert tool.output_problems({"volume": 3}) == []
+    assert tool.output_problems({"volume": "loud"}) != []
+    (again,) = from_json(catalogue.digest, catalogue.to_json()).tools
+    assert (again.title, again.read_only, again.output_schema) == ("Volume", False, tool.output_schema)
+
+
+def test_hints_of_the_wrong_type_are_ignored_and_a_bad_output_schema_rejects_the_tool() -> None:
+    """A hint that is not a bool (or a title that is not short text) is dropped, not trusted."""
+    odd = {**GOOD, "annotations": {"title": "x" * 500, "readOnlyHint": "yes"}}
+    (tool,) = judge([odd]).tools
+    assert (tool.title, tool.read_only) == (None, None)
+    rejected = judge([{**GOOD, "outputSchema": {"type": "string"}}]).rejected
+    assert len(rejected) == 1 and "outputSchema must describe an object" in rejected[0].reason
 
 
 def test_missing_description_and_schema_mean_none_and_no_arguments() -> None:
