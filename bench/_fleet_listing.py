@@ -34,6 +34,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from gateway.config import DeviceOptions
 from gateway.devices.policy import tool_hints
 from gateway.mcp_server import CALL_DEVICE_TOOL, LIST_DEVICES
 from gateway.naming import derive_alias, tool_suffix
@@ -50,7 +51,7 @@ def listing_tools(device_ids: list[str]) -> list[types.Tool]:
     for device_id in device_ids:
         alias = derive_alias(device_id, BOARD)
         for tool in TOOLS:
-            hints = tool_hints(tool["name"])
+            hints = tool_hints(tool["name"], DeviceOptions())
             tools.append(
                 types.Tool(
                     name=f"{alias}_{tool_suffix(tool['name'])}",
@@ -58,8 +59,8 @@ def listing_tools(device_ids: list[str]) -> list[types.Tool]:
                     input_schema=tool["inputSchema"],
                     annotations=types.ToolAnnotations(
                         title=f"{alias}: {tool['name']}",
-                        read_only_hint=hints["readOnlyHint"],
-                        destructive_hint=hints["destructiveHint"],
+                        read_only_hint=hints.read_only,
+                        destructive_hint=hints.destructive,
                     ),
                 )
             )

@@ -43,10 +43,12 @@ from gateway.host_app import build_host_app
 from gateway.limits import Guard, listener_limits, protocol_classes
 from gateway.mcp_server import McpFrontend
 from gateway.ota import OtaEndpoint, PublicAddress
+from gateway.photos import PhotoStore
 from gateway.protocol import DeviceProtocol
 from gateway.tokens import device_tokens, token_matches
 from gateway.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
 from gateway.transports.websocket import DEVICE_PATH, device_websocket_routes
+from gateway.vision import VISION_PATH, VisionEndpoint, VisionTokens
 
 __all__ = ["Gateway", "running"]
 
@@ -72,8 +74,9 @@ class Gateway:
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
         self.registry = DeviceRegistry(config, self.store)
-        self.router = CallRouter(config, self.audit)
-        self.frontend = McpFrontend(config, self.registry, self.router)
+        self.photos = PhotoStore(config.data_dir / "photos")
+        self.router = CallRouter(config, self.audit, self.photos)
+        self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
@@ -90,10 +93,11 @@ class Gateway:
         )
         self.mqtt: MqttTransport | None = None
         self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
+        self.vision = VisionTokens(config.data_dir) if config.vision_enabled else None
         self.device_app = self._build_device_app()
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.host_app, self._manager = build_host_app(
-            config, self.frontend, self.registry, self.router, self.enroll
+            config, self.frontend, self.registry, self.router, self.enroll, self.photos
         )
         self._stack = contextlib.AsyncExitStack()
 
@@ -138,10 +142,22 @@ class Gateway:
             discovery_timeout=self.config.discovery_timeout,
             max_calls_in_flight=self.config.call_max_in_flight,
             max_calls_queued=self.config.call_max_queued,
+            vision=self._vision_for(identity),
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
         await DeviceConnection(link, identity, self.registry, protocol).run()
+
+    def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
+        """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
+        if self.vision is None:
+            return None
+        scheme, host, port = self.public.device_base(identity.host)
+        default = 443 if scheme == "https" else 80
+        where = f"[{host}]" if ":" in host else host
+        where += f":{port}" if port != default else ""
+        url = f"{scheme}://{where}{VISION_PATH}"
+        return {"url": url, "token": self.vision.token_for(identity.device_id)}
 
     def admits(self, device_id: str, password: str) -> bool:
         """May ``device_id`` log in to the embedded broker with ``password``?"""
@@ -271,6 +287,9 @@ class Gateway:
         routes = device_websocket_routes(self.admit_websocket, self.serve_device)
         if self.config.ota_enabled:
             routes += self.ota.routes()
+        if self.vision is not None:
+            limit = self.config.vision_max_photo_bytes
+            routes += VisionEndpoint(self.vision, self.photos, limit).routes()
         return Starlette(routes=[*routes, Route("/healthz", health)])
 
 

@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument("device", help="device name or id")
             command.add_argument("tool", help="tool name, e.g. self.lamp.turn_on")
             command.add_argument("arguments", nargs="?", default="{}", help="JSON object")
+            command.add_argument(
+                "--save", metavar="FILE", help="write the image the tool returns (a photo) to FILE"
+            )
     sub.add_parser("token", parents=[common], help="print the device token")
     sub.add_parser("check-config", parents=[common], help="validate and print the configuration")
     sub.add_parser(
@@ -156,7 +159,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             arguments = json.loads(args.arguments)
         except ValueError as exc:
             raise GatewayError(f"arguments must be a JSON object: {exc}") from None
-        return commands.call(config, args.url, args.token, args.device, args.tool, arguments)
+        return commands.call(
+            config, args.url, args.token, args.device, args.tool, arguments, args.save
+        )
     if args.command == "token":
         return commands.token(config)
     if args.command == "doctor":

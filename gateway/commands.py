@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
 import json
 import logging
@@ -186,8 +188,8 @@ def pair(config: Config, url: str | None, token: str | None, seconds: float) -> 
 
 
 def call(config: Config, url: str | None, token: str | None, device: str, tool: str,
-         arguments: Any) -> int:  # fmt: skip
-    """Call one device tool and print what it returned."""
+         arguments: Any, save: str | None = None) -> int:  # fmt: skip
+    """Call one device tool and print what it returned; ``save`` keeps its image in a file."""
     if not isinstance(arguments, dict):
         raise GatewayError("arguments must be a JSON object")
     status, body = _request(
@@ -197,9 +199,33 @@ def call(config: Config, url: str | None, token: str | None, device: str, tool: 
         print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
         return 1
     result = body["result"]
+    images = []
     for item in result.get("content", []):
-        print(item["text"] if item.get("type") == "text" else json.dumps(item))
+        if item.get("type") == "image" and isinstance(item.get("data"), str):
+            images.append(item)
+            size = len(item["data"]) * 3 // 4
+            print(f"[image: {item.get('mimeType', 'unknown type')}, about {size} bytes]")
+        else:
+            print(item["text"] if item.get("type") == "text" else json.dumps(item))
+    if save is not None:
+        if not images:
+            print(f"esp-mcp-gateway: {tool} returned no image to save", file=sys.stderr)
+            return 1
+        _save_image(images[0], save)
     return 1 if result.get("isError") else 0
+
+
+def _save_image(item: dict[str, Any], path: str) -> None:
+    try:
+        data = base64.b64decode(item["data"], validate=True)
+    except binascii.Error:
+        raise GatewayError("the image in the result is not valid base64") from None
+    try:
+        with open(path, "wb") as file:
+            file.write(data)
+    except OSError as exc:
+        raise GatewayError(f"cannot save the image to {path}: {exc.strerror or exc}") from None
+    print(f"saved {len(data)} bytes ({item.get('mimeType', 'image')}) to {path}", file=sys.stderr)
 
 
 def token(config: Config) -> int:

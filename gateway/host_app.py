@@ -40,6 +40,8 @@ from gateway.errors import (
     StorageUnavailable,
 )
 from gateway.mcp_server import McpFrontend, resolve_tool
+from gateway.photo_resources import photo_routes
+from gateway.photos import PhotoStore
 from gateway.rate_limit import configured_limiter, rate_limited
 
 __all__ = ["HostOriginGuard", "build_host_app", "host_patterns"]
@@ -125,9 +127,10 @@ class _Api:
     """The small JSON API the CLI uses (``devices``, ``call``, ``enroll``)."""
 
     def __init__(self, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter,
-                 enroll: Enroll | None) -> None:  # fmt: skip
+                 enroll: Enroll | None, photos: PhotoStore | None) -> None:  # fmt: skip
         self.frontend, self.registry, self.router = frontend, registry, router
         self._enroll = enroll
+        self._photos = photos
 
     async def enroll(self, request: Request) -> Response:
         """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
@@ -181,7 +184,12 @@ class _Api:
 
     async def forget(self, request: Request) -> Response:
         """Remove a device and its names for good (``esp-mcp-gateway devices forget``)."""
-        return await self._device_action(request, "forgotten", self.registry.forget, close=True)
+        return await self._device_action(request, "forgotten", self._forget, close=True)
+
+    def _forget(self, device: Device) -> None:
+        self.registry.forget(device)
+        if self._photos is not None:
+            self._photos.forget(device.device_id)
 
     async def approve(self, request: Request) -> Response:
         """Let a pending device serve its tools (``esp-mcp-gateway devices approve``)."""
@@ -235,11 +243,12 @@ def build_host_app(
     registry: DeviceRegistry,
     router: CallRouter,
     enroll: Enroll | None = None,
+    photos: PhotoStore | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``)."""
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
-    api = _Api(frontend, registry, router, enroll)
+    api = _Api(frontend, registry, router, enroll, photos)
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token
@@ -264,6 +273,7 @@ def build_host_app(
         ),
         Route("/api/enroll", endpoint=guard(_Endpoint(enroll_limited)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),
+        *(photo_routes(registry, photos, guard) if photos is not None else ()),
     ]
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]

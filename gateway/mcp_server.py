@@ -31,6 +31,8 @@ from gateway.device_listing import STATES, DeviceQuery, list_devices
 from gateway.devices.calls import CallRouter
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
+from gateway.photo_resources import PhotoResources
+from gateway.photos import PhotoStore
 from gateway.tool_listing import ToolGroup, ToolLister
 
 __all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend", "resolve_tool"]
@@ -183,6 +185,7 @@ class McpFrontend:
         config: Config,
         registry: DeviceRegistry,
         router: CallRouter,
+        photos: PhotoStore | None = None,
         *,
         notify_window: float = 0.2,
     ) -> None:
@@ -192,6 +195,7 @@ class McpFrontend:
         self._router = router
         self.notifier = ChangeNotifier()
         self.lister = ToolLister(config, registry)
+        resources = PhotoResources(registry, photos) if photos is not None else None
         self.server = GatewayServer(
             "esp-mcp-gateway",
             version=__version__,
@@ -199,6 +203,7 @@ class McpFrontend:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self.notifier.listen_handler,
+            **(_resource_handlers(resources) if resources is not None else {}),
             # 2026-era clients may reuse a list this long; tools/list_changed says when sooner.
             cache_hints={"tools/list": CacheHint(ttl_ms=60_000, scope="private")},
         )
@@ -288,6 +293,29 @@ class McpFrontend:
         return to_call_result(result)
 
 
+def _resource_handlers(resources: PhotoResources) -> dict[str, Any]:
+    async def list_resources(
+        ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return resources.list(params.cursor if params is not None else None)
+
+    async def list_templates(
+        ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return resources.templates()
+
+    async def read_resource(
+        ctx: Context, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        return await resources.read(str(params.uri))
+
+    return {
+        "on_list_resources": list_resources,
+        "on_list_resource_templates": list_templates,
+        "on_read_resource": read_resource,
+    }
+
+
 def resolve_tool(registry: DeviceRegistry, device: Device, ref: str) -> DeviceTool | str:
     """The device's tool named ``ref`` (its own name, without ``self.``, or its MCP name).
 
@@ -333,6 +361,9 @@ def _content(item: object) -> types.ContentBlock:
             image = _image(item)
             if image is not None:
                 return image
+        if item.get("type") == "resource_link":
+            with contextlib.suppress(ValueError):  # pydantic's ValidationError is a ValueError
+                return types.ResourceLink.model_validate(item)
     return _text(json.dumps(item, ensure_ascii=False))
 
 

@@ -214,8 +214,10 @@ def _as_mcp_tool(entry: Entry) -> types.Tool:
     # Built without validation: the catalogue checked every part when the device listed it, and
     # validating would copy each schema again (a full listing at 10,000 devices makes a quarter
     # of a million of these, and the copies cost more in garbage collection than in making).
-    # model_construct marks every field it is given as set: pass outputSchema only when there is one.
-    output = {} if spec.output_schema is None else {"output_schema": spec.output_schema}
+    # model_construct marks each field it is given as set: pass outputSchema only if there is one.
+    output: dict[str, Any] = {}
+    if spec.output_schema is not None:
+        output["output_schema"] = spec.output_schema
     return types.Tool.model_construct(
         name=entry.name,
         description=f"[{alias}] {spec.description}",

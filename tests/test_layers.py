@@ -22,12 +22,12 @@ LAYERS: list[set[str]] = [
     {"__init__"},  # gateway/__init__.py: __version__ only; it runs before any other module
     {"errors"},
     {"config", "datadir"},  # settings; the data dir kept private
-    {"audit", "broadcast", "limits", "naming", "tokens"},
+    {"audit", "broadcast", "limits", "naming", "photos", "tokens"},
     {"protocol"},  # sans-I/O core
     {"devices"},  # connections, registry, calls, enrollment
     # MQTT broker; what hosts see of devices; request rates; running out of descriptors
-    {"broker", "descriptors", "device_listing", "rate_limit", "tool_listing"},
-    {"mcp_server", "ota", "transports"},
+    {"broker", "descriptors", "device_listing", "photo_resources", "rate_limit", "tool_listing"},
+    {"mcp_server", "ota", "transports", "vision"},
     {"host_app"},
     {"app"},
     {"doctor", "flashing", "relay", "simulator"},  # what the CLI runs besides the gateway

@@ -5,11 +5,18 @@ the same checks and leaves the same audit record. The timeout covers the whole c
 its wait for a free slot on a busy device. A call that ends unanswered is audited as
 ``DeviceTimeout`` or ``cancelled`` (by its caller: an MCP host, the CLI, the API), saying
 whether the device was told to cancel it or never got it.
+
+A photo the device uploads while its call runs (``gateway.photos``) is added to the call's result
+as an image and a link to the device's latest-photo resource, so the model sees the picture; an
+upload the gateway refused is said in the result too, whatever the device makes of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import json
 import logging
 import time
 from typing import Any
@@ -25,6 +32,7 @@ from gateway.errors import (
     DeviceTimeout,
     DeviceUnavailable,
 )
+from gateway.photos import Catch, PhotoStore, photo_uri
 
 __all__ = ["CallRouter", "format_time"]
 
@@ -41,9 +49,10 @@ def format_time(epoch: float) -> str:
 class CallRouter:
     """Checks and sends calls to devices, and audits every one."""
 
-    def __init__(self, config: Config, audit: AuditLog) -> None:
+    def __init__(self, config: Config, audit: AuditLog, photos: PhotoStore | None = None) -> None:
         self._config = config
         self._audit = audit
+        self._photos = photos
 
     async def call(
         self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False
@@ -59,9 +68,18 @@ class CallRouter:
         started = time.monotonic()
         outcome, message = "ok", None
         device = tool.device
+        catching = (
+            self._photos.catching(device.device_id) if self._photos else contextlib.nullcontext()
+        )
         try:
-            with reporting() as report:
-                return await self._call(tool, arguments, user, report)
+            with reporting() as report, catching as catch:
+                try:
+                    result = await self._call(tool, arguments, user, report)
+                except DeviceError as exc:
+                    if catch is not None and catch.refusals:
+                        raise type(exc)(exc.device_id, f"{exc}; {_refused(catch)}") from None
+                    raise
+                return _with_uploads(_structured(tool, result), device.alias, catch)
         except CallRejected as exc:
             outcome, message = "rejected", str(exc)
             raise
@@ -115,6 +133,79 @@ class CallRouter:
             raise DeviceBusy(device.device_id, message) from None
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(device.device_id, f"device {device.alias}: {exc}") from None
+
+
+def _structured(tool: DeviceTool, result: JsonObject) -> JsonObject:
+    """The result with ``structuredContent`` that fits the tool's outputSchema, if it has one.
+
+    Hosts validate ``structuredContent`` against a declared outputSchema and fail the call when
+    it is missing or wrong; a device that returned its JSON only as text is helped, one whose
+    data does not fit gets a clear error instead of breaking the host.
+    """
+    spec = tool.spec
+    if spec.output_schema is None or result.get("isError") is True:
+        return result
+    structured = result.get("structuredContent")
+    if structured is None:
+        structured = _json_text(result.get("content"))
+    problems = ["no JSON object in the result"] if structured is None else []
+    problems = problems or spec.output_problems(structured)
+    if problems:
+        message = (
+            f"device {tool.device.alias}: {spec.name} returned a result that does not match its "
+            f"outputSchema: {'; '.join(problems)}"
+        )
+        return {"content": [*_list(result.get("content")), _text(message)], "isError": True}
+    return {**result, "structuredContent": structured}
+
+
+def _json_text(content: object) -> object:
+    for item in _list(content):
+        if isinstance(item, dict) and item.get("type") == "text":
+            with contextlib.suppress(ValueError, TypeError):
+                value = json.loads(item["text"])
+                if isinstance(value, dict):
+                    return value
+    return None
+
+
+def _with_uploads(result: JsonObject, alias: str, catch: Catch | None) -> JsonObject:
+    """The result plus what the device uploaded during the call: images, links, refusals."""
+    if catch is None or not (catch.photos or catch.refusals):
+        return result
+    content = _list(result.get("content"))
+    for photo in catch.photos:
+        try:
+            data = photo.read()
+        except OSError as exc:
+            content.append(_text(f"the photo could not be read back: {exc.strerror or exc}"))
+            continue
+        encoded = base64.b64encode(data).decode("ascii")
+        content.append({"type": "image", "data": encoded, "mimeType": photo.mime})
+    if catch.photos:
+        content.append(
+            {
+                "type": "resource_link",
+                "uri": photo_uri(alias),
+                "name": f"{alias} latest photo",
+                "mimeType": catch.photos[-1].mime,
+            }
+        )
+    if catch.refusals:
+        content.append(_text(_refused(catch)))
+    return {**result, "content": content}
+
+
+def _refused(catch: Catch) -> str:
+    return "the gateway refused the photo the device uploaded: " + "; ".join(catch.refusals)
+
+
+def _list(content: object) -> list[Any]:
+    return list(content) if isinstance(content, list) else []
+
+
+def _text(text: str) -> JsonObject:
+    return {"type": "text", "text": text}
 
 
 def _aftermath(report: CallReport) -> str:

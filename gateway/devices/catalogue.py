@@ -268,7 +268,9 @@ def _check_tool(entry: object) -> ToolSpec:
     if not isinstance(annotations, dict):
         annotations = {}
     title = annotations.get("title")
-    if not (_is_text(title) and 0 < len(title) <= MAX_NAME_CHARS and not _CONTROL.search(title)):
+    if not isinstance(title, str) or not _is_text(title) or _CONTROL.search(title):
+        title = None
+    elif not 0 < len(title) <= MAX_NAME_CHARS:
         title = None
     read_only, destructive = annotations.get("readOnlyHint"), annotations.get("destructiveHint")
     return ToolSpec(

@@ -20,6 +20,7 @@ class DeviceIdentity:
     device_id: str
     client_id: str | None
     transport: str
+    host: str | None = None  # the Host header a WebSocket device used: how it reaches us
 
 
 class DeviceLink(Protocol):

@@ -85,6 +85,7 @@ def authenticate(
         device_id=device_id.lower(),
         client_id=_first(headers.get("client-id"), query.get("client-id"), query.get("client_id")),
         transport="websocket",
+        host=headers.get("host"),
     )
     if not token:
         return "missing device token"

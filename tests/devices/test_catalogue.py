@@ -81,7 +81,11 @@ def test_the_device_s_hints_and_output_schema_are_kept_and_stored() -> None:
     assert tool.output_problems({"volume": 3}) == []
     assert tool.output_problems({"volume": "loud"}) != []
     (again,) = from_json(catalogue.digest, catalogue.to_json()).tools
-    assert (again.title, again.read_only, again.output_schema) == ("Volume", False, tool.output_schema)
+    assert (again.title, again.read_only, again.output_schema) == (
+        "Volume",
+        False,
+        tool.output_schema,
+    )
 
 
 def test_hints_of_the_wrong_type_are_ignored_and_a_bad_output_schema_rejects_the_tool() -> None:

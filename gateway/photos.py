@@ -1,0 +1,220 @@
+"""Camera photos devices upload: each device's latest, kept on disk, and handed to its calls.
+
+A device uploads a photo while one of its calls runs (stock firmware's ``take_photo`` posts it to
+the vision URL given in ``initialize``, then returns the upload's answer as its result). Every
+call in flight on that device *catches* what arrives meanwhile (``catching``): the photo, or why
+the gateway refused one, so the call's result can carry the picture itself or say what went
+wrong. The latest photo of each device is kept in the data dir (``photos/``, private), where
+hosts read it as a resource and the dashboard shows it; only its metadata stays in memory, so
+ten thousand devices with a photo each cost a few megabytes.
+
+A photo that cannot be written (a full disk) is still handed to the calls waiting for it and
+kept in memory as the device's latest until the next one: the failure is logged, nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.datadir import FILE_MODE, private_dir
+
+__all__ = ["PHOTO_URI_PREFIX", "Catch", "Photo", "PhotoStore", "alias_of", "image_type",
+           "photo_uri"]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+_SUFFIXES = {"image/jpeg": ".jpg", "image/png": ".png"}
+_QUESTION_CHARS = 500
+
+
+PHOTO_URI_PREFIX = "device://"
+_PHOTO_URI_SUFFIX = "/photo/latest"
+
+
+def photo_uri(alias: str) -> str:
+    """The MCP resource URI of a device's latest photo."""
+    return f"{PHOTO_URI_PREFIX}{alias}{_PHOTO_URI_SUFFIX}"
+
+
+def alias_of(uri: str) -> str | None:
+    """The device alias a latest-photo URI names, or None if it names none."""
+    if uri.startswith(PHOTO_URI_PREFIX) and uri.endswith(_PHOTO_URI_SUFFIX):
+        alias = uri[len(PHOTO_URI_PREFIX) : -len(_PHOTO_URI_SUFFIX)]
+        return alias if alias and "/" not in alias else None
+    return None
+
+
+def image_type(data: bytes) -> str | None:
+    """The MIME type of ``data`` by its magic bytes: JPEG or PNG, else None."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Photo:
+    """One photo a device took: what it is, and where its bytes are."""
+
+    device_id: str
+    mime: str
+    size: int
+    taken_at: float  # epoch seconds
+    question: str  # what the photo was taken to answer (stock firmware sends it along)
+    path: Path | None  # None when it could not be written: then ``data`` holds it
+    data: bytes | None = field(default=None, repr=False)
+
+    def read(self) -> bytes:
+        """The photo's bytes.
+
+        Raises:
+            OSError: the file went away or cannot be read.
+        """
+        if self.data is not None:
+            return self.data
+        assert self.path is not None
+        return self.path.read_bytes()
+
+    def as_json(self) -> dict[str, object]:
+        """What the store keeps beside the photo (and the JSON API shows)."""
+        return {
+            "device": self.device_id,
+            "mime": self.mime,
+            "bytes": self.size,
+            "taken_at": self.taken_at,
+            "question": self.question,
+        }
+
+
+@dataclass(slots=True)
+class Catch:
+    """What a device uploaded while one call of it ran."""
+
+    photos: list[Photo] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+
+
+class PhotoStore:
+    """Each device's latest photo, on disk under ``directory`` (None: in memory only)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self._directory = directory
+        self._latest: dict[str, Photo] = {}
+        self._catches: dict[str, list[Catch]] = {}
+        if directory is not None:
+            private_dir(directory)
+            self._load(directory)
+
+    def latest(self, device_id: str) -> Photo | None:
+        """The device's latest photo, if it has taken one."""
+        return self._latest.get(device_id)
+
+    def photos(self) -> list[Photo]:
+        """Every device's latest photo, newest first."""
+        return sorted(self._latest.values(), key=lambda p: p.taken_at, reverse=True)
+
+    def waiting(self, device_id: str) -> bool:
+        """Is a call of ``device_id`` running, so that a photo from it has somewhere to go?"""
+        return bool(self._catches.get(device_id))
+
+    @contextlib.contextmanager
+    def catching(self, device_id: str) -> Iterator[Catch]:
+        """Collect what ``device_id`` uploads until the block ends (one call's lifetime)."""
+        catch = Catch()
+        self._catches.setdefault(device_id, []).append(catch)
+        try:
+            yield catch
+        finally:
+            catches = self._catches[device_id]
+            catches.remove(catch)
+            if not catches:
+                del self._catches[device_id]
+
+    def refuse(self, device_id: str, reason: str) -> None:
+        """Tell the device's running calls that an upload of it was refused, and why."""
+        for catch in self._catches.get(device_id, ()):
+            catch.refusals.append(reason)
+
+    async def keep(self, device_id: str, data: bytes, mime: str, question: str) -> Photo:
+        """Store ``data`` as the device's latest photo and hand it to its running calls."""
+        photo = Photo(device_id, mime, len(data), time.time(), question[:_QUESTION_CHARS], None)
+        if self._directory is not None:
+            try:
+                photo = await asyncio.to_thread(self._write, photo, data)
+            except OSError as exc:
+                logger.warning(
+                    "photo of %s kept in memory only: cannot write it: %s",
+                    device_id,
+                    exc.strerror or exc,
+                )
+        if photo.path is None:
+            photo = dataclasses.replace(photo, data=data)
+        self._latest[device_id] = photo
+        for catch in self._catches.get(device_id, ()):
+            catch.photos.append(photo)
+        return photo
+
+    def forget(self, device_id: str) -> None:
+        """Delete the device's photo (the device was forgotten)."""
+        photo = self._latest.pop(device_id, None)
+        if photo is not None and photo.path is not None:
+            for path in (photo.path, photo.path.with_suffix(".json")):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def _write(self, photo: Photo, data: bytes) -> Photo:
+        assert self._directory is not None
+        stem = self._directory / urllib.parse.quote(photo.device_id, safe="")
+        path = stem.with_suffix(_SUFFIXES[photo.mime])
+        photo = dataclasses.replace(photo, path=path)
+        _write_private(path, data)
+        _write_private(stem.with_suffix(".json"), json.dumps(photo.as_json()).encode())
+        for other in _SUFFIXES.values():  # a PNG replacing a JPEG leaves no stale file
+            if other != path.suffix:
+                with contextlib.suppress(FileNotFoundError):
+                    stem.with_suffix(other).unlink()
+        return photo
+
+    def _load(self, directory: Path) -> None:
+        for meta in directory.glob("*.json"):
+            try:
+                fields = json.loads(meta.read_text(encoding="utf-8"))
+                mime = fields["mime"]
+                photo = Photo(
+                    device_id=str(fields["device"]),
+                    mime=mime,
+                    size=int(fields["bytes"]),
+                    taken_at=float(fields["taken_at"]),
+                    question=str(fields.get("question", "")),
+                    path=meta.with_suffix(_SUFFIXES[mime]),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                logger.warning("photo record %s cannot be read; skipped", meta.name)
+                continue
+            if photo.path is not None and photo.path.exists():
+                self._latest[photo.device_id] = photo
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    # Write-then-rename: a reader never sees half a photo; 0600 from the start.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
