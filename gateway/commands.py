@@ -205,6 +205,8 @@ def call(config: Config, url: str | None, token: str | None, device: str, tool: 
             images.append(item)
             size = len(item["data"]) * 3 // 4
             print(f"[image: {item.get('mimeType', 'unknown type')}, about {size} bytes]")
+        elif item.get("type") == "resource_link":
+            print(f"[resource: {item.get('uri')}]")
         else:
             print(item["text"] if item.get("type") == "text" else json.dumps(item))
     if save is not None:

@@ -128,7 +128,8 @@ class Config:
     limits_mqtt_max_packet_bytes: int = 256 * 1024
     # [vision]: camera photos devices upload during take_photo (gateway/vision.py)
     vision_enabled: bool = True
-    vision_max_photo_bytes: int = 4 * 1024 * 1024
+    # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
+    vision_max_photo_bytes: int = 640 * 1024
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""
