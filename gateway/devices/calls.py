@@ -174,7 +174,8 @@ def _with_uploads(result: JsonObject, alias: str, catch: Catch | None) -> JsonOb
     if catch is None or not (catch.photos or catch.refusals):
         return result
     content = _list(result.get("content"))
-    for photo in catch.photos:
+    # One picture per call: a device that uploads again and again cannot swell the result.
+    for photo in catch.photos[-1:]:
         try:
             data = photo.read()
         except OSError as exc:
