@@ -2,7 +2,7 @@
 "use strict";
 
 const {el} = Forms;
-const state = {csrf: "", devices: [], selected: null, shown: "", auditCursor: null};
+const state = {csrf: "", devices: [], selected: null, shown: "", toolsKey: "", auditCursor: null};
 
 async function api(path, body) {
   const options = body === undefined ? {} : {
@@ -119,13 +119,17 @@ async function openDevice(id) {
   const note = device.status === "pending" ? "Waiting for approval: its tools work once you approve it."
     : device.status === "offline" ? "Offline: calls fail until it reconnects." : "";
   document.getElementById("device-note").textContent = note;
-  const list = document.getElementById("tools");
-  list.replaceChildren(...tools.map((tool) => toolCard(device, tool)));
+  // Keep the forms (and the results they show) unless the tools themselves changed.
+  const toolsKey = JSON.stringify([id, tools.map((t) => [t.tool, t.user_refusal, t.inputSchema])]);
+  if (toolsKey !== state.toolsKey) {
+    state.toolsKey = toolsKey;
+    document.getElementById("tools").replaceChildren(...tools.map((tool) => toolCard(device, tool)));
+  }
 }
 
 function closeDevice() {
   state.selected = null;
-  state.shown = "";
+  state.shown = state.toolsKey = "";
   document.getElementById("device").hidden = true;
 }
 

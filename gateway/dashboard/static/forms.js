@@ -82,7 +82,7 @@ const Forms = (() => {
     const schema = tool.inputSchema || {};
     const properties = schema.properties || {};
     const required = new Set(schema.required || []);
-    const form = el("form", {class: "tool", "data-tool": tool.tool});
+    const form = el("form", {class: "tool", "data-tool": tool.tool, novalidate: true});
     const fields = Object.entries(properties).map(([name, property]) => [name, field(name, property || {}, required.has(name))]);
     const structured = el("div", {class: "fields"});
     fields.forEach(([, f]) => structured.append(f.node));
