@@ -210,6 +210,7 @@ function fact(list, label, value, note) {
 
 async function loadSetup() {
   const setup = await api("/api/setup");
+  state.websocketUrl = setup.websocket_url;
   const list = document.getElementById("setup-devices");
   list.replaceChildren();
   fact(list, "Device token", setup.device_token, "what our firmware and the simulator present");
@@ -228,7 +229,7 @@ async function enroll(event) {
   const name = new FormData(event.target).get("name");
   const issued = await api("/api/enroll", {name});
   const out = document.getElementById("enrolled");
-  const gateway = issued.urls.ws ? ` --gateway ${issued.urls.ws}` : " --gateway ws://<this machine>:8765/xiaozhi/v1/";
+  const gateway = ` --gateway ${issued.urls.ws || state.websocketUrl || "ws://<this machine>:8765/xiaozhi/v1/"}`;
   out.textContent = `token: ${issued.token}\n\nflash the board with it:\n  esp-mcp-gateway flash --port /dev/ttyUSB0 --firmware <MicroPython .bin> \\\n    --name ${name} --token ${issued.token}${gateway} --wifi <SSID> --wifi-password <password>`;
   out.hidden = false;
 }
