@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import socket
@@ -31,6 +32,7 @@ from gateway.broker import (
     is_device_id,
 )
 from gateway.config import Config, ListenAddress, is_loopback_host
+from gateway.dashboard import Dashboard
 from gateway.descriptors import accept_errors_throttled, raise_fd_limit
 from gateway.devices.calls import CallRouter
 from gateway.devices.connection import DeviceConnection
@@ -42,6 +44,7 @@ from gateway.errors import ConfigError, GatewayError
 from gateway.host_app import build_host_app
 from gateway.limits import Guard, listener_limits, protocol_classes
 from gateway.mcp_server import McpFrontend
+from gateway.metrics import GatewayMetrics
 from gateway.ota import OtaEndpoint, PublicAddress
 from gateway.photos import PhotoStore
 from gateway.protocol import DeviceProtocol
@@ -96,9 +99,19 @@ class Gateway:
         self.vision = VisionTokens(config.data_dir) if config.vision_enabled else None
         self.device_app = self._build_device_app()
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
-        self.host_app, self._manager = build_host_app(
-            config, self.frontend, self.registry, self.router, self.enroll, self.photos
+        self.metrics = GatewayMetrics(
+            self.registry,
+            self.audit,
+            mcp_sessions=lambda: self.frontend.notifier.session_count,
+            broker_clients=self.broker.online if self.broker else None,
         )
+        self.dashboard = Dashboard(
+            config, self.registry, self.audit, self.public, lambda: self.device_tokens[0]
+        )
+        self.host_app, self._manager = build_host_app(
+            config, self.frontend, self.registry, self.router, self.enroll, self.photos,
+            dashboard=self.dashboard, metrics=self.metrics,
+        )  # fmt: skip
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Gateway:
@@ -161,11 +174,23 @@ class Gateway:
 
     def admits(self, device_id: str, password: str) -> bool:
         """May ``device_id`` log in to the embedded broker with ``password``?"""
-        return self.admission(device_id, password, client_id=None, transport="mqtt") is None
+        refused = self.admission(device_id, password, client_id=None, transport="mqtt")
+        return self.metrics.admitted(refused, "mqtt")
 
     def admit_websocket(self, identity: DeviceIdentity, token: str) -> str | None:
         """None when a device WebSocket may be accepted, else why not."""
-        return self.admission(identity.device_id, token, identity.client_id, "websocket")
+        refused = self.admission(identity.device_id, token, identity.client_id, "websocket")
+        self.metrics.admitted(refused, "websocket")
+        return refused
+
+    def guard(self, listener: str) -> Guard:
+        """The connection guard of the ``device`` or ``host`` listener, counted in /metrics."""
+        limits = listener_limits(self.config, listener)
+        if listener == "host":  # a signed-in dashboard authenticates its connections
+            limits = dataclasses.replace(limits, session=self.dashboard.sessions.valid)
+        guard = Guard(limits)
+        self.metrics.refusals[listener] = lambda: guard.refused
+        return guard
 
     def admission(
         self, device_id: str, secret: str, client_id: str | None, transport: str
@@ -337,9 +362,9 @@ def bind(address: ListenAddress) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: Starlette, config: Config, listener: str) -> uvicorn.Config:
+def _uvicorn_config(app: Starlette, config: Config, guard: Guard) -> uvicorn.Config:
     # Caps, handshake and authentication deadlines at the transport (gateway/limits.py).
-    http, ws = protocol_classes(Guard(listener_limits(config, listener)))
+    http, ws = protocol_classes(guard)
     return uvicorn.Config(
         app,
         http=http,
@@ -383,8 +408,8 @@ async def running(config: Config) -> AsyncIterator[Running]:
     sockets = (bind(config.device_listen), bind(config.host_listen))
     async with accept_errors_throttled(), Gateway(config) as gateway:
         listeners = (
-            _Listener(_uvicorn_config(gateway.device_app, config, "device")),
-            _Listener(_uvicorn_config(gateway.host_app, config, "host")),
+            _Listener(_uvicorn_config(gateway.device_app, config, gateway.guard("device"))),
+            _Listener(_uvicorn_config(gateway.host_app, config, gateway.guard("host"))),
         )
         tasks = [
             asyncio.create_task(server.serve(sockets=[sock]), name=f"gateway.listener[{name}]")

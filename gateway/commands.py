@@ -51,6 +51,7 @@ def _announce(config: Config, run: Running) -> None:
         run.host_port,
         " with the host token" if config.host_token else "",
     )
+    logger.info("dashboard: http://%s:%d/", config.host_listen.host, run.host_port)
     if device.is_loopback:
         logger.warning(
             "the device listener is on %s: devices on your network cannot reach it", device

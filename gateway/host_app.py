@@ -20,15 +20,18 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
+from starlette.authentication import AuthenticationBackend, AuthenticationError
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Config
+from gateway.dashboard import Dashboard
+from gateway.dashboard.session import SessionAuthBackend
 from gateway.device_listing import DeviceQuery, list_devices
 from gateway.devices.calls import CallRouter, format_time
 from gateway.devices.registry import Device, DeviceRegistry
@@ -40,6 +43,7 @@ from gateway.errors import (
     StorageUnavailable,
 )
 from gateway.mcp_server import McpFrontend, resolve_tool
+from gateway.metrics import GatewayMetrics
 from gateway.photo_resources import photo_routes
 from gateway.photos import PhotoStore
 from gateway.rate_limit import configured_limiter, rate_limited
@@ -244,6 +248,8 @@ def build_host_app(
     router: CallRouter,
     enroll: Enroll | None = None,
     photos: PhotoStore | None = None,
+    dashboard: Dashboard | None = None,
+    metrics: GatewayMetrics | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``)."""
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
@@ -275,12 +281,24 @@ def build_host_app(
         Route("/healthz", endpoint=api.health, methods=["GET"]),
         *(photo_routes(registry, photos, guard) if photos is not None else ()),
     ]
+    if metrics is not None:
+        routes.append(Route("/metrics", guard(_Endpoint(metrics.endpoint)), methods=["GET"]))
+    if dashboard is not None:  # the companion dashboard at / (gateway/dashboard)
+        routes += dashboard.routes(guard, _Endpoint)
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
     if token:
-        backend = BearerAuthBackend(StaticTokenVerifier(token))
-        middleware.append(Middleware(AuthenticationMiddleware, backend=backend))
+        backend: AuthenticationBackend = BearerAuthBackend(StaticTokenVerifier(token))
+        if dashboard is not None:  # or a signed-in dashboard session (with CSRF to change things)
+            backend = SessionAuthBackend(backend, dashboard.sessions)
+        middleware.append(
+            Middleware(AuthenticationMiddleware, backend=backend, on_error=_auth_refused)
+        )
     return Starlette(routes=routes, middleware=middleware), manager
+
+
+def _auth_refused(conn: HTTPConnection, exc: AuthenticationError) -> Response:
+    return JSONResponse({"error": str(exc)}, 403)
 
 
 async def _json_body(request: Request) -> Any:

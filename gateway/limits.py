@@ -82,6 +82,9 @@ class ListenerLimits:
     exempt: tuple[Network, ...] = ()
     trust_requests: bool = False
     bearer: str | None = None
+    # A dashboard session cookie authenticates a browser's connection as the bearer token does
+    # the CLI's: given a Cookie header's value, True when it holds a live session.
+    session: Callable[[bytes], bool] | None = None
 
     def trusts(self, headers: Headers) -> bool:
         """Does a request with ``headers`` authenticate its connection?"""
@@ -91,8 +94,12 @@ class ListenerLimits:
             return True
         expected = self.bearer.encode()
         for name, value in headers:
-            if name.lower() == b"authorization" and value[:7].lower() == b"bearer ":
-                return hmac.compare_digest(value[7:].strip(), expected)
+            name = name.lower()
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                if hmac.compare_digest(value[7:].strip(), expected):
+                    return True
+            elif name == b"cookie" and self.session is not None and self.session(value):
+                return True
         return False
 
 
@@ -151,6 +158,7 @@ class Guard:
         self.limits = limits
         self.connections = 0
         self.unauthenticated: dict[str, int] = {}  # remote address -> open, not authenticated
+        self.refused: dict[str, int] = {}  # why (cap, per_address, handshake, auth) -> how many
         self.log = log or ThrottledLog(logger)
 
     def admit(self, transport: asyncio.WriteTransport, deadlines: bool = True) -> Slot | None:
@@ -180,6 +188,7 @@ class Guard:
         self, transport: asyncio.WriteTransport, kind: str, why: str, *args: object
     ) -> None:
         transport.abort()
+        self.refused[kind] = self.refused.get(kind, 0) + 1
         self.log.warning(kind, "%s listener: refused a connection: " + why, self.limits.name, *args)
 
 
@@ -260,6 +269,7 @@ class Slot:
     def _expire(self, kind: str, why: str) -> None:
         guard = self.guard
         limits = guard.limits
+        guard.refused[kind] = guard.refused.get(kind, 0) + 1
         seconds = limits.handshake_timeout if kind == "handshake" else limits.auth_timeout
         guard.log.warning(kind, "%s listener: closed a connection from %s: it " + why,
                           limits.name, self.address or "?", seconds)  # fmt: skip

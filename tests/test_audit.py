@@ -61,3 +61,27 @@ def test_without_a_path_nothing_is_written(tmp_path: Path) -> None:
     record(log, "self.a")
     log.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_page_reads_newest_first_filters_and_follows_its_cursor(tmp_path: Path) -> None:
+    """Pages go back through the log and its rotated copy; records written meanwhile never
+    shift a page; device and outcome filters apply; a bad cursor is a clear error."""
+    log = AuditLog(tmp_path / "audit.log")
+    older = [{"device": "a", "tool": f"old{n}", "outcome": "ok"} for n in range(3)]
+    (tmp_path / "audit.log.1").write_text("".join(json.dumps(r) + "\n" for r in older))
+    for n in range(5):
+        log.record(caller="api", device_id="id-b" if n % 2 else "id-a", alias="b" if n % 2 else "a",
+                   tool=f"t{n}", arguments={}, outcome="ok" if n < 4 else "DeviceTimeout",
+                   message=None, started=0.0)  # fmt: skip
+    first = log.page(limit=4)
+    assert [r["tool"] for r in first["records"]] == ["t4", "t3", "t2", "t1"]
+    log.record(caller="api", device_id="id-a", alias="a", tool="late", arguments={},
+               outcome="ok", message=None, started=0.0)  # fmt: skip
+    second = log.page(limit=4, cursor=first["next_cursor"])
+    assert [r["tool"] for r in second["records"]] == ["t0", "old2", "old1", "old0"]
+    assert "next_cursor" not in second  # the oldest record of the oldest file
+    assert [r["tool"] for r in log.page(device="b")["records"]] == ["t3", "t1"]
+    assert [r["tool"] for r in log.page(outcome="failed")["records"]] == ["t4"]
+    with pytest.raises(ValueError, match="cursor"):
+        log.page(cursor="nonsense")
+    log.close()

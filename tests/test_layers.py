@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     # MQTT broker; what hosts see of devices; request rates; running out of descriptors
     {"broker", "descriptors", "device_listing", "photo_resources", "rate_limit", "tool_listing"},
     {"mcp_server", "ota", "transports", "vision"},
+    {"dashboard", "metrics"},  # the companion dashboard at /, and /metrics
     {"host_app"},
     {"app"},
     {"doctor", "flashing", "relay", "simulator"},  # what the CLI runs besides the gateway

@@ -70,6 +70,7 @@ class Device:
     exposed: bool = False  # its tools are in the list hosts see
     hide_timer: asyncio.TimerHandle | None = None
     conflict: str | None = None  # the last attempt to claim its id with another identity
+    connected_at: float | None = None  # monotonic time of a connection still discovering tools
 
     @property
     def device_id(self) -> str:
@@ -152,6 +153,8 @@ class DeviceRegistry:
         self.touched = 0
         self.version = 0  # grows with every change of what hosts see
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
+        # Told how long each discovery took (seconds from connecting to a listed catalogue).
+        self.discovery_watchers: list[Callable[[float], None]] = []
         stored = store.load()
         self._names = NameMap(stored.names)
         catalogues = self._catalogues.load(stored.catalogues)
@@ -233,6 +236,7 @@ class DeviceRegistry:
         record.client_id = client_id or record.client_id
         record.transport = transport or record.transport
         record.last_seen = self._clock()
+        device.connected_at = time.monotonic()
         self._save(record)
         if device.hide_timer is not None:
             device.hide_timer.cancel()
@@ -343,6 +347,31 @@ class DeviceRegistry:
         self._device_changes.publish(None)
         logger.info("device %s (%s) forgotten", device.alias, device.device_id)
 
+    def rename(self, device: Device, name: str) -> str:
+        """Give ``device`` a new alias, and its tools new MCP names; return the alias.
+
+        Hosts are told the tool list changed. A device named in the config keeps that name.
+
+        Raises:
+            ValueError: the config names the device, or another device has the alias.
+        """
+        if self._config.device(device.device_id).name:
+            raise ValueError(f"the config names device {device.alias}: rename it there")
+        alias = clean_alias(name)
+        holder = self._by_alias.get(alias)
+        if holder is not None and holder is not device:
+            raise ValueError(f"another device ({holder.device_id}) is called {alias}")
+        if alias == device.alias:
+            return alias
+        if self._by_alias.get(device.alias) is device:
+            del self._by_alias[device.alias]
+        logger.info("device %s (%s) renamed %s", device.alias, device.device_id, alias)
+        device.record.alias = alias
+        self._by_alias[alias] = device
+        self._save(device.record)
+        self._use(device, device.catalogue)  # new names, saved; hosts told if they see them
+        return alias
+
     def adopt(self, device_id: str, name: str) -> None:
         """Name a device that was enrolled as ``name`` (unless the config or a past run did)."""
         device_id = device_id.lower()
@@ -384,6 +413,10 @@ class DeviceRegistry:
         """Take the device's freshly listed tool entries; tell hosts if what they see changed."""
         device = self._devices[device_id.lower()]
         record = device.record
+        if device.connected_at is not None:
+            seconds, device.connected_at = time.monotonic() - device.connected_at, None
+            for watcher in self.discovery_watchers:
+                watcher(seconds)
         catalogue, judged = self._catalogues.get(entries)
         if judged:  # each bad tool is logged once, however many devices share the catalogue
             self._store.save_catalogue(catalogue.digest, catalogue.to_json())

@@ -1,0 +1,257 @@
+// The dashboard: devices (live over SSE), their tools, the audit log, photos and setup.
+"use strict";
+
+const {el} = Forms;
+const state = {csrf: "", devices: [], selected: null, shown: "", toolsKey: "", auditCursor: null};
+
+async function api(path, body) {
+  const options = body === undefined ? {} : {
+    method: "POST",
+    headers: {"Content-Type": "application/json", "X-CSRF-Token": state.csrf},
+    body: JSON.stringify(body),
+  };
+  const response = await fetch(path, options);
+  if (response.status === 401) {
+    location.href = "/login";
+    throw new Error("sign in first");
+  }
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(answer.error || `${path}: HTTP ${response.status}`);
+  return answer;
+}
+
+function showError(error) {
+  const box = document.getElementById("error");
+  box.textContent = error ? error.message || String(error) : "";
+  box.hidden = !error;
+}
+
+// --- pages -----------------------------------------------------------------------------------
+
+const loaders = {devices: () => {}, audit: () => loadAudit(false), photos: loadPhotos, setup: loadSetup};
+
+function showPage() {
+  const page = (location.hash || "#devices").slice(1);
+  const name = page in loaders ? page : "devices";
+  for (const section of document.querySelectorAll(".page")) section.hidden = section.id !== `page-${name}`;
+  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("current", link.dataset.page === name);
+  showError(null);
+  Promise.resolve(loaders[name]()).catch(showError);
+}
+
+// --- devices ---------------------------------------------------------------------------------
+
+function watchDevices() {
+  const live = document.getElementById("live");
+  const events = new EventSource("/api/events");
+  events.addEventListener("devices", (event) => {
+    state.devices = JSON.parse(event.data);
+    renderDevices();
+  });
+  events.onopen = () => { live.textContent = "live"; live.classList.add("on"); };
+  events.onerror = () => { live.textContent = "reconnecting…"; live.classList.remove("on"); };
+}
+
+function renderDevices() {
+  const body = document.querySelector("#devices tbody");
+  body.replaceChildren(...state.devices.map(deviceRow));
+  document.getElementById("no-devices").hidden = state.devices.length > 0;
+  const selected = state.devices.find((d) => d.id === state.selected);
+  if (state.selected && !selected) closeDevice();
+  else if (selected && summaryKey(selected) !== state.shown) openDevice(selected.id).catch(showError);
+}
+
+function summaryKey(device) {
+  return JSON.stringify([device.device, device.status, device.tools]);
+}
+
+function deviceRow(device) {
+  const row = el("tr", {"data-device": device.id, "data-status": device.status});
+  const name = el("button", {type: "button", class: "link", text: device.device, title: device.id});
+  name.addEventListener("click", () => openDevice(device.id).catch(showError));
+  const actions = el("td", {class: "actions"});
+  const action = (label, handler) => {
+    const button = el("button", {type: "button", text: label, "data-action": label.toLowerCase()});
+    button.addEventListener("click", () => handler().catch(showError));
+    actions.append(button);
+  };
+  if (device.status === "pending") {
+    action("Approve", () => api("/api/devices/approve", {device: device.id}));
+    action("Reject", () => api("/api/devices/reject", {device: device.id}));
+  }
+  action("Rename", async () => startRename(row, device));
+  action("Forget", async () => {
+    if (confirm(`Forget ${device.device}? Its names go; if it comes back it is a new device.`)) {
+      await api("/api/devices/forget", {device: device.id});
+    }
+  });
+  const status = el("span", {class: `status ${device.status}`, text: device.status});
+  const notes = el("td", {}, status);
+  if (device.conflict) notes.append(el("small", {class: "error", text: device.conflict}));
+  const rejected = device.rejected.length ? ` (${device.rejected.length} rejected)` : "";
+  row.append(el("td", {class: "alias"}, name), notes, el("td", {text: device.board || ""}),
+    el("td", {text: device.firmware || ""}), el("td", {text: device.transport || ""}),
+    el("td", {text: device.last_seen}), el("td", {text: `${device.tools}${rejected}`}), actions);
+  return row;
+}
+
+function startRename(row, device) {
+  const cell = row.querySelector(".alias");
+  const input = el("input", {name: "alias", value: device.device, maxlength: 32, "aria-label": "new name"});
+  const save = el("button", {type: "submit", text: "Save"});
+  const form = el("form", {class: "rename"}, input, save);
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    api("/api/devices/rename", {device: device.id, name: input.value}).catch(showError);
+  });
+  cell.replaceChildren(form);
+  input.focus();
+}
+
+async function openDevice(id) {
+  const {device, tools} = await api(`/api/dashboard/tools?device=${encodeURIComponent(id)}`);
+  state.selected = id;
+  state.shown = summaryKey(device);
+  const panel = document.getElementById("device");
+  panel.hidden = false;
+  panel.dataset.device = id;
+  document.getElementById("device-title").textContent = `${device.device} · ${device.status}`;
+  const note = device.status === "pending" ? "Waiting for approval: its tools work once you approve it."
+    : device.status === "offline" ? "Offline: calls fail until it reconnects." : "";
+  document.getElementById("device-note").textContent = note;
+  // Keep the forms (and the results they show) unless the tools themselves changed.
+  const toolsKey = JSON.stringify([id, tools.map((t) => [t.tool, t.user_refusal, t.inputSchema])]);
+  if (toolsKey !== state.toolsKey) {
+    state.toolsKey = toolsKey;
+    document.getElementById("tools").replaceChildren(...tools.map((tool) => toolCard(device, tool)));
+  }
+}
+
+function closeDevice() {
+  state.selected = null;
+  state.shown = state.toolsKey = "";
+  document.getElementById("device").hidden = true;
+}
+
+function toolCard(device, tool) {
+  const card = el("article", {class: "tool-card", "data-tool": tool.tool});
+  const badges = el("span", {class: "badges"});
+  if (tool.user_only) badges.append(el("span", {class: "badge user", text: "user only"}));
+  if (tool.model_refusal && !tool.user_only) badges.append(el("span", {class: "badge", text: "hidden from the model"}));
+  card.append(el("h3", {}, el("code", {text: tool.tool}), badges));
+  if (tool.description) card.append(el("p", {class: "description", text: tool.description}));
+  if (tool.user_refusal) card.append(el("p", {class: "note", text: tool.user_refusal}));
+  card.append(Forms.build(tool, async (args) => {
+    const answer = await api("/api/call", {device: device.id, tool: tool.tool, arguments: args});
+    return answer.result;
+  }));
+  return card;
+}
+
+async function pair() {
+  const answer = await api("/api/devices/pair", {seconds: 120});
+  document.getElementById("pairing").textContent = `New devices are approved as they arrive until ${answer.until}.`;
+}
+
+// --- audit log -------------------------------------------------------------------------------
+
+async function loadAudit(more) {
+  const filter = new FormData(document.getElementById("audit-filter"));
+  const query = new URLSearchParams({limit: "50"});
+  for (const key of ["device", "outcome"]) if (filter.get(key)) query.set(key, filter.get(key));
+  if (more && state.auditCursor) query.set("cursor", state.auditCursor);
+  const page = await api(`/api/audit?${query}`);
+  const body = document.querySelector("#audit tbody");
+  const rows = page.records.map((r) => el("tr", {"data-outcome": r.outcome},
+    el("td", {text: r.time}), el("td", {text: r.caller}), el("td", {text: r.device || r.device_id || ""}),
+    el("td", {}, el("code", {text: r.tool})), el("td", {}, el("code", {text: JSON.stringify(r.arguments)})),
+    el("td", {class: r.outcome === "ok" ? "ok" : "error", text: r.outcome, title: r.message || ""}),
+    el("td", {text: r.duration_ms})));
+  if (more) body.append(...rows); else body.replaceChildren(...rows);
+  state.auditCursor = page.next_cursor || null;
+  document.getElementById("audit-more").hidden = !state.auditCursor;
+  const empty = document.getElementById("audit-empty");
+  empty.hidden = body.children.length > 0;
+  empty.textContent = page.enabled === false ? "The audit log is turned off (audit_log = false)." : "No calls recorded.";
+}
+
+// --- photos ----------------------------------------------------------------------------------
+
+async function loadPhotos() {
+  const box = document.getElementById("photos");
+  const response = await fetch("/api/photos");
+  const photos = response.ok ? (await response.json()).photos || [] : [];
+  box.replaceChildren(...photos.map((p) => el("figure", {class: "photo"},
+    el("img", {src: p.url, alt: p.question || `photo from ${p.alias}`, loading: "lazy"}),
+    el("figcaption", {text: `${p.alias || p.device} · ${p.taken_at}${p.question ? ` · ${p.question}` : ""}`}))));
+  document.getElementById("photos-empty").hidden = photos.length > 0;
+}
+
+// --- setup -----------------------------------------------------------------------------------
+
+function copyButton(text) {
+  const button = el("button", {type: "button", class: "copy", text: "Copy"});
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = "Copied";
+    } catch {
+      button.textContent = "Select and copy";
+    }
+  });
+  return button;
+}
+
+function fact(list, label, value, note) {
+  if (!value) return;
+  list.append(el("dt", {text: label}), el("dd", {}, el("code", {text: value}), copyButton(value),
+    ...(note ? [el("small", {text: note})] : [])));
+}
+
+async function loadSetup() {
+  const setup = await api("/api/setup");
+  state.websocketUrl = setup.websocket_url;
+  const list = document.getElementById("setup-devices");
+  list.replaceChildren();
+  fact(list, "Device token", setup.device_token, "what our firmware and the simulator present");
+  fact(list, "Device WebSocket URL", setup.websocket_url);
+  fact(list, "OTA URL (stock xiaozhi firmware)", setup.ota_url,
+    "set it as the board's OTA address: it checks in, then waits for your approval here");
+  fact(list, "MCP URL", setup.mcp_url, setup.host_token_required ? "with the host token as a Bearer token" : "");
+  const names = {claude_desktop: "Claude Desktop (claude_desktop_config.json)", claude_code: "Claude Code",
+    vscode: "VS Code (.vscode/mcp.json)"};
+  document.getElementById("host-configs").replaceChildren(...Object.entries(setup.configs).map(([key, text]) =>
+    el("div", {class: "config", "data-host": key}, el("h3", {text: names[key] || key}), el("pre", {text}), copyButton(text))));
+}
+
+async function enroll(event) {
+  event.preventDefault();
+  const name = new FormData(event.target).get("name");
+  const issued = await api("/api/enroll", {name});
+  const out = document.getElementById("enrolled");
+  const gateway = ` --gateway ${issued.urls.ws || state.websocketUrl || "ws://<this machine>:8765/xiaozhi/v1/"}`;
+  out.textContent = `token: ${issued.token}\n\nflash the board with it:\n  esp-mcp-gateway flash --port /dev/ttyUSB0 --firmware <MicroPython .bin> \\\n    --name ${name} --token ${issued.token}${gateway} --wifi <SSID> --wifi-password <password>`;
+  out.hidden = false;
+}
+
+// --- start -----------------------------------------------------------------------------------
+
+async function start() {
+  const session = await api("/api/session");
+  state.csrf = session.csrf;
+  const logout = document.getElementById("logout");
+  logout.hidden = !session.sign_in;
+  logout.addEventListener("click", () => api("/api/logout", {}).then(() => { location.href = "/login"; }, showError));
+  document.getElementById("pair").addEventListener("click", () => pair().catch(showError));
+  document.getElementById("audit-filter").addEventListener("submit", (event) => {
+    event.preventDefault();
+    loadAudit(false).catch(showError);
+  });
+  document.getElementById("audit-more").addEventListener("click", () => loadAudit(true).catch(showError));
+  document.getElementById("enroll").addEventListener("submit", (event) => enroll(event).catch(showError));
+  window.addEventListener("hashchange", showPage);
+  watchDevices();
+  showPage();
+}
+
+start().catch(showError);

@@ -1,0 +1,291 @@
+"""The companion dashboard in real headless Chromium (Debian's, driven by Playwright).
+
+Each test starts a real gateway, opens the dashboard in the browser, and checks what a user
+sees and what the devices and MCP hosts get. Screenshots of each page go to the test's tmp dir
+(``screens/``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp import Client
+from playwright.async_api import Browser, Page, async_playwright
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import Running
+from gateway.simulator import SimulatedDevice
+from tests.conftest import DEVICE_TOKEN, bound, gateway
+from tests.e2e.helpers import Inbox, has_tools, listed_device, until
+from tests.e2e.test_device_trust import EMBEDDED, check_in, listed_but_pending
+from tests.e2e.test_mqtt import STOCK, stock_device, tool_name
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SIM = "02:00:00:00:00:01"
+HOST_TOKEN = "host-secret-for-dashboard-tests"
+
+
+def ms(seconds: float) -> float:
+    """A Playwright timeout (milliseconds), scaled like every other bound."""
+    return bound(seconds) * 1000
+
+
+@asynccontextmanager
+async def chromium() -> AsyncIterator[Browser]:
+    """Headless Chromium from the system (nothing is downloaded)."""
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+@asynccontextmanager
+async def dashboard(run: Running, path: str = "/") -> AsyncIterator[Page]:
+    """A browser page on the gateway's dashboard, its device feed connected."""
+    async with chromium() as browser:
+        context = await browser.new_context()
+        page = await context.new_page()
+        page.set_default_timeout(ms(10))
+        await page.goto(f"http://127.0.0.1:{run.host_port}{path}")
+        if path == "/":
+            await page.wait_for_selector("#live.on")
+        yield page
+        await context.close()
+
+
+async def screenshot(page: Page, tmp_path: Path, name: str) -> None:
+    folder = tmp_path / "screens"
+    folder.mkdir(exist_ok=True)
+    await page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+    assert (folder / f"{name}.png").stat().st_size > 0
+
+
+def row(device_id: str, status: str | None = None) -> str:
+    """The selector of a device's row in the list (in a given status)."""
+    selector = f'#devices tr[data-device="{device_id}"]'
+    return selector + (f'[data-status="{status}"]' if status else "")
+
+
+def form(tool: str) -> str:
+    return f'#tools form[data-tool="{tool}"]'
+
+
+async def call_from_form(page: Page, tool: str) -> str:
+    """Submit a tool's form; return the text of the result it shows."""
+    result = page.locator(f"{form(tool)} .result")
+    await page.locator(f"{form(tool)} button[type=submit]").click()
+    await result.locator("pre, p").first.wait_for()
+    return await result.inner_text()
+
+
+async def test_device_list_follows_devices_without_a_reload(tmp_path: Path) -> None:
+    """A simulated device appears online when it connects and offline when it leaves."""
+    async with gateway(tmp_path) as run, dashboard(run) as page:
+        await page.wait_for_selector("#no-devices:not([hidden])")
+        await page.evaluate("window.notReloaded = true")
+        async with listed_device(run, SIM):
+            await page.wait_for_selector(row(SIM, "online"))
+            assert await page.inner_text(f"{row(SIM)} .alias") == "sim-esp32_0001"
+            await screenshot(page, tmp_path, "devices")
+        await page.wait_for_selector(row(SIM, "offline"))
+        assert await page.evaluate("window.notReloaded") is True
+
+
+async def test_set_volume_form_then_read_back_audit_and_metrics(tmp_path: Path) -> None:
+    """The form generated from set_volume's schema sets the volume; a second call reads it
+    back; both calls show in the audit log, newest first, and /metrics counts them."""
+    async with gateway(tmp_path) as run, listed_device(run, SIM) as dev, dashboard(run) as page:
+        await page.click(f"{row(SIM)} .alias button")
+        volume = page.locator(f'{form("self.audio_speaker.set_volume")} input[name="volume"]')
+        assert await volume.get_attribute("type") == "number"
+        assert (await volume.get_attribute("min"), await volume.get_attribute("max")) == (
+            "0",
+            "100",
+        )
+        await volume.fill("37")
+        await call_from_form(page, "self.audio_speaker.set_volume")
+        status = json.loads(await call_from_form(page, "self.get_device_status"))
+        assert status["audio_speaker"]["volume"] == 37
+        assert ("self.audio_speaker.set_volume", {"volume": 37}) in dev.calls
+        await screenshot(page, tmp_path, "tools")
+
+        await volume.fill("300")  # over the schema's maximum: said at once, nothing is sent
+        text = await call_from_form(page, "self.audio_speaker.set_volume")
+        assert "at most 100" in text and len(dev.calls) == 2
+
+        await page.click('nav a[data-page="audit"]')
+        await page.wait_for_selector("#audit tbody tr")
+        tools = await page.locator("#audit tbody tr td:nth-child(4)").all_inner_texts()
+        assert tools == ["self.get_device_status", "self.audio_speaker.set_volume"]
+        await page.select_option('#audit-filter select[name="outcome"]', "failed")
+        await page.click("#audit-filter button[type=submit]")
+        await page.wait_for_selector("#audit-empty:not([hidden])")
+        await screenshot(page, tmp_path, "audit")
+
+        async with httpx2.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{run.host_port}/metrics")).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("gateway_calls_total", (("outcome", "ok"),))] == 2
+    assert samples[("gateway_call_duration_seconds_count", ())] == 2
+    assert samples[("gateway_devices", (("state", "online"), ("transport", "websocket")))] == 1
+    assert samples[("gateway_discovery_duration_seconds_count", ())] == 1
+    assert samples[("gateway_rejected_tools", ())] == 0
+
+
+async def test_user_only_tool_is_callable_from_the_dashboard_not_through_mcp(
+    tmp_path: Path,
+) -> None:
+    """reboot (audience user) has a form on the dashboard that reaches the device; MCP hosts
+    neither see it nor may call it."""
+    async with gateway(tmp_path) as run, listed_device(run, SIM) as dev, dashboard(run) as page:
+        await page.click(f"{row(SIM)} .alias button")
+        card = page.locator('#tools article[data-tool="self.reboot"]')
+        assert "user only" in await card.locator(".badges").inner_text()
+        await page.locator(f"{form('self.reboot')} button[type=submit]").click()
+        await dev.wait_for_call("self.reboot", bound(5))
+        shown = page.locator(f"{form('self.reboot')} .result p.error")
+        await shown.wait_for()  # stock reboots before it answers: the call fails, as it should
+        assert "disconnected during the call" in await shown.inner_text()
+        async with Client(run.mcp_url, mode="legacy") as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+            refused = await client.call_tool(
+                "call_device_tool", {"device": SIM, "tool": "self.reboot"}
+            )
+    assert not any("reboot" in name for name in names)
+    assert refused.is_error and "user-only" in refused.content[0].text  # type: ignore[union-attr]
+    assert [name for name, _ in dev.calls].count("self.reboot") == 1
+
+
+async def test_pending_device_is_approved_with_a_click(tmp_path: Path) -> None:
+    """A stock device waiting for approval is approved from its row; an MCP host then sees
+    and calls its tools."""
+    async with gateway(tmp_path, **EMBEDDED) as run:
+        reply = (await check_in(run)).json()
+        registry = run.gateway.registry
+        async with stock_device(reply), registry.changes() as changes, dashboard(run) as page:
+            await listed_but_pending(run)
+            await page.wait_for_selector(row(STOCK, "pending"))
+            await screenshot(page, tmp_path, "pending")
+            async with Client(run.mcp_url, mode="legacy") as client:
+                before = [t.name for t in (await client.list_tools()).tools]
+                await page.click(f'{row(STOCK)} button[data-action="approve"]')
+                await until(changes, has_tools(run, STOCK))
+                await page.wait_for_selector(row(STOCK, "online"))
+                name = tool_name(run, STOCK, "self.lamp.turn_on")
+                after = [t.name for t in (await client.list_tools()).tools]
+                result = await client.call_tool(name, {})
+    assert before == ["list_devices", "call_device_tool"]
+    assert name in after and not result.is_error
+
+
+async def test_rename_renames_the_tools_and_tells_mcp_hosts(tmp_path: Path) -> None:
+    """Renaming a device from its row gives its tools new MCP names, hosts are told, and the
+    name outlives a restart."""
+    async with gateway(tmp_path) as run, listed_device(run, SIM), dashboard(run) as page:
+        inbox = Inbox()
+        async with Client(run.mcp_url, mode="legacy", message_handler=inbox) as client:
+            await run.gateway.frontend.notifier.wait_for_sessions(1)
+            await page.click(f'{row(SIM)} button[data-action="rename"]')
+            await page.fill(f'{row(SIM)} input[name="alias"]', "kitchen")
+            await page.click(f"{row(SIM)} .rename button")
+            await inbox.next_change()
+            names = [t.name for t in (await client.list_tools()).tools]
+            await page.wait_for_selector(f'{row(SIM)} .alias button:text-is("kitchen")')
+    assert "kitchen_lamp_turn_on" in names and "sim-esp32_0001_lamp_turn_on" not in names
+    async with gateway(tmp_path) as again:
+        assert again.gateway.registry.get(SIM).alias == "kitchen"  # type: ignore[union-attr]
+
+
+async def test_setup_and_photos_pages(tmp_path: Path) -> None:
+    """Setup shows the device token, the OTA URL and host configs with a working copy
+    button, and enrolls a board; Photos says there are none yet."""
+    async with gateway(tmp_path) as run, chromium() as browser:
+        context = await browser.new_context(permissions=["clipboard-read", "clipboard-write"])
+        page = await context.new_page()
+        page.set_default_timeout(ms(10))
+        await page.goto(f"http://127.0.0.1:{run.host_port}/#setup")
+        await page.wait_for_selector("#setup-devices dt")
+        facts = await page.inner_text("#setup-devices")
+        assert DEVICE_TOKEN in facts and "/xiaozhi/ota/" in facts
+        mcp_url = f"http://127.0.0.1:{run.host_port}/mcp"
+        desktop = page.locator('.config[data-host="claude_desktop"]')
+        assert mcp_url in await desktop.locator("pre").inner_text()
+        assert mcp_url in await page.inner_text('.config[data-host="vscode"] pre')
+        await desktop.locator("button.copy").click()
+        await page.wait_for_selector('.config[data-host="claude_desktop"] button:text-is("Copied")')
+        copied = json.loads(await page.evaluate("navigator.clipboard.readText()"))
+        assert copied["mcpServers"]["esp32"]["args"] == ["stdio", "--connect", mcp_url]
+        await page.fill('#enroll input[name="name"]', "porch")
+        await page.click("#enroll button[type=submit]")
+        await page.wait_for_selector("#enrolled:not([hidden])")
+        assert "--name porch --token " in await page.inner_text("#enrolled")
+        await screenshot(page, tmp_path, "setup")
+        await page.click('nav a[data-page="photos"]')
+        await page.wait_for_selector("#photos-empty:not([hidden])")
+        await screenshot(page, tmp_path, "photos")
+        await context.close()
+
+
+async def test_sign_in_with_the_host_token_and_csrf(tmp_path: Path) -> None:
+    """With a host token the dashboard asks for it and then works; a request without the
+    session cookie, or with it but a wrong CSRF token, is refused; MCP ignores the cookie."""
+    async with gateway(tmp_path, host_token=HOST_TOKEN) as run, chromium() as browser:
+        base = f"http://127.0.0.1:{run.host_port}"
+        context = await browser.new_context()
+        page = await context.new_page()
+        page.set_default_timeout(ms(10))
+        await page.goto(base + "/")
+        assert page.url == base + "/login"
+        await page.fill("#token", "not-the-token")
+        await page.click("#login button[type=submit]")
+        await page.wait_for_selector("#error:not([hidden])")
+        await screenshot(page, tmp_path, "login")
+        await page.fill("#token", HOST_TOKEN)
+        await page.click("#login button[type=submit]")
+        await page.wait_for_url(base + "/")
+        await page.wait_for_selector("#live.on")
+        async with SimulatedDevice(run.device_url, DEVICE_TOKEN, device_id=SIM):
+            await page.wait_for_selector(row(SIM, "online"))
+        [cookie] = await context.cookies()
+        assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
+        csrf = await page.evaluate("fetch('/api/session').then(r => r.json()).then(b => b.csrf)")
+        await page.click('nav a[data-page="audit"]')
+        await screenshot(page, tmp_path, "signed-in")
+
+        session = {"gateway_session": cookie["value"]}
+        pair = base + "/api/devices/pair"
+        async with httpx2.AsyncClient() as anonymous:
+            assert (await anonymous.get(base + "/api/dashboard/devices")).status_code == 401
+            assert (await anonymous.post(pair, json={"seconds": 5})).status_code == 401
+            assert (await anonymous.get(base + "/metrics")).status_code == 401
+            bearer = {"Authorization": f"Bearer {HOST_TOKEN}"}
+            assert (await anonymous.get(base + "/metrics", headers=bearer)).status_code == 200
+        async with httpx2.AsyncClient(cookies=session) as http:
+            assert (await http.get(base + "/api/dashboard/devices")).status_code == 200
+            assert (await http.get(base + "/metrics")).status_code == 200
+            missing = await http.post(pair, json={"seconds": 5})
+            wrong = await http.post(pair, json={"seconds": 5}, headers={"X-CSRF-Token": "x"})
+            assert (missing.status_code, wrong.status_code) == (403, 403)
+            assert "CSRF" in wrong.json()["error"] and run.gateway.registry.pairing_until == 0
+            mcp = await http.post(base + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert mcp.status_code == 401  # the cookie is the dashboard's, never MCP's
+            right = await http.post(pair, json={"seconds": 5}, headers={"X-CSRF-Token": csrf})
+            assert right.status_code == 200
+            out = await http.post(base + "/api/logout", json={}, headers={"X-CSRF-Token": csrf})
+            assert out.status_code == 200
+            assert (await http.get(base + "/api/dashboard/devices")).status_code == 401
+        await context.close()
