@@ -151,8 +151,13 @@ class MqttDevice:
         username: str | None = None,
         client_id: str | None = None,
         mcp: DeviceMcpServer | None = None,
+        idle_close: float | None = None,
     ) -> None:
+        """``idle_close``: like py-xiaozhi, leave the broker for good once this many seconds pass
+        without a message for the device (the broker's PINGRESPs do not count)."""
         self.device_id = device_id
+        self.idle_close = idle_close
+        self.gave_up = asyncio.Event()
         self.stock = stock
         # A stock device never subscribes; one behind EMQX's auto-subscribe acts as if it did.
         self.subscribe = (not stock) if subscribe is None else subscribe
@@ -212,7 +217,14 @@ class MqttDevice:
                         await client.publish(self.topic_status, b"online", qos=1, retain=True)
                     honour_cancellation()
                     self.connected.set()
-                    async for message in client.messages:
+                    messages = aiter(client.messages)
+                    while True:
+                        try:
+                            async with asyncio.timeout(self.idle_close):
+                                message = await anext(messages)
+                        except TimeoutError:
+                            self.gave_up.set()  # a clean DISCONNECT, and no reconnect
+                            return
                         await self._on_message(message.payload)
             except aiomqtt.MqttCodeError as exc:
                 self.refused = exc
