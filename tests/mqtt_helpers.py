@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -23,11 +22,10 @@ from types import TracebackType
 from typing import Any
 
 import aiomqtt
-import pytest
 
 from gateway.simulator import DeviceMcpServer, default_tools
 from gateway.transports.mqtt import honour_cancellation
-from tests.conftest import bound
+from tests.conftest import bound, program
 
 JsonObject = dict[str, Any]
 
@@ -53,8 +51,7 @@ class Mosquitto:
     def __init__(
         self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False
     ) -> None:
-        if shutil.which("mosquitto") is None:
-            pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+        self.program = program("mosquitto")
         self.port = free_port()
         self._dir = workdir
         self._users = users
@@ -69,8 +66,7 @@ class Mosquitto:
         return self._dir / "cert.pem"
 
     def _make_cert(self) -> None:
-        if shutil.which("openssl") is None:
-            pytest.skip("openssl is not installed (apt-get install openssl)")
+        program("openssl")
         subprocess.run(
             ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
              "-keyout", str(self._dir / "key.pem"), "-out", str(self.cert),
@@ -91,7 +87,9 @@ class Mosquitto:
             passwd = self._dir / "passwd"
             passwd.write_text("")
             for user, password in self._users.items():
-                subprocess.run(["mosquitto_passwd", "-b", str(passwd), user, password], check=True)
+                subprocess.run(
+                    [program("mosquitto_passwd"), "-b", str(passwd), user, password], check=True
+                )
             lines += ["allow_anonymous false", f"password_file {passwd}"]
         else:
             lines.append("allow_anonymous true")
@@ -103,7 +101,7 @@ class Mosquitto:
         """Start it, and return once it listens (it says so on stderr)."""
         conf = self._write_config()
         self._proc = await asyncio.create_subprocess_exec(
-            "mosquitto", "-c", str(conf), stderr=asyncio.subprocess.PIPE
+            self.program, "-c", str(conf), stderr=asyncio.subprocess.PIPE
         )
         assert self._proc.stderr is not None
         with contextlib.suppress(TimeoutError):
@@ -153,8 +151,13 @@ class MqttDevice:
         username: str | None = None,
         client_id: str | None = None,
         mcp: DeviceMcpServer | None = None,
+        idle_close: float | None = None,
     ) -> None:
+        """``idle_close``: like py-xiaozhi, leave the broker for good once this many seconds pass
+        without a message for the device (the broker's PINGRESPs do not count)."""
         self.device_id = device_id
+        self.idle_close = idle_close
+        self.gave_up = asyncio.Event()
         self.stock = stock
         # A stock device never subscribes; one behind EMQX's auto-subscribe acts as if it did.
         self.subscribe = (not stock) if subscribe is None else subscribe
@@ -214,7 +217,14 @@ class MqttDevice:
                         await client.publish(self.topic_status, b"online", qos=1, retain=True)
                     honour_cancellation()
                     self.connected.set()
-                    async for message in client.messages:
+                    messages = aiter(client.messages)
+                    while True:
+                        try:
+                            async with asyncio.timeout(self.idle_close):
+                                message = await anext(messages)
+                        except TimeoutError:
+                            self.gave_up.set()  # a clean DISCONNECT, and no reconnect
+                            return
                         await self._on_message(message.payload)
             except aiomqtt.MqttCodeError as exc:
                 self.refused = exc

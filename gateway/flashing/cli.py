@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config
 from gateway.errors import GatewayError
+from gateway.flashing.requirements import check_board_packages
 
 # Chips by the offset their MicroPython image lives at (gateway.flashing.image.APP_OFFSETS);
 # repeated here so that building the CLI does not import esptool and littlefs.
@@ -66,6 +67,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config | None) -> int:
     """Run one board command."""
+    check_board_packages(args.command)
     from gateway.flashing.commands import (
         describe,
         flash_board,

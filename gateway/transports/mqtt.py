@@ -20,6 +20,12 @@ device is left alone for a while: a stray message does not reopen it at once, so
 cannot finish discovery costs one attempt per backoff period, never a close-and-reopen loop; a
 device still present is tried again when the period ends.
 
+Keepalive: some devices count only messages on their own link as a sign that the gateway is
+still there, not the broker's MQTT PINGREQ/PINGRESP (py-xiaozhi closes its MQTT link after 120 s
+without a message and never comes back). So a device whose link has been silent both ways for
+``keepalive_interval`` seconds gets the presence probe, a ``ping`` (docs/protocol.md §2): busy
+devices get nothing extra.
+
 Losing the broker closes every link at once (pending calls fail now, not at their timeout); the
 client reconnects with backoff and finds its devices again.
 """
@@ -117,6 +123,7 @@ class _Peer:
     on_broker: bool = False  # the embedded broker says it is connected
     status_online: bool = False  # its retained status says online (it has a last will)
     heard: float = 0.0  # loop time of its last message
+    sent: float = 0.0  # loop time of the gateway's last publish to it
     quiet_until: float = 0.0  # loop time before which stray messages open no link
     ended: int = 0  # sessions the gateway ended in a row (the backoff grows with it)
 
@@ -131,6 +138,7 @@ class MqttTransport:
         *,
         presence: PresenceFeed | None = None,
         probe_interval: float | None = None,
+        keepalive_interval: float | None = None,
         known: Callable[[], Iterable[str]] = tuple,
         retry: tuple[float, float] = (0.5, 5.0),
         quiet: tuple[float, float] = (5.0, 300.0),
@@ -142,6 +150,8 @@ class MqttTransport:
             topics: the device topics.
             presence: the embedded broker's connect/leave events; None for an external broker.
             probe_interval: seconds between presence probes; None disables probing.
+            keepalive_interval: seconds of silence on a device's link (both ways) after which
+                it gets a ``ping``; None sends none.
             known: the ids of devices to probe (those the registry knows over MQTT).
             retry: the first and the longest wait between connection attempts, in seconds.
             quiet: the first and the longest time a device whose session the gateway ended is
@@ -153,6 +163,7 @@ class MqttTransport:
         self.connected = asyncio.Event()
         self._presence = presence
         self._probe_interval = probe_interval
+        self._keepalive_interval = keepalive_interval
         self._known = known
         self._retry = retry
         self._quiet = quiet
@@ -169,6 +180,9 @@ class MqttTransport:
             self._tasks.append(task)
         if self._probe_interval is not None:
             self._tasks.append(asyncio.create_task(self._probe_loop(), name="gateway.mqtt.probe"))
+        if self._keepalive_interval is not None:
+            task = asyncio.create_task(self._keepalive_loop(), name="gateway.mqtt.keepalive")
+            self._tasks.append(task)
         return self
 
     async def __aexit__(
@@ -207,6 +221,8 @@ class MqttTransport:
         client = self._client
         if client is None:
             raise LinkClosed("not connected to the MQTT broker")
+        if (peer := self._peers.get(device_id)) is not None:
+            peer.sent = asyncio.get_running_loop().time()
         try:
             await client.publish(self.topics.down(device_id), text.encode(), qos=1)
         except aiomqtt.MqttError as exc:
@@ -341,7 +357,7 @@ class MqttTransport:
         # A live old link is closed by the registry when the new session takes the device over,
         # so the device does not blink offline in between.
         peer.link = MqttLink(self, device_id)
-        peer.heard = asyncio.get_running_loop().time()
+        peer.heard = peer.sent = asyncio.get_running_loop().time()
         self._new_links.put_nowait(peer.link)
         return peer.link
 
@@ -399,6 +415,31 @@ class MqttTransport:
             if known is None or not (known.status_online or known.on_broker):
                 with contextlib.suppress(LinkClosed):
                     await self.publish(device_id, probe)
+
+    # --- keepalive -------------------------------------------------------------------------
+
+    async def _keepalive_loop(self) -> None:
+        assert self._keepalive_interval is not None
+        interval = self._keepalive_interval
+        # Checked four times an interval: a link is pinged after 1 to 1.25 intervals of silence,
+        # at a cost of one pass over the devices per check, not one timer per device.
+        while True:
+            await asyncio.sleep(interval / 4)
+            if self._client is not None:
+                await self._keepalive_round(interval)
+
+    async def _keepalive_round(self, interval: float) -> None:
+        now = asyncio.get_running_loop().time()
+        # The probe, not a message of its own: stock firmware answers a ``ping`` with an
+        # error reply and does nothing else (no voice session, no state change), our firmware
+        # answers it, and the session drops the answer as one to no request of its own.
+        ping = encode(mcp_envelope(_PROBE_SESSION, make_probe()))
+        for device_id, peer in list(self._peers.items()):
+            if peer.link is None or peer.link.closed:
+                continue
+            if now - max(peer.heard, peer.sent) >= interval:
+                with contextlib.suppress(LinkClosed):
+                    await self.publish(device_id, ping)
 
 
 def honour_cancellation() -> None:

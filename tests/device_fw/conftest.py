@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -19,20 +17,11 @@ from typing import Any
 import pytest
 
 import device_fw
-from tests.conftest import DEVICE_TOKEN, bound
+from tests.conftest import DEVICE_TOKEN, bound, program
 
 FIRMWARE = Path(device_fw.FIRMWARE_DIR)
 TESTS = Path(__file__).parent
 VECTORS = TESTS.parent / "vectors"
-
-
-def tool_path(name: str) -> str:
-    """The executable ``name`` from this virtualenv, else from PATH; skip the test if absent."""
-    here = Path(sys.executable).parent / name
-    found = str(here) if here.exists() else shutil.which(name)
-    if found is None:
-        pytest.skip(f"{name} is not installed (pip install -e '.[test]' / apt-get install)")
-    return found
 
 
 def micropython_env(*extra: Path) -> dict[str, str]:
@@ -126,7 +115,7 @@ async def running_firmware(
 ) -> AsyncIterator[Firmware]:
     """Start device_fw/main.py on the unix port with ``config`` (and modules from ``paths``,
     e.g. a test's tools); stop it on exit."""
-    micropython = tool_path("micropython")
+    micropython = program("micropython")
     await asyncio.to_thread(_write_config, workdir, config)
     process = await asyncio.create_subprocess_exec(
         micropython,
@@ -164,8 +153,8 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
     name with ":" in it (a MAC has five), so device tests use the open listener; the password
     listener checks that a refusal reaches the firmware.
     """
-    broker = tool_path("mosquitto")
-    passwd = tool_path("mosquitto_passwd")
+    broker = program("mosquitto")
+    passwd = program("mosquitto_passwd")
     users = {"gateway": "gateway-secret", "plain-device": DEVICE_TOKEN}
     password_file = tmp_path / "passwd"
     for index, (user, password) in enumerate(users.items()):

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import bound
-from tests.device_fw.conftest import tool_path
+from tests.conftest import bound, program
 
 BENCH = Path(__file__).resolve().parent.parent.parent / "bench" / "firmware.py"
 
@@ -18,7 +17,7 @@ BENCH = Path(__file__).resolve().parent.parent.parent / "bench" / "firmware.py"
 @pytest.mark.e2e
 def test_firmware_benchmark_reports_heap_sizes_and_call_times() -> None:
     """`bench/firmware.py --json` measures heap, file sizes and tools/call times."""
-    tool_path("micropython")
+    program("micropython")
     done = subprocess.run(
         [sys.executable, str(BENCH), "--calls", "10", "--json"],
         capture_output=True,

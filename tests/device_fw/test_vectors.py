@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import bound
-from tests.device_fw.conftest import TESTS, VECTORS, micropython_env, tool_path
+from tests.conftest import bound, program
+from tests.device_fw.conftest import TESTS, VECTORS, micropython_env
 
 sys.path.append(str(TESTS))  # vector_replay imports the firmware by its board names
 import vector_replay  # noqa: E402
@@ -44,7 +44,7 @@ def test_a_doctored_vector_fails_the_replay() -> None:
 
 def test_firmware_replays_every_vector_on_micropython() -> None:
     """The same replay on the real MicroPython unix port passes every device-side vector."""
-    micropython = tool_path("micropython")
+    micropython = program("micropython")
     done = subprocess.run(
         [micropython, str(TESTS / "vector_replay.py"), str(VECTORS)],
         capture_output=True,

