@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 
+from fw_app import build
 from fw_board import SimBoard
 from fw_camera import camera_tool
 from fw_config import DEFAULTS, merge
@@ -58,6 +59,11 @@ async def run(base, report):
     blind = server_for(False)  # the tool is there, but the camera takes nothing
     await rpc(blind, "initialize", {"capabilities": {"vision": cases(base)[1][1]}})
     report("no_photo", await rpc(blind, "tools/call", call))
+    for camera in (True, False):  # the firmware as it boots: the tool only on a camera board
+        settings = {"url": "ws://gw/xiaozhi/v1/", "board": "sim", "client_id": CLIENT_ID}
+        settings["camera"] = camera
+        _board, booted, _device = build(merge(DEFAULTS, settings))
+        report("booted_camera" if camera else "booted", [tool.name for tool in booted.tools])
 
 
 def _print(case, reply):

@@ -195,15 +195,11 @@ def test_the_tool_is_declared_like_stock() -> None:
     }
 
 
-def test_the_firmware_offers_the_camera_only_on_a_camera_board() -> None:
+@pytest.mark.parametrize("scenario", RUNTIMES, ids=IDS)
+async def test_the_firmware_offers_the_camera_only_on_a_camera_board(scenario: Scenario) -> None:
     """fw_app.build lists self.camera.take_photo right after the status tool when config
     "camera" is true, and not at all otherwise."""
-    from device_fw.fw_app import build
-
-    def names(**settings: Any) -> list[str]:
-        values = {"url": "ws://gw/xiaozhi/v1/", "board": "sim", "client_id": "c", **settings}
-        _board, server, _device = build(merge(DEFAULTS, values))
-        return [tool.name for tool in server.tools]
-
-    assert names(camera=True)[:2] == ["self.get_device_status", "self.camera.take_photo"]
-    assert "self.camera.take_photo" not in names()
+    async with vision_server() as (base, _uploads):
+        replies = await scenario(base)
+    assert replies["booted_camera"][:2] == ["self.get_device_status", "self.camera.take_photo"]
+    assert replies["booted_camera"][2:] == replies["booted"][1:]
