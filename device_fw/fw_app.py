@@ -26,7 +26,7 @@ def load_tools(server, board, module_name):
     return names
 
 
-def make_link(config, device_id):
+def make_link(config, device_id, client_id):
     """The link the config asks for (imported on demand: a board loads only the one it uses)."""
     if config["transport"] == "mqtt":
         from fw_link_mqtt import MqttLink
@@ -36,8 +36,7 @@ def make_link(config, device_id):
                         mqtt["keepalive"], mqtt["tls"])  # fmt: skip
     from fw_link_ws import WsLink
 
-    return WsLink(config["url"], config["token"], device_id, fw_config.client_id(config),
-                  config["ping_interval"])  # fmt: skip
+    return WsLink(config["url"], config["token"], device_id, client_id, config["ping_interval"])
 
 
 def build(config):
@@ -45,13 +44,19 @@ def build(config):
     compat.set_level(config["log"])
     board = make_board(config)
     server = McpServer(config["name"] or board.name, fw_config.VERSION)
-    for tool in default_tools(board):
+    device_id = (config["device_id"] or board.mac() or "").lower()
+    client_id = fw_config.client_id(config)
+    tools = default_tools(board)
+    if board.camera:  # loaded only by boards that have one
+        from fw_camera import camera_tool
+
+        tools.insert(1, camera_tool(board, server, device_id, client_id))  # next to status
+    for tool in tools:
         server.add(tool)
     for module_name in config["tools"]:
         load_tools(server, board, module_name)
-    device_id = (config["device_id"] or board.mac() or "").lower()
     low, high = config["backoff"]
-    device = Device(server, make_link(config, device_id), device_id, low, high)
+    device = Device(server, make_link(config, device_id, client_id), device_id, low, high)
     device.network = board.start_network
     board.on_reboot = device.restart
     return board, server, device

@@ -15,6 +15,7 @@ class Board:
 
     name = "esp32"
     chip = "esp32"
+    camera = False  # whether capture() can take photos (then the board has self.camera.*)
 
     def __init__(self, config):
         pins = config["pins"]
@@ -67,12 +68,22 @@ class Board:
     def set_pixel(self, rgb):
         raise NotImplementedError
 
+    def capture(self):
+        """A photo as JPEG bytes, or None if the camera failed."""
+        return None
+
     def reboot(self):
         raise NotImplementedError
 
 
+# What the simulated camera sees, one photo after the other.
+COLOURS = ((255, 128, 0), (0, 160, 255), (60, 200, 60), (230, 40, 120), (250, 230, 80))
+
+
 class SimBoard(Board):
-    """A board in RAM: outputs remember their level, the ADC and the temperature drift."""
+    """A board in RAM: outputs remember their level, the ADC and the temperature drift, and
+    with config "camera": true the camera takes 160x120 photos of one colour, changing with
+    every photo (its number is in the JPEG's comment)."""
 
     name = "sim-esp32"
     chip = "simulated"
@@ -86,6 +97,8 @@ class SimBoard(Board):
         self._mac = config.get("device_id") or None
         self._millivolts = 1650
         self._celsius = 41.0
+        self.camera = bool(config.get("camera"))
+        self.photos = 0
         self.reset()
 
     def reset(self):
@@ -120,6 +133,16 @@ class SimBoard(Board):
 
     def set_pixel(self, rgb):
         self.pixel = tuple(rgb)
+
+    def capture(self):
+        if not self.camera:
+            return None
+        from fw_jpeg import solid
+
+        self.photos += 1
+        colour = COLOURS[self.photos % len(COLOURS)]
+        comment = "esp-mcp-gateway simulated camera, photo %d" % self.photos
+        return solid(160, 120, colour, comment.encode())
 
     def reboot(self):
         self.reset()

@@ -21,6 +21,7 @@ DEFAULTS = {
     "client_id": "",
     "board": "auto",
     "pins": {"outputs": {"led": 2}, "adc": None, "neopixel": None, "neopixel_count": 1},
+    "camera": False,
     "tools": [],
     "ping_interval": 30,
     "backoff": [1, 30],

@@ -1,7 +1,7 @@
 """A real ESP32 (ESP32_GENERIC, S2, S3, C3, C6 firmware): machine, network, neopixel, esp32.
 
 Only imported on a board (fw_board.make_board); every module used here is frozen into stock
-MicroPython for ESP32.
+MicroPython for ESP32, except ``camera``, which only camera builds have (config "camera").
 """
 
 import asyncio
@@ -46,6 +46,8 @@ class Esp32Board(Board):
             import neopixel
 
             self._pixels = neopixel.NeoPixel(machine.Pin(self.pixel_pin), self.pixel_count)
+        self._camera = open_camera(config.get("camera")) if config.get("camera") else None
+        self.camera = self._camera is not None
 
     async def start_network(self):
         wlan = self.wlan
@@ -95,5 +97,37 @@ class Esp32Board(Board):
         self._pixels.fill(tuple(rgb))
         self._pixels.write()
 
+    def capture(self):
+        try:
+            frame = self._camera.capture()
+        except Exception as exc:  # the drivers raise OSError, RuntimeError...
+            compat.log(compat.WARNING, "camera: %r", exc)
+            return None
+        # bytes(): a copy, because the driver reuses its frame buffer for the next capture,
+        # which a second call may take while this photo is still being uploaded.
+        return bytes(frame) if frame else None
+
     def reboot(self):
         machine.reset()
+
+
+def open_camera(spec):
+    """The camera of config "camera": true (the build's own pins) or an object of the
+    driver's keyword arguments (pins...); None if this MicroPython has no camera module."""
+    try:
+        import camera
+    except ImportError:
+        compat.log(compat.WARNING, "config camera: this MicroPython build has no camera")
+        return None
+    options = dict(spec) if isinstance(spec, dict) else {}
+    try:
+        if hasattr(camera, "Camera"):  # cnadler86/micropython-camera-API (S3 camera builds)
+            options["pixel_format"] = camera.PixelFormat.JPEG
+            if "frame_size" in options:  # a name such as "VGA"
+                options["frame_size"] = getattr(camera.FrameSize, options["frame_size"])
+            return camera.Camera(**options)
+        camera.init(0, format=camera.JPEG, **options)  # lemariva's driver (ESP32-CAM builds)
+        return camera
+    except Exception as exc:
+        compat.log(compat.ERROR, "camera: cannot start it: %r", exc)
+        return None

@@ -5,18 +5,17 @@
                     [Prop("volume", "integer", minimum=0, maximum=100)], set_volume))
     reply = await server.handle(payload)  # None: send nothing
 
-A handler takes the dict of validated arguments and returns bool, int, str or any JSON value
-(sent as text); it may be async; it raises ToolError for a failure the caller should read.
-An async handler runs in a task that notifications/cancelled cancels, and then nothing is
-sent (stock firmware ignores the notification).
-Needs only fw_envelope.py and fw_tool.py: copy the three files to any board.
+A handler takes the dict of validated arguments, returns bool, int, str or any JSON value
+(sent as text), may be async, and raises ToolError for a failure the caller should read.
+An async handler runs in a task that notifications/cancelled cancels; then nothing is sent
+(stock ignores the notification). Needs only fw_envelope.py and fw_tool.py.
 """
 
 import asyncio
 
 import fw_envelope as env
 from fw_envelope import ToolError
-from fw_tool import Prop, Tool, text_of
+from fw_tool import Prop, Tool
 
 __all__ = ["McpServer", "Prop", "Tool", "ToolError"]
 
@@ -24,6 +23,7 @@ PAGE_LIMIT = 8000  # bytes of one tools/list result, as stock firmware pages it
 _PAGE_SLACK = 30
 _PAGE_HEAD = 10  # len('{"tools":[')
 CANCELLED = "notifications/cancelled"
+CAMERA = "self.camera.take_photo"
 _GONE = object()  # a cancelled call's result: no reply
 
 
@@ -119,9 +119,10 @@ class McpServer:
     def _initialize(self, params):
         caps = params.get("capabilities")
         vision = caps.get("vision") if isinstance(caps, dict) else None
-        if isinstance(vision, dict) and isinstance(vision.get("url"), str):
+        url = vision.get("url") if isinstance(vision, dict) else None
+        if isinstance(url, str) and self.find(CAMERA):  # stock: kept by camera boards only
             token = vision.get("token")
-            self.vision = (vision["url"], token if isinstance(token, str) else "")
+            self.vision = (url, token if isinstance(token, str) else "")
         return {
             "protocolVersion": "2024-11-05",
             "capabilities": {"tools": {"listChanged": True} if self.list_changed else {}},
@@ -178,9 +179,7 @@ class McpServer:
             raise
         except Exception as exc:
             raise ToolError(str(exc) or type(exc).__name__, env.INTERNAL_ERROR)
-        if value is _GONE:
-            return value
-        return {"content": [{"type": "text", "text": text_of(value)}], "isError": False}
+        return value if value is _GONE else tool.result(value)
 
     async def _run(self, rid, coro):
         # Its own task: cancel() stops this handler alone.

@@ -10,6 +10,7 @@ __all__ = ["McpServer", "Prop", "Tool", "ToolError"]
 
 PAGE_LIMIT: int
 CANCELLED: str
+CAMERA: str
 
 class McpServer:
     name: str

@@ -68,15 +68,19 @@ class Prop:
 
 class Tool:
     """A tool. user=True: listed only for withUserTools (audience ["user"]); hints: MCP
-    annotations such as {"readOnlyHint": True}."""
+    annotations such as {"title": "Status", "readOnlyHint": True}; output: the JSON Schema
+    of the object the handler returns (MCP outputSchema), which then also goes out as
+    structuredContent."""
 
-    def __init__(self, name, description, props=(), handler=None, user=False, hints=None):
+    def __init__(self, name, description, props=(), handler=None, user=False, hints=None,
+                 output=None):  # fmt: skip
         self.name = name
         self.description = description
         self.props = list(props)
         self.handler = handler
         self.user = user
         self.hints = hints
+        self.output = output
 
     def to_json(self):
         """The tool as tools/list shows it."""
@@ -85,12 +89,23 @@ class Tool:
         if required:
             schema["required"] = required
         tool = {"name": self.name, "description": self.description, "inputSchema": schema}
+        if self.output:
+            tool["outputSchema"] = self.output
         annotations = dict(self.hints) if self.hints else {}
         if self.user:
             annotations["audience"] = ["user"]
         if annotations:
             tool["annotations"] = annotations
         return tool
+
+    def result(self, value):
+        """The tools/call result for the handler's return ``value``."""
+        result = {"content": [{"type": "text", "text": text_of(value)}], "isError": False}
+        if self.output:
+            # MCP 2025-06-18: structuredContent for clients that read the schema; the text
+            # (the same object as JSON) for older ones and for stock-minded gateways.
+            result["structuredContent"] = value
+        return result
 
     def parse(self, arguments):
         """Every declared property's value from ``arguments``, or ToolError.

@@ -34,6 +34,7 @@ class Tool:
     handler: _Handler
     user: bool
     hints: dict[str, Any] | None
+    output: dict[str, Any] | None
     def __init__(
         self,
         name: str,
@@ -42,8 +43,10 @@ class Tool:
         handler: _Handler | None = None,
         user: bool = False,
         hints: dict[str, Any] | None = None,
+        output: dict[str, Any] | None = None,
     ) -> None: ...
     def to_json(self) -> dict[str, Any]: ...
+    def result(self, value: object) -> dict[str, Any]: ...
     def parse(self, arguments: dict[str, Any]) -> dict[str, Any]: ...
 
 def text_of(value: object) -> str: ...

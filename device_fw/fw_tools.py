@@ -7,6 +7,9 @@ self.adc.read                 the ADC pin, raw and in volts
 self.chip.get_temperature     the chip's own sensor (only where the chip has one)
 self.neopixel.set_color       the NeoPixel strip (only where one is configured)
 self.reboot                   user-only: restart the board
+
+Tools that return an object declare its JSON Schema (MCP outputSchema) and so also send it as
+structuredContent; every tool carries a title and the MCP hints that fit it.
 """
 
 import asyncio
@@ -21,7 +24,34 @@ COLOURS = {
     "cyan": 0x00FFFF, "magenta": 0xFF00FF, "orange": 0xFF8000, "purple": 0x8000FF,
     "pink": 0xFF69B4,
 }  # fmt: skip
-READ_ONLY = {"readOnlyHint": True}
+INT, NUM, STR, BOOL = (
+    {"type": "integer"},
+    {"type": "number"},
+    {"type": "string"},
+    {"type": "boolean"},
+)
+
+
+def maybe(kind):
+    """``kind`` or null (a reading the board may not have)."""
+    return {"type": [kind, "null"]}
+
+
+def obj(**props):
+    """The JSON Schema of an object with exactly these properties, all required."""
+    return {"type": "object", "properties": props, "required": sorted(props),
+            "additionalProperties": False}  # fmt: skip
+
+
+def reading(title):
+    """Hints of a tool that only reads."""
+    return {"title": title, "readOnlyHint": True}
+
+
+def setting(title):
+    """Hints of a tool that sets a state: the same call twice leaves the same state."""
+    return {"title": title, "readOnlyHint": False, "destructiveHint": False,
+            "idempotentHint": True}  # fmt: skip
 
 
 def default_tools(board):
@@ -67,7 +97,16 @@ def status_tool(board):
         "and before changing something whose state you do not know.",
         (),
         status,
-        hints=READ_ONLY,
+        hints=reading("Device status"),
+        output=obj(
+            firmware=STR,
+            board=STR,
+            chip=STR,
+            uptime_s=INT,
+            memory=obj(free=maybe("integer"), used=maybe("integer")),
+            network=obj(type=STR, rssi=maybe("integer"), signal=maybe("string")),
+            outputs={"type": "object", "additionalProperties": BOOL},
+        ),
     )
 
 
@@ -88,13 +127,15 @@ def output_tools(board, name):
             "Switch the %s (GPIO %d) on or off. Returns true once done." % (name, pin),
             [Prop("on", "boolean", description="true to switch on, false to switch off")],
             set_power,
+            hints=setting("Switch the " + name),
         ),
         Tool(
             "self.%s.get_state" % name,
             'Whether the %s is on: {"on": true} or {"on": false}.' % name,
             (),
             get_state,
-            hints=READ_ONLY,
+            hints=reading("State of the " + name),
+            output=obj(on=BOOL),
         ),
     ]
 
@@ -111,7 +152,8 @@ def adc_tool(board):
         "(0 to about 3.3 V)." % board.adc_pin,
         (),
         read,
-        hints=READ_ONLY,
+        hints=reading("Analog input"),
+        output=obj(pin=INT, raw=INT, volts=maybe("number")),
     )
 
 
@@ -125,7 +167,8 @@ def temperature_tool(board):
         "room, so it tells how hot the board is, not the air around it.",
         (),
         read,
-        hints=READ_ONLY,
+        hints=reading("Chip temperature"),
+        output=obj(celsius=NUM),
     )
 
 
@@ -163,6 +206,8 @@ def pixel_tool(board):
             Prop("brightness", "integer", 100, 0, 100, "percent of full brightness"),
         ],
         set_color,
+        hints=setting("NeoPixel colour"),
+        output=obj(rgb={"type": "array", "items": INT, "minItems": 3, "maxItems": 3}),
     )
 
 
@@ -175,4 +220,5 @@ def reboot_tool(board):
         asyncio.create_task(reboot_soon())
         return "Rebooting"
 
-    return Tool("self.reboot", "Reboot the device.", (), reboot, user=True)
+    hints = {"title": "Reboot", "readOnlyHint": False, "destructiveHint": True}
+    return Tool("self.reboot", "Reboot the device.", (), reboot, user=True, hints=hints)

@@ -1,8 +1,8 @@
 """A small WebSocket client (RFC 6455) on asyncio streams.
 
 Stock MicroPython has only the low-level server-side ``websocket`` module, so this is ours:
-the opening handshake, masked text frames, ping/pong, close, and TLS (wss://) where the port
-has ssl. It runs unchanged on CPython.
+the opening handshake (an HTTP/1.1 upgrade over fw_http's connection), masked text frames,
+ping/pong, close, and TLS (wss://) where the port has ssl. It runs unchanged on CPython.
 
     ws = await connect("ws://gw:8765/xiaozhi/v1/", [("Device-Id", "aa:bb:...")])
     await ws.send("hello")
@@ -15,6 +15,7 @@ import hashlib
 import struct
 
 import fw_compat as compat
+from fw_http import open_stream, read_head, request_head
 
 TEXT, BINARY, CLOSE, PING, PONG = 1, 2, 8, 9, 10
 MAX_MESSAGE = 65536  # the gateway's default limit; bigger incoming messages close with 1009
@@ -27,19 +28,6 @@ class HandshakeError(Exception):
     def __init__(self, status, message):
         super().__init__(message)
         self.status = status
-
-
-def parse_url(url):
-    """(tls, host, port, path) of a ws:// or wss:// URL."""
-    scheme, _, rest = url.partition("://")
-    if scheme not in ("ws", "wss"):
-        raise ValueError("not a WebSocket URL: " + url)
-    tls = scheme == "wss"
-    hostport, slash, path = rest.partition("/")
-    host, colon, port = hostport.rpartition(":")
-    if not colon or "]" in port:
-        host, port = hostport, "443" if tls else "80"
-    return tls, host.strip("[]"), int(port), slash + path if slash else "/"
 
 
 def _mask(data, key):
@@ -56,49 +44,26 @@ async def connect(url, headers=(), timeout=10):
 
     ``headers`` are (name, value) pairs sent in order after the standard ones.
     """
-    tls, host, port, path = parse_url(url)
-    extra = {"ssl": True} if tls else {}
-    opening = asyncio.open_connection(host, port, **extra)
-    reader, writer = await compat.wait_for(opening, timeout)
+    reader, writer, path, host = await open_stream(url, timeout, ("ws", "wss"))
     try:
-        await compat.wait_for(_handshake(reader, writer, host, port, tls, path, headers), timeout)
+        await compat.wait_for(_handshake(reader, writer, path, host, headers), timeout)
     except BaseException:
         compat.abort(writer)
         raise
     return WebSocket(reader, writer)
 
 
-async def _handshake(reader, writer, host, port, tls, path, headers):
+async def _handshake(reader, writer, path, host, headers):
     key = binascii.b2a_base64(compat.urandom(16)).strip()
-    default_port = 443 if tls else 80
-    lines = [
-        "GET %s HTTP/1.1" % path,
-        "Host: %s" % (host if port == default_port else "%s:%d" % (host, port)),
-        "Upgrade: websocket",
-        "Connection: Upgrade",
-        "Sec-WebSocket-Key: " + key.decode(),
-        "Sec-WebSocket-Version: 13",
-    ]
-    lines += ["%s: %s" % (name, value) for name, value in headers]
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+    standard = [("Upgrade", "websocket"), ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Key", key.decode()), ("Sec-WebSocket-Version", "13")]  # fmt: skip
+    writer.write(request_head("GET", path, host, standard + list(headers)))
     await writer.drain()
-    status_line = (await reader.readline()).decode()
-    parts = status_line.split(" ", 2)
-    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-    accept = None
-    while True:
-        line = await reader.readline()
-        if not line:
-            raise OSError("connection closed during the WebSocket handshake")
-        if line in (b"\r\n", b"\n"):
-            break
-        name, _, value = line.decode().partition(":")
-        if name.strip().lower() == "sec-websocket-accept":
-            accept = value.strip()
+    status, status_line, answer = await read_head(reader)
     if status != 101:
-        raise HandshakeError(status, "WebSocket upgrade refused: " + status_line.strip())
+        raise HandshakeError(status, "WebSocket upgrade refused: " + status_line)
     expected = binascii.b2a_base64(hashlib.sha1(key + _GUID).digest()).strip().decode()
-    if accept != expected:
+    if answer.get("sec-websocket-accept") != expected:
         raise HandshakeError(status, "bad Sec-WebSocket-Accept in the server's answer")
 
 

@@ -91,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
         default="stock",
         help="stock: tools like stock xiaozhi firmware; firmware: device_fw's simulated board",
     )
+    simulate.add_argument(
+        "--camera",
+        action="store_true",
+        help="give each device a camera (self.camera.take_photo uploads a generated JPEG)",
+    )
     return parser
 
 
@@ -133,7 +138,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "simulate":
         _setup_logging("info")
-        return _run(commands.simulate(args.url, args.token, args.count, args.board))
+        return _run(commands.simulate(args.url, args.token, args.count, args.board, args.camera))
     if args.command == "monitor":
         return run_board_command(args, None)
     config = _load(args)

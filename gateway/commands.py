@@ -84,11 +84,15 @@ async def relay(url: str, token: str | None) -> int:
     return 0
 
 
-async def simulate(url: str, token: str, count: int, board: str = "stock") -> int:
+async def simulate(
+    url: str, token: str, count: int, board: str = "stock", camera: bool = False
+) -> int:
     """Run ``count`` simulated devices against the gateway at ``url``."""
     from gateway.simulator import simulate as run_devices
 
-    await run_devices(url, token, count, board="firmware" if board == "firmware" else "stock")
+    await run_devices(
+        url, token, count, board="firmware" if board == "firmware" else "stock", camera=camera
+    )
     return 0
 
 

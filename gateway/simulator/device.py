@@ -24,7 +24,7 @@ from device_fw.fw_ws import HandshakeError
 from .errors import DeviceReboot, HandshakeRefused, HelloFailed
 from .mcp_server import DeviceMcpServer
 from .simtool import JsonObject, SimTool
-from .tools import BoardState, default_tools
+from .tools import BoardState, camera_tool, default_tools
 
 __all__ = ["SimulatedDevice", "backoff_delay", "persistent_client_id"]
 
@@ -75,6 +75,8 @@ class SimulatedDevice:
         list_changed: announce tool changes with ``notifications/tools/list_changed``.
         ping: answer MCP ``ping`` (our firmware) instead of "Method not implemented" (stock).
         keepalive: seconds between the firmware's WebSocket pings; None never pings (stock).
+        camera: a camera board: ``self.camera.take_photo`` uploads a generated JPEG to the
+            vision URL of ``initialize`` (after the common tools, or after ``tools``).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class SimulatedDevice:
         list_changed: bool = True,
         ping: bool = False,
         keepalive: float | None = None,
+        camera: bool = False,
     ) -> None:
         self.url = url
         self.device_id = device_id.lower()
@@ -96,7 +99,11 @@ class SimulatedDevice:
         # always presents the same one, which the gateway binds its id to on approval.
         self.client_id = persistent_client_id(self.device_id)
         self.board = BoardState(device_id=self.device_id, client_id=self.client_id, board=board)
-        catalogue = default_tools(self.board) if tools is None else tools
+        photo = camera_tool(self.board, lambda: self.mcp.firmware.vision) if camera else None
+        if tools is None:
+            catalogue = default_tools(self.board, photo)
+        else:
+            catalogue = [*tools, *([photo] if photo is not None else [])]
         self.mcp = DeviceMcpServer(
             catalogue, board=board, error_codes=error_codes, ping=ping, list_changed=list_changed
         )

@@ -37,7 +37,8 @@ def firmware_device(url: str, token: str | None, device_id: str, **settings: Any
     """Our firmware as a board boots it (``fw_app.build``), on its simulated hardware.
 
     ``settings`` override keys of the firmware's config (device_fw/config.example.json); by
-    default the board has an LED and a relay, an ADC, a temperature sensor and a NeoPixel.
+    default the board has an LED and a relay, an ADC, a temperature sensor and a NeoPixel
+    (``camera=True`` adds the camera).
 
     Raises:
         ValueError: settings the firmware refuses.
@@ -62,11 +63,13 @@ async def simulate(
     *,
     stop_event: asyncio.Event | None = None,
     board: BoardKind = "stock",
+    camera: bool = False,
 ) -> None:
     """Run ``count`` simulated devices against the gateway at ``url`` until stopped.
 
     Each device keeps reconnecting with the firmware's own loop. Returns once ``stop_event``
-    is set, after closing every connection; without one, runs until cancelled.
+    is set, after closing every connection; without one, runs until cancelled. With
+    ``camera`` every device has ``self.camera.take_photo`` and uploads a generated JPEG.
 
     Raises:
         ValueError: ``count`` is not between 1 and 65535.
@@ -74,10 +77,12 @@ async def simulate(
     devices: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
     for device_id in (device_id_for(i) for i in range(1, count + 1)):
         if board == "firmware":
-            devices[device_id] = firmware_device(url, token, device_id).run
+            devices[device_id] = firmware_device(url, token, device_id, camera=camera).run
         else:
-            devices[device_id] = SimulatedDevice(url, token, device_id=device_id).run_forever
-    logger.info("simulating %d %s device(s) against %s", count, board, url)
+            simulated = SimulatedDevice(url, token, device_id=device_id, camera=camera)
+            devices[device_id] = simulated.run_forever
+    kind = f"{board} camera" if camera else board
+    logger.info("simulating %d %s device(s) against %s", count, kind, url)
     async with asyncio.TaskGroup() as tg:
         tasks = [
             tg.create_task(run(), name=f"simulator[{device_id}]")

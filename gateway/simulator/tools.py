@@ -12,13 +12,19 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from device_fw.fw_board import COLOURS
+from device_fw.fw_camera import DESCRIPTION as CAMERA_DESCRIPTION
+from device_fw.fw_camera import explain
+from device_fw.fw_jpeg import solid
 
 from . import descriptions as d
 from .errors import DeviceReboot, ToolError
 from .simtool import Args, Handler, JsonObject, Prop, SimTool
 
-__all__ = ["BoardState", "default_tools"]
+__all__ = ["BoardState", "camera_tool", "default_tools"]
 
 _RELAYS = range(1, 5)
 # ESP32-S3: 19/20 are the USB pins, 26-32 the SPI flash and 33-37 the octal PSRAM.
@@ -47,6 +53,7 @@ class BoardState:
     temperature: float = 23.5
     rng: random.Random = field(default_factory=random.Random)
     boot_time: float = field(default_factory=time.monotonic)
+    photos: int = 0
 
     def uptime(self) -> int:
         """Seconds since the (simulated) boot."""
@@ -56,6 +63,13 @@ class BoardState:
         """Return the chip temperature in °C, drifting a little with every reading."""
         self.temperature = min(32.0, max(18.0, self.temperature + self.rng.uniform(-0.3, 0.3)))
         return round(self.temperature, 1)
+
+    def capture(self) -> bytes:
+        """Take a photo: a 160x120 JPEG of one colour, another with every photo (the firmware's
+        simulated camera, device_fw/fw_board.py)."""
+        self.photos += 1
+        comment = f"esp-mcp-gateway simulated camera, photo {self.photos}"
+        return solid(160, 120, COLOURS[self.photos % len(COLOURS)], comment.encode())
 
     def reboot(self) -> None:
         """Lose what a real board keeps only in RAM and restart the uptime clock."""
@@ -92,11 +106,15 @@ class BoardState:
         }
 
 
-def default_tools(board: BoardState | None = None) -> list[SimTool]:
-    """Return the default catalogue, every tool acting on ``board`` (a fresh one if None)."""
+def default_tools(board: BoardState | None = None, camera: SimTool | None = None) -> list[SimTool]:
+    """Return the default catalogue, every tool acting on ``board`` (a fresh one if None).
+
+    ``camera`` (see :func:`camera_tool`) goes after the common tools, where stock lists it.
+    """
     state = board if board is not None else BoardState()
     return [
         *_common_tools(state),
+        *([camera] if camera is not None else []),
         *_lamp_tools(state),
         *_sensor_and_light_tools(state),
         *_relay_tools(state),
@@ -133,6 +151,25 @@ def _common_tools(state: BoardState) -> list[SimTool]:
         SimTool("self.screen.set_brightness", _D_BRIGHT, {"brightness": percent}, set_brightness),
         SimTool("self.screen.set_theme", _D_THEME, {"theme": Prop("string")}, set_theme),
     ]
+
+
+def camera_tool(state: BoardState, vision: Callable[[], tuple[str, str] | None]) -> SimTool:
+    """``self.camera.take_photo`` of a stock camera board (xiaozhi-protocol.md §5).
+
+    It uploads ``state``'s photo to the vision URL that ``vision()`` returns (the one the last
+    ``initialize`` passed) with the firmware's own upload code (device_fw/fw_camera.py), and
+    returns the server's answer.
+    """
+
+    async def take_photo(args: Args) -> str:
+        jpeg = state.capture()
+        return await explain(
+            vision(), state.device_id, state.client_id, args.string("question"), jpeg
+        )
+
+    return SimTool(
+        "self.camera.take_photo", CAMERA_DESCRIPTION, {"question": Prop("string")}, take_photo
+    )
 
 
 def _lamp_tools(state: BoardState) -> list[SimTool]:

@@ -68,7 +68,7 @@ def test_build_wires_board_tools_extra_modules_and_link() -> None:
 def test_make_link_and_make_board_follow_the_config() -> None:
     """transport "mqtt" gives the MQTT link with our topics; off an ESP32 the board is simulated."""
     config = merge(DEFAULTS, {"transport": "mqtt", "mqtt": {"host": "gw", "prefix": "p"}})
-    link = make_link(config, "AA:BB")
+    link = make_link(config, "AA:BB", "client-1")
     assert isinstance(link, MqttLink)
     assert (link.up, link.down, link.status) == ("p/aa:bb/up", "p/aa:bb/down", "p/aa:bb/status")
     assert isinstance(make_board(DEFAULTS), SimBoard)

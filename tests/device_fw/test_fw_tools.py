@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from typing import Any
 
+import jsonschema_rs
 import pytest
 
 from device_fw.fw_board import SimBoard
@@ -13,6 +16,10 @@ from device_fw.fw_config import DEFAULTS, merge
 from device_fw.fw_mcp import McpServer, ToolError
 from device_fw.fw_tools import default_tools, parse_colour, signal
 from tests.conftest import bound
+from tests.device_fw.conftest import TESTS, micropython_env, tool_path
+
+sys.path.append(str(TESTS))  # tools_scenario imports the firmware by its board names
+import tools_scenario  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -105,3 +112,83 @@ def test_signal_words_follow_stock() -> None:
     assert [signal(r) for r in (-50, -60, -65, -71, None)] == [
         "strong", "strong", "medium", "weak", None
     ]  # fmt: skip
+
+
+# Rich results (MCP 2025-06-18): outputSchema + structuredContent, titles and hints.
+# tests/device_fw/tools_scenario.py lists the tools and calls each one that declares a schema.
+
+STRUCTURED = {"self.get_device_status", "self.fan.get_state", "self.led.get_state",
+              "self.adc.read", "self.chip.get_temperature", "self.neopixel.set_color"}  # fmt: skip
+
+
+def scenario_on_micropython(page_limit: int = 8000) -> Any:
+    done = subprocess.run(
+        [tool_path("micropython"), str(TESTS / "tools_scenario.py"), str(page_limit)],
+        capture_output=True,
+        text=True,
+        env=micropython_env(),
+        timeout=bound(60),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def scenario_on_cpython(page_limit: int = 8000) -> Any:
+    return asyncio.run(tools_scenario.collect(page_limit))
+
+
+RUNTIMES = [scenario_on_cpython, scenario_on_micropython]
+RUNTIME_IDS = ["cpython", "micropython"]
+
+
+@pytest.mark.parametrize("scenario", RUNTIMES, ids=RUNTIME_IDS)
+def test_object_results_match_their_output_schema(scenario: Any) -> None:
+    """Every tool that returns an object declares a valid outputSchema; its result carries the
+    object as structuredContent, which the schema accepts, and as JSON text for older clients."""
+    seen = scenario()
+    (page,) = seen["pages"]
+    declared = {
+        tool["name"]: tool["outputSchema"] for tool in page["tools"] if "outputSchema" in tool
+    }
+    assert set(declared) == set(seen["results"]) == STRUCTURED
+    for name, schema in declared.items():
+        jsonschema_rs.meta.validate(schema)
+        result = seen["results"][name]
+        structured = result["structuredContent"]
+        jsonschema_rs.validate(schema, structured)
+        assert [item["type"] for item in result["content"]] == ["text"], name
+        assert json.loads(result["content"][0]["text"]) == structured, name
+        assert result["isError"] is False
+    status = seen["results"]["self.get_device_status"]["structuredContent"]
+    assert status["outputs"] == {"led": False, "fan": False}
+
+
+@pytest.mark.parametrize("scenario", RUNTIMES, ids=RUNTIME_IDS)
+def test_every_tool_has_a_title_and_fitting_hints(scenario: Any) -> None:
+    """Readers say readOnlyHint; setters are idempotent and not destructive; reboot is
+    destructive and stays user-only (audience ["user"])."""
+    (page,) = scenario()["pages"]
+    hints = {tool["name"]: tool["annotations"] for tool in page["tools"]}
+    assert all(isinstance(h.get("title"), str) and h["title"] for h in hints.values()), hints
+    readers = {name for name, h in hints.items() if h.get("readOnlyHint") is True}
+    assert readers == STRUCTURED - {"self.neopixel.set_color"}
+    for name in ("self.led.set_power", "self.fan.set_power", "self.neopixel.set_color"):
+        assert hints[name]["destructiveHint"] is False and hints[name]["idempotentHint"] is True
+    assert hints["self.reboot"] == {
+        "title": "Reboot", "readOnlyHint": False, "destructiveHint": True, "audience": ["user"]
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("scenario", RUNTIMES, ids=RUNTIME_IDS)
+def test_schemas_count_towards_the_page_limit(scenario: Any) -> None:
+    """With a small page limit the tools, schemas and all, spread over pages that each stay
+    within it (stock's rule: tools + 30 bytes of slack), in registration order."""
+    limit = 2000
+    pages = scenario(limit)["pages"]
+    assert len(pages) > 2
+    for page in pages:
+        assert len(json.dumps(page, ensure_ascii=False, separators=(",", ":")).encode()) <= limit
+    listed = [tool["name"] for page in pages for tool in page["tools"]]
+    assert listed == [tool.name for tool in default_tools(board())]
+    for before, after in zip(pages, pages[1:], strict=False):
+        assert before["nextCursor"] == after["tools"][0]["name"]

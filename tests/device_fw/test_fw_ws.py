@@ -12,7 +12,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.frames import Frame, Opcode
 
 from device_fw import fw_ws
-from device_fw.fw_ws import HandshakeError, connect, parse_url
+from device_fw.fw_http import parse_url
+from device_fw.fw_ws import HandshakeError, connect
 from tests.conftest import bound
 
 pytestmark = pytest.mark.anyio
@@ -35,11 +36,15 @@ async def echo(ws: ServerConnection) -> None:
 
 def test_urls_are_parsed_with_default_ports() -> None:
     """ws:// defaults to 80, wss:// to 443 with TLS; the path defaults to /."""
-    assert parse_url("ws://gw.lan:8765/xiaozhi/v1/") == (False, "gw.lan", 8765, "/xiaozhi/v1/")
-    assert parse_url("wss://gw.lan/x") == (True, "gw.lan", 443, "/x")
-    assert parse_url("ws://[::1]:81") == (False, "::1", 81, "/")
-    with pytest.raises(ValueError):
-        parse_url("http://gw.lan/")
+    ws = ("ws", "wss")
+    assert parse_url("ws://gw.lan:8765/xiaozhi/v1/", ws) == (False, "gw.lan", 8765, "/xiaozhi/v1/")
+    assert parse_url("wss://gw.lan/x", ws) == (True, "gw.lan", 443, "/x")
+    assert parse_url("ws://[::1]:81", ws) == (False, "::1", 81, "/")
+    assert parse_url("https://gw.lan/vision") == (True, "gw.lan", 443, "/vision")
+    with pytest.raises(ValueError, match="not a ws:// URL"):
+        parse_url("http://gw.lan/", ws)
+    with pytest.raises(ValueError, match="not a http:// URL"):
+        parse_url("ws://gw.lan/")
 
 
 async def test_masked_text_frames_cross_both_ways_with_headers_sent() -> None:

@@ -75,8 +75,13 @@ def sized_tool(name: str, size: int) -> SimTool:
 
 
 async def test_initialize_answers_like_stock_and_remembers_vision() -> None:
-    """initialize gives the stock result and keeps capabilities.vision (url, token)."""
-    server = DeviceMcpServer(board="sim-esp32", fw_version="2.4.2", list_changed=False)
+    """initialize gives the stock result; a camera board keeps capabilities.vision (url, token)."""
+    server = DeviceMcpServer(
+        [echo_tool("self.camera.take_photo")],
+        board="sim-esp32",
+        fw_version="2.4.2",
+        list_changed=False,
+    )
     vision = {"url": "http://gw/vision/explain", "token": "t"}
     reply = await rpc(server, "initialize", {"capabilities": {"vision": vision}})
     assert reply == {
@@ -96,11 +101,19 @@ async def test_initialize_answers_like_stock_and_remembers_vision() -> None:
 
 async def test_initialize_ignores_a_vision_url_that_is_not_a_string() -> None:
     """A non-string vision url is ignored; a missing token becomes ""."""
-    server = DeviceMcpServer()
+    server = DeviceMcpServer([echo_tool("self.camera.take_photo")])
     await result(server, "initialize", {"capabilities": {"vision": {"url": 5}}})
     assert server.vision is None
     await result(server, "initialize", {"capabilities": {"vision": {"url": "http://v"}}})
     assert server.vision == Vision("http://v", "")
+
+
+async def test_a_board_without_a_camera_ignores_vision() -> None:
+    """Stock keeps the vision URL only on a board with a camera (self.camera.take_photo)."""
+    server = DeviceMcpServer(default_tools())
+    vision = {"url": "http://gw/vision/explain", "token": "t"}
+    await result(server, "initialize", {"capabilities": {"vision": vision}})
+    assert server.vision is None
 
 
 async def test_default_catalogue_spans_three_pages_with_user_tools() -> None:

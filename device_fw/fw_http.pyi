@@ -1,0 +1,19 @@
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+MAX_ANSWER: int
+
+def parse_url(url: str, schemes: tuple[str, str] = ...) -> tuple[bool, str, int, str]: ...
+async def open_stream(
+    url: str, timeout: float, schemes: tuple[str, str] = ...
+) -> tuple[Any, Any, str, str]: ...
+def request_head(
+    method: str, path: str, host: str, headers: Iterable[tuple[str, str]]
+) -> bytes: ...
+async def read_head(reader: Any) -> tuple[int, str, dict[str, str]]: ...
+async def post(
+    url: str,
+    headers: Iterable[tuple[str, str]],
+    parts: Sequence[bytes | bytearray | memoryview],
+    timeout: float = 30,
+) -> tuple[int, bytes]: ...

@@ -1,0 +1,3 @@
+from collections.abc import Sequence
+
+def solid(width: int, height: int, rgb: Sequence[int], comment: bytes = b"") -> bytes: ...
