@@ -18,8 +18,8 @@ from device_fw.fw_camera import BOUNDARY, DESCRIPTION, form
 from device_fw.fw_config import DEFAULTS, merge
 from device_fw.fw_http import MAX_ANSWER
 from device_fw.fw_jpeg import solid
-from tests.conftest import bound
-from tests.device_fw.conftest import TESTS, micropython_env, tool_path
+from tests.conftest import bound, program
+from tests.device_fw.conftest import TESTS, micropython_env
 from tests.device_fw.vision_server import ANSWER, vision_server
 
 sys.path.append(str(TESTS))  # camera_scenario imports the firmware by its board names
@@ -40,7 +40,7 @@ async def on_cpython(base: str) -> Replies:
 
 async def on_micropython(base: str) -> Replies:
     process = await asyncio.create_subprocess_exec(
-        tool_path("micropython"),
+        program("micropython"),
         str(TESTS / "camera_scenario.py"),
         base,
         env=micropython_env(),

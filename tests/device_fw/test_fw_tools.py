@@ -15,8 +15,8 @@ from device_fw.fw_board import SimBoard
 from device_fw.fw_config import DEFAULTS, merge
 from device_fw.fw_mcp import McpServer, ToolError
 from device_fw.fw_tools import default_tools, parse_colour, signal
-from tests.conftest import bound
-from tests.device_fw.conftest import TESTS, micropython_env, tool_path
+from tests.conftest import bound, program
+from tests.device_fw.conftest import TESTS, micropython_env
 
 sys.path.append(str(TESTS))  # tools_scenario imports the firmware by its board names
 import tools_scenario  # noqa: E402
@@ -123,7 +123,7 @@ STRUCTURED = {"self.get_device_status", "self.fan.get_state", "self.led.get_stat
 
 def scenario_on_micropython(page_limit: int = 8000) -> Any:
     done = subprocess.run(
-        [tool_path("micropython"), str(TESTS / "tools_scenario.py"), str(page_limit)],
+        [program("micropython"), str(TESTS / "tools_scenario.py"), str(page_limit)],
         capture_output=True,
         text=True,
         env=micropython_env(),
