@@ -15,11 +15,14 @@ import mcp.types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
+from device_fw.fw_board import COLOURS
+from device_fw.fw_jpeg import solid
 from gateway.app import Running
 from gateway.photos import photo_uri
+from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.camera import STATUS, TAKE_PHOTO, StockCamera, fake_jpeg
-from tests.e2e.helpers import Inbox, aliases, serving
+from tests.e2e.helpers import Inbox, aliases, has_tools, serving, until
 from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -114,7 +117,44 @@ async def test_the_last_photo_survives_a_restart(tmp_path: Path) -> None:
             await client.read_resource(photo_uri("nosuch"))
 
 
-async def test_a_stock_camera_s_photo_reaches_a_stdio_host(tmp_path: Path) -> None:
+FIRMWARE_ID = "02:00:00:00:0c:01"
+
+
+def first_firmware_photo() -> bytes:
+    """The JPEG our firmware's simulated board generates as its first photo (fw_board.py)."""
+    comment = b"esp-mcp-gateway simulated camera, photo 1"
+    return bytes(solid(160, 120, COLOURS[1 % len(COLOURS)], comment))
+
+
+async def test_the_firmware_camera_s_photo_reaches_the_host_over_http(tmp_path: Path) -> None:
+    """Our firmware (simulated board, CPython) uploads as stock does; the host sees the photo."""
+    async with gateway(tmp_path) as run, run.gateway.registry.changes() as changes:
+        async with anyio.create_task_group() as tg:
+            device = firmware_device(run.device_url, DEVICE_TOKEN, FIRMWARE_ID, camera=True)
+            tg.start_soon(device.run)
+            await until(changes, has_tools(run, FIRMWARE_ID))
+            async with Client(run.mcp_url) as client:
+                arguments = {"question": QUESTION}
+                with anyio.fail_after(bound(10)):
+                    result = await client.call_tool(
+                        "call_device_tool",
+                        {
+                            "device": FIRMWARE_ID,
+                            "tool": "camera.take_photo",
+                            "arguments": arguments,
+                        },
+                    )
+                assert not result.is_error, texts(result)
+                assert images(result) == [first_firmware_photo()]
+                assert "attached to this result as an image" in texts(result)
+                alias = run.gateway.registry.get(FIRMWARE_ID).alias  # type: ignore[union-attr]
+                read = await client.read_resource(photo_uri(alias))
+                assert base64.b64decode(read.contents[0].blob) == first_firmware_photo()
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("board", ["stock", "firmware"])
+async def test_a_camera_s_photo_reaches_a_stdio_host(tmp_path: Path, board: str) -> None:
     """The same over stdio (Claude Desktop's transport), with the gateway as a subprocess."""
     device_port = free_port()
     env = cli_env(
@@ -124,14 +164,20 @@ async def test_a_stock_camera_s_photo_reaches_a_stdio_host(tmp_path: Path) -> No
         GATEWAY_DEVICE_TOKEN=DEVICE_TOKEN,
     )
     params = StdioServerParameters(command=sys.executable, args=["-m", "gateway", "stdio"], env=env)
-    cam = StockCamera("aa:bb:cc:dd:ee:07", "unused", [TAKE_PHOTO, STATUS])
+    url = f"ws://127.0.0.1:{device_port}/xiaozhi/v1/"
     inbox = Inbox()
     async with (
         Client(params, mode="legacy", message_handler=inbox) as client,
         anyio.create_task_group() as tg,
     ):
         await client.list_tools()
-        await tg.start(cam.serve, f"ws://127.0.0.1:{device_port}/xiaozhi/v1/")
+        if board == "stock":
+            cam = StockCamera("aa:bb:cc:dd:ee:07", "unused", [TAKE_PHOTO, STATUS])
+            await tg.start(cam.serve, url)
+            expected = cam.photo
+        else:
+            tg.start_soon(firmware_device(url, DEVICE_TOKEN, FIRMWARE_ID, camera=True).run)
+            expected = first_firmware_photo()
         while not any(
             t.name.endswith("camera_take_photo") for t in (await client.list_tools()).tools
         ):
@@ -143,10 +189,10 @@ async def test_a_stock_camera_s_photo_reaches_a_stdio_host(tmp_path: Path) -> No
             {"device": alias, "tool": "camera.take_photo", "arguments": {"question": QUESTION}},
         )
         assert not result.is_error, texts(result)
-        assert images(result) == [cam.photo]
+        assert images(result) == [expected]
         read = await client.read_resource(photo_uri(alias))
-        assert base64.b64decode(read.contents[0].blob) == cam.photo
-        await cam.close()
+        assert base64.b64decode(read.contents[0].blob) == expected
+        tg.cancel_scope.cancel()
 
 
 async def test_wrong_or_another_device_s_token_is_refused(tmp_path: Path) -> None:
