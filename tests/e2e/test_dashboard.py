@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -21,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Running
 from gateway.simulator import SimulatedDevice
+from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.helpers import Inbox, has_tools, listed_device, until
 from tests.e2e.test_device_trust import EMBEDDED, check_in, listed_but_pending
@@ -289,3 +291,35 @@ async def test_sign_in_with_the_host_token_and_csrf(tmp_path: Path) -> None:
             assert out.status_code == 200
             assert (await http.get(base + "/api/dashboard/devices")).status_code == 401
         await context.close()
+
+
+async def test_a_photo_taken_from_the_dashboard_shows_inline_and_on_the_photos_page(
+    tmp_path: Path,
+) -> None:
+    """take_photo's form shows the photo in its result; Photos then shows the device's latest."""
+    camera_id = "02:00:00:00:0c:02"
+    async with gateway(tmp_path) as run, run.gateway.registry.changes() as changes:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(firmware_device(run.device_url, DEVICE_TOKEN, camera_id, camera=True).run)
+            await until(changes, has_tools(run, camera_id))
+            async with dashboard(run) as page:
+                await page.click(f"{row(camera_id)} .alias button")
+                question = page.locator(f'{form("self.camera.take_photo")} [name="question"]')
+                await question.fill("what colour is it?")
+                await call_from_form(page, "self.camera.take_photo")
+                inline = page.locator(f"{form('self.camera.take_photo')} .result img.image")
+                await inline.wait_for()
+                # A real JPEG, decoded by the browser: the simulated camera's 160x120 frame.
+                assert (
+                    await inline.evaluate("img => img.decode().then(() => img.naturalWidth)") == 160
+                )
+                await screenshot(page, tmp_path, "photo-call")
+                await page.click('nav a[data-page="photos"]')
+                photo = page.locator("#photos figure.photo img")
+                await photo.wait_for()
+                assert (
+                    await photo.evaluate("img => img.decode().then(() => img.naturalHeight)") == 120
+                )
+                assert "what colour is it?" in await page.inner_text("#photos")
+                await screenshot(page, tmp_path, "photos-taken")
+            tg.cancel_scope.cancel()

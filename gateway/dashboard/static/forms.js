@@ -146,6 +146,9 @@ const Forms = (() => {
         container.append(el("pre", {class: "text", text}));
       } else if (block.type === "image" && typeof block.data === "string" && /^image\/[\w.+-]+$/.test(block.mimeType || "")) {
         container.append(el("img", {class: "image", alt: "image from the device", src: `data:${block.mimeType};base64,${block.data}`}));
+      } else if (block.type === "resource_link" && typeof block.uri === "string") {
+        // The photo's MCP resource: hosts read it; here it is on the Photos page.
+        container.append(el("p", {class: "note", text: `kept as ${block.uri} (see Photos)`}));
       } else {
         container.append(el("pre", {class: "json", text: JSON.stringify(block, null, 2)}));
       }
