@@ -30,6 +30,8 @@ logger = logging.getLogger("gateway")
 
 
 DEVICE_ACTIONS = ("list", "approve", "reject", "forget", "pair")
+# Options whose value is a secret: random, so it may begin with "-".
+_SECRET_OPTIONS = ("--token", "--api-token")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,9 +112,38 @@ def _setup_logging(level: str) -> None:
     )
 
 
+def _option_names(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and its subcommands."""
+    names: set[str] = set()
+    for action in parser._actions:
+        names.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names |= _option_names(sub)
+    return names
+
+
+def attach_secret_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``--token -x...`` as ``--token=-x...``, so that argparse does not take it for an option.
+
+    Random tokens may begin with "-". A value that is one of our options (``--token --count 5``)
+    is left alone: argparse then says that ``--token`` needs a value.
+    """
+    options = _option_names(parser)
+    args, out = list(argv), []
+    while args:
+        arg = args.pop(0)
+        value = args[0] if args else ""
+        if arg in _SECRET_OPTIONS and value.startswith("-") and value.split("=")[0] not in options:
+            arg = f"{arg}={args.pop(0)}"
+        out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(attach_secret_values(parser, sys.argv[1:] if argv is None else argv))
     try:
         return _dispatch(args)
     except ConfigError as exc:

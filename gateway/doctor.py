@@ -45,7 +45,7 @@ Listener = Literal["gateway", "nothing", "other"]
 _ANY = ("0.0.0.0", "::", "")
 _SECRETS = frozenset({"host_token", "device_tokens", "mqtt_password"})
 _LAN_EXAMPLE = "192.168.1.20"
-_TOKEN_COMMAND = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+_TOKEN_COMMAND = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 _MIN_HOST_TOKEN = 16
 
 
