@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.addresses import Addresses
 from gateway.audit import AuditLog
 from gateway.broker import (
     GATEWAY_LOGIN,
@@ -46,7 +47,7 @@ from gateway.ota import OtaEndpoint, PublicAddress
 from gateway.protocol import DeviceProtocol
 from gateway.tokens import device_tokens, token_matches
 from gateway.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
-from gateway.transports.websocket import DEVICE_PATH, device_websocket_routes
+from gateway.transports.websocket import device_websocket_routes
 
 __all__ = ["Gateway", "running"]
 
@@ -85,7 +86,7 @@ class Gateway:
                 max_packet_bytes=config.limits_mqtt_max_packet_bytes,
                 limits=listener_limits(config, "mqtt"),
             )
-            if config.mqtt_mode == "embedded" and config.mqtt_listen is not None
+            if config.mqtt_broker == "embedded" and config.mqtt_listen is not None
             else None
         )
         self.mqtt: MqttTransport | None = None
@@ -190,7 +191,7 @@ class Gateway:
         """Issue a token for a board about to be flashed, with the URLs it should use."""
         token = self.enrollment.issue(name)
         urls = {"ws": self.public.websocket_url()}
-        if self.config.mqtt_mode != "off" and self.config.mqtt_listen is not None:
+        if self.config.mqtt_broker is not None:
             urls["mqtt"] = "mqtt://" + self.public.mqtt_endpoint(self.ota.broker_port)
         # A loopback address cannot reach a board: leave it out, so that `flash` asks for
         # --gateway rather than writing a URL into the board that can never work.
@@ -215,7 +216,7 @@ class Gateway:
             login = BrokerLogin(broker.client_host, broker.port, GATEWAY_LOGIN,
                                 broker.gateway_password)  # fmt: skip
             presence = self.broker.presence()
-        elif config.mqtt_mode == "external":
+        elif config.mqtt_broker == "external":
             login = BrokerLogin(
                 config.mqtt_host,
                 config.mqtt_port,
@@ -337,29 +338,30 @@ def _uvicorn_config(app: Starlette, config: Config, listener: str) -> uvicorn.Co
 
 
 class Running:
-    """A started gateway: its state plus the ports it really listens on."""
+    """A started gateway: its state plus the addresses it really listens on."""
 
-    def __init__(self, gateway: Gateway, device_port: int, host_port: int) -> None:
+    def __init__(self, gateway: Gateway, addresses: Addresses) -> None:
         self.gateway = gateway
-        self.device_port = device_port
-        self.host_port = host_port
+        self.addresses = addresses
+        self.device_port = addresses.device_port
+        self.host_port = addresses.host_port
 
     @property
     def device_url(self) -> str:
         """The device WebSocket URL on this machine."""
-        return f"ws://127.0.0.1:{self.device_port}{DEVICE_PATH}"
+        return self.addresses.local_device_url
 
     @property
     def mcp_url(self) -> str:
         """The streamable-HTTP MCP URL on this machine."""
-        return f"http://127.0.0.1:{self.host_port}/mcp"
+        return f"{self.addresses.local_host_url}/mcp"
 
 
 @contextlib.asynccontextmanager
 async def running(config: Config) -> AsyncIterator[Running]:
     """Start the gateway and both listeners; stop them all on exit."""
     # Each listener may hold its cap of connections, a descriptor each (the broker's counts apart).
-    capped = 2 if config.mqtt_mode == "embedded" and config.mqtt_listen is not None else 1
+    capped = 2 if config.mqtt_broker == "embedded" else 1
     raise_fd_limit(config.limits_device_connections * capped + config.limits_host_connections)
     sockets = (bind(config.device_listen), bind(config.host_listen))
     async with accept_errors_throttled(), Gateway(config) as gateway:
@@ -380,8 +382,11 @@ async def running(config: Config) -> AsyncIterator[Running]:
                     task.result()  # it stopped before listening: raise why
                     raise GatewayError("a listener stopped while starting")
             ports = [sock.getsockname()[1] for sock in sockets]
-            gateway.public.device_port = ports[0]
-            yield Running(gateway, ports[0], ports[1])
+            broker = gateway.broker.port if gateway.broker is not None else None
+            addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
+                                     mqtt_port=broker)  # fmt: skip
+            gateway.public.addresses = addresses
+            yield Running(gateway, addresses)
         finally:
             for server in listeners:
                 server.should_exit = True

@@ -103,6 +103,10 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(Path(path) if path else None, flags=flags)
 
 
+# Libraries whose INFO lines ("session manager started", every HTTP request) bury ours.
+_CHATTY_LIBRARIES = ("mcp", "httpx", "httpx2", "httpcore", "uvicorn")
+
+
 def _setup_logging(level: str) -> None:
     # stderr always: in stdio mode stdout is the MCP wire.
     logging.basicConfig(
@@ -110,6 +114,9 @@ def _setup_logging(level: str) -> None:
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if level.lower() != "debug":
+        for name in _CHATTY_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _option_names(parser: argparse.ArgumentParser) -> set[str]:

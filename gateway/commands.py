@@ -1,4 +1,8 @@
-"""What each CLI command does, once ``gateway.cli`` has parsed its arguments and config."""
+"""What each CLI command does, once ``gateway.cli`` has parsed its arguments and config.
+
+The gateway itself (``gateway.app``, the MCP SDK, uvicorn) is imported only by the commands that
+run it: ``token``, ``devices`` and the like start in a fraction of the time without it.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,22 @@ import asyncio
 import dataclasses
 import json
 import logging
+import shlex
+import shutil
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from mcp.server.stdio import stdio_server
-
-from gateway.app import Running, running
+from gateway.addresses import Addresses
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.tokens import device_tokens
+
+if TYPE_CHECKING:
+    from gateway.app import Running
 
 __all__ = [
     "call",
@@ -34,21 +42,36 @@ __all__ = [
 logger = logging.getLogger("gateway")
 
 
+def runnable_command() -> str:
+    """How the user can run this program again: on PATH, by the path they used, or ``-m``."""
+    script = Path(sys.argv[0])
+    if script.name == "esp-mcp-gateway":
+        on_path = shutil.which("esp-mcp-gateway")
+        if on_path and Path(on_path).resolve() == script.resolve():
+            return "esp-mcp-gateway"
+        if script.exists():  # a venv's script, not on PATH: the path as typed
+            return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m gateway"
+
+
+def announcement(config: Config, addresses: Addresses) -> list[str]:
+    """The start-up lines: where devices and MCP hosts connect, each a line of its own."""
+    command = runnable_command()
+    lines = [
+        f"devices connect to {addresses.device_url} with the device token "
+        f"(`{command} token` prints it)",
+        f"MCP hosts connect to {addresses.mcp_url} (legacy SSE: /sse)"
+        + (" with the host token" if config.host_token else ""),
+    ]
+    if addresses.mqtt_endpoint and config.mqtt_broker == "embedded":
+        lines.append(f"stock devices use the embedded MQTT broker at {addresses.mqtt_endpoint}")
+    return lines
+
+
 def _announce(config: Config, run: Running) -> None:
+    for line in announcement(config, run.addresses):
+        logger.info("%s", line)
     device = config.device_listen
-    if config.public_url:  # the URL the OTA endpoint advertises too (http base -> ws URL)
-        where = run.gateway.public.websocket_url()
-    elif device.host in ("0.0.0.0", "::"):
-        where = f"ws://<this machine's LAN address>:{run.device_port}/xiaozhi/v1/"
-    else:
-        where = f"ws://{device.host}:{run.device_port}/xiaozhi/v1/"
-    logger.info("devices connect to %s (token: `esp-mcp-gateway token`)", where)
-    logger.info(
-        "MCP hosts connect to http://%s:%d/mcp (legacy SSE: /sse)%s",
-        config.host_listen.host,
-        run.host_port,
-        " with the host token" if config.host_token else "",
-    )
     if device.is_loopback:
         logger.warning(
             "the device listener is on %s: devices on your network cannot reach it", device
@@ -57,6 +80,8 @@ def _announce(config: Config, run: Running) -> None:
 
 async def serve(config: Config) -> int:
     """Run the gateway until interrupted."""
+    from gateway.app import running
+
     async with running(config) as run:
         _announce(config, run)
         await asyncio.Event().wait()
@@ -65,6 +90,10 @@ async def serve(config: Config) -> int:
 
 async def stdio(config: Config) -> int:
     """Run the gateway with MCP on stdin/stdout; stop when the host closes stdin."""
+    from mcp.server.stdio import stdio_server
+
+    from gateway.app import running
+
     async with running(config) as run:
         _announce(config, run)
         server = run.gateway.frontend.server
@@ -90,11 +119,7 @@ async def simulate(url: str, token: str, count: int, board: str = "stock") -> in
 
 
 def _host_url(config: Config, url: str | None) -> str:
-    if url:
-        return url.rstrip("/")
-    host = config.host_listen.host
-    host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
-    return f"http://{host}:{config.host_listen.port}"
+    return url.rstrip("/") if url else Addresses.of(config).local_host_url
 
 
 def _request(config: Config, url: str | None, token: str | None, path: str,

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import platformdirs
 
@@ -123,6 +123,19 @@ class Config:
     limits_enroll_per_minute: float = 10.0
     limits_enroll_burst: int = 10
     limits_mqtt_max_packet_bytes: int = 256 * 1024
+
+    @property
+    def mqtt_broker(self) -> Literal["embedded", "external"] | None:
+        """The broker MQTT devices use; None when MQTT is off.
+
+        The one answer to "is MQTT on": ``mqtt_listen = off`` only turns off the embedded
+        broker's listener, so external mode with it off still serves devices over MQTT.
+        """
+        if self.mqtt_mode == "external":
+            return "external"
+        if self.mqtt_mode == "embedded" and self.mqtt_listen is not None:
+            return "embedded"
+        return None
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from gateway.addresses import is_wildcard, local_host
 from gateway.config import Config, ListenAddress, is_loopback_host, load_config
 
 __all__ = [
@@ -42,7 +43,6 @@ Level = Literal["ok", "info", "warning", "problem"]
 # What answers on a listener's port: our gateway (its /healthz), nothing, or some other program.
 Listener = Literal["gateway", "nothing", "other"]
 
-_ANY = ("0.0.0.0", "::", "")
 _SECRETS = frozenset({"host_token", "device_tokens", "mqtt_password"})
 _LAN_EXAMPLE = "192.168.1.20"
 _TOKEN_COMMAND = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
@@ -57,13 +57,6 @@ class Finding:
     topic: str
     message: str
     fix: str = ""
-
-
-def connect_host(address: ListenAddress) -> str:
-    """The address this machine uses to reach a listener bound to ``address``."""
-    if address.host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    return "::1" if address.host == "::" else address.host
 
 
 def tcp_probe(host: str, port: int, timeout: float) -> str | None:
@@ -229,7 +222,7 @@ def _device_listener(ctx: _Context) -> None:
             + (", unless a proxy on this machine forwards to it" if proxied else ""),
             f"set GATEWAY_DEVICE_LISTEN=0.0.0.0:{device.port} (or this machine's LAN address)",
         )
-    elif device.host in _ANY:
+    elif is_wildcard(device.host):
         ctx.add("ok", topic, f"{device} (every interface): devices on your network can reach it")
     else:
         ctx.add("ok", topic, f"{device}: devices reach it at {device.host}")
@@ -245,7 +238,7 @@ def _public_url(ctx: _Context) -> None:
     if url is None:
         if device.is_loopback:
             return  # the device listener's own finding says what to fix first
-        if device.host in _ANY:
+        if is_wildcard(device.host):
             # OTA replies then echo the address each device used to reach the OTA endpoint:
             # right on a plain LAN, wrong behind a proxy or a port mapping that changes ports,
             # and the gateway itself cannot name an address for devices set up by hand.
@@ -283,7 +276,7 @@ def _public_url(ctx: _Context) -> None:
             fix_lan,
         )
         return
-    if host in _ANY:
+    if is_wildcard(host):
         ctx.add(
             "problem",
             topic,
@@ -382,7 +375,7 @@ def _host_listener(ctx: _Context) -> None:
 def _ports(ctx: _Context) -> None:
     config = ctx.config
     listeners = [("device listener", config.device_listen), ("host listener", config.host_listen)]
-    if config.mqtt_listen is not None and config.mqtt_mode == "embedded":
+    if config.mqtt_broker == "embedded" and config.mqtt_listen is not None:
         listeners.append(("embedded broker", config.mqtt_listen))
     for i, (name, address) in enumerate(listeners):
         for other_name, other in listeners[i + 1 :]:
@@ -406,7 +399,7 @@ def _running(ctx: _Context) -> bool:
     ):
         if address.port == 0:
             continue
-        state = probe.listener(connect_host(address), address.port, probe.timeout)
+        state = probe.listener(local_host(address.host), address.port, probe.timeout)
         topic = f"{name} port"
         if state == "gateway":
             running = running or name == "device"
@@ -427,7 +420,7 @@ def _broker(ctx: _Context, running: bool) -> None:
     config = ctx.config
     probe = ctx.probes
     topic = "MQTT broker"
-    if config.mqtt_mode == "external":
+    if config.mqtt_broker == "external":
         where = f"{config.mqtt_host}:{config.mqtt_port}"
         why = probe.tcp(config.mqtt_host, config.mqtt_port, probe.timeout)
         if why is None:
@@ -441,7 +434,7 @@ def _broker(ctx: _Context, running: bool) -> None:
                 "Compose: the broker's service name, e.g. mosquitto)",
             )
         return
-    if config.mqtt_mode == "off" or config.mqtt_listen is None:
+    if config.mqtt_broker is None or config.mqtt_listen is None:
         ctx.add("info", topic, "MQTT is off: devices can connect over WebSocket only")
         return
     address = config.mqtt_listen
@@ -453,7 +446,7 @@ def _broker(ctx: _Context, running: bool) -> None:
             f"set GATEWAY_MQTT_LISTEN={address.host}:1883",
         )
         return
-    why = probe.tcp(connect_host(address), address.port, probe.timeout)
+    why = probe.tcp(local_host(address.host), address.port, probe.timeout)
     if running and why is not None:
         ctx.add(
             "problem",
@@ -479,18 +472,18 @@ def _broker(ctx: _Context, running: bool) -> None:
 def _broker_endpoint(ctx: _Context) -> None:
     """What stock devices are told for MQTT: it must be an address they can reach."""
     config = ctx.config
-    if config.mqtt_mode == "off" or (config.mqtt_mode == "embedded" and not config.mqtt_listen):
+    if config.mqtt_broker is None:
         return
     topic = "MQTT endpoint"
     endpoint = config.mqtt_public_endpoint
     if endpoint is None:
-        if config.mqtt_mode == "embedded":
+        if config.mqtt_broker == "embedded":
             return  # derived from public_url, checked above
         host, shown = config.mqtt_host, f"{config.mqtt_host}:{config.mqtt_port}"
     else:
         host, shown = endpoint.partition(":")[0], endpoint
     fix = f"set GATEWAY_MQTT_PUBLIC_ENDPOINT to an address devices reach, e.g. {_LAN_EXAMPLE}:1883"
-    if is_loopback_host(host) or host in _ANY:
+    if is_loopback_host(host) or is_wildcard(host):
         ctx.add(
             "problem",
             topic,
@@ -596,4 +589,4 @@ def _proxied(url: str | None, port: int) -> bool:
 
 
 def _is_any(address: ListenAddress) -> bool:
-    return address.host in _ANY
+    return is_wildcard(address.host)

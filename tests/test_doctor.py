@@ -207,7 +207,7 @@ def test_host_listener_off_loopback_without_a_token() -> None:
     """What `serve` refuses to start with, said before starting, with how to make a token."""
     found = problems(run(config(host_listen=ListenAddress("0.0.0.0", 8766))))["host listener"]
     assert "no host token" in found.message
-    assert "GATEWAY_HOST_TOKEN" in found.fix and "secrets.token_urlsafe" in found.fix
+    assert "GATEWAY_HOST_TOKEN" in found.fix and "secrets.token_hex" in found.fix
     assert "127.0.0.1:8766" in found.fix
 
 

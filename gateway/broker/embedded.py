@@ -26,6 +26,7 @@ from typing import Any
 
 from amqtt.broker import Broker
 
+from gateway.addresses import local_host
 from gateway.broadcast import Broadcast, Subscription
 from gateway.broker.packets import LimitedBroker
 from gateway.broker.plugin import AUTH_PLUGIN, TOPIC_PLUGIN, GatewayAuthPlugin, GatewayTopicPlugin
@@ -153,10 +154,7 @@ class EmbeddedBroker:
     @property
     def client_host(self) -> str:
         """Where a client on this machine reaches the broker."""
-        host = self.listen.host
-        if host in ("0.0.0.0", ""):
-            return "127.0.0.1"
-        return "::1" if host == "::" else host
+        return local_host(self.listen.host)
 
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()

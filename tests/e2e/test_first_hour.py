@@ -1,0 +1,123 @@
+"""The first hour of a new user (issue 14): each test repeats a step that used to trip them up.
+
+The CLI runs as users run it, a subprocess (``python -m gateway``); the gateways it talks to are
+real ones on free ports.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+
+from tests.conftest import bound, gateway
+from tests.e2e.helpers import until
+from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+SDK_MODULES = re.compile(r"\|\s+(mcp|mcp_types|httpx2|uvicorn|starlette)(\.|$)")
+
+
+async def read_until(process: Process, done: str, limit: float = 30) -> list[str]:
+    """The process's stderr lines up to and including the first one containing ``done``."""
+    assert process.stderr is not None
+    lines, buffer = [], ""
+    with anyio.fail_after(bound(limit)):
+        async for chunk in TextReceiveStream(process.stderr):
+            buffer += chunk
+            *complete, buffer = buffer.split("\n")
+            lines += complete
+            if any(done in line for line in complete):
+                return lines
+    raise AssertionError(f"exited before {done!r}:\n" + "\n".join(lines) + buffer)
+
+
+async def stop(process: Process) -> int:
+    process.send_signal(signal.SIGTERM)
+    with anyio.fail_after(bound(10)):
+        code = await process.wait()
+    await process.aclose()
+    return code
+
+
+# --- item 7: start-up output and start-up time -------------------------------------------------
+
+
+async def test_token_does_not_import_the_mcp_sdk(tmp_path: Path) -> None:
+    """`token` (and the CLI's other small commands) start without the SDK, uvicorn, starlette."""
+    env = cli_env(tmp_path)
+    with anyio.fail_after(bound(30)):
+        done = await anyio.run_process(
+            [sys.executable, "-X", "importtime", "-m", "gateway", "token"], env=env, check=False
+        )
+    assert done.returncode == 0 and done.stdout.decode().strip()
+    heavy = SDK_MODULES.findall(done.stderr.decode())
+    assert not heavy, f"`token` imported {sorted({m for m, _ in heavy})}"
+
+
+async def test_serve_says_where_to_connect_in_usable_addresses(tmp_path: Path) -> None:
+    """Ours come first; no wildcard URL, no placeholder, a token command that runs as typed."""
+    device, host = free_port(), free_port()
+    env = cli_env(
+        tmp_path,
+        GATEWAY_DEVICE_LISTEN=f"0.0.0.0:{device}",
+        GATEWAY_HOST_LISTEN=f"0.0.0.0:{host}",
+        GATEWAY_HOST_TOKEN="a-long-enough-host-token-for-tests",
+    )
+    process = await anyio.open_process([sys.executable, "-m", "gateway", "serve"], env=env)
+    try:
+        lines = await read_until(process, "MCP hosts connect to")
+    finally:
+        code = await stop(process)
+    assert code == 0
+    said = "\n".join(lines)
+    assert not any(" mcp." in line or " httpx" in line for line in lines), said
+    assert "0.0.0.0" not in said and "<" not in said, said
+    assert f"{sys.executable} -m gateway token" in said, said  # not on PATH here: how it ran
+    urls = re.findall(r"(?:ws|http)://([^/\s]+)/", said)
+    assert [u.rsplit(":", 1)[1] for u in urls] == [str(device), str(host)], said
+
+
+async def test_serve_with_a_loopback_host_listener_prints_a_loopback_mcp_url(
+    tmp_path: Path,
+) -> None:
+    """The default: hosts on this machine, at 127.0.0.1."""
+    host = free_port()
+    env = cli_env(
+        tmp_path,
+        GATEWAY_DEVICE_LISTEN="127.0.0.1:0",
+        GATEWAY_HOST_LISTEN=f"127.0.0.1:{host}",
+    )
+    process = await anyio.open_process([sys.executable, "-m", "gateway", "serve"], env=env)
+    try:
+        lines = await read_until(process, "MCP hosts connect to")
+    finally:
+        await stop(process)
+    assert f"MCP hosts connect to http://127.0.0.1:{host}/mcp" in "\n".join(lines)
+
+
+# --- item 1: a device token beginning with "-" --------------------------------------------------
+
+
+async def test_simulate_takes_a_token_that_begins_with_a_dash(tmp_path: Path) -> None:
+    """`simulate --token "$(esp-mcp-gateway token)"` with a token an older version made."""
+    token = "-Jc5vJq1F2ZFQ0nTnx1Y8cS0f3Ke2vX9"
+    async with gateway(tmp_path / "gw", device_tokens=(token,)) as run:
+        args = ["simulate", "--url", run.device_url, "--token", token]
+        process = await anyio.open_process(
+            [sys.executable, "-m", "gateway", *args], env=cli_env(tmp_path / "cli")
+        )
+        try:
+            registry = run.gateway.registry
+            async with registry.device_changes() as changes:
+                await until(changes, lambda: any(d.online for d in registry.devices()))
+        finally:
+            code = await stop(process)
+    assert code == 0
