@@ -106,8 +106,20 @@ async def relay(url: str, token: str | None) -> int:
     """Relay MCP between stdin/stdout and a gateway running elsewhere."""
     from gateway.relay import relay_stdio
 
-    await relay_stdio(url, token)
+    if not url.startswith(("http://", "https://")):
+        raise GatewayError(f"--connect wants the gateway's MCP URL, e.g. http://server:8766/mcp; "
+                           f"got {url!r}")  # fmt: skip
+    try:
+        await relay_stdio(url, token)
+    except Exception as exc:  # what the relay does not turn into an MCP error: one line, no trace
+        raise GatewayError(f"the relay to {url} stopped: {_innermost(exc)}") from None
     return 0
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def simulate(url: str, token: str, count: int, board: str = "stock") -> int:

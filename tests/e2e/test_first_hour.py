@@ -18,7 +18,7 @@ from anyio.streams.text import TextReceiveStream
 
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import until
-from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
+from tests.e2e.test_stdio_and_cli import cli_env, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
