@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import secrets
 import socket
@@ -31,7 +32,7 @@ from gateway.broker import (
     Topics,
     is_device_id,
 )
-from gateway.config import Config, ListenAddress, is_loopback_host
+from gateway.config import Config, ListenAddress, env_name, is_loopback_host
 from gateway.descriptors import accept_errors_throttled, raise_fd_limit
 from gateway.devices.calls import CallRouter
 from gateway.devices.connection import DeviceConnection
@@ -39,7 +40,7 @@ from gateway.devices.enrollment import Enrollment
 from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
-from gateway.errors import ConfigError, GatewayError
+from gateway.errors import ConfigError, GatewayError, PortTaken
 from gateway.host_app import build_host_app
 from gateway.limits import Guard, listener_limits, protocol_classes
 from gateway.mcp_server import McpFrontend
@@ -99,6 +100,13 @@ class Gateway:
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Gateway:
+        try:
+            return await self._start()
+        except BaseException:
+            await self._stack.aclose()  # stop what did start (no half-run SDK tasks left over)
+            raise
+
+    async def _start(self) -> Gateway:
         await self._stack.enter_async_context(self._manager.run())
         forwarder = asyncio.create_task(
             self.frontend.forward_changes(), name="gateway.mcp.forward_changes"
@@ -301,11 +309,12 @@ class _Listener(uvicorn.Server):
         self.ready.set()
 
 
-def bind(address: ListenAddress) -> socket.socket:
+def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
     """A listening socket for ``address`` (port 0 picks a free port).
 
     Raises:
-        GatewayError: the address cannot be bound (in use, not ours, no permission).
+        PortTaken: another program listens there.
+        GatewayError: the address cannot be bound (not ours, no permission).
     """
     try:
         infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
@@ -314,6 +323,14 @@ def bind(address: ListenAddress) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            flag = f"--{listener}-listen"
+            raise PortTaken(
+                f"the {listener} listener cannot use port {address.port}: another program (a "
+                f"gateway already running?) listens on {address}; stop it, or move this one "
+                f"({flag} HOST:PORT, or {env_name('', f'{listener}_listen')})",
+                listener,
+            ) from None
         raise GatewayError(f"cannot listen on {address}: {exc.strerror or exc}") from None
     sock.listen(128)
     return sock
@@ -363,7 +380,7 @@ async def running(config: Config) -> AsyncIterator[Running]:
     # Each listener may hold its cap of connections, a descriptor each (the broker's counts apart).
     capped = 2 if config.mqtt_broker == "embedded" else 1
     raise_fd_limit(config.limits_device_connections * capped + config.limits_host_connections)
-    sockets = (bind(config.device_listen), bind(config.host_listen))
+    sockets = (bind(config.device_listen, "device"), bind(config.host_listen, "host"))
     async with accept_errors_throttled(), Gateway(config) as gateway:
         listeners = (
             _Listener(_uvicorn_config(gateway.device_app, config, "device")),

@@ -7,6 +7,7 @@ run it: ``token``, ``devices`` and the like start in a fraction of the time with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -16,12 +17,13 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.addresses import Addresses
 from gateway.config import Config
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, PortTaken
 from gateway.tokens import device_tokens
 
 if TYPE_CHECKING:
@@ -94,12 +96,27 @@ async def stdio(config: Config) -> int:
 
     from gateway.app import running
 
-    async with running(config) as run:
+    async with _relay_hint(config), running(config) as run:
         _announce(config, run)
         server = run.gateway.frontend.server
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
     return 0
+
+
+@contextlib.asynccontextmanager
+async def _relay_hint(config: Config) -> AsyncIterator[None]:
+    """A taken port under `stdio` most often means `serve` already runs: say how to reach it."""
+    try:
+        yield
+    except PortTaken as exc:
+        if exc.listener == "mqtt":
+            raise
+        url = f"{Addresses.of(config).local_host_url}/mcp"
+        raise GatewayError(
+            f"{exc}. If that is a gateway already running (`serve`, Docker), let this MCP entry "
+            f"use it instead: `stdio --connect {url}`"
+        ) from None
 
 
 async def relay(url: str, token: str | None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -16,9 +17,10 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
+from gateway.config import ListenAddress
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import until
-from tests.e2e.test_stdio_and_cli import cli_env, free_port
+from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -121,3 +123,50 @@ async def test_simulate_takes_a_token_that_begins_with_a_dash(tmp_path: Path) ->
         finally:
             code = await stop(process)
     assert code == 0
+
+
+# --- item 3: ports already taken -----------------------------------------------------------------
+
+
+def only_one_message(err: str) -> str:
+    """The CLI's one line (warnings about the machine aside), and no traceback."""
+    assert "Traceback" not in err, err
+    said = [line for line in err.splitlines() if line.startswith("esp-mcp-gateway:")]
+    assert len(said) == 1, err
+    return said[0]
+
+
+async def test_serve_with_the_mqtt_port_taken_says_what_to_do(tmp_path: Path) -> None:
+    """A mosquitto on 1883 (here a socket on a free port): one sentence naming the fixes."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        env = cli_env(
+            tmp_path, GATEWAY_DEVICE_LISTEN="127.0.0.1:0", GATEWAY_HOST_LISTEN="127.0.0.1:0"
+        )
+        env["GATEWAY_MQTT_LISTEN"] = f"127.0.0.1:{port}"
+        code, _, err = await cli("serve", env=env)
+    said = only_one_message(err)
+    assert code == 1
+    assert f"port {port}" in said and "--mqtt-listen off" in said
+    assert '[mqtt] mode = "external"' in said
+
+
+async def test_stdio_beside_a_running_serve_names_stdio_connect(tmp_path: Path) -> None:
+    """Claude Desktop's `stdio` entry while `serve` holds the ports: use the running gateway."""
+    device, host = free_port(), free_port()
+    listen = {
+        "device_listen": ListenAddress("127.0.0.1", device),
+        "host_listen": ListenAddress("127.0.0.1", host),
+    }
+    async with gateway(tmp_path / "gw", **listen):
+        env = cli_env(
+            tmp_path / "stdio",
+            GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{device}",
+            GATEWAY_HOST_LISTEN=f"127.0.0.1:{host}",
+        )
+        code, _, err = await cli("stdio", env=env)
+    said = only_one_message(err)
+    assert code == 1 and f"port {device}" in said
+    assert f"`stdio --connect http://127.0.0.1:{host}/mcp`" in said
