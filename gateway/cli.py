@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway import __version__
 from gateway.config import Config, load_config
+from gateway.datadir import usable_data_dir
 from gateway.errors import ConfigError, GatewayError
 from gateway.flashing.cli import BOARD_COMMANDS
 from gateway.flashing.cli import add_parsers as add_board_parsers
@@ -175,6 +176,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in BOARD_COMMANDS:
         return run_board_command(args, config)
     _setup_logging(config.log_level if args.command in ("serve", "stdio") else "warning")
+    if args.command in ("serve", "token") or (args.command == "stdio" and not args.connect):
+        usable_data_dir(config.data_dir)  # one sentence now, not a traceback from deep inside
     if args.command == "serve":
         return _run(commands.serve(config))
     if args.command == "stdio":

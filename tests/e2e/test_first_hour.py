@@ -6,6 +6,7 @@ real ones on free ports.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -170,3 +171,51 @@ async def test_stdio_beside_a_running_serve_names_stdio_connect(tmp_path: Path) 
     said = only_one_message(err)
     assert code == 1 and f"port {device}" in said
     assert f"`stdio --connect http://127.0.0.1:{host}/mcp`" in said
+
+
+# --- item 4: a data dir the gateway cannot use ---------------------------------------------------
+
+# Root writes into a mode-0500 dir regardless: without these capabilities it cannot (CI runs as
+# root, and setpriv comes with util-linux, which every Debian has).
+AS_A_USER = (
+    ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+)
+
+
+async def cli_as_a_user(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    with anyio.fail_after(bound(30)):
+        done = await anyio.run_process(
+            [*AS_A_USER, sys.executable, "-m", "gateway", *args], env=env, check=False
+        )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+@pytest.mark.parametrize("command", ["token", "serve", "stdio"])
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])
+async def test_an_unusable_data_dir_is_one_sentence(
+    tmp_path: Path, where: str, command: str
+) -> None:
+    """GATEWAY_DATA_DIR naming a file, a path under one, or a dir this user cannot write."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory\n")
+    data_dir = {"a file": blocker, "under a file": blocker / "sub", "read-only": tmp_path / "ro"}
+    path = data_dir[where]
+    if where == "read-only":
+        path.mkdir(mode=0o500)
+    env = cli_env(path, GATEWAY_DEVICE_LISTEN="127.0.0.1:0", GATEWAY_HOST_LISTEN="127.0.0.1:0")
+    code, out, err = await cli_as_a_user(command, env=env)
+    said = only_one_message(err)
+    assert code == 2 and out == ""
+    assert f"data_dir: {path}" in said or f"write in {path}" in said, said
+    assert "GATEWAY_DATA_DIR" in said
+    if where == "read-only":
+        assert "permission denied" in said and not list(path.iterdir())
+
+
+async def test_a_registry_that_cannot_be_opened_is_one_sentence(tmp_path: Path) -> None:
+    """A data dir that is fine, holding a registry SQLite cannot open (here: a directory)."""
+    (tmp_path / "registry.sqlite3").mkdir()
+    env = cli_env(tmp_path, GATEWAY_DEVICE_LISTEN="127.0.0.1:0", GATEWAY_HOST_LISTEN="127.0.0.1:0")
+    code, _, err = await cli("serve", env=env)
+    said = only_one_message(err)
+    assert code == 1 and f"cannot open the registry {tmp_path / 'registry.sqlite3'}" in said
