@@ -127,10 +127,21 @@ def exposed_probe(path: Path) -> list[str]:
     return found
 
 
-def in_container() -> bool:
-    """True inside a Docker or Podman container (their marker files, or podman's ``container``)."""
-    markers = (Path("/.dockerenv"), Path("/run/.containerenv"))
-    return any(marker.exists() for marker in markers) or "container" in os.environ
+_CGROUP_HINTS = ("docker", "kubepods", "containerd", "libpod", "lxc")
+
+
+def in_container(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> bool:
+    """True inside a container: Docker's or Podman's marker file, the ``container`` variable
+    (Podman, systemd-nspawn, dev containers), or a container runtime in PID 1's cgroup (v1)."""
+    env = os.environ if env is None else env
+    markers = (root / ".dockerenv", root / "run" / ".containerenv")
+    if any(marker.exists() for marker in markers) or "container" in env:
+        return True
+    try:
+        cgroup = (root / "proc" / "1" / "cgroup").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(hint in cgroup for hint in _CGROUP_HINTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,12 +344,14 @@ def _host_listener(ctx: _Context) -> None:
     topic = "host listener"
     if host.is_loopback:
         if ctx.container:
+            # The default, and right in a dev container whose MCP hosts run inside it too; the
+            # Docker image listens on 0.0.0.0. Not a problem, but worth knowing.
             ctx.add(
-                "problem",
+                "info",
                 topic,
-                f"{host} is loopback inside a container: MCP hosts outside cannot reach it, "
-                "even through a published port",
-                f"set GATEWAY_HOST_LISTEN=0.0.0.0:{host.port} and GATEWAY_HOST_TOKEN",
+                f"{host} is loopback inside a container: MCP hosts in this container can "
+                "connect, hosts outside it cannot (not even through a published port); to "
+                f"serve them, set GATEWAY_HOST_LISTEN=0.0.0.0:{host.port} and GATEWAY_HOST_TOKEN",
             )
         else:
             ctx.add("ok", topic, f"{host}: only this machine's MCP hosts can connect")
