@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import shlex
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.addresses import Addresses
-from gateway.config import Config
+from gateway.config import Config, settings
 from gateway.errors import GatewayError, PortTaken
 from gateway.tokens import device_tokens
 
@@ -265,16 +264,13 @@ def token(config: Config) -> int:
 
 def check_config(config: Config) -> int:
     """Print the effective configuration, secrets redacted."""
-    secret = {"host_token", "device_tokens", "mqtt_password"}
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if field.name in secret and value:
+    secret = {"host_token", "device_tokens", "mqtt.password"}
+    for key, value in settings(config):  # the keys as the TOML file spells them
+        if key in secret and value:
             value = "(set)"
-        elif field.name == "devices":
-            value = {k: dataclasses.asdict(v) for k, v in value.items()}
-        print(f"{field.name} = {value}")
+        print(f"{key} = {value}")
     if not config.host_listen.is_loopback and not config.host_token:
-        print("error: host_listen is not loopback but no host token is set", file=sys.stderr)
+        print("error: host_listen is not loopback but no host_token is set", file=sys.stderr)
         return 2
     return 0
 

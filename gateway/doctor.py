@@ -27,7 +27,16 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from gateway.addresses import is_wildcard, local_host
-from gateway.config import Config, ListenAddress, is_loopback_host, load_config
+from gateway.config import (
+    MIN_HOST_TOKEN,
+    TOKEN_COMMAND,
+    Config,
+    ListenAddress,
+    env_name,
+    file_key_of,
+    is_loopback_host,
+    load_config,
+)
 
 __all__ = [
     "Finding",
@@ -45,8 +54,6 @@ Listener = Literal["gateway", "nothing", "other"]
 
 _SECRETS = frozenset({"host_token", "device_tokens", "mqtt_password"})
 _LAN_EXAMPLE = "192.168.1.20"
-_TOKEN_COMMAND = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
-_MIN_HOST_TOKEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +369,7 @@ def _host_listener(ctx: _Context) -> None:
             topic,
             f"{host} is reachable from the network but no host token is set: `serve` refuses to "
             "start, since anyone could call your devices",
-            f"set GATEWAY_HOST_TOKEN to a long random string ({_TOKEN_COMMAND}) and give it to "
+            f"set GATEWAY_HOST_TOKEN to a long random string ({TOKEN_COMMAND}) and give it to "
             f"your MCP hosts, or listen on 127.0.0.1:{host.port}",
         )
         return
@@ -372,14 +379,14 @@ def _host_listener(ctx: _Context) -> None:
             topic,
             "the host token is also a device token: any device (or anyone who reads one's "
             "flash) could call every tool",
-            f"give MCP hosts a token of their own ({_TOKEN_COMMAND})",
+            f"give MCP hosts a token of their own ({TOKEN_COMMAND})",
         )
-    elif len(token) < _MIN_HOST_TOKEN:
+    elif len(token) < MIN_HOST_TOKEN:
         ctx.add(
             "warning",
             topic,
             f"the host token has only {len(token)} characters: easy to guess from your network",
-            f"use a long random one ({_TOKEN_COMMAND})",
+            f"use a long random one ({TOKEN_COMMAND})",
         )
     else:
         ctx.add("ok", topic, f"{host} with a host token")
@@ -569,7 +576,9 @@ def _overridden(ctx: _Context, file_only: Config, env: Mapping[str, str]) -> Non
         in_file, now = getattr(file_only, name), getattr(ctx.config, name)
         if in_file == now or in_file == getattr(defaults, name):
             continue
-        variable = f"GATEWAY_{name.upper()}"
+        key = file_key_of(name)  # calls.timeout, not call_timeout
+        table, _, leaf = key.rpartition(".")
+        variable = env_name(table, leaf)
         if variable in env:
             who, fix = variable, f"change {variable} (it wins over the file), or unset it"
         else:
@@ -579,7 +588,7 @@ def _overridden(ctx: _Context, file_only: Config, env: Mapping[str, str]) -> Non
         ctx.add(
             "warning",
             "config file",
-            f"the file sets {name}{value}, but {who} overrides it{wins}",
+            f"the file sets {key}{value}, but {who} overrides it{wins}",
             fix,
         )
 

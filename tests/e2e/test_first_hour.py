@@ -219,3 +219,47 @@ async def test_a_registry_that_cannot_be_opened_is_one_sentence(tmp_path: Path) 
     code, _, err = await cli("serve", env=env)
     said = only_one_message(err)
     assert code == 1 and f"cannot open the registry {tmp_path / 'registry.sqlite3'}" in said
+
+
+# --- item 8: check-config speaks TOML -----------------------------------------------------------
+
+
+async def test_check_config_prints_the_keys_of_the_toml_file(tmp_path: Path) -> None:
+    """`calls.timeout`, as the file spells it, not the internal `call_timeout`."""
+    config = tmp_path / "gateway.toml"
+    config.write_text('[calls]\ntimeout = 12\n[devices."aa:bb"]\nname = "desk"\n')
+    code, out, _ = await cli("check-config", "--config", str(config), env=cli_env(tmp_path))
+    assert code == 0
+    assert "calls.timeout = 12.0" in out.splitlines() and "call_timeout" not in out
+    assert "mqtt.mode = embedded" in out.splitlines() and "mqtt_mode" not in out
+    assert 'devices."aa:bb".name = desk' in out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('host_tokn = "0123456789abcdef0123"', "did you mean 'host_token'?"),
+        ("[call]\ntimeout = 5", "did you mean [calls]?"),
+        ("[calls]\ntimout = 5", "did you mean 'timeout'?"),
+    ],
+)
+async def test_a_typo_in_the_config_names_the_closest_key(
+    tmp_path: Path, content: str, expected: str
+) -> None:
+    """A top-level typo lists every known key and suggests the closest one."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(content)
+    code, _, err = await cli("check-config", "--config", str(config), env=cli_env(tmp_path))
+    said = only_one_message(err)
+    assert code == 2 and expected in said
+    if "[" not in content.split("\n")[0]:
+        assert "known: data_dir, device_listen" in said and "[calls]" in said
+
+
+async def test_a_short_host_token_is_refused(tmp_path: Path) -> None:
+    """A 3-character host token was accepted silently; now it is refused with how to make one."""
+    env = cli_env(tmp_path, GATEWAY_HOST_TOKEN="abc")
+    code, _, err = await cli("check-config", env=env)
+    said = only_one_message(err)
+    assert code == 2 and "GATEWAY_HOST_TOKEN: the host token has 3 characters" in said
+    assert "16 or more" in said and "secrets.token_hex" in said
