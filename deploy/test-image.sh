@@ -226,8 +226,8 @@ for s in socks:
     s.bind(("0.0.0.0", 0))
 print(*(s.getsockname()[1] for s in socks))'
 )
-host_token=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
-device_token=$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')
+host_token=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+device_token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
 ports=(
     --env "GATEWAY_DEVICE_LISTEN=0.0.0.0:$device_port"
     --env "GATEWAY_HOST_LISTEN=0.0.0.0:$host_port"

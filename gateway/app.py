@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import secrets
 import socket
@@ -23,6 +24,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.addresses import Addresses, host_port, url_host
 from gateway.audit import AuditLog
 from gateway.broker import (
     GATEWAY_LOGIN,
@@ -31,7 +33,7 @@ from gateway.broker import (
     Topics,
     is_device_id,
 )
-from gateway.config import Config, ListenAddress, is_loopback_host
+from gateway.config import Config, ListenAddress, env_name, is_loopback_host
 from gateway.dashboard import Dashboard
 from gateway.descriptors import accept_errors_throttled, raise_fd_limit
 from gateway.devices.calls import CallRouter
@@ -40,7 +42,7 @@ from gateway.devices.enrollment import Enrollment
 from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
-from gateway.errors import ConfigError, GatewayError
+from gateway.errors import ConfigError, GatewayError, PortTaken
 from gateway.host_app import build_host_app
 from gateway.limits import Guard, listener_limits, protocol_classes
 from gateway.mcp_server import McpFrontend
@@ -50,7 +52,7 @@ from gateway.photos import PhotoStore
 from gateway.protocol import DeviceProtocol
 from gateway.tokens import device_tokens, token_matches
 from gateway.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
-from gateway.transports.websocket import DEVICE_PATH, device_websocket_routes
+from gateway.transports.websocket import device_websocket_routes
 from gateway.vision import VISION_PATH, VisionEndpoint, VisionTokens
 
 __all__ = ["Gateway", "running"]
@@ -91,7 +93,7 @@ class Gateway:
                 max_packet_bytes=config.limits_mqtt_max_packet_bytes,
                 limits=listener_limits(config, "mqtt"),
             )
-            if config.mqtt_mode == "embedded" and config.mqtt_listen is not None
+            if config.mqtt_broker == "embedded" and config.mqtt_listen is not None
             else None
         )
         self.mqtt: MqttTransport | None = None
@@ -115,6 +117,13 @@ class Gateway:
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Gateway:
+        try:
+            return await self._start()
+        except BaseException:
+            await self._stack.aclose()  # stop what did start (no half-run SDK tasks left over)
+            raise
+
+    async def _start(self) -> Gateway:
         await self._stack.enter_async_context(self._manager.run())
         forwarder = asyncio.create_task(
             self.frontend.forward_changes(), name="gateway.mcp.forward_changes"
@@ -166,10 +175,14 @@ class Gateway:
         if self.vision is None:
             return None
         scheme, host, port = self.public.device_base(identity.host)
+        if is_loopback_host(host) and not self.config.device_listen.is_loopback:
+            # Nothing better known (an MQTT device that never checked in through OTA): the
+            # URL lives only in the device's RAM for this session, so the LAN address is worth
+            # a try where loopback could never work.
+            host = self.public.addresses.lan_host(self.config.device_listen)
         default = 443 if scheme == "https" else 80
-        where = f"[{host}]" if ":" in host else host
-        where += f":{port}" if port != default else ""
-        url = f"{scheme}://{where}{VISION_PATH}"
+        url = f"{scheme}://{host_port(host, port) if port != default else url_host(host)}"
+        url += VISION_PATH
         return {"url": url, "token": self.vision.token_for(identity.device_id)}
 
     def admits(self, device_id: str, password: str) -> bool:
@@ -231,7 +244,7 @@ class Gateway:
         """Issue a token for a board about to be flashed, with the URLs it should use."""
         token = self.enrollment.issue(name)
         urls = {"ws": self.public.websocket_url()}
-        if self.config.mqtt_mode != "off" and self.config.mqtt_listen is not None:
+        if self.config.mqtt_broker is not None:
             urls["mqtt"] = "mqtt://" + self.public.mqtt_endpoint(self.ota.broker_port)
         # A loopback address cannot reach a board: leave it out, so that `flash` asks for
         # --gateway rather than writing a URL into the board that can never work.
@@ -256,7 +269,7 @@ class Gateway:
             login = BrokerLogin(broker.client_host, broker.port, GATEWAY_LOGIN,
                                 broker.gateway_password)  # fmt: skip
             presence = self.broker.presence()
-        elif config.mqtt_mode == "external":
+        elif config.mqtt_broker == "external":
             login = BrokerLogin(
                 config.mqtt_host,
                 config.mqtt_port,
@@ -345,11 +358,12 @@ class _Listener(uvicorn.Server):
         self.ready.set()
 
 
-def bind(address: ListenAddress) -> socket.socket:
+def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
     """A listening socket for ``address`` (port 0 picks a free port).
 
     Raises:
-        GatewayError: the address cannot be bound (in use, not ours, no permission).
+        PortTaken: another program listens there.
+        GatewayError: the address cannot be bound (not ours, no permission).
     """
     try:
         infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
@@ -358,6 +372,14 @@ def bind(address: ListenAddress) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            flag = f"--{listener}-listen"
+            raise PortTaken(
+                f"the {listener} listener cannot use port {address.port}: another program (a "
+                f"gateway already running?) listens on {address}; stop it, or move this one "
+                f"({flag} HOST:PORT, or {env_name('', f'{listener}_listen')})",
+                listener,
+            ) from None
         raise GatewayError(f"cannot listen on {address}: {exc.strerror or exc}") from None
     sock.listen(128)
     return sock
@@ -382,31 +404,32 @@ def _uvicorn_config(app: Starlette, config: Config, guard: Guard) -> uvicorn.Con
 
 
 class Running:
-    """A started gateway: its state plus the ports it really listens on."""
+    """A started gateway: its state plus the addresses it really listens on."""
 
-    def __init__(self, gateway: Gateway, device_port: int, host_port: int) -> None:
+    def __init__(self, gateway: Gateway, addresses: Addresses) -> None:
         self.gateway = gateway
-        self.device_port = device_port
-        self.host_port = host_port
+        self.addresses = addresses
+        self.device_port = addresses.device_port
+        self.host_port = addresses.host_port
 
     @property
     def device_url(self) -> str:
         """The device WebSocket URL on this machine."""
-        return f"ws://127.0.0.1:{self.device_port}{DEVICE_PATH}"
+        return self.addresses.local_device_url
 
     @property
     def mcp_url(self) -> str:
         """The streamable-HTTP MCP URL on this machine."""
-        return f"http://127.0.0.1:{self.host_port}/mcp"
+        return f"{self.addresses.local_host_url}/mcp"
 
 
 @contextlib.asynccontextmanager
 async def running(config: Config) -> AsyncIterator[Running]:
     """Start the gateway and both listeners; stop them all on exit."""
     # Each listener may hold its cap of connections, a descriptor each (the broker's counts apart).
-    capped = 2 if config.mqtt_mode == "embedded" and config.mqtt_listen is not None else 1
+    capped = 2 if config.mqtt_broker == "embedded" else 1
     raise_fd_limit(config.limits_device_connections * capped + config.limits_host_connections)
-    sockets = (bind(config.device_listen), bind(config.host_listen))
+    sockets = (bind(config.device_listen, "device"), bind(config.host_listen, "host"))
     async with accept_errors_throttled(), Gateway(config) as gateway:
         listeners = (
             _Listener(_uvicorn_config(gateway.device_app, config, gateway.guard("device"))),
@@ -425,8 +448,11 @@ async def running(config: Config) -> AsyncIterator[Running]:
                     task.result()  # it stopped before listening: raise why
                     raise GatewayError("a listener stopped while starting")
             ports = [sock.getsockname()[1] for sock in sockets]
-            gateway.public.device_port = ports[0]
-            yield Running(gateway, ports[0], ports[1])
+            broker = gateway.broker.port if gateway.broker is not None else None
+            addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
+                                     mqtt_port=broker)  # fmt: skip
+            gateway.public.addresses = addresses
+            yield Running(gateway, addresses)
         finally:
             for server in listeners:
                 server.should_exit = True

@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway import __version__
 from gateway.config import Config, load_config
+from gateway.datadir import usable_data_dir
 from gateway.errors import ConfigError, GatewayError
 from gateway.flashing.cli import BOARD_COMMANDS
 from gateway.flashing.cli import add_parsers as add_board_parsers
@@ -30,6 +31,8 @@ logger = logging.getLogger("gateway")
 
 
 DEVICE_ACTIONS = ("list", "approve", "reject", "forget", "pair")
+# Options whose value is a secret: random, so it may begin with "-".
+_SECRET_OPTIONS = ("--token", "--api-token")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,6 +112,10 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(Path(path) if path else None, flags=flags)
 
 
+# Libraries whose INFO lines ("session manager started", every HTTP request) bury ours.
+_CHATTY_LIBRARIES = ("mcp", "httpx", "httpx2", "httpcore", "uvicorn")
+
+
 def _setup_logging(level: str) -> None:
     # stderr always: in stdio mode stdout is the MCP wire.
     logging.basicConfig(
@@ -116,11 +123,43 @@ def _setup_logging(level: str) -> None:
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if level.lower() != "debug":
+        for name in _CHATTY_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _option_names(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and its subcommands."""
+    names: set[str] = set()
+    for action in parser._actions:
+        names.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names |= _option_names(sub)
+    return names
+
+
+def attach_secret_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``--token -x...`` as ``--token=-x...``, so that argparse does not take it for an option.
+
+    Random tokens may begin with "-". A value that is one of our options (``--token --count 5``)
+    is left alone: argparse then says that ``--token`` needs a value.
+    """
+    options = _option_names(parser)
+    args, out = list(argv), []
+    while args:
+        arg = args.pop(0)
+        value = args[0] if args else ""
+        if arg in _SECRET_OPTIONS and value.startswith("-") and value.split("=")[0] not in options:
+            arg = f"{arg}={args.pop(0)}"
+        out.append(arg)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(attach_secret_values(parser, sys.argv[1:] if argv is None else argv))
     try:
         return _dispatch(args)
     except ConfigError as exc:
@@ -145,6 +184,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in BOARD_COMMANDS:
         return run_board_command(args, config)
     _setup_logging(config.log_level if args.command in ("serve", "stdio") else "warning")
+    if args.command in ("serve", "token") or (args.command == "stdio" and not args.connect):
+        usable_data_dir(config.data_dir)  # one sentence now, not a traceback from deep inside
     if args.command == "serve":
         return _run(commands.serve(config))
     if args.command == "stdio":

@@ -1,25 +1,34 @@
-"""What each CLI command does, once ``gateway.cli`` has parsed its arguments and config."""
+"""What each CLI command does, once ``gateway.cli`` has parsed its arguments and config.
+
+The gateway itself (``gateway.app``, the MCP SDK, uvicorn) is imported only by the commands that
+run it: ``token``, ``devices`` and the like start in a fraction of the time without it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
-import dataclasses
+import contextlib
 import json
 import logging
+import shlex
+import shutil
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from mcp.server.stdio import stdio_server
-
-from gateway.app import Running, running
-from gateway.config import Config
-from gateway.errors import GatewayError
+from gateway.addresses import Addresses
+from gateway.config import Config, settings
+from gateway.errors import GatewayError, PortTaken
 from gateway.tokens import device_tokens
+
+if TYPE_CHECKING:
+    from gateway.app import Running
 
 __all__ = [
     "call",
@@ -36,22 +45,37 @@ __all__ = [
 logger = logging.getLogger("gateway")
 
 
+def runnable_command() -> str:
+    """How the user can run this program again: on PATH, by the path they used, or ``-m``."""
+    script = Path(sys.argv[0])
+    if script.name == "esp-mcp-gateway":
+        on_path = shutil.which("esp-mcp-gateway")
+        if on_path and Path(on_path).resolve() == script.resolve():
+            return "esp-mcp-gateway"
+        if script.exists():  # a venv's script, not on PATH: the path as typed
+            return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m gateway"
+
+
+def announcement(config: Config, addresses: Addresses) -> list[str]:
+    """The start-up lines: where devices and MCP hosts connect, each a line of its own."""
+    command = runnable_command()
+    lines = [
+        f"devices connect to {addresses.device_url} with the device token "
+        f"(`{command} token` prints it)",
+        f"MCP hosts connect to {addresses.mcp_url} (legacy SSE: /sse)"
+        + (" with the host token" if config.host_token else ""),
+    ]
+    lines.append(f"dashboard: {addresses.mcp_url.removesuffix('/mcp')}/")
+    if addresses.mqtt_endpoint and config.mqtt_broker == "embedded":
+        lines.append(f"stock devices use the embedded MQTT broker at {addresses.mqtt_endpoint}")
+    return lines
+
+
 def _announce(config: Config, run: Running) -> None:
+    for line in announcement(config, run.addresses):
+        logger.info("%s", line)
     device = config.device_listen
-    if config.public_url:  # the URL the OTA endpoint advertises too (http base -> ws URL)
-        where = run.gateway.public.websocket_url()
-    elif device.host in ("0.0.0.0", "::"):
-        where = f"ws://<this machine's LAN address>:{run.device_port}/xiaozhi/v1/"
-    else:
-        where = f"ws://{device.host}:{run.device_port}/xiaozhi/v1/"
-    logger.info("devices connect to %s (token: `esp-mcp-gateway token`)", where)
-    logger.info(
-        "MCP hosts connect to http://%s:%d/mcp (legacy SSE: /sse)%s",
-        config.host_listen.host,
-        run.host_port,
-        " with the host token" if config.host_token else "",
-    )
-    logger.info("dashboard: http://%s:%d/", config.host_listen.host, run.host_port)
     if device.is_loopback:
         logger.warning(
             "the device listener is on %s: devices on your network cannot reach it", device
@@ -60,6 +84,8 @@ def _announce(config: Config, run: Running) -> None:
 
 async def serve(config: Config) -> int:
     """Run the gateway until interrupted."""
+    from gateway.app import running
+
     async with running(config) as run:
         _announce(config, run)
         await asyncio.Event().wait()
@@ -68,7 +94,11 @@ async def serve(config: Config) -> int:
 
 async def stdio(config: Config) -> int:
     """Run the gateway with MCP on stdin/stdout; stop when the host closes stdin."""
-    async with running(config) as run:
+    from mcp.server.stdio import stdio_server
+
+    from gateway.app import running
+
+    async with _relay_hint(config), running(config) as run:
         _announce(config, run)
         server = run.gateway.frontend.server
         async with stdio_server() as (read, write):
@@ -76,12 +106,39 @@ async def stdio(config: Config) -> int:
     return 0
 
 
+@contextlib.asynccontextmanager
+async def _relay_hint(config: Config) -> AsyncIterator[None]:
+    """A taken port under `stdio` most often means `serve` already runs: say how to reach it."""
+    try:
+        yield
+    except PortTaken as exc:
+        if exc.listener == "mqtt":
+            raise
+        url = f"{Addresses.of(config).local_host_url}/mcp"
+        raise GatewayError(
+            f"{exc}. If that is a gateway already running (`serve`, Docker), let this MCP entry "
+            f"use it instead: `stdio --connect {url}`"
+        ) from None
+
+
 async def relay(url: str, token: str | None) -> int:
     """Relay MCP between stdin/stdout and a gateway running elsewhere."""
     from gateway.relay import relay_stdio
 
-    await relay_stdio(url, token)
+    if not url.startswith(("http://", "https://")):
+        raise GatewayError(f"--connect wants the gateway's MCP URL, e.g. http://server:8766/mcp; "
+                           f"got {url!r}")  # fmt: skip
+    try:
+        await relay_stdio(url, token)
+    except Exception as exc:  # what the relay does not turn into an MCP error: one line, no trace
+        raise GatewayError(f"the relay to {url} stopped: {_innermost(exc)}") from None
     return 0
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def simulate(
@@ -97,11 +154,7 @@ async def simulate(
 
 
 def _host_url(config: Config, url: str | None) -> str:
-    if url:
-        return url.rstrip("/")
-    host = config.host_listen.host
-    host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
-    return f"http://{host}:{config.host_listen.port}"
+    return url.rstrip("/") if url else Addresses.of(config).local_host_url
 
 
 def _request(config: Config, url: str | None, token: str | None, path: str,
@@ -244,16 +297,13 @@ def token(config: Config) -> int:
 
 def check_config(config: Config) -> int:
     """Print the effective configuration, secrets redacted."""
-    secret = {"host_token", "device_tokens", "mqtt_password"}
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if field.name in secret and value:
+    secret = {"host_token", "device_tokens", "mqtt.password"}
+    for key, value in settings(config):  # the keys as the TOML file spells them
+        if key in secret and value:
             value = "(set)"
-        elif field.name == "devices":
-            value = {k: dataclasses.asdict(v) for k, v in value.items()}
-        print(f"{field.name} = {value}")
+        print(f"{key} = {value}")
     if not config.host_listen.is_loopback and not config.host_token:
-        print("error: host_listen is not loopback but no host token is set", file=sys.stderr)
+        print("error: host_listen is not loopback but no host_token is set", file=sys.stderr)
         return 2
     return 0
 

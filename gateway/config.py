@@ -9,19 +9,30 @@ Per-device tables (``[devices."<device-id>"]``) come from the file only. Every m
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import platformdirs
 
 from gateway.errors import ConfigError
 
-__all__ = ["Config", "DeviceOptions", "ListenAddress", "is_loopback_host", "load_config"]
+__all__ = [
+    "MIN_HOST_TOKEN",
+    "TOKEN_COMMAND",
+    "Config",
+    "DeviceOptions",
+    "ListenAddress",
+    "file_key_of",
+    "is_loopback_host",
+    "load_config",
+    "settings",
+]
 
 ENV_PREFIX = "GATEWAY_"
 TOOLS_MODES = ("auto", "per-device", "grouped", "meta")
@@ -29,6 +40,9 @@ OFFLINE_TOOLS = ("keep", "hide")
 MQTT_MODES = ("embedded", "external", "off")
 OTA_TRANSPORTS = ("mqtt", "websocket")
 ADOPTIONS = ("manual", "auto")
+MIN_HOST_TOKEN = 16  # characters; hosts reach the listener from the network with it
+# Hex, so that a token never begins with "-" (and never reads as a command-line option).
+TOKEN_COMMAND = "python3 -c 'import secrets; print(secrets.token_hex(32))'"
 
 
 def is_loopback_host(host: str) -> bool:
@@ -131,6 +145,19 @@ class Config:
     vision_enabled: bool = True
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024
+
+    @property
+    def mqtt_broker(self) -> Literal["embedded", "external"] | None:
+        """The broker MQTT devices use; None when MQTT is off.
+
+        The one answer to "is MQTT on": ``mqtt_listen = off`` only turns off the embedded
+        broker's listener, so external mode with it off still serves devices over MQTT.
+        """
+        if self.mqtt_mode == "external":
+            return "external"
+        if self.mqtt_mode == "embedded" and self.mqtt_listen is not None:
+            return "embedded"
+        return None
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""
@@ -292,6 +319,17 @@ def _networks(key: str, value: object) -> tuple[str, ...]:
     return texts
 
 
+def _host_token(key: str, value: object) -> str | None:
+    text = _optional_str(key, value)
+    if text is not None and len(text) < MIN_HOST_TOKEN:
+        raise ConfigError(
+            key,
+            f"the host token has {len(text)} characters, too few to keep your devices safe on "
+            f"the network; use {MIN_HOST_TOKEN} or more random ones, e.g. {TOKEN_COMMAND}",
+        )
+    return text
+
+
 def _log_level(key: str, value: object) -> str:
     return _choice("debug", "info", "warning", "error")(key, _str(key, value).lower())
 
@@ -303,7 +341,7 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("", "host_listen", "host_listen", _listen),
     ("", "mqtt_listen", "mqtt_listen", _optional_listen),
     ("", "public_url", "public_url", _optional_str),
-    ("", "host_token", "host_token", _optional_str),
+    ("", "host_token", "host_token", _host_token),
     ("", "device_tokens", "device_tokens", _str_list),
     ("", "log_level", "log_level", _log_level),
     ("calls", "timeout", "call_timeout", _number),
@@ -359,6 +397,37 @@ def env_name(table: str, key: str) -> str:
 
 def _file_key(table: str, key: str) -> str:
     return f"{table}.{key}" if table else key
+
+
+def file_key_of(attr: str) -> str:
+    """The TOML key (``calls.timeout``) of the ``Config`` attribute ``attr`` (``call_timeout``)."""
+    return next(_file_key(t, k) for t, k, a, _ in _FIELDS if a == attr)
+
+
+def settings(config: Config) -> list[tuple[str, object]]:
+    """Every setting of ``config`` as ``(TOML key, value)``, in the file's order."""
+    found: list[tuple[str, object]] = [
+        (_file_key(table, key), getattr(config, attr)) for table, key, attr, _ in _FIELDS
+    ]
+    for device_id, options in config.devices.items():
+        for name in DeviceOptions.__slots__:
+            found.append((f'devices."{device_id}".{name}', getattr(options, name)))
+    return found
+
+
+def _unknown(
+    key: str, known: set[str], tables: set[str] | frozenset[str] = frozenset()
+) -> ConfigError:
+    """An unknown key, with the closest known one (a typo, most likely) and all of them."""
+    name = key.rpartition(".")[2]
+    close = difflib.get_close_matches(name, sorted(known | tables), n=1, cutoff=0.6)
+    hint = ""
+    if close:
+        hint = (
+            f"did you mean [{close[0]}]? " if close[0] in tables else f"did you mean {close[0]!r}? "
+        )
+    listed = sorted(known) + [f"[{t}]" for t in sorted(tables)]
+    return ConfigError(key, f"unknown key; {hint}known: {', '.join(listed)}")
 
 
 def load_config(
@@ -430,7 +499,7 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
              "destructive"}  # fmt: skip
     for key in options:
         if key not in known:
-            raise ConfigError(f"{prefix}.{key}", f"unknown key (known: {', '.join(sorted(known))})")
+            raise _unknown(f"{prefix}.{key}", known)
     timeouts = options.get("tool_timeouts", {})
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{prefix}.tool_timeouts", "expected a table of tool = seconds")
@@ -451,15 +520,16 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
 
 def _check_unknown_keys(data: Mapping[str, Any]) -> None:
     top = {k for t, k, _, _ in _FIELDS if not t}
+    tables = {t for t, _, _, _ in _FIELDS if t}
     for key, value in data.items():
         known = {k for t, k, _, _ in _FIELDS if t == key}
         if key in top:
             continue
         if not known:
-            raise ConfigError(key, "unknown key")
+            raise _unknown(key, top, tables | {"devices"})
         if not isinstance(value, dict):
             raise ConfigError(key, "expected a table")
         if key == "devices":
             continue  # every other key of [devices] is a device id
         for name in sorted(set(value) - known):
-            raise ConfigError(f"{key}.{name}", f"unknown key (known: {', '.join(sorted(known))})")
+            raise _unknown(f"{key}.{name}", known)

@@ -13,9 +13,20 @@ import contextlib
 import logging
 import os
 import stat
+import tempfile
 from pathlib import Path
 
-__all__ = ["DIR_MODE", "FILE_MODE", "create_private", "open_private", "private_dir", "tighten"]
+from gateway.errors import ConfigError
+
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "create_private",
+    "open_private",
+    "private_dir",
+    "tighten",
+    "usable_data_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +39,33 @@ def private_dir(path: Path) -> Path:
     """Make the dir ``path`` (mode 0700), or tighten it if it exists and is looser; return it."""
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     tighten(path)
+    return path
+
+
+def usable_data_dir(path: Path) -> Path:
+    """Make the data dir ``path`` private and prove the gateway can write in it; return it.
+
+    Writes a temporary file rather than asking ``os.access``, which says yes to root on a
+    read-only volume.
+
+    Raises:
+        ConfigError: ``path`` (or a parent) is a file, or the gateway cannot write there; one
+            sentence with the fix, where the gateway would otherwise fail deep in a traceback.
+    """
+    fix = "set GATEWAY_DATA_DIR (or --data-dir) to a directory this user can write"
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "is a file" if blocker == path else f"cannot be made: {blocker} is a file"
+        raise ConfigError("data_dir", f"{path} {where}, not a directory; {fix}")
+    try:
+        private_dir(path)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ConfigError(
+            "data_dir", f"the gateway cannot write in {path} ({why.lower()}); {fix}"
+        ) from None
     return path
 
 

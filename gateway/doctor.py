@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from gateway.config import Config, ListenAddress, is_loopback_host, load_config
+from gateway.addresses import is_wildcard, local_host
+from gateway.config import (
+    MIN_HOST_TOKEN,
+    TOKEN_COMMAND,
+    Config,
+    ListenAddress,
+    env_name,
+    file_key_of,
+    is_loopback_host,
+    load_config,
+)
 
 __all__ = [
     "Finding",
@@ -42,11 +52,8 @@ Level = Literal["ok", "info", "warning", "problem"]
 # What answers on a listener's port: our gateway (its /healthz), nothing, or some other program.
 Listener = Literal["gateway", "nothing", "other"]
 
-_ANY = ("0.0.0.0", "::", "")
 _SECRETS = frozenset({"host_token", "device_tokens", "mqtt_password"})
 _LAN_EXAMPLE = "192.168.1.20"
-_TOKEN_COMMAND = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
-_MIN_HOST_TOKEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +64,6 @@ class Finding:
     topic: str
     message: str
     fix: str = ""
-
-
-def connect_host(address: ListenAddress) -> str:
-    """The address this machine uses to reach a listener bound to ``address``."""
-    if address.host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    return "::1" if address.host == "::" else address.host
 
 
 def tcp_probe(host: str, port: int, timeout: float) -> str | None:
@@ -134,10 +134,21 @@ def exposed_probe(path: Path) -> list[str]:
     return found
 
 
-def in_container() -> bool:
-    """True inside a Docker or Podman container (their marker files, or podman's ``container``)."""
-    markers = (Path("/.dockerenv"), Path("/run/.containerenv"))
-    return any(marker.exists() for marker in markers) or "container" in os.environ
+_CGROUP_HINTS = ("docker", "kubepods", "containerd", "libpod", "lxc")
+
+
+def in_container(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> bool:
+    """True inside a container: Docker's or Podman's marker file, the ``container`` variable
+    (Podman, systemd-nspawn, dev containers), or a container runtime in PID 1's cgroup (v1)."""
+    env = os.environ if env is None else env
+    markers = (root / ".dockerenv", root / "run" / ".containerenv")
+    if any(marker.exists() for marker in markers) or "container" in env:
+        return True
+    try:
+        cgroup = (root / "proc" / "1" / "cgroup").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(hint in cgroup for hint in _CGROUP_HINTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +240,7 @@ def _device_listener(ctx: _Context) -> None:
             + (", unless a proxy on this machine forwards to it" if proxied else ""),
             f"set GATEWAY_DEVICE_LISTEN=0.0.0.0:{device.port} (or this machine's LAN address)",
         )
-    elif device.host in _ANY:
+    elif is_wildcard(device.host):
         ctx.add("ok", topic, f"{device} (every interface): devices on your network can reach it")
     else:
         ctx.add("ok", topic, f"{device}: devices reach it at {device.host}")
@@ -245,7 +256,7 @@ def _public_url(ctx: _Context) -> None:
     if url is None:
         if device.is_loopback:
             return  # the device listener's own finding says what to fix first
-        if device.host in _ANY:
+        if is_wildcard(device.host):
             # OTA replies then echo the address each device used to reach the OTA endpoint:
             # right on a plain LAN, wrong behind a proxy or a port mapping that changes ports,
             # and the gateway itself cannot name an address for devices set up by hand.
@@ -283,7 +294,7 @@ def _public_url(ctx: _Context) -> None:
             fix_lan,
         )
         return
-    if host in _ANY:
+    if is_wildcard(host):
         ctx.add(
             "problem",
             topic,
@@ -340,12 +351,14 @@ def _host_listener(ctx: _Context) -> None:
     topic = "host listener"
     if host.is_loopback:
         if ctx.container:
+            # The default, and right in a dev container whose MCP hosts run inside it too; the
+            # Docker image listens on 0.0.0.0. Not a problem, but worth knowing.
             ctx.add(
-                "problem",
+                "info",
                 topic,
-                f"{host} is loopback inside a container: MCP hosts outside cannot reach it, "
-                "even through a published port",
-                f"set GATEWAY_HOST_LISTEN=0.0.0.0:{host.port} and GATEWAY_HOST_TOKEN",
+                f"{host} is loopback inside a container: MCP hosts in this container can "
+                "connect, hosts outside it cannot (not even through a published port); to "
+                f"serve them, set GATEWAY_HOST_LISTEN=0.0.0.0:{host.port} and GATEWAY_HOST_TOKEN",
             )
         else:
             ctx.add("ok", topic, f"{host}: only this machine's MCP hosts can connect")
@@ -356,7 +369,7 @@ def _host_listener(ctx: _Context) -> None:
             topic,
             f"{host} is reachable from the network but no host token is set: `serve` refuses to "
             "start, since anyone could call your devices",
-            f"set GATEWAY_HOST_TOKEN to a long random string ({_TOKEN_COMMAND}) and give it to "
+            f"set GATEWAY_HOST_TOKEN to a long random string ({TOKEN_COMMAND}) and give it to "
             f"your MCP hosts, or listen on 127.0.0.1:{host.port}",
         )
         return
@@ -366,14 +379,14 @@ def _host_listener(ctx: _Context) -> None:
             topic,
             "the host token is also a device token: any device (or anyone who reads one's "
             "flash) could call every tool",
-            f"give MCP hosts a token of their own ({_TOKEN_COMMAND})",
+            f"give MCP hosts a token of their own ({TOKEN_COMMAND})",
         )
-    elif len(token) < _MIN_HOST_TOKEN:
+    elif len(token) < MIN_HOST_TOKEN:
         ctx.add(
             "warning",
             topic,
             f"the host token has only {len(token)} characters: easy to guess from your network",
-            f"use a long random one ({_TOKEN_COMMAND})",
+            f"use a long random one ({TOKEN_COMMAND})",
         )
     else:
         ctx.add("ok", topic, f"{host} with a host token")
@@ -382,7 +395,7 @@ def _host_listener(ctx: _Context) -> None:
 def _ports(ctx: _Context) -> None:
     config = ctx.config
     listeners = [("device listener", config.device_listen), ("host listener", config.host_listen)]
-    if config.mqtt_listen is not None and config.mqtt_mode == "embedded":
+    if config.mqtt_broker == "embedded" and config.mqtt_listen is not None:
         listeners.append(("embedded broker", config.mqtt_listen))
     for i, (name, address) in enumerate(listeners):
         for other_name, other in listeners[i + 1 :]:
@@ -406,7 +419,7 @@ def _running(ctx: _Context) -> bool:
     ):
         if address.port == 0:
             continue
-        state = probe.listener(connect_host(address), address.port, probe.timeout)
+        state = probe.listener(local_host(address.host), address.port, probe.timeout)
         topic = f"{name} port"
         if state == "gateway":
             running = running or name == "device"
@@ -427,7 +440,7 @@ def _broker(ctx: _Context, running: bool) -> None:
     config = ctx.config
     probe = ctx.probes
     topic = "MQTT broker"
-    if config.mqtt_mode == "external":
+    if config.mqtt_broker == "external":
         where = f"{config.mqtt_host}:{config.mqtt_port}"
         why = probe.tcp(config.mqtt_host, config.mqtt_port, probe.timeout)
         if why is None:
@@ -441,7 +454,7 @@ def _broker(ctx: _Context, running: bool) -> None:
                 "Compose: the broker's service name, e.g. mosquitto)",
             )
         return
-    if config.mqtt_mode == "off" or config.mqtt_listen is None:
+    if config.mqtt_broker is None or config.mqtt_listen is None:
         ctx.add("info", topic, "MQTT is off: devices can connect over WebSocket only")
         return
     address = config.mqtt_listen
@@ -453,7 +466,7 @@ def _broker(ctx: _Context, running: bool) -> None:
             f"set GATEWAY_MQTT_LISTEN={address.host}:1883",
         )
         return
-    why = probe.tcp(connect_host(address), address.port, probe.timeout)
+    why = probe.tcp(local_host(address.host), address.port, probe.timeout)
     if running and why is not None:
         ctx.add(
             "problem",
@@ -479,18 +492,18 @@ def _broker(ctx: _Context, running: bool) -> None:
 def _broker_endpoint(ctx: _Context) -> None:
     """What stock devices are told for MQTT: it must be an address they can reach."""
     config = ctx.config
-    if config.mqtt_mode == "off" or (config.mqtt_mode == "embedded" and not config.mqtt_listen):
+    if config.mqtt_broker is None:
         return
     topic = "MQTT endpoint"
     endpoint = config.mqtt_public_endpoint
     if endpoint is None:
-        if config.mqtt_mode == "embedded":
+        if config.mqtt_broker == "embedded":
             return  # derived from public_url, checked above
         host, shown = config.mqtt_host, f"{config.mqtt_host}:{config.mqtt_port}"
     else:
         host, shown = endpoint.partition(":")[0], endpoint
     fix = f"set GATEWAY_MQTT_PUBLIC_ENDPOINT to an address devices reach, e.g. {_LAN_EXAMPLE}:1883"
-    if is_loopback_host(host) or host in _ANY:
+    if is_loopback_host(host) or is_wildcard(host):
         ctx.add(
             "problem",
             topic,
@@ -563,7 +576,9 @@ def _overridden(ctx: _Context, file_only: Config, env: Mapping[str, str]) -> Non
         in_file, now = getattr(file_only, name), getattr(ctx.config, name)
         if in_file == now or in_file == getattr(defaults, name):
             continue
-        variable = f"GATEWAY_{name.upper()}"
+        key = file_key_of(name)  # calls.timeout, not call_timeout
+        table, _, leaf = key.rpartition(".")
+        variable = env_name(table, leaf)
         if variable in env:
             who, fix = variable, f"change {variable} (it wins over the file), or unset it"
         else:
@@ -573,7 +588,7 @@ def _overridden(ctx: _Context, file_only: Config, env: Mapping[str, str]) -> Non
         ctx.add(
             "warning",
             "config file",
-            f"the file sets {name}{value}, but {who} overrides it{wins}",
+            f"the file sets {key}{value}, but {who} overrides it{wins}",
             fix,
         )
 
@@ -596,4 +611,4 @@ def _proxied(url: str | None, port: int) -> bool:
 
 
 def _is_any(address: ListenAddress) -> bool:
-    return address.host in _ANY
+    return is_wildcard(address.host)

@@ -4,6 +4,7 @@
 
     GatewayError
     ├── ConfigError            a config file or environment value is wrong (names the key)
+    ├── PortTaken              a listener's port is in use by another program
     ├── LocalProtocolError     we were about to send something the protocol forbids
     ├── InvalidState           an operation that the device session's state does not allow
     ├── CallRejected           the gateway refused to send a call (unknown tool, policy, arguments)
@@ -32,6 +33,7 @@ __all__ = [
     "GatewayError",
     "InvalidState",
     "LocalProtocolError",
+    "PortTaken",
     "StorageUnavailable",
 ]
 
@@ -46,6 +48,14 @@ class ConfigError(GatewayError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}")
         self.key = key
+
+
+class PortTaken(GatewayError):
+    """A listener cannot bind: another program (often a gateway already running) holds the port."""
+
+    def __init__(self, message: str, listener: str) -> None:
+        super().__init__(message)
+        self.listener = listener  # "device", "host" or "mqtt"
 
 
 class LocalProtocolError(GatewayError):

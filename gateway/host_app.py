@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.addresses import is_wildcard
 from gateway.config import Config
 from gateway.dashboard import Dashboard
 from gateway.dashboard.session import SessionAuthBackend
@@ -59,7 +60,7 @@ def host_patterns(config: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The Host and Origin patterns the host listener accepts."""
     hosts = [*_LOOPBACK_HOSTS, *config.host_allowed_hosts]
     bind = config.host_listen.host
-    if bind in ("0.0.0.0", "::", ""):
+    if is_wildcard(bind):
         # Bound to every interface, the name people use for this machine is anyone's guess;
         # the host token (mandatory off loopback) guards it instead.
         if not config.host_allowed_hosts:

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.addresses import Addresses, host_port, websocket_url
 from gateway.broker import DeviceCredentials, Topics, is_device_id
 from gateway.config import Config, is_loopback_host
 from gateway.devices.registry import DeviceRegistry
@@ -39,7 +40,6 @@ __all__ = ["OTA_PATH", "CheckIn", "OtaEndpoint", "PublicAddress", "check_reply",
 logger = logging.getLogger(__name__)
 
 OTA_PATH = "/xiaozhi/ota/"
-WEBSOCKET_PATH = "/xiaozhi/v1/"
 MAX_KEY = 15  # xiaozhi-protocol.md §7.1: NVS keys; longer ones abort the device at boot
 MAX_VALUE = 256  # NVS allows 4000 bytes; ours stay short so a mistake cannot come near it
 KEEPALIVE = 240  # seconds, the stock default (xiaozhi-protocol.md §2)
@@ -52,7 +52,8 @@ class PublicAddress:
 
     def __init__(self, config: Config) -> None:
         self._config = config
-        self.device_port: int | None = None  # the listener's real port, once it listens
+        # The listeners' real ports replace the configured ones once the gateway listens.
+        self.addresses = Addresses.of(config)
         self.seen: tuple[str, int] | None = None  # the host:port the last device used
         url = config.public_url
         parts = urlsplit(url) if url else None
@@ -71,7 +72,7 @@ class PublicAddress:
                 "on the LAN: they would be told to connect to themselves; set it to this "
                 "machine's LAN address"
             )
-        if config.mqtt_mode == "external" and not config.mqtt_public_endpoint:
+        if config.mqtt_broker == "external" and not config.mqtt_public_endpoint:
             if is_loopback_host(config.mqtt_host):
                 problems.append(
                     f"mqtt.host {config.mqtt_host} is loopback: stock devices would be told to use "
@@ -81,36 +82,28 @@ class PublicAddress:
 
     def device_base(self, host_header: str | None = None) -> tuple[str, str, int]:
         """``(scheme, host, port)`` of the device listener as devices should use it."""
-        parts = self._configured
-        if parts is not None:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            return parts.scheme, parts.hostname or "", port
-        if host_header:
-            host, seen_port = _split_host(host_header)
-            if host:
-                return "http", host, seen_port or 80
-        if self.seen is not None:
-            return "http", *self.seen
-        listen = self._config.device_listen
-        host = listen.host if listen.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        return "http", host, self.device_port or listen.port or 8765
+        if self._configured is None:
+            if host_header:
+                host, seen_port = _split_host(host_header)
+                if host:
+                    return "http", host, seen_port or 80
+            if self.seen is not None:
+                return "http", *self.seen
+        scheme, host, port = self.addresses.device_base()
+        return scheme, host, port or 8765
 
     def websocket_url(self, host_header: str | None = None) -> str:
         """The device WebSocket URL to advertise."""
-        scheme, host, port = self.device_base(host_header)
-        ws = "wss" if scheme == "https" else "ws"
-        default = 443 if ws == "wss" else 80
-        where = _join(host, port) if port != default else _bracket(host)
-        return f"{ws}://{where}{WEBSOCKET_PATH}"
+        return websocket_url(*self.device_base(host_header))
 
     def mqtt_endpoint(self, broker_port: int | None, host_header: str | None = None) -> str:
         """The broker ``host:port`` to give stock devices."""
         config = self._config
         if config.mqtt_public_endpoint:
             return config.mqtt_public_endpoint
-        if config.mqtt_mode == "external" or broker_port is None:
-            return _join(config.mqtt_host, config.mqtt_port)
-        return _join(self.device_base(host_header)[1], broker_port)
+        if config.mqtt_broker == "external" or broker_port is None:
+            return host_port(config.mqtt_host, config.mqtt_port)
+        return host_port(self.device_base(host_header)[1], broker_port)
 
 
 def _split_host(text: str) -> tuple[str, int | None]:
@@ -118,14 +111,6 @@ def _split_host(text: str) -> tuple[str, int | None]:
     if not sep or host.endswith(":") or (host.startswith("[") != host.endswith("]")):
         return text.strip().strip("[]"), None  # no port (or a bare IPv6 address)
     return host.strip("[]"), int(port) if port.isdigit() else None
-
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _join(host: str, port: int) -> str:
-    return f"{_bracket(host)}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,10 +218,7 @@ class OtaEndpoint:
     def transport(self) -> str:
         """What stock devices are told to use: ``mqtt`` unless MQTT is off."""
         config = self._config
-        mqtt_on = config.mqtt_mode == "external" or (
-            config.mqtt_mode == "embedded" and config.mqtt_listen is not None
-        )
-        return config.ota_transport if mqtt_on else "websocket"
+        return config.ota_transport if config.mqtt_broker is not None else "websocket"
 
     def routes(self) -> list[BaseRoute]:
         """The OTA routes, with and without the trailing slash."""

@@ -11,7 +11,13 @@ from pathlib import Path
 from gateway.config import Config
 from gateway.datadir import FILE_MODE, private_dir, tighten
 
-__all__ = ["device_tokens", "generated_token_path", "stored_secret", "token_matches"]
+__all__ = [
+    "device_tokens",
+    "generated_token_path",
+    "new_token",
+    "stored_secret",
+    "token_matches",
+]
 
 
 def generated_token_path(config: Config) -> Path:
@@ -38,11 +44,22 @@ def stored_secret(path: Path, make: Callable[[], str]) -> str:
     return secret
 
 
+def new_token() -> str:
+    """A random URL-safe token that never starts with ``-``.
+
+    One token_urlsafe in 64 would: ``--token "$(esp-mcp-gateway token)"`` then reads as an option.
+    """
+    while True:
+        token = secrets.token_urlsafe(24)
+        if not token.startswith("-"):
+            return token
+
+
 def device_tokens(config: Config) -> tuple[str, ...]:
     """The tokens devices may present: the configured ones, else the generated one."""
     if config.device_tokens:
         return config.device_tokens
-    return (stored_secret(generated_token_path(config), lambda: secrets.token_urlsafe(24)),)
+    return (stored_secret(generated_token_path(config), new_token),)
 
 
 def token_matches(presented: str | None, tokens: tuple[str, ...]) -> bool:

@@ -20,6 +20,7 @@ from gateway.doctor import (
     diagnose,
     exposed_probe,
     file_only_config,
+    in_container,
     listener_probe,
     tcp_probe,
     writable_probe,
@@ -207,15 +208,36 @@ def test_host_listener_off_loopback_without_a_token() -> None:
     """What `serve` refuses to start with, said before starting, with how to make a token."""
     found = problems(run(config(host_listen=ListenAddress("0.0.0.0", 8766))))["host listener"]
     assert "no host token" in found.message
-    assert "GATEWAY_HOST_TOKEN" in found.fix and "secrets.token_urlsafe" in found.fix
+    assert "GATEWAY_HOST_TOKEN" in found.fix and "secrets.token_hex" in found.fix
     assert "127.0.0.1:8766" in found.fix
 
 
 def test_host_listener_on_loopback_in_a_container() -> None:
-    """Inside a container loopback is unreachable through the published port."""
-    found = problems(run(config(), container=True))["host listener"]
-    assert "GATEWAY_HOST_LISTEN=0.0.0.0:8766" in found.fix
+    """A note, not a problem: right for a dev container, and it says how to serve hosts outside."""
+    found = only(run(config(), container=True), "host listener")
+    assert found.level == "info" and "GATEWAY_HOST_LISTEN=0.0.0.0:8766" in found.message
     assert only(run(config()), "host listener").level == "ok"
+
+
+@pytest.mark.parametrize(
+    ("files", "env", "expected"),
+    [
+        ({".dockerenv": ""}, {}, True),
+        ({"run/.containerenv": ""}, {}, True),
+        ({}, {"container": "podman"}, True),
+        ({"proc/1/cgroup": "12:pids:/docker/3f2a\n"}, {}, True),
+        ({"proc/1/cgroup": "0::/kubepods/burstable/pod1\n"}, {}, True),
+        ({"proc/1/cgroup": "0::/init.scope\n"}, {}, False),
+        ({}, {}, False),
+    ],
+)
+def test_container_detection(
+    tmp_path: Path, files: dict[str, str], env: dict[str, str], expected: bool
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert in_container(tmp_path, env) is expected
 
 
 def test_weak_host_tokens() -> None:
@@ -432,3 +454,19 @@ async def test_doctor_command(tmp_path: Path) -> None:
     assert code == 1 and "Traceback" not in out + err
     assert "PROBLEM  host listener" in out and "fix: set GATEWAY_HOST_TOKEN" in out
     assert "PROBLEM  public URL" in out and "2 problem(s)" in out
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_doctor_in_a_dev_container_accepts_the_default_host_listener(tmp_path: Path) -> None:
+    """Issue 14: `doctor` in a dev container called loopback (the default) a problem, exit 1."""
+    env = cli_env(
+        tmp_path,
+        GATEWAY_DEVICE_LISTEN=f"0.0.0.0:{free_port()}",
+        GATEWAY_HOST_LISTEN=f"127.0.0.1:{free_port()}",  # the default address, a free port
+        container="docker",  # what dev containers and Podman set: the detection sees a container
+    )
+    code, out, err = await cli("doctor", env=env)
+    assert (code, err) == (0, ""), out
+    assert "info     host listener" in out and "loopback inside a container" in out
+    assert "PROBLEM" not in out

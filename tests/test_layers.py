@@ -22,7 +22,8 @@ LAYERS: list[set[str]] = [
     {"__init__"},  # gateway/__init__.py: __version__ only; it runs before any other module
     {"errors"},
     {"config", "datadir"},  # settings; the data dir kept private
-    {"audit", "broadcast", "limits", "naming", "photos", "tokens"},
+    # where clients connect; audit log, fan-out, listener limits, names, photos, tokens
+    {"addresses", "audit", "broadcast", "limits", "naming", "photos", "tokens"},
     {"protocol"},  # sans-I/O core
     {"devices"},  # connections, registry, calls, enrollment
     # MQTT broker; what hosts see of devices; request rates; running out of descriptors

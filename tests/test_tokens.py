@@ -6,7 +6,14 @@ import os
 import stat
 from pathlib import Path
 
-from gateway.tokens import device_tokens, generated_token_path, stored_secret, token_matches
+from gateway.cli import _parser, attach_secret_values
+from gateway.tokens import (
+    device_tokens,
+    generated_token_path,
+    new_token,
+    stored_secret,
+    token_matches,
+)
 from tests.conftest import make_config
 
 
@@ -38,3 +45,22 @@ def test_an_existing_looser_secret_is_tightened(tmp_path: Path) -> None:
     path.write_text("kept\n")
     os.chmod(path, 0o644)
     assert stored_secret(path, lambda: "new") == "kept" and mode(path) == 0o600
+
+
+def test_generated_tokens_never_start_with_a_dash() -> None:
+    """`simulate --token "$(esp-mcp-gateway token)"`: a leading "-" would read as an option."""
+    tokens = [new_token() for _ in range(2000)]  # one token_urlsafe in 64 starts with "-"
+    assert not [t for t in tokens if t.startswith("-")]
+    assert len(set(tokens)) == len(tokens) and min(map(len, tokens)) >= 32
+
+
+def test_a_token_beginning_with_a_dash_is_taken_as_the_value_of_token() -> None:
+    """Tokens made by older versions may begin with "-": `--token -x` still means the value."""
+    parser = _parser()
+    argv = ["simulate", "--token", "-Ab_c", "--count", "2"]
+    args = parser.parse_args(attach_secret_values(parser, argv))
+    assert (args.token, args.count) == ("-Ab_c", 2)
+    argv = ["stdio", "--connect", "http://gw:8766/mcp", "--token", "--Zq"]
+    assert parser.parse_args(attach_secret_values(parser, argv)).token == "--Zq"
+    # A missing value is still reported by argparse, not swallowed: the next word is an option.
+    assert attach_secret_values(parser, ["simulate", "--token", "--count", "2"])[2] == "--count"

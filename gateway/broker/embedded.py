@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import secrets
 from collections.abc import Callable, Iterator
@@ -26,13 +27,14 @@ from typing import Any
 
 from amqtt.broker import Broker
 
+from gateway.addresses import local_host
 from gateway.broadcast import Broadcast, Subscription
 from gateway.broker.packets import LimitedBroker
 from gateway.broker.plugin import AUTH_PLUGIN, TOPIC_PLUGIN, GatewayAuthPlugin, GatewayTopicPlugin
 from gateway.broker.sessions import AuthenticateFirst
 from gateway.broker.topics import Topics, is_device_id
 from gateway.config import ListenAddress
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, PortTaken
 from gateway.limits import Guard, ListenerLimits
 
 __all__ = ["GATEWAY_LOGIN", "EmbeddedBroker", "Presence", "PresenceFeed"]
@@ -153,10 +155,7 @@ class EmbeddedBroker:
     @property
     def client_host(self) -> str:
         """Where a client on this machine reaches the broker."""
-        host = self.listen.host
-        if host in ("0.0.0.0", ""):
-            return "127.0.0.1"
-        return "::1" if host == "::" else host
+        return local_host(self.listen.host)
 
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()
@@ -196,6 +195,14 @@ class EmbeddedBroker:
             await broker.start()
         except Exception as exc:  # amqtt wraps the OSError in a BrokerError
             cause = exc.__cause__ or exc
+            if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+                raise PortTaken(
+                    f"the embedded MQTT broker cannot use port {self.listen.port}: another "
+                    f"program (an MQTT broker such as mosquitto?) listens on {self.listen}; "
+                    'stop it, use it ([mqtt] mode = "external"), or move the embedded broker '
+                    "(--mqtt-listen HOST:PORT, or --mqtt-listen off)",
+                    "mqtt",
+                ) from None
             raise GatewayError(f"cannot start the MQTT broker on {self.listen}: {cause}") from None
         self._broker = broker
         server = broker._servers["default"].instance  # port 0: the only way to learn the port
@@ -280,3 +287,12 @@ def _quiet_library_logs() -> None:
             library = logging.getLogger(name)
             if library.level == logging.NOTSET:
                 library.setLevel(logging.WARNING)
+    # start() raises why it failed and the CLI says it in one line: not a traceback as well.
+    broker_log = logging.getLogger("amqtt.broker")
+    if not any(isinstance(f, _StartupFailureSaidElsewhere) for f in broker_log.filters):
+        broker_log.addFilter(_StartupFailureSaidElsewhere())
+
+
+class _StartupFailureSaidElsewhere(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Broker startup failed"

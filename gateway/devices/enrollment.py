@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from gateway.devices.store import open_database
 from gateway.errors import StorageUnavailable
+from gateway.tokens import new_token
 
 __all__ = ["Enrollment", "IssuedToken"]
 
@@ -74,7 +74,7 @@ class Enrollment:
             StorageUnavailable: the registry cannot be written now; no token was issued.
         """
         self._write_bindings()
-        token = secrets.token_urlsafe(24)
+        token = new_token()
         try:
             self._db.execute(
                 "INSERT INTO issued_tokens VALUES (?, ?, ?, ?)",

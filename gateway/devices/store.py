@@ -24,6 +24,7 @@ from typing import Any
 
 from gateway.datadir import create_private, tighten
 from gateway.devices.catalogue import digest_of
+from gateway.errors import GatewayError
 from gateway.naming import NameAssignment
 
 __all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
@@ -98,11 +99,22 @@ class StoredState:
 
 
 def open_database(path: Path, schema: str) -> sqlite3.Connection:
-    """The registry's SQLite file (autocommit, WAL, mode 0600), with ``schema`` applied."""
-    create_private(path)  # SQLite gives the -wal and -shm files the database file's mode
-    # The writer thread uses the connection too; the store's lock keeps it to one at a time.
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
+    """The registry's SQLite file (autocommit, WAL, mode 0600), with ``schema`` applied.
+
+    Raises:
+        GatewayError: the file cannot be opened (not a file, not writable, not a database).
+    """
+    try:
+        create_private(path)  # SQLite gives the -wal and -shm files the database file's mode
+        # The writer thread uses the connection too; the store's lock keeps it to one at a time.
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+    except (OSError, sqlite3.Error) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise GatewayError(
+            f"cannot open the registry {path} ({why}): the data dir must be writable by this "
+            "user, and the file a SQLite database (move a broken one aside)"
+        ) from None
     for leftover in ("-wal", "-shm"):  # made looser by an older version, and never removed
         tighten(path.with_name(path.name + leftover))
     db.executescript(schema)

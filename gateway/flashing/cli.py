@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.addresses import Addresses
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.flashing.requirements import check_board_packages
@@ -115,10 +116,7 @@ def _settings(args: argparse.Namespace, config: Config) -> DeviceSettings:
 
 def _register(config: Config, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     """Ask the running gateway for this device's token (POST /api/enroll)."""
-    host = config.host_listen.host
-    base = args.api or "http://{}:{}".format(
-        "127.0.0.1" if host in ("0.0.0.0", "::") else host, config.host_listen.port
-    )
+    base = args.api or Addresses.of(config).local_host_url
     headers = {"Content-Type": "application/json"}
     api_token = args.api_token or config.host_token
     if api_token:

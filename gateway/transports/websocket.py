@@ -13,14 +13,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway.addresses import DEVICE_PATH
 from gateway.broker.topics import is_device_id
 from gateway.devices.link import DeviceIdentity, LinkClosed
 
 __all__ = ["StarletteLink", "authenticate", "device_websocket_routes"]
 
 logger = logging.getLogger(__name__)
-
-DEVICE_PATH = "/xiaozhi/v1/"
 
 
 class StarletteLink:

@@ -13,7 +13,7 @@ import pytest
 from gateway.broker import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed, Topics
 from gateway.broker.embedded import _Subscriptions
 from gateway.config import ListenAddress
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, PortTaken
 from tests.conftest import bound
 
 pytestmark = pytest.mark.anyio
@@ -170,8 +170,9 @@ async def test_port_in_use_is_a_gateway_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         b = EmbeddedBroker(ListenAddress("127.0.0.1", port), Topics(), admits)
-        with pytest.raises(GatewayError, match="cannot start the MQTT broker"):
+        with pytest.raises(PortTaken, match=f"cannot use port {port}") as caught:
             await b.start()
+    assert isinstance(caught.value, GatewayError) and caught.value.listener == "mqtt"
 
 
 def test_a_broadcast_visits_only_the_filters_that_can_match() -> None:

@@ -64,12 +64,14 @@ async def test_every_file_in_the_data_dir_is_private(
                 async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{run.host_port}") as http:
                     called = await api_call(http, NEW, "lamp.turn_on")
                 run.gateway.store.flush()  # the device's rows now, not at the writer's next turn
-                files = {path.name: mode(path) for path in data.iterdir()}
+                files = {path.name: mode(path) for path in data.iterdir() if path.is_file()}
+    folders = {path.name: mode(path) for path in data.iterdir() if path.is_dir()}
     assert called.status_code == 200, called.text
     expected = {"registry.sqlite3", "registry.sqlite3-wal", "registry.sqlite3-shm", "audit.log",
                 "device_token", "mqtt_secret"}  # fmt: skip
     assert expected <= set(files), files
     assert set(files.values()) == {0o600}, files
+    assert set(folders.values()) <= {0o700}, folders  # photos/
     assert mode(data) == 0o700
     assert f"{data} was mode 0755; made it 0700" in caplog.text
 
