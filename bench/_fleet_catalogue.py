@@ -2,7 +2,7 @@
 
 All devices share this one catalogue, as a fleet of identical stock boards would, so that a
 gateway may share catalogues between devices. The tools follow stock xiaozhi firmware
-(xiaozhi-protocol.md §6): names like ``self.audio_speaker.set_volume``, descriptions in the
+(docs/protocol.md §6): names like ``self.audio_speaker.set_volume``, descriptions in the
 stock style (a summary, "Use this tool for", Args, Return), input schemas with integer ranges,
 strings, booleans and defaults, plus a few enums. The descriptions are long enough that the
 catalogue spans three ``tools/list`` pages under the stock 8000-byte page rule (§4), so a

@@ -2,7 +2,7 @@
 
 A *worker* (``worker_main``) is one process with one asyncio loop holding many devices, each a
 plain ``websockets`` client (or an OTA check-in plus an ``aiomqtt`` client) that behaves like
-stock xiaozhi firmware on the wire (xiaozhi-protocol.md §1-§4) and nothing more: no firmware
+stock xiaozhi firmware on the wire (docs/protocol.md §1-§4) and nothing more: no firmware
 code, pre-serialised replies (``_fleet_catalogue``), so thousands fit in a few processes. The
 orchestrator drives workers over a ``multiprocessing`` pipe, one request and one reply at a
 time: ``start`` a named group of devices, ``wait`` for it, fetch its ``results``, ``stop`` it.
@@ -81,7 +81,7 @@ class FleetSpec:
     max_inflight: int | None = None  # joins in progress at once; None: all at once (a storm)
 
 
-# --- the device side of MCP (xiaozhi-protocol.md §4) -------------------------------------------
+# --- the device side of MCP (docs/protocol.md §4) -------------------------------------------
 
 
 def mcp_reply(payload: object, session: str) -> tuple[str | None, bool]:
@@ -220,7 +220,7 @@ async def _ws_device(group: Group, device: Device) -> None:
 
 
 async def _ota_check_in(url: str, device: Device) -> JsonObject:
-    """POST the stock OTA request (xiaozhi-protocol.md §3) over a raw HTTP/1.1 connection."""
+    """POST the stock OTA request (docs/protocol.md §3) over a raw HTTP/1.1 connection."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     body = json.dumps({

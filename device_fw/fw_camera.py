@@ -1,4 +1,4 @@
-"""self.camera.take_photo, as stock camera boards have it (xiaozhi-protocol.md 5).
+"""self.camera.take_photo, as stock camera boards have it (docs/protocol.md 5).
 
 The photo goes where initialize's capabilities.vision said (McpServer.vision): a multipart
 POST with the question, then the JPEG; the server's whole answer is the tool's result. Only

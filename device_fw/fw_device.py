@@ -96,7 +96,7 @@ class Device:
         text = env.mcp(self.link.session_id, payload)
         size = len(text.encode())
         if size > self.link.max_message:
-            # Stock firmware loses its channel here (xiaozhi-protocol.md 7.3); we say why.
+            # Stock firmware loses its channel here (docs/protocol.md 7.3); we say why.
             message = "Reply too large: %d bytes, the limit is %d" % (size, self.link.max_message)
             compat.log(compat.ERROR, "%s: %s", self.tag, message)
             if "id" not in payload:

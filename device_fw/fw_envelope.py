@@ -1,4 +1,4 @@
-"""xiaozhi envelopes and JSON-RPC messages (xiaozhi-protocol.md 1.1, 4).
+"""xiaozhi envelopes and JSON-RPC messages (docs/protocol.md 1.1, 4).
 
 Every message on the link is a JSON object: {"session_id","type","payload"} for MCP, and the
 hello that opens a WebSocket session. This module builds and reads them; it does no I/O and
@@ -13,7 +13,7 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 TOOL_FAILED = -32000
 
-# The device hello, sent right after the WebSocket upgrade (xiaozhi-protocol.md 1).
+# The device hello, sent right after the WebSocket upgrade (docs/protocol.md 1).
 HELLO = {
     "type": "hello",
     "version": 1,
@@ -82,7 +82,7 @@ def server_session(hello, current):
     """Return the session id a server hello leaves us with, or None to ignore the hello.
 
     A hello for another transport is ignored; one without a string session_id keeps
-    ``current`` (xiaozhi-protocol.md 1, "Server hello").
+    ``current`` (docs/protocol.md 1, "Server hello").
     """
     if hello.get("transport") != "websocket":
         return None

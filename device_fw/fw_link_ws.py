@@ -3,7 +3,7 @@
 Same upgrade headers (Authorization: Bearer <token>, Protocol-Version: 1, Device-Id,
 Client-Id) and the same hello as stock xiaozhi firmware; then it waits up to 10 s for the
 server hello, which must say transport "websocket" and gives the session id
-(xiaozhi-protocol.md 1). While open, it pings the gateway every ``ping_interval`` seconds and
+(docs/protocol.md 1). While open, it pings the gateway every ``ping_interval`` seconds and
 calls the connection dead when nothing at all arrives for twice that long (the gateway also
 pings every 20 s, so a live gateway is never silent that long).
 """
@@ -15,7 +15,7 @@ import fw_envelope as env
 import fw_ws
 
 HELLO_TIMEOUT = 10  # seconds a stock device waits for the server hello
-MAX_FRAME = 65535  # esp-ml307 cannot send a bigger frame (xiaozhi-protocol.md 7.3)
+MAX_FRAME = 65535  # esp-ml307 cannot send a bigger frame (docs/protocol.md 7.3)
 
 
 class HelloError(Exception):

@@ -1,4 +1,4 @@
-"""A tiny MCP server with the stock xiaozhi firmware's semantics (xiaozhi-protocol.md 4).
+"""A tiny MCP server with the stock xiaozhi firmware's semantics (docs/protocol.md 4).
 
     server = McpServer("my-board", "0.1.0")
     server.add(Tool("self.speaker.set_volume", "Set the volume.",
@@ -72,7 +72,7 @@ class McpServer:
 
     async def handle(self, msg):
         """Answer one JSON-RPC message: the reply, or None when nothing must be sent."""
-        # xiaozhi-protocol.md 4: checked in this order; each failure drops the message.
+        # docs/protocol.md 4: checked in this order; each failure drops the message.
         if msg.get("jsonrpc") != "2.0":
             return None
         method = msg.get("method")
@@ -130,7 +130,7 @@ class McpServer:
         }
 
     def page(self, cursor="", with_user=False):
-        """One tools/list result, paged like stock firmware (xiaozhi-protocol.md 4)."""
+        """One tools/list result, paged like stock firmware (docs/protocol.md 4)."""
         # Restart at the tool named cursor; stop before the tool that would take the page over
         # page_limit bytes, whose name becomes nextCursor.
         tools = []

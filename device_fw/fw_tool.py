@@ -1,7 +1,7 @@
 """Tool declarations for fw_mcp: Tool, its Prop list, and the stock argument rules.
 
 A Prop without a default is required; a value of the wrong JSON type counts as absent
-(xiaozhi-protocol.md 4, "Arguments"). Needs only fw_envelope.py.
+(docs/protocol.md 4, "Arguments"). Needs only fw_envelope.py.
 """
 
 import fw_envelope as env

@@ -60,7 +60,7 @@ __all__ = ["Gateway", "running"]
 logger = logging.getLogger(__name__)
 
 # Server pings keep NAT mappings and dead-peer detection alive (devices answer pings, never send
-# them: xiaozhi-protocol.md §1).
+# them: docs/protocol.md §1).
 _PING_INTERVAL = 20.0
 
 
@@ -253,7 +253,7 @@ class Gateway:
         return {"token": token, "urls": reachable}
 
     def _udp_block(self) -> dict[str, Any]:
-        # xiaozhi-protocol.md §2: stock firmware ignores a hello reply without a valid udp
+        # docs/protocol.md §2: stock firmware ignores a hello reply without a valid udp
         # block. No audio server listens there (audio is out of scope, docs/mqtt.md): the block
         # only lets the device accept the reply; MCP never needed it.
         _, host, port = self.public.device_base()

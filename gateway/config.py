@@ -290,7 +290,7 @@ def _optional_endpoint(key: str, value: object) -> str | None:
     text = _optional_str(key, value)
     if text is None:
         return None
-    # xiaozhi-protocol.md §2: stock firmware takes "host" or "host:port" (no IPv6 literals).
+    # docs/protocol.md §2: stock firmware takes "host" or "host:port" (no IPv6 literals).
     host, sep, port = text.partition(":")
     if not host or any(c in host for c in "/[] ") or (sep and not port.isdigit()):
         raise ConfigError(key, f"expected host or host:port, got {text!r}")
@@ -301,7 +301,7 @@ def _optional_endpoint(key: str, value: object) -> str | None:
 
 def _firmware_version(key: str, value: object) -> str | None:
     text = _optional_str(key, value)
-    # xiaozhi-protocol.md §3, §7.1: the device compares versions with std::stoi on each part;
+    # docs/protocol.md §3, §7.1: the device compares versions with std::stoi on each part;
     # a part that is not a number throws, uncaught, and the device crashes at every boot.
     if text is not None and not all(part.isdigit() and part.isascii() for part in text.split(".")):
         raise ConfigError(key, f"expected a numeric version like 2.4.2, got {text!r}")

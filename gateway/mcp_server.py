@@ -368,7 +368,7 @@ def _content(item: object) -> types.ContentBlock:
 
 
 def _image(item: JsonObject) -> types.ImageContent | None:
-    # xiaozhi-protocol.md §4: stock firmware's image content nests a JSON *string* under "image".
+    # docs/protocol.md §4: stock firmware's image content nests a JSON *string* under "image".
     if isinstance(item.get("image"), str):
         try:
             item = json.loads(item["image"])

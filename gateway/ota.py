@@ -1,6 +1,6 @@
 """The OTA endpoint ``/xiaozhi/ota/``: how a stock xiaozhi device learns where the gateway is.
 
-At every boot a stock device POSTs its identity (xiaozhi-protocol.md §3) to its OTA URL and
+At every boot a stock device POSTs its identity (docs/protocol.md §3) to its OTA URL and
 configures itself from the reply: ``server_time``, then exactly one of ``mqtt`` (per-device
 credentials and topic; the default, since MQTT keeps the device reachable from boot) or
 ``websocket`` (URL and the device's own token), ``firmware`` only when configured, never
@@ -40,9 +40,9 @@ __all__ = ["OTA_PATH", "CheckIn", "OtaEndpoint", "PublicAddress", "check_reply",
 logger = logging.getLogger(__name__)
 
 OTA_PATH = "/xiaozhi/ota/"
-MAX_KEY = 15  # xiaozhi-protocol.md §7.1: NVS keys; longer ones abort the device at boot
+MAX_KEY = 15  # docs/protocol.md §7.1: NVS keys; longer ones abort the device at boot
 MAX_VALUE = 256  # NVS allows 4000 bytes; ours stay short so a mistake cannot come near it
-KEEPALIVE = 240  # seconds, the stock default (xiaozhi-protocol.md §2)
+KEEPALIVE = 240  # seconds, the stock default (docs/protocol.md §2)
 _NVS_SECTIONS = ("mqtt", "websocket")  # copied key by key into NVS by the device
 _MAX_BODY = 64 * 1024
 
@@ -124,7 +124,7 @@ class CheckIn:
 
 
 def parse_check_in(headers: Mapping[str, str], body: bytes) -> CheckIn | str:
-    """Read an OTA request (xiaozhi-protocol.md §3); return it, or why it cannot be answered."""
+    """Read an OTA request (docs/protocol.md §3); return it, or why it cannot be answered."""
     try:
         # strict=False: the body is hand-concatenated and may carry raw control characters; a
         # body that is not JSON at all (an unescaped SSID) still leaves the headers.

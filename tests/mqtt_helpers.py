@@ -1,6 +1,6 @@
 """MQTT test kit: a real mosquitto on a free port, and devices that speak MQTT like real ones.
 
-``MqttDevice(stock=True)`` behaves like stock xiaozhi firmware (xiaozhi-protocol.md §2, §4):
+``MqttDevice(stock=True)`` behaves like stock xiaozhi firmware (docs/protocol.md §2, §4):
 it logs in with its OTA credentials, never subscribes (the broker must push ``down`` to it),
 publishes QoS 0 to its ``publish_topic``, answers MCP through ``DeviceMcpServer`` (errors
 without ``code``, 8000-byte pages) and says hello (transport ``udp``) only when asked.
@@ -276,7 +276,7 @@ class MqttDevice:
 
 
 def stock_accepts_hello(reply: JsonObject) -> bool:
-    """The checks stock firmware makes on an MQTT hello reply (xiaozhi-protocol.md §2)."""
+    """The checks stock firmware makes on an MQTT hello reply (docs/protocol.md §2)."""
     udp = reply.get("udp")
     if reply.get("transport") != "udp" or not isinstance(udp, dict):
         return False

@@ -1,4 +1,4 @@
-"""The OTA endpoint: every reply obeys xiaozhi-protocol.md §3 and §7.1; check-ins register."""
+"""The OTA endpoint: every reply obeys docs/protocol.md §3 and §7.1; check-ins register."""
 
 from __future__ import annotations
 

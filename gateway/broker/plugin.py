@@ -61,7 +61,7 @@ class GatewayTopicPlugin(BaseTopicPlugin):  # type: ignore[misc]  # amqtt is unt
         owner = self.owner
         if owner is None or not owner.is_device_login(client_session.username):
             return
-        # Stock firmware never subscribes (xiaozhi-protocol.md §2): the broker does it for it.
+        # Stock firmware never subscribes (docs/protocol.md §2): the broker does it for it.
         await self.context.add_subscription(client_id, owner.topics.down(client_id), 0)
         owner.device_connected(client_id)
 

@@ -30,7 +30,7 @@ def refusal(
 ) -> str | None:
     """Why the tool ``name`` may not be used under ``options``, or None when it may.
 
-    ``user_only`` is True for a tool the device marks for the user only (xiaozhi-protocol.md §4:
+    ``user_only`` is True for a tool the device marks for the user only (docs/protocol.md §4:
     ``annotations.audience == ["user"]``); ``user`` is True for the person at the CLI or
     dashboard, who may use those.
     """

@@ -2,7 +2,7 @@
 
 Text frames go in with ``receive_text()``; events come out of ``events_received()`` and frames to
 send out of ``data_to_send()``. The gateway is the MCP *client*: it discovers the device's tools and
-calls them (xiaozhi-protocol.md §4).
+calls them (docs/protocol.md §4).
 
 Rule: every change of ``state`` happens in this module, through the ``state`` setter, which checks
 ``_TRANSITIONS``::
@@ -22,7 +22,7 @@ Calls are bounded per session: at most ``max_calls_in_flight`` ``tools/call`` re
 and unanswered at once; more wait here, in order, up to ``max_calls_queued``, and are sent as
 answers free their slots; beyond that ``call_tool()`` raises ``DeviceBusy`` and sends nothing.
 ``forget()`` drops a call: a waiting one silently, a sent one with ``notifications/cancelled``
-so that the device can stop it (stock firmware drops every notification, xiaozhi-protocol.md
+so that the device can stop it (stock firmware drops every notification, docs/protocol.md
 §4; our firmware cancels the tool's task).
 """
 
@@ -221,7 +221,7 @@ class DeviceProtocol:
         elif kind == "goodbye":
             self._events.append(DeviceGoodbye())
         else:
-            # xiaozhi-protocol.md §1.1: listen/abort/... belong to voice sessions, not to MCP.
+            # docs/protocol.md §1.1: listen/abort/... belong to voice sessions, not to MCP.
             self._drop("unsupported message type", type=kind)
 
     def start_discovery(self) -> None:
@@ -346,7 +346,7 @@ class DeviceProtocol:
         return None
 
     def _on_hello(self, hello: JsonObject) -> None:
-        # xiaozhi-protocol.md §1: the device waits 10 s for our hello, and says hello again for
+        # docs/protocol.md §1: the device waits 10 s for our hello, and says hello again for
         # every conversation; each gets an answer, but only the first starts discovery.
         self._queue(envelope.encode(self._hello))
         self._events.append(HelloReceived(hello))
@@ -413,7 +413,7 @@ class DeviceProtocol:
 
     def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
         if isinstance(reply, ErrorResponse):
-            # xiaozhi-protocol.md §4: initialize is optional; the tools may still be listed.
+            # docs/protocol.md §4: initialize is optional; the tools may still be listed.
             self.logger.info("initialize failed (%s); listing tools anyway", reply.message)
         elif isinstance(reply.result, dict) and isinstance(reply.result.get("serverInfo"), dict):
             self._server_info = reply.result["serverInfo"]
@@ -428,7 +428,7 @@ class DeviceProtocol:
         self._request_page(None)
 
     def _request_page(self, cursor: str | None) -> None:
-        # xiaozhi-protocol.md §4: user-only tools are listed only with withUserTools: true.
+        # docs/protocol.md §4: user-only tools are listed only with withUserTools: true.
         params: JsonObject = {"withUserTools": True}
         if cursor is not None:
             params["cursor"] = cursor
@@ -497,7 +497,7 @@ def _initialize_params(client_info: JsonObject | None, vision: dict[str, str] | 
     """Build the ``initialize`` params, checking now that they can be sent."""
     capabilities: JsonObject = {}
     if vision is not None:
-        # xiaozhi-protocol.md §4: the only way to tell a camera device where to upload photos.
+        # docs/protocol.md §4: the only way to tell a camera device where to upload photos.
         capabilities["vision"] = dict(vision)
     params: JsonObject = {
         "protocolVersion": PROTOCOL_VERSION,

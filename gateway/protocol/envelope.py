@@ -1,7 +1,7 @@
 """The xiaozhi message envelope: one JSON object per text frame, ``{"session_id", "type", ...}``.
 
 MCP JSON-RPC travels inside it as ``{"session_id": S, "type": "mcp", "payload": <JSON-RPC>}`` in
-both directions (xiaozhi-protocol.md §1.1, §4). This module only frames and unframes; no I/O.
+both directions (docs/protocol.md §1.1, §4). This module only frames and unframes; no I/O.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ __all__ = [
 
 JsonObject = dict[str, Any]
 
-# xiaozhi-protocol.md §1 "Server hello": the downlink audio the device should expect.
+# docs/protocol.md §1 "Server hello": the downlink audio the device should expect.
 _AUDIO_PARAMS = {"format": "opus", "sample_rate": 24000, "channels": 1, "frame_duration": 60}
 
-# xiaozhi-protocol.md §7.2: the device concatenates the session id into its JSON unescaped.
+# docs/protocol.md §7.2: the device concatenates the session id into its JSON unescaped.
 _SESSION_ID = re.compile(r"[A-Za-z0-9-]+")
 
-# xiaozhi-protocol.md §2 "Hello": udp.key and udp.nonce are exactly 16 bytes, hex-encoded.
+# docs/protocol.md §2 "Hello": udp.key and udp.nonce are exactly 16 bytes, hex-encoded.
 _HEX_16_BYTES = re.compile(r"[0-9A-Fa-f]{32}")
 
-# xiaozhi-protocol.md §4 "Errors", §7.2: stock firmware builds MCP error replies by string
+# docs/protocol.md §4 "Errors", §7.2: stock firmware builds MCP error replies by string
 # concatenation without escaping the message, so a quote in it makes the frame invalid JSON.
 _UNESCAPED_ERROR_REPLY = re.compile(
     r'\s*\{\s*(?:"session_id"\s*:\s*"(?P<session>[^"\\]*)"\s*,\s*)?'
@@ -180,7 +180,7 @@ def server_hello(
         LocalProtocolError: the session id is unsafe, ``transport`` is not a non-empty string,
             or ``udp`` is not a block a stock device accepts.
     """
-    # xiaozhi-protocol.md §1 "Server hello": a missing or non-string transport crashes the device.
+    # docs/protocol.md §1 "Server hello": a missing or non-string transport crashes the device.
     if not isinstance(transport, str) or not transport:
         raise LocalProtocolError(f"hello transport must be a non-empty string: {transport!r}")
     hello: JsonObject = {
@@ -197,7 +197,7 @@ def server_hello(
 def check_udp_block(udp: Mapping[str, object]) -> JsonObject:
     """Return a copy of the ``udp`` block of an MQTT hello reply if a stock device accepts it.
 
-    xiaozhi-protocol.md §2: a reply whose ``udp.server`` is not a string, ``udp.port`` not a
+    docs/protocol.md §2: a reply whose ``udp.server`` is not a string, ``udp.port`` not a
     number in 1..65535, or ``udp.key``/``udp.nonce`` not 16 bytes of hex is silently ignored, and
     the device gives up on the conversation after 10 s.
 

@@ -1,7 +1,7 @@
 """JSON-RPC 2.0 as the devices speak it: strict when we send, lenient when we receive.
 
 Stock firmware reads request ids with cJSON ``valueint`` and ignores string ids, leaves ``code`` out
-of its errors and may send no message at all (xiaozhi-protocol.md §4, §7.4). So the builders only
+of its errors and may send no message at all (docs/protocol.md §4, §7.4). So the builders only
 accept what a stock device understands, and ``classify`` accepts what devices actually send.
 """
 

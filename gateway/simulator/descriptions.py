@@ -1,6 +1,6 @@
 """Descriptions of the simulated board's own tools (the stock ones live in ``tools.py``).
 
-They follow the style of xiaozhi board tools (xiaozhi-protocol.md §6: a summary, "Use this tool
+They follow the style of xiaozhi board tools (docs/protocol.md §6: a summary, "Use this tool
 for", Args, Return, a CAUTION line, sometimes a Chinese line for the model). Their length is
 what makes the default catalogue span three ``tools/list`` pages, so edit them with
 ``tests/simulator/test_tools.py`` at hand.

@@ -1,7 +1,7 @@
 """A simulated ESP32 that runs the real firmware code (device_fw/) on CPython.
 
 The WebSocket client (``fw_ws``), the stock handshake and hello (``fw_link_ws``,
-xiaozhi-protocol.md §1), the serving loop with its reconnect backoff (``fw_device``) and the MCP
+docs/protocol.md §1), the serving loop with its reconnect backoff (``fw_device``) and the MCP
 server (``fw_mcp``, §4) are the very modules a board runs; this class adds what tests and the
 ``simulate`` command need around them: a typed API, a record of the calls, and stock-like
 options (no error codes, no ping, no keepalive pings).
@@ -54,7 +54,7 @@ class _Firmware(Device):
         try:
             await super().answer(payload)
         except DeviceReboot:
-            # xiaozhi-protocol.md §4 "Concurrency": stock reboots before it replies.
+            # docs/protocol.md §4 "Concurrency": stock reboots before it replies.
             logger.warning("[%s] rebooting: the call gets no reply", self.tag)
             self.link.abort()
 

@@ -11,7 +11,7 @@
 
 ``DeviceReboot`` is a control signal, not a failure: like a power cut it passes through every
 ``except Exception``, the firmware's included, up to the simulated device, which drops its
-connection without answering (what stock firmware does, xiaozhi-protocol.md §4).
+connection without answering (what stock firmware does, docs/protocol.md §4).
 """
 
 from __future__ import annotations

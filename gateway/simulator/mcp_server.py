@@ -2,7 +2,7 @@
 
 :class:`DeviceMcpServer` keeps the :class:`~gateway.simulator.simtool.SimTool` declarations and
 hands each to the firmware's ``McpServer``, which answers every message exactly as a board does:
-stock xiaozhi semantics (xiaozhi-protocol.md §4), with error codes, ``ping`` and
+stock xiaozhi semantics (docs/protocol.md §4), with error codes, ``ping`` and
 ``listChanged`` as options.
 """
 

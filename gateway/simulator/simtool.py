@@ -2,7 +2,7 @@
 
 They are the typed CPython face of the firmware's ``fw_mcp.Tool`` / ``fw_mcp.Prop``
 (device_fw/fw_tool.py): a declaration becomes a firmware tool with :meth:`SimTool.to_firmware`,
-and the firmware does the listing and the argument checks (xiaozhi-protocol.md §4).
+and the firmware does the listing and the argument checks (docs/protocol.md §4).
 """
 
 from __future__ import annotations

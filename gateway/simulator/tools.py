@@ -1,4 +1,4 @@
-"""The default tool catalogue of one simulated board (xiaozhi-protocol.md §6).
+"""The default tool catalogue of one simulated board (docs/protocol.md §6).
 
 Common tools come first with the stock descriptions, then the board's own tools, then the
 user-only ones, in the order stock firmware lists them. Descriptions are long on purpose: with
@@ -154,7 +154,7 @@ def _common_tools(state: BoardState) -> list[SimTool]:
 
 
 def camera_tool(state: BoardState, vision: Callable[[], tuple[str, str] | None]) -> SimTool:
-    """``self.camera.take_photo`` of a stock camera board (xiaozhi-protocol.md §5).
+    """``self.camera.take_photo`` of a stock camera board (docs/protocol.md §5).
 
     It uploads ``state``'s photo to the vision URL that ``vision()`` returns (the one the last
     ``initialize`` passed) with the firmware's own upload code (device_fw/fw_camera.py), and
@@ -290,7 +290,7 @@ def _slow_tool() -> SimTool:
 
 def _rebooter(state: BoardState) -> Handler:
     async def reboot(args: Args) -> bool:
-        # xiaozhi-protocol.md §4 "Concurrency": the reboot runs before the reply is queued,
+        # docs/protocol.md §4 "Concurrency": the reboot runs before the reply is queued,
         # so the caller never gets an answer.
         state.reboot()
         raise DeviceReboot

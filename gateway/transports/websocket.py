@@ -1,7 +1,7 @@
 """The device WebSocket at ``/xiaozhi/v1/``: authenticate, accept, and run a DeviceConnection.
 
 Stock firmware sends its identity and token as headers (``Authorization``, ``Device-Id``,
-``Client-Id``, ``Protocol-Version``; xiaozhi-protocol.md §1); some clients send the same as query
+``Client-Id``, ``Protocol-Version``; docs/protocol.md §1); some clients send the same as query
 parameters instead. A device without a valid token is refused before the upgrade (HTTP 403).
 """
 
@@ -49,7 +49,7 @@ class StarletteLink:
             if text is not None:
                 yield text
                 del text
-            # bytes: Opus audio frames (xiaozhi-protocol.md §1) mean nothing to a tool gateway
+            # bytes: Opus audio frames (docs/protocol.md §1) mean nothing to a tool gateway
 
     async def aclose(self) -> None:
         """Close the WebSocket if it is still open."""

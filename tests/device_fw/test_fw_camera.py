@@ -1,6 +1,6 @@
 """The firmware's camera (fw_camera, fw_http, fw_jpeg): self.camera.take_photo uploads the
 simulated board's photo to a real HTTP server exactly as stock firmware does
-(xiaozhi-protocol.md §5), on CPython and on the MicroPython unix port."""
+(docs/protocol.md §5), on CPython and on the MicroPython unix port."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A vision server for camera tests: where a device uploads its photo (xiaozhi-protocol.md §5).
+"""A vision server for camera tests: where a device uploads its photo (docs/protocol.md §5).
 
 A Starlette app on uvicorn that records every upload as the server parsed it and answers
 like a vision service; each path answers differently (see :func:`vision_server`).

@@ -33,7 +33,7 @@ STOCK_HELLO = {
 
 
 def stock_headers(device_id: str = "aa:bb:cc:dd:ee:01") -> dict[str, str]:
-    """The handshake headers stock firmware sends (xiaozhi-protocol.md §1)."""
+    """The handshake headers stock firmware sends (docs/protocol.md §1)."""
     return {
         "Authorization": f"Bearer {DEVICE_TOKEN}",
         "Protocol-Version": "1",

@@ -32,7 +32,7 @@ MQTT_HELLO = {
 
 
 def accepted_by_stock_firmware(reply: dict[str, Any]) -> bool:
-    """The checks of mqtt_protocol.cc:377-467 (xiaozhi-protocol.md §2), one by one."""
+    """The checks of mqtt_protocol.cc:377-467 (docs/protocol.md §2), one by one."""
     udp = reply.get("udp")
     if reply.get("transport") != "udp" or not isinstance(udp, dict):
         return False
