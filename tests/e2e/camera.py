@@ -10,17 +10,11 @@ status than 200.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import anyio
-import anyio.abc
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
-
-from tests.e2e.helpers import STOCK_HELLO, JsonObject, RawDevice, stock_headers
+from tests.e2e.helpers import JsonObject, RawDevice, stock_headers
 
 BOUNDARY = "----ESP32_CAMERA_BOUNDARY"
 CLIENT_ID = stock_headers()["Client-Id"]
@@ -53,25 +47,8 @@ class StockCamera(RawDevice):
     vision: JsonObject | None = None  # what initialize gave it
     uploads: list[int] = field(default_factory=list)  # HTTP status of each upload
 
-    async def serve(
-        self, url: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def respond(self, message: JsonObject) -> JsonObject | None:
         """As RawDevice, but answering take_photo by uploading first."""
-        async with connect(url, additional_headers=stock_headers(self.device_id)) as ws:
-            self._ws = ws
-            await ws.send(json.dumps(STOCK_HELLO))
-            task_status.started()
-            try:
-                async for frame in ws:
-                    if not isinstance(frame, str):
-                        continue
-                    reply = await self._answer_async(json.loads(frame))
-                    if reply is not None:
-                        await ws.send(json.dumps(reply))
-            except ConnectionClosed:
-                pass
-
-    async def _answer_async(self, message: JsonObject) -> JsonObject | None:
         payload = message.get("payload")
         if isinstance(payload, dict) and payload.get("method") == "initialize":
             capabilities = (payload.get("params") or {}).get("capabilities") or {}

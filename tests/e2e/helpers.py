@@ -133,11 +133,17 @@ class RawDevice:
             task_status.started()
             try:
                 async for frame in ws:
-                    reply = self._answer(json.loads(frame)) if isinstance(frame, str) else None
+                    reply = (
+                        await self.respond(json.loads(frame)) if isinstance(frame, str) else None
+                    )
                     if reply is not None:
                         await ws.send(json.dumps(reply))
             except ConnectionClosed:
                 pass
+
+    async def respond(self, message: JsonObject) -> JsonObject | None:
+        """The reply to one message from the gateway (devices that do I/O to answer override)."""
+        return self._answer(message)
 
     async def close(self) -> None:
         """Close the WebSocket; ``serve`` then returns."""

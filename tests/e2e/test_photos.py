@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import anyio
 import mcp.types as types
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
 from device_fw.fw_board import COLOURS
 from device_fw.fw_jpeg import solid
@@ -23,7 +22,7 @@ from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.camera import STATUS, TAKE_PHOTO, StockCamera, fake_jpeg
 from tests.e2e.helpers import Inbox, aliases, has_tools, serving, until
-from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
+from tests.e2e.test_stdio_and_cli import cli, cli_env, stdio_gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -156,15 +155,7 @@ async def test_the_firmware_camera_s_photo_reaches_the_host_over_http(tmp_path: 
 @pytest.mark.parametrize("board", ["stock", "firmware"])
 async def test_a_camera_s_photo_reaches_a_stdio_host(tmp_path: Path, board: str) -> None:
     """The same over stdio (Claude Desktop's transport), with the gateway as a subprocess."""
-    device_port = free_port()
-    env = cli_env(
-        tmp_path,
-        GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{device_port}",
-        GATEWAY_HOST_LISTEN=f"127.0.0.1:{free_port()}",
-        GATEWAY_DEVICE_TOKEN=DEVICE_TOKEN,
-    )
-    params = StdioServerParameters(command=sys.executable, args=["-m", "gateway", "stdio"], env=env)
-    url = f"ws://127.0.0.1:{device_port}/xiaozhi/v1/"
+    params, url = stdio_gateway(tmp_path)
     inbox = Inbox()
     async with (
         Client(params, mode="legacy", message_handler=inbox) as client,

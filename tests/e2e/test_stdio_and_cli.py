@@ -44,16 +44,22 @@ async def cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
-async def test_stdio_serves_mcp_and_the_device_listener(tmp_path: Path) -> None:
-    """`esp-mcp-gateway stdio` (Claude Desktop's entry) lists, pushes changes and calls."""
+def stdio_gateway(data_dir: Path) -> tuple[StdioServerParameters, str]:
+    """`esp-mcp-gateway stdio` as an MCP host starts it, and its device WebSocket URL."""
     device_port = free_port()
     env = cli_env(
-        tmp_path,
+        data_dir,
         GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{device_port}",
         GATEWAY_HOST_LISTEN=f"127.0.0.1:{free_port()}",
         GATEWAY_DEVICE_TOKEN=DEVICE_TOKEN,
     )
     params = StdioServerParameters(command=sys.executable, args=["-m", "gateway", "stdio"], env=env)
+    return params, f"ws://127.0.0.1:{device_port}/xiaozhi/v1/"
+
+
+async def test_stdio_serves_mcp_and_the_device_listener(tmp_path: Path) -> None:
+    """`esp-mcp-gateway stdio` (Claude Desktop's entry) lists, pushes changes and calls."""
+    params, url = stdio_gateway(tmp_path)
     inbox = Inbox()
     async with Client(params, mode="legacy", message_handler=inbox) as client:
         assert client.server_info.name == "esp-mcp-gateway"
@@ -61,7 +67,6 @@ async def test_stdio_serves_mcp_and_the_device_listener(tmp_path: Path) -> None:
             "list_devices",
             "call_device_tool",
         ]
-        url = f"ws://127.0.0.1:{device_port}/xiaozhi/v1/"
         async with SimulatedDevice(url, DEVICE_TOKEN, device_id="02:00:00:00:00:01"):
             await inbox.next_change()
             names = [t.name for t in (await client.list_tools()).tools]
