@@ -93,8 +93,11 @@ class HostOriginGuard:
             if not _allowed(headers.get("host", ""), self.hosts):
                 await PlainTextResponse("Invalid Host header", 421)(scope, receive, send)
                 return
-            origin = headers.get("origin")
-            if origin and not _allowed(origin, self.origins):
+            origin, host = headers.get("origin"), headers.get("host", "")
+            # The dashboard's own requests carry its origin, which is the (checked) Host: a
+            # browser on the LAN address of a wildcard bind is same-origin, not cross-site.
+            same_origin = origin in (f"http://{host}", f"https://{host}")
+            if origin and not same_origin and not _allowed(origin, self.origins):
                 await PlainTextResponse("Invalid Origin header", 403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

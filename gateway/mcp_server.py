@@ -32,7 +32,7 @@ from gateway.devices.calls import CallRouter
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
 from gateway.photo_resources import PhotoResources
-from gateway.photos import PhotoStore
+from gateway.photos import PhotoStore, alias_of
 from gateway.tool_listing import ToolGroup, ToolLister
 
 __all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend", "resolve_tool"]
@@ -361,7 +361,8 @@ def _content(item: object) -> types.ContentBlock:
             image = _image(item)
             if image is not None:
                 return image
-        if item.get("type") == "resource_link":
+        # Links to the gateway's own resources (a photo); a device's link elsewhere stays text.
+        if item.get("type") == "resource_link" and alias_of(str(item.get("uri"))) is not None:
             with contextlib.suppress(ValueError):  # pydantic's ValidationError is a ValueError
                 return types.ResourceLink.model_validate(item)
     return _text(json.dumps(item, ensure_ascii=False))

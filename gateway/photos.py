@@ -20,13 +20,14 @@ import dataclasses
 import json
 import logging
 import os
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.datadir import FILE_MODE, private_dir
+from gateway.datadir import private_dir
 
 __all__ = ["PHOTO_URI_PREFIX", "Catch", "Photo", "PhotoStore", "alias_of", "image_type",
            "photo_uri"]  # fmt: skip
@@ -112,6 +113,7 @@ class PhotoStore:
         self._directory = directory
         self._latest: dict[str, Photo] = {}
         self._catches: dict[str, list[Catch]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         if directory is not None:
             private_dir(directory)
             self._load(directory)
@@ -147,43 +149,49 @@ class PhotoStore:
             catch.refusals.append(reason)
 
     async def keep(self, device_id: str, data: bytes, mime: str, question: str) -> Photo:
-        """Store ``data`` as the device's latest photo and hand it to its running calls."""
+        """Store ``data`` as the device's latest photo and hand it to its running calls.
+
+        The calls get the bytes just received, not the file, which a later upload may replace.
+        """
         photo = Photo(device_id, mime, len(data), time.time(), question[:_QUESTION_CHARS], None)
-        if self._directory is not None:
-            try:
-                photo = await asyncio.to_thread(self._write, photo, data)
-            except OSError as exc:
-                logger.warning(
-                    "photo of %s kept in memory only: cannot write it: %s",
-                    device_id,
-                    exc.strerror or exc,
-                )
-        if photo.path is None:
-            photo = dataclasses.replace(photo, data=data)
-        self._latest[device_id] = photo
         for catch in self._catches.get(device_id, ()):
-            catch.photos.append(photo)
+            catch.photos.append(dataclasses.replace(photo, data=data))
+        async with self._lock(device_id):  # one device's uploads are written one at a time
+            if self._directory is not None:
+                try:
+                    photo = await asyncio.to_thread(self._write, photo, data)
+                except OSError as exc:
+                    logger.warning(
+                        "photo of %s kept in memory only: cannot write it: %s",
+                        device_id,
+                        exc.strerror or exc,
+                    )
+            if photo.path is None:
+                photo = dataclasses.replace(photo, data=data)
+            self._latest[device_id] = photo
         return photo
+
+    def _lock(self, device_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(device_id, asyncio.Lock())
 
     def forget(self, device_id: str) -> None:
         """Delete the device's photo (the device was forgotten)."""
-        photo = self._latest.pop(device_id, None)
-        if photo is not None and photo.path is not None:
-            for path in (photo.path, photo.path.with_suffix(".json")):
+        self._latest.pop(device_id, None)
+        if self._directory is not None:
+            for path in _paths(self._directory, device_id).values():
                 with contextlib.suppress(OSError):
                     path.unlink()
 
     def _write(self, photo: Photo, data: bytes) -> Photo:
         assert self._directory is not None
-        stem = self._directory / urllib.parse.quote(photo.device_id, safe="")
-        path = stem.with_suffix(_SUFFIXES[photo.mime])
-        photo = dataclasses.replace(photo, path=path)
-        _write_private(path, data)
-        _write_private(stem.with_suffix(".json"), json.dumps(photo.as_json()).encode())
-        for other in _SUFFIXES.values():  # a PNG replacing a JPEG leaves no stale file
-            if other != path.suffix:
+        paths = _paths(self._directory, photo.device_id)
+        photo = dataclasses.replace(photo, path=paths[photo.mime])
+        _write_private(paths[photo.mime], data)
+        _write_private(paths["meta"], json.dumps(photo.as_json()).encode())
+        for mime, path in paths.items():  # a PNG replacing a JPEG leaves no stale file
+            if mime not in (photo.mime, "meta"):
                 with contextlib.suppress(FileNotFoundError):
-                    stem.with_suffix(other).unlink()
+                    path.unlink()
         return photo
 
     def _load(self, directory: Path) -> None:
@@ -197,7 +205,7 @@ class PhotoStore:
                     size=int(fields["bytes"]),
                     taken_at=float(fields["taken_at"]),
                     question=str(fields.get("question", "")),
-                    path=meta.with_suffix(_SUFFIXES[mime]),
+                    path=_paths(directory, str(fields["device"]))[mime],
                 )
             except (OSError, ValueError, KeyError, TypeError):
                 logger.warning("photo record %s cannot be read; skipped", meta.name)
@@ -206,15 +214,25 @@ class PhotoStore:
                 self._latest[photo.device_id] = photo
 
 
+def _paths(directory: Path, device_id: str) -> dict[str, Path]:
+    """The device's files by MIME type, and its record (``meta``).
+
+    Named by appending to the quoted id, never with ``with_suffix``: an id may hold dots, and
+    ``a.b`` must not share ``a``'s files.
+    """
+    stem = urllib.parse.quote(device_id, safe="")
+    named = {mime: directory / (stem + suffix) for mime, suffix in _SUFFIXES.items()}
+    return {**named, "meta": directory / (stem + ".json")}
+
+
 def _write_private(path: Path, data: bytes) -> None:
-    # Write-then-rename: a reader never sees half a photo; 0600 from the start.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    # Write-then-rename: a reader never sees half a photo; 0600 from the start (mkstemp).
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
-        tmp.replace(path)
+        os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise

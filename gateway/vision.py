@@ -23,7 +23,7 @@ from pathlib import Path
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -89,6 +89,8 @@ class VisionEndpoint:
             return self._refuse(device_id, 413, f"the photo is larger than {self._limit_text()}")
         except MultiPartException as exc:
             return self._refuse(device_id, 400, f"the upload is not a valid form: {exc.message}")
+        except ClientDisconnect:  # the device went away, or was cut off (limits.auth_timeout)
+            return self._refuse(device_id, 400, "the upload was cut off before the photo arrived")
         if data is None:
             return self._refuse(device_id, 400, "the upload has no `file` part with the photo")
         mime = image_type(data)

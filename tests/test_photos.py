@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import anyio
 import pytest
 
 from gateway.photos import PhotoStore, alias_of, image_type, photo_uri
@@ -76,3 +77,28 @@ async def test_a_photo_that_cannot_be_written_is_still_handed_on(tmp_path: Path)
     assert photo.path is None and catch.photos[0].read() == JPEG
     latest = store.latest("dev1")
     assert latest is not None and latest.read() == JPEG
+
+
+async def test_an_id_with_a_dot_never_touches_another_device_s_photo(tmp_path: Path) -> None:
+    """`aa:bb.jpg` is not `aa:bb`'s: a device named like another plus a dot cannot overwrite,
+    spoof or delete the other's photo (ids may hold dots)."""
+    store = PhotoStore(tmp_path / "photos")
+    await store.keep("aa:bb", JPEG, "image/jpeg", "mine")
+    with store.catching("aa:bb") as victim:
+        await store.keep("aa:bb.x", PNG, "image/png", "theirs")
+        store.forget("aa:bb.x")
+    assert victim.photos == []
+    latest = PhotoStore(tmp_path / "photos").latest("aa:bb")
+    assert latest is not None and latest.read() == JPEG and latest.question == "mine"
+
+
+async def test_concurrent_uploads_of_one_device_leave_one_whole_photo(tmp_path: Path) -> None:
+    """Uploads racing each other are written one at a time; the store keeps a whole photo."""
+    store = PhotoStore(tmp_path / "photos")
+    photos = [JPEG + bytes([n]) * 50 for n in range(8)]
+    async with anyio.create_task_group() as tg:
+        for data in photos:
+            tg.start_soon(store.keep, "dev1", data, "image/jpeg", "")
+    latest = PhotoStore(tmp_path / "photos").latest("dev1")
+    assert latest is not None and latest.read() in photos
+    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["dev1.jpg", "dev1.json"]

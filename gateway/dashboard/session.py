@@ -16,7 +16,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.cookies import CookieError, SimpleCookie
 from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -27,7 +26,7 @@ from starlette.authentication import (
     AuthenticationError,
     BaseUser,
 )
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, cookie_parser
 
 __all__ = ["COOKIE", "CSRF_HEADER", "Session", "SessionAuthBackend", "Sessions"]
 
@@ -64,7 +63,8 @@ class Sessions:
 
     def login(self, presented: str) -> Session | None:
         """A new session for the right host token, else None."""
-        if self._token is None or not hmac.compare_digest(presented.encode(), self._token):
+        given = presented.encode("utf-8", "surrogatepass")  # any text, even a lone surrogate
+        if self._token is None or not hmac.compare_digest(given, self._token):
             return None
         session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), 0.0)
         self._live[session.id] = session
@@ -99,14 +99,12 @@ class Sessions:
 
 
 def cookie_value(header: str) -> str | None:
-    """Our session id in a ``Cookie`` header, if any."""
-    cookies: SimpleCookie = SimpleCookie()
-    try:
-        cookies.load(header)
-    except CookieError:
-        return None
-    morsel = cookies.get(COOKIE)
-    return morsel.value if morsel is not None else None
+    """Our session id in a ``Cookie`` header, if any.
+
+    Parsed as Starlette parses it for the request: leniently, so that another app's odd cookie
+    on the same host (cookies ignore ports) cannot hide ours from the connection guard.
+    """
+    return cookie_parser(header).get(COOKIE) or None
 
 
 class SessionAuthBackend(AuthenticationBackend):

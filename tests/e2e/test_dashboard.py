@@ -21,6 +21,7 @@ from playwright.async_api import Browser, Page, async_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Running
+from gateway.config import ListenAddress
 from gateway.simulator import SimulatedDevice
 from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway
@@ -323,3 +324,38 @@ async def test_a_photo_taken_from_the_dashboard_shows_inline_and_on_the_photos_p
                 assert "what colour is it?" in await page.inner_text("#photos")
                 await screenshot(page, tmp_path, "photos-taken")
             tg.cancel_scope.cancel()
+
+
+async def test_sign_in_from_the_lan_address_with_other_cookies_around(tmp_path: Path) -> None:
+    """Bound to every interface, the dashboard works at the machine's LAN address (its requests
+    are same-origin there), another app's odd cookie on the host does not hide the session from
+    the connection guard, and a token that is not even valid text is simply wrong."""
+    listen = ListenAddress("0.0.0.0", 0)
+    async with gateway(
+        tmp_path, host_listen=listen, host_token=HOST_TOKEN, limits_auth_timeout=1.0
+    ) as run:
+        lan = f"192.0.2.7:{run.host_port}"  # as a browser on the LAN addresses this machine
+        headers = {"Host": lan, "Origin": f"http://{lan}"}
+        base = f"http://127.0.0.1:{run.host_port}"
+        async with httpx2.AsyncClient() as http:
+            surrogate = b'{"token": "\\ud800"}'  # JSON for a lone surrogate: not valid text
+            odd = await http.post(base + "/login", content=surrogate, headers=headers)
+            assert odd.status_code == 401
+            signed = await http.post(base + "/login", json={"token": HOST_TOKEN}, headers=headers)
+            assert signed.status_code == 200, signed.text
+            session = signed.cookies["gateway_session"]
+            elsewhere = {**headers, "Origin": "http://evil.example"}
+            assert (await http.post(base + "/login", json={"token": HOST_TOKEN},
+                                    headers=elsewhere)).status_code == 403  # fmt: skip
+        cookie = f'prefs={{"theme": "dark"}}; gateway_session={session}'
+        async with httpx2.AsyncClient(headers={**headers, "Cookie": cookie}) as browser:
+            async with browser.stream("GET", base + "/api/events") as events:
+                assert events.status_code == 200
+                lines = events.aiter_lines()
+                with anyio.fail_after(bound(4)):
+                    assert await anext(lines)
+                # Past the auth deadline (1 s) the feed is still open: the guard saw the session.
+                with anyio.move_on_after(2.5) as listening:
+                    async for _ in lines:
+                        pass
+                assert listening.cancelled_caught, "the feed closed at the auth deadline"

@@ -31,7 +31,13 @@ def free_port() -> int:
 
 
 def cli_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    # As a user runs it: no GATEWAY_ settings of the test run, and no asyncio debug mode (CI's
+    # PYTHONASYNCIODEBUG), which writes lines of its own to the stderr these tests read.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GATEWAY_") and k != "PYTHONASYNCIODEBUG"
+    }
     env.update(GATEWAY_DATA_DIR=str(data_dir), GATEWAY_MQTT_LISTEN="off", **extra)
     return env
 
