@@ -98,7 +98,7 @@ class Gateway:
         )
         self.mqtt: MqttTransport | None = None
         self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
-        self.vision = VisionTokens(config.data_dir) if config.vision_enabled else None
+        self.vision = VisionTokens() if config.vision_enabled else None
         self.device_app = self._build_device_app()
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.metrics = GatewayMetrics(
@@ -153,6 +153,7 @@ class Gateway:
             logging.getLogger("gateway.device"), {"device": identity.device_id}
         )
         mqtt = identity.transport == "mqtt"
+        vision = self._vision_for(identity)
         protocol = DeviceProtocol(
             identity.device_id,
             transport="udp" if mqtt else identity.transport,
@@ -164,11 +165,15 @@ class Gateway:
             discovery_timeout=self.config.discovery_timeout,
             max_calls_in_flight=self.config.call_max_in_flight,
             max_calls_queued=self.config.call_max_queued,
-            vision=self._vision_for(identity),
+            vision=vision,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
-        await DeviceConnection(link, identity, self.registry, protocol).run()
+        try:
+            await DeviceConnection(link, identity, self.registry, protocol).run()
+        finally:
+            if self.vision is not None and vision is not None:
+                self.vision.revoke(identity.device_id, vision["token"])
 
     def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
         """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
@@ -183,7 +188,7 @@ class Gateway:
         default = 443 if scheme == "https" else 80
         url = f"{scheme}://{host_port(host, port) if port != default else url_host(host)}"
         url += VISION_PATH
-        return {"url": url, "token": self.vision.token_for(identity.device_id)}
+        return {"url": url, "token": self.vision.issue(identity.device_id)}
 
     def admits(self, device_id: str, password: str) -> bool:
         """May ``device_id`` log in to the embedded broker with ``password``?"""

@@ -9,7 +9,8 @@ hosts read it as a resource and the dashboard shows it; only its metadata stays 
 ten thousand devices with a photo each cost a few megabytes.
 
 A photo that cannot be written (a full disk) is still handed to the calls waiting for it and
-kept in memory as the device's latest until the next one: the failure is logged, nothing lost.
+kept in memory as the device's latest until the next one, up to a budget for the whole fleet
+(past it, only its record is kept): the failure is logged, no call loses its photo.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 _SUFFIXES = {"image/jpeg": ".jpg", "image/png": ".png"}
 _QUESTION_CHARS = 500
+_MEMORY_BUDGET = 32 * 1024 * 1024  # photos held in memory while the disk refuses them
 
 
 PHOTO_URI_PREFIX = "device://"
@@ -84,7 +86,8 @@ class Photo:
         """
         if self.data is not None:
             return self.data
-        assert self.path is not None
+        if self.path is None:
+            raise OSError("the photo was not kept: the data dir could not take it")
         return self.path.read_bytes()
 
     def as_json(self) -> dict[str, object]:
@@ -114,6 +117,7 @@ class PhotoStore:
         self._latest: dict[str, Photo] = {}
         self._catches: dict[str, list[Catch]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._in_memory = 0  # bytes of the photos kept in memory only
         if directory is not None:
             private_dir(directory)
             self._load(directory)
@@ -166,8 +170,12 @@ class PhotoStore:
                         device_id,
                         exc.strerror or exc,
                     )
-            if photo.path is None:
+            replaced = self._latest.get(device_id)
+            if replaced is not None and replaced.data is not None:
+                self._in_memory -= replaced.size
+            if photo.path is None and self._in_memory + len(data) <= _MEMORY_BUDGET:
                 photo = dataclasses.replace(photo, data=data)
+                self._in_memory += len(data)
             self._latest[device_id] = photo
         return photo
 
@@ -176,7 +184,9 @@ class PhotoStore:
 
     def forget(self, device_id: str) -> None:
         """Delete the device's photo (the device was forgotten)."""
-        self._latest.pop(device_id, None)
+        photo = self._latest.pop(device_id, None)
+        if photo is not None and photo.data is not None:
+            self._in_memory -= photo.size
         if self._directory is not None:
             for path in _paths(self._directory, device_id).values():
                 with contextlib.suppress(OSError):

@@ -7,19 +7,18 @@ and ``Device-Id``, and returns the response body, unparsed, as the tool's result
 body is a short text for the model, and a refusal is also said to the call waiting for the photo
 (``PhotoStore.refuse``): the device itself only reports "Failed to upload photo".
 
-Each device's token is an HMAC of its id under a secret kept in the data dir: it opens the
-endpoint for that device alone, survives restarts, and nothing per device is stored.
+Each device session gets a random token of its own: it opens the endpoint for that device
+alone and dies with the session, so a token seen on the wire (``initialize`` travels over plain
+WebSocket or MQTT) is worthless once the device reconnects, is forgotten or is rebound.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
-from pathlib import Path
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -28,34 +27,38 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.photos import PhotoStore, image_type
-from gateway.tokens import stored_secret
 
 __all__ = ["VISION_PATH", "VisionEndpoint", "VisionTokens"]
 
 logger = logging.getLogger(__name__)
 
 VISION_PATH = "/vision/explain"
-_SECRET_FILE = "vision_secret"
 _TOKEN_CHARS = 32
 _QUESTION_BYTES = 4096
 _FORM_OVERHEAD = 64 * 1024  # multipart headers and the question, beyond the photo itself
 
 
 class VisionTokens:
-    """Per-device upload tokens derived from one secret."""
+    """The upload token of each device's current session (in memory only)."""
 
-    def __init__(self, data_dir: Path) -> None:
-        # Whoever reads this file can upload as any device: stored_secret keeps it 0600.
-        self._secret = stored_secret(data_dir / _SECRET_FILE, lambda: secrets.token_hex(32))
+    def __init__(self) -> None:
+        self._tokens: dict[str, str] = {}
 
-    def token_for(self, device_id: str) -> str:
-        """The token ``device_id`` presents when it uploads a photo."""
-        message = f"vision:{device_id.lower()}".encode()
-        return hmac.new(self._secret.encode(), message, hashlib.sha256).hexdigest()[:_TOKEN_CHARS]
+    def issue(self, device_id: str) -> str:
+        """A new token for ``device_id``'s session starting now (its previous one stops working)."""
+        token = self._tokens[device_id.lower()] = secrets.token_hex(_TOKEN_CHARS // 2)
+        return token
+
+    def revoke(self, device_id: str, token: str) -> None:
+        """The session that was given ``token`` ended (a newer session's token stays)."""
+        if self._tokens.get(device_id.lower()) == token:
+            del self._tokens[device_id.lower()]
 
     def admits(self, device_id: str, token: str) -> bool:
-        """True if ``token`` is the upload token of ``device_id``."""
-        return hmac.compare_digest(self.token_for(device_id).encode(), token.encode())
+        """True if ``token`` is the upload token of ``device_id``'s current session."""
+        expected = self._tokens.get(device_id.lower())
+        given = token.encode("utf-8", "surrogateescape")
+        return expected is not None and hmac.compare_digest(expected.encode(), given)
 
 
 class _TooLarge(Exception):

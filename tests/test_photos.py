@@ -102,3 +102,26 @@ async def test_concurrent_uploads_of_one_device_leave_one_whole_photo(tmp_path: 
     latest = PhotoStore(tmp_path / "photos").latest("dev1")
     assert latest is not None and latest.read() in photos
     assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["dev1.jpg", "dev1.json"]
+
+
+async def test_photos_held_in_memory_for_a_full_disk_have_a_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the budget a device's photo keeps only its record; its call still gets the photo."""
+    monkeypatch.setattr("gateway.photos._MEMORY_BUDGET", 2 * len(JPEG))
+    directory = tmp_path / "photos"
+    store = PhotoStore(directory)
+    shutil.rmtree(directory)
+    directory.write_text("in the way")
+    for device in ("dev1", "dev2"):
+        await store.keep(device, JPEG, "image/jpeg", "")
+    with store.catching("dev3") as catch:
+        await store.keep("dev3", JPEG, "image/jpeg", "")
+    assert catch.photos[0].read() == JPEG  # the call lost nothing
+    latest = store.latest("dev3")
+    assert latest is not None and latest.size == len(JPEG)
+    with pytest.raises(OSError, match="not kept"):
+        latest.read()
+    store.forget("dev1")  # frees its share: the next photo fits again
+    await store.keep("dev3", JPEG, "image/jpeg", "")
+    assert store.latest("dev3").read() == JPEG  # type: ignore[union-attr]

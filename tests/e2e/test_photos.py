@@ -222,3 +222,17 @@ async def test_an_oversize_or_non_image_upload_is_refused_and_the_call_says_why(
             assert result.is_error and text.uploads == [415]
             assert "not a JPEG or PNG image" in texts(result)
             assert (await client.list_resources()).resources == []
+
+
+async def test_an_upload_token_dies_with_its_session(tmp_path: Path) -> None:
+    """A token seen on the wire is worthless once the device has reconnected."""
+    first = camera()
+    async with cameras(tmp_path, first) as run:
+        assert first.vision is not None
+        old = first.vision["token"]
+        await first.close()
+        again = camera(token=old)  # the same device, presenting its previous session's token
+        async with serving(run, again), Client(run.mcp_url) as client:
+            assert again.vision is not None and again.vision["token"] != old
+            result = await take_photo(client, again)
+            assert result.is_error and again.uploads == [401]
