@@ -30,7 +30,7 @@ from starlette.types import ASGIApp
 
 from gateway.audit import AuditLog
 from gateway.config import Config
-from gateway.dashboard.session import COOKIE, LIFETIME, Sessions
+from gateway.dashboard.session import COOKIE, LIFETIME, Sessions, cookie_value
 from gateway.dashboard.views import device_summary, device_tools, setup_facts
 from gateway.devices.registry import DeviceRegistry
 from gateway.ota import PublicAddress
@@ -40,6 +40,9 @@ __all__ = ["Dashboard", "Sessions"]
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE = 15.0  # seconds between SSE comments, so proxies keep an idle feed open
+# At most one device list a second per open tab: in a churning fleet of thousands every join
+# would otherwise re-send the whole list; changes meanwhile fold into the next one.
+FEED_INTERVAL = 1.0
 # Pages run only our own files: no inline script, images from us or data: URLs (tool results).
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -136,8 +139,11 @@ class Dashboard:
 
     async def events(self, request: Request) -> Response:
         """The device list as server-sent events: now, then after every change."""
+        session_id = cookie_value(request.headers.get("cookie", ""))
+        signed_in = session_id is not None and "authorization" not in request.headers
+        alive = (lambda: self.sessions.get(session_id) is not None) if signed_in else None
         return StreamingResponse(
-            self._device_feed(),
+            self._device_feed(alive),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -191,16 +197,20 @@ class Dashboard:
     def _summaries(self) -> list[dict[str, Any]]:
         return [device_summary(device) for device in self.registry.devices()]
 
-    async def _device_feed(self) -> AsyncIterator[str]:
+    async def _device_feed(self, alive: Callable[[], bool] | None) -> AsyncIterator[str]:
+        """The device list now and after changes; it ends when the browser's session does."""
         async with self.registry.device_changes() as changes:
-            while True:
+            while alive is None or alive():
                 yield f"event: devices\ndata: {json.dumps(self._summaries())}\n\n"
+                await asyncio.sleep(FEED_INTERVAL)
                 while True:
                     try:
                         async with asyncio.timeout(KEEPALIVE):
                             await anext(changes)
                         break
                     except TimeoutError:
+                        if alive is not None and not alive():
+                            return  # signed out meanwhile
                         yield ": keepalive\n\n"
 
 
