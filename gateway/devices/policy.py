@@ -48,6 +48,14 @@ class Hints(NamedTuple):
     destructive: bool
 
 
+# Four possible values, shared: a fleet of ten thousand devices holds no tuple per tool.
+_SHARED = {(ro, d): Hints(ro, d) for ro in (False, True) for d in (False, True)}
+
+
+def _hints(read_only: bool, destructive: bool) -> Hints:
+    return _SHARED[(read_only, destructive)]
+
+
 def tool_hints(
     tool_name: str,
     options: DeviceOptions,
@@ -62,15 +70,15 @@ def tool_hints(
     ``read_only``/``destructive`` are the device's hints, None where it gave none.
     """
     if _matches(tool_name, options.read_only):
-        return Hints(read_only=True, destructive=False)
+        return _hints(True, False)
     if _matches(tool_name, options.destructive):
-        return Hints(read_only=False, destructive=True)
+        return _hints(False, True)
     if read_only is not None or destructive is not None:
         # MCP's defaults for what the device left out: not read-only; destructive unless read-only.
         ro = bool(read_only)
-        return Hints(read_only=ro, destructive=(not ro) if destructive is None else destructive)
+        return _hints(ro, (not ro) if destructive is None else destructive)
     if _READ_ONLY.search(tool_name):
-        return Hints(read_only=True, destructive=False)
+        return _hints(True, False)
     if _DESTRUCTIVE.search(tool_name):
-        return Hints(read_only=False, destructive=True)
-    return Hints(read_only=False, destructive=False)
+        return _hints(False, True)
+    return _hints(False, False)
