@@ -30,6 +30,24 @@ def micropython_env(*extra: Path) -> dict[str, str]:
     return {**os.environ, "MICROPYPATH": path}
 
 
+def run_on_micropython(script: str, *args: str) -> str:
+    """Run ``tests/device_fw/<script>`` on the unix port; its output (it must exit 0)."""
+    done = subprocess.run(
+        [program("micropython"), str(TESTS / script), *args],
+        capture_output=True,
+        text=True,
+        env=micropython_env(),
+        timeout=bound(60),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def passed_checks(output: str) -> list[str]:
+    """The names of the checks a scenario printed as ``PASS <name>``, in order."""
+    return [line.split()[1] for line in output.splitlines() if line.startswith("PASS ")]
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago (for servers that cannot report port 0)."""
     with socket.socket() as sock:

@@ -7,7 +7,6 @@ tests/simulator/test_mcp_server.py, and against the recorded vectors in test_vec
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -17,8 +16,7 @@ import pytest
 from device_fw.fw_envelope import INTERNAL_ERROR, INVALID_PARAMS, dumps
 from device_fw.fw_mcp import McpServer, Prop, Tool, ToolError
 from device_fw.fw_tool import text_of
-from tests.conftest import bound, program
-from tests.device_fw.conftest import TESTS, micropython_env
+from tests.device_fw.conftest import TESTS, passed_checks, run_on_micropython
 
 sys.path.append(str(TESTS))  # cancel_scenario imports the firmware by its board names
 import cancel_scenario  # noqa: E402
@@ -170,16 +168,9 @@ def test_cancellation_on_cpython(name: str, check: Check) -> None:
 
 def test_cancellation_on_micropython() -> None:
     """The same checks pass on the real MicroPython unix port."""
-    done = subprocess.run(
-        [program("micropython"), str(TESTS / "cancel_scenario.py")],
-        capture_output=True,
-        text=True,
-        env=micropython_env(),
-        timeout=bound(60),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    passed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("PASS ")]
-    assert passed == [name for name, _ in CHECKS], done.stdout
+    output = run_on_micropython("cancel_scenario.py")
+    passed = passed_checks(output)
+    assert passed == [name for name, _ in CHECKS], output
 
 
 def test_a_sync_handler_cannot_be_cancelled_and_is_answered() -> None:

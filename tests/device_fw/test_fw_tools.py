@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from typing import Any
 
@@ -15,8 +14,8 @@ from device_fw.fw_board import SimBoard
 from device_fw.fw_config import DEFAULTS, merge
 from device_fw.fw_mcp import McpServer, ToolError
 from device_fw.fw_tools import default_tools, parse_colour, signal
-from tests.conftest import bound, program
-from tests.device_fw.conftest import TESTS, micropython_env
+from tests.conftest import bound
+from tests.device_fw.conftest import TESTS, run_on_micropython
 
 sys.path.append(str(TESTS))  # tools_scenario imports the firmware by its board names
 import tools_scenario  # noqa: E402
@@ -122,15 +121,7 @@ STRUCTURED = {"self.get_device_status", "self.fan.get_state", "self.led.get_stat
 
 
 def scenario_on_micropython(page_limit: int = 8000) -> Any:
-    done = subprocess.run(
-        [program("micropython"), str(TESTS / "tools_scenario.py"), str(page_limit)],
-        capture_output=True,
-        text=True,
-        env=micropython_env(),
-        timeout=bound(60),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
+    return json.loads(run_on_micropython("tools_scenario.py", str(page_limit)).splitlines()[-1])
 
 
 def scenario_on_cpython(page_limit: int = 8000) -> Any:

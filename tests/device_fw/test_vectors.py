@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import subprocess
 import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import bound, program
-from tests.device_fw.conftest import TESTS, VECTORS, micropython_env
+from tests.device_fw.conftest import (
+    TESTS,
+    VECTORS,
+    passed_checks,
+    run_on_micropython,
+)
 
 sys.path.append(str(TESTS))  # vector_replay imports the firmware by its board names
 import vector_replay  # noqa: E402
@@ -44,17 +47,9 @@ def test_a_doctored_vector_fails_the_replay() -> None:
 
 def test_firmware_replays_every_vector_on_micropython() -> None:
     """The same replay on the real MicroPython unix port passes every device-side vector."""
-    micropython = program("micropython")
-    done = subprocess.run(
-        [micropython, str(TESTS / "vector_replay.py"), str(VECTORS)],
-        capture_output=True,
-        text=True,
-        env=micropython_env(),
-        timeout=bound(60),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    passed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("PASS ")]
-    assert passed == [name for name, _ in DEVICE_VECTORS], done.stdout
+    output = run_on_micropython("vector_replay.py", str(VECTORS))
+    passed = passed_checks(output)
+    assert passed == [name for name, _ in DEVICE_VECTORS], output
 
 
 def test_vector_json_is_plain_json_micropython_can_read() -> None:
