@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.addresses import Addresses, host_port, url_host
+from gateway.addresses import Addresses, host_port, lan_address, url_host
 from gateway.audit import AuditLog
 from gateway.broker import (
     GATEWAY_LOGIN,
@@ -454,8 +454,9 @@ async def running(config: Config) -> AsyncIterator[Running]:
                     raise GatewayError("a listener stopped while starting")
             ports = [sock.getsockname()[1] for sock in sockets]
             broker = gateway.broker.port if gateway.broker is not None else None
+            # The LAN address probed once here, not again for every device that needs it.
             addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
-                                     mqtt_port=broker)  # fmt: skip
+                                     mqtt_port=broker, lan=lan_address())  # fmt: skip
             gateway.public.addresses = addresses
             yield Running(gateway, addresses)
         finally:
