@@ -113,69 +113,57 @@ class Pool:
         self.ask("stop", group, [None] * len(self.pipes))
 
 
-class Baseline:
-    """The bare websockets server, in its own process."""
+class _ChildServer:
+    """A baseline server in its own process: it sends what it started with through a pipe and
+    serves until the pipe closes."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, what: str, target: Any, args: tuple[Any, ...], timeout: float) -> None:
+        self._what = what
         context = multiprocessing.get_context("spawn")
         self._pipe, child = context.Pipe()
         self._process = context.Process(
-            target=baseline_main, args=(child, token), daemon=True, name="fleet-baseline"
-        )
-        self._process.start()
-        child.close()
-        CHILDREN.append(self._process)
-        if not self._pipe.poll(30):
-            raise RunBroken("the baseline server did not start")
-        self.url = f"ws://127.0.0.1:{self._pipe.recv()}/xiaozhi/v1/"
-        self.pid = self._process.pid or 0
-
-    def check(self) -> None:
-        """Raise if the baseline process has ended."""
-        if not self._process.is_alive():
-            raise RunBroken(f"the baseline server exited ({self._process.exitcode})")
-
-    def close(self) -> None:
-        self._pipe.close()  # EOF: the server leaves at once
-        self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
-
-
-class ListBaseline:
-    """The bare SDK server listing a fleet's tools (``_fleet_listing``), in its own process."""
-
-    def __init__(self, device_ids: list[str], timeout: float = 600.0) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._pipe, child = context.Pipe()
-        self._process = context.Process(
-            target=listing_main, args=(child, device_ids), daemon=True, name="fleet-list-baseline"
+            target=target, args=(child, *args), daemon=True, name=f"fleet-{what.replace(' ', '-')}"
         )
         self._process.start()
         child.close()
         CHILDREN.append(self._process)
         if not self._pipe.poll(timeout):
-            raise RunBroken("the list baseline did not start")
+            raise RunBroken(f"the {what} did not start")
         try:
-            started: dict[str, Any] = self._pipe.recv()
+            self.started: Any = self._pipe.recv()
         except EOFError:
             self._process.join(5)
-            raise RunBroken(f"the list baseline exited ({self._process.exitcode})") from None
-        self.url = f"http://127.0.0.1:{started['port']}/mcp"
-        self.tools, self.pages = int(started["tools"]), int(started["pages"])
-        self.build_s = float(started["build_s"])
+            raise RunBroken(f"the {what} exited ({self._process.exitcode})") from None
         self.pid = self._process.pid or 0
 
     def check(self) -> None:
-        """Raise if the list baseline process has ended."""
+        """Raise if the server's process has ended."""
         if not self._process.is_alive():
-            raise RunBroken(f"the list baseline exited ({self._process.exitcode})")
+            raise RunBroken(f"the {self._what} exited ({self._process.exitcode})")
 
     def close(self) -> None:
         self._pipe.close()  # EOF: the server leaves
         self._process.join(10)
         if self._process.is_alive():
             self._process.kill()
+
+
+class Baseline(_ChildServer):
+    """The bare websockets server, in its own process."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__("baseline server", baseline_main, (token,), 30)
+        self.url = f"ws://127.0.0.1:{self.started}/xiaozhi/v1/"
+
+
+class ListBaseline(_ChildServer):
+    """The bare SDK server listing a fleet's tools (``_fleet_listing``), in its own process."""
+
+    def __init__(self, device_ids: list[str], timeout: float = 600.0) -> None:
+        super().__init__("list baseline", listing_main, (device_ids,), timeout)
+        self.url = f"http://127.0.0.1:{self.started['port']}/mcp"
+        self.tools, self.pages = int(self.started["tools"]), int(self.started["pages"])
+        self.build_s = float(self.started["build_s"])
 
 
 class Gateway:
