@@ -35,10 +35,10 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from gateway.config import DeviceOptions
+from gateway.devices.naming import derive_alias, tool_suffix
 from gateway.devices.policy import tool_hints
-from gateway.mcp_server import CALL_DEVICE_TOOL, LIST_DEVICES
-from gateway.naming import derive_alias, tool_suffix
-from gateway.tool_listing import PAGE_BYTES
+from gateway.host_side.mcp_server import CALL_DEVICE_TOOL, LIST_DEVICES
+from gateway.host_side.tool_listing import PAGE_BYTES
 
 __all__ = ["BOARD", "PAGE_BYTES", "Listed", "list_all", "listing_main", "listing_tools"]
 

@@ -24,36 +24,37 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.addresses import Addresses, host_port, lan_address, url_host
-from gateway.audit import AuditLog
-from gateway.broker import (
+from gateway.config import Config, ListenAddress, env_name, is_loopback_host
+from gateway.device_side.broker import (
     GATEWAY_LOGIN,
     DeviceCredentials,
     EmbeddedBroker,
     Topics,
     is_device_id,
 )
-from gateway.config import Config, ListenAddress, env_name, is_loopback_host
-from gateway.dashboard import Dashboard
-from gateway.descriptors import accept_errors_throttled, raise_fd_limit
+from gateway.device_side.ota import OtaEndpoint
+from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
+from gateway.device_side.transports.websocket import device_websocket_routes
+from gateway.device_side.vision import VISION_PATH, VisionEndpoint, VisionTokens
+from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
 from gateway.devices.connection import DeviceConnection
 from gateway.devices.enrollment import Enrollment
 from gateway.devices.link import DeviceIdentity, DeviceLink
+from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
+from gateway.devices.tokens import device_tokens, token_matches
 from gateway.errors import ConfigError, GatewayError, PortTaken
-from gateway.host_app import build_host_app
-from gateway.limits import Guard, listener_limits, protocol_classes
-from gateway.mcp_server import McpFrontend
-from gateway.metrics import GatewayMetrics
-from gateway.ota import OtaEndpoint, PublicAddress
-from gateway.photos import PhotoStore
+from gateway.host_side.dashboard import Dashboard
+from gateway.host_side.http import build_host_app
+from gateway.host_side.mcp_server import McpFrontend
+from gateway.host_side.metrics import GatewayMetrics
+from gateway.net.addresses import Addresses, host_port, lan_address, url_host
+from gateway.net.descriptors import accept_errors_throttled, raise_fd_limit
+from gateway.net.limits import Guard, listener_limits, protocol_classes
+from gateway.net.public import PublicAddress
 from gateway.protocol import DeviceProtocol
-from gateway.tokens import device_tokens, token_matches
-from gateway.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
-from gateway.transports.websocket import device_websocket_routes
-from gateway.vision import VISION_PATH, VisionEndpoint, VisionTokens
 
 __all__ = ["Gateway", "running"]
 
@@ -391,7 +392,7 @@ def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
 
 
 def _uvicorn_config(app: Starlette, config: Config, guard: Guard) -> uvicorn.Config:
-    # Caps, handshake and authentication deadlines at the transport (gateway/limits.py).
+    # Caps, handshake and authentication deadlines at the transport (gateway/net/limits.py).
     http, ws = protocol_classes(guard)
     return uvicorn.Config(
         app,

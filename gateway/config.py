@@ -129,7 +129,7 @@ class Config:
     ota_transport: str = "mqtt"
     ota_firmware_version: str | None = None
     ota_firmware_url: str | None = None
-    # [limits]: listener caps and deadlines, request rates (gateway/limits.py, rate_limit.py)
+    # [limits]: listener caps and deadlines, request rates (gateway/net/limits.py, rate_limit.py)
     limits_device_connections: int = 12000
     limits_host_connections: int = 1000
     limits_per_address: int = 64
@@ -141,7 +141,7 @@ class Config:
     limits_enroll_per_minute: float = 10.0
     limits_enroll_burst: int = 10
     limits_mqtt_max_packet_bytes: int = 256 * 1024
-    # [vision]: camera photos devices upload during take_photo (gateway/vision.py)
+    # [vision]: camera photos devices upload during take_photo (gateway/device_side/vision.py)
     vision_enabled: bool = True
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024

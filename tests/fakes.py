@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.audit import AuditLog
 from gateway.config import Config
+from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
 from gateway.devices.link import LinkClosed
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
-from gateway.mcp_server import McpFrontend
+from gateway.host_side.mcp_server import McpFrontend
 
 JsonObject = dict[str, Any]
 

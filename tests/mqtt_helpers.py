@@ -23,8 +23,8 @@ from typing import Any
 
 import aiomqtt
 
+from gateway.device_side.transports.mqtt import honour_cancellation
 from gateway.simulator import DeviceMcpServer, default_tools
-from gateway.transports.mqtt import honour_cancellation
 from tests.conftest import bound, program
 
 JsonObject = dict[str, Any]

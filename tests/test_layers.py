@@ -1,10 +1,11 @@
-"""Imports point up the layers of STYLE.md §2; the protocol core does no I/O.
+"""Imports follow the data path of docs/architecture.md; the protocol core does no I/O.
 
-Every top-level module and subpackage of gateway/ (a *unit*) sits in exactly one layer of
-``LAYERS``, which runs from the foundation that everything may use to the entry points. A module
-may import its own unit and the units of earlier layers: never a later layer, and never another
-unit of its own layer (units that share a layer are independent of each other). STYLE.md §2 draws
-the same order top-down, with the arrows pointing at what is imported.
+Data flows device side -> core -> host side. Every top-level module and subpackage of gateway/
+(a *unit*) sits in exactly one layer of ``LAYERS``, from the foundation that everything may use
+to the entry points. A module may import its own unit and the units of earlier layers: never a
+later layer, and never another unit of its own layer, so the two sides, which share a layer,
+reach each other only through the core. Inside each package of ``INNER`` the same rule holds one
+level down, and no module anywhere imports itself back through a circle.
 """
 
 from __future__ import annotations
@@ -22,21 +23,34 @@ LAYERS: list[set[str]] = [
     {"__init__"},  # gateway/__init__.py: __version__ only; it runs before any other module
     {"errors"},
     {"config", "datadir"},  # settings; the data dir kept private
-    # where clients connect; audit log, fan-out, listener limits, names, photos, tokens
-    {"addresses", "audit", "broadcast", "limits", "naming", "photos", "tokens"},
-    {"protocol"},  # sans-I/O core
-    {"devices"},  # connections, registry, calls, enrollment
-    # MQTT broker; what hosts see of devices; request rates; running out of descriptors
-    {"broker", "descriptors", "device_listing", "photo_resources", "rate_limit", "tool_listing"},
-    {"mcp_server", "ota", "transports", "vision"},
-    {"dashboard", "metrics"},  # the companion dashboard at /, and /metrics
-    {"host_app"},
-    {"app"},
-    {"doctor", "flashing", "relay", "simulator"},  # what the CLI runs besides the gateway
-    {"commands"},
-    {"cli"},
+    {"net"},  # where clients connect: addresses, listener limits, request rates
+    {"protocol"},  # the core, sans-I/O: envelope, JSON-RPC, the device state machine
+    {"devices"},  # the core, with I/O: connections, registry, calls, catalogues, audit, photos
+    {"device_side", "host_side"},  # devices connect here / hosts and people connect here
+    {"app"},  # composes the two sides over the core
+    {"simulator"},  # runs device_fw as a peer: imports nothing of the gateway
+    {"cli"},  # the operator: commands, doctor, flashing
     {"__main__"},
 ]
+# One level down: the modules of a package, in the order they may import each other.
+INNER: dict[str, list[set[str]]] = {
+    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit"}],
+    "devices": [
+        {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
+        {"store"},
+        {"registry", "enrollment"},
+        {"connection"},
+        {"calls"},
+    ],
+    "device_side": [{"broker", "vision"}, {"ota", "transports"}],
+    "host_side": [
+        {"tool_listing", "device_listing", "photo_resources", "relay"},
+        {"mcp_server"},
+        {"dashboard", "metrics"},
+        {"http"},
+    ],
+    "cli": [{"flashing", "doctor"}, {"commands"}],
+}
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 
 
@@ -66,10 +80,16 @@ def imports_of(path: Path) -> set[str]:
     return names
 
 
-def imported_units(path: Path, package: Path = PACKAGE) -> set[str]:
-    """The units of ``package`` that ``path`` imports: relative, lazy and TYPE_CHECKING ones too."""
+def imported_units(path: Path, package: Path = PACKAGE, root: Path | None = None) -> set[str]:
+    """The units of ``package`` that ``path`` imports: relative, lazy and TYPE_CHECKING ones too.
+
+    ``root`` is the folder that holds the top-level package (``package.parent`` by default), so
+    ``package`` may be a subpackage such as gateway/net, whose units are its own modules.
+    """
+    root = package.parent if root is None else root
+    prefix = list(package.relative_to(root).parts)
     known = units(package)
-    here = [package.name, *path.relative_to(package).parent.parts]
+    here = list(path.relative_to(root).parent.parts)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -77,14 +97,46 @@ def imported_units(path: Path, package: Path = PACKAGE) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = here[: len(here) - node.level + 1] if node.level else []
             module = base + (node.module.split(".") if node.module else [])
-            if module == [package.name]:  # from gateway import __version__, commands
+            if module == prefix:  # from gateway import __version__, commands
                 found.update(a.name if a.name in known else "__init__" for a in node.names)
                 continue
             targets = [module]
         else:
             continue
-        found.update(p[1] if len(p) > 1 else "__init__" for p in targets if p[0] == package.name)
+        depth = len(prefix)
+        found.update(
+            p[depth] if len(p) > depth else "__init__" for p in targets if p[:depth] == prefix
+        )
     return found
+
+
+def module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Every module of ``package`` (dotted) and the modules of ``package`` it imports."""
+    root = package.parent
+    modules = {
+        ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in package.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = list(path.relative_to(root).parent.parts)
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - node.level + 1] if node.level else []
+                module = ".".join(base + (node.module.split(".") if node.module else []))
+                # from a package, a name is its submodule where one exists, else the package's
+                targets = [
+                    f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module
+                    for a in node.names
+                ]
+            else:
+                continue
+            edges.update(target for target in targets if target in modules and target != name)
+        graph[name] = edges
+    return graph
 
 
 def test_every_unit_is_placed_once() -> None:
@@ -137,3 +189,65 @@ def test_protocol_core_does_no_io() -> None:
     for path in modules_of("protocol"):
         for name in imports_of(path):
             assert name.split(".")[0] not in IO_MODULES, f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("package", sorted(INNER))
+def test_inner_units_are_placed_once(package: str) -> None:
+    """INNER places every module of each side package exactly once."""
+    placed = [unit for layer in INNER[package] for unit in layer]
+    assert len(placed) == len(set(placed)), f"{package}: a unit is in more than one layer"
+    found = units(PACKAGE / package) - {"__init__"}
+    assert set(placed) == found, f"{package}: INNER lists {sorted(placed)}, found {sorted(found)}"
+
+
+@pytest.mark.parametrize(
+    ("package", "unit"),
+    [
+        (pkg, unit) for pkg, layers in INNER.items() for layer in layers for unit in sorted(layer)
+    ],  # fmt: skip
+)
+def test_inner_imports_point_up(package: str, unit: str) -> None:
+    """Inside a package, a module imports only modules of earlier inner layers."""
+    order = {name: index for index, layer in enumerate(INNER[package]) for name in layer}
+    bad = []
+    for path in modules_of(unit, PACKAGE / package):
+        for other in sorted(imported_units(path, PACKAGE / package, PACKAGE.parent) - {unit}):
+            if other != "__init__" and order.get(other, len(order)) >= order[unit]:
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {package}.{other}")
+    assert not bad, f"{package}.{unit} may only import earlier inner layers: {bad}"
+
+
+def test_no_import_circles() -> None:
+    """No module of gateway/ imports itself back through other modules (TYPE_CHECKING too)."""
+    graph = module_graph()
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                circles.append([*path[path.index(other) :], other])
+            elif other not in state:
+                visit(other, [*path, other])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, f"import circles: {circles}"
+
+
+def test_module_graph_finds_a_circle(tmp_path: Path) -> None:
+    """The circle check sees a circle made through a TYPE_CHECKING import."""
+    package = tmp_path / "gateway"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "a.py").write_text("from gateway.sub.b import B\n")
+    (package / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.sub import a\n"
+    )
+    graph = module_graph(package)
+    assert graph["gateway.sub.a"] == {"gateway.sub.b"}
+    assert graph["gateway.sub.b"] == {"gateway.sub.a"}

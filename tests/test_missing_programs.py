@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 NEEDS = [
     pytest.param(
-        "tests/flashing/test_board_commands.py::"
+        "tests/cli/flashing/test_board_commands.py::"
         "test_provision_copies_firmware_and_config_over_the_raw_repl",
         "socat is not installed (sudo apt-get install socat)",
         id="socat",
     ),
     pytest.param(
-        "tests/transports/test_mqtt.py::test_status_online_opens_a_link_and_offline_closes_it",
+        "tests/device_side/transports/test_mqtt.py::test_status_online_opens_a_link_and_offline_closes_it",
         "mosquitto is not installed (sudo apt-get install mosquitto)",
         id="mosquitto",
     ),

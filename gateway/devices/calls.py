@@ -6,7 +6,7 @@ its wait for a free slot on a busy device. A call that ends unanswered is audite
 ``DeviceTimeout`` or ``cancelled`` (by its caller: an MCP host, the CLI, the API), saying
 whether the device was told to cancel it or never got it.
 
-A photo the device uploads while its call runs (``gateway.photos``) is added to the call's result
+A photo the device uploads while its call runs (``devices.photos``) is added to the call's result
 as an image and a link to the device's latest-photo resource, so the model sees the picture; an
 upload the gateway refused is said in the result too, whatever the device makes of it.
 """
@@ -21,9 +21,10 @@ import logging
 import time
 from typing import Any
 
-from gateway.audit import AuditLog
 from gateway.config import Config
+from gateway.devices.audit import AuditLog
 from gateway.devices.connection import CallReport, reporting
+from gateway.devices.photos import Catch, PhotoStore, photo_uri
 from gateway.devices.registry import DeviceTool
 from gateway.errors import (
     CallRejected,
@@ -32,7 +33,6 @@ from gateway.errors import (
     DeviceTimeout,
     DeviceUnavailable,
 )
-from gateway.photos import Catch, PhotoStore, photo_uri
 
 __all__ = ["CallRouter", "format_time"]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.devices.store import open_database
+from gateway.devices.tokens import new_token
 from gateway.errors import StorageUnavailable
-from gateway.tokens import new_token
 
 __all__ = ["Enrollment", "IssuedToken"]
 

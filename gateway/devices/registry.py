@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.broadcast import Broadcast, Subscription
 from gateway.config import Config
+from gateway.devices.broadcast import Broadcast, Subscription
 from gateway.devices.catalogue import Catalogue, Catalogues, Rejection, ToolSpec
+from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.policy import Hints, refusal, tool_hints
 from gateway.devices.store import DeviceRecord, Store
-from gateway.naming import NameMap, clean_alias, derive_alias
 
 __all__ = [
     "APPROVED",

@@ -24,8 +24,8 @@ from typing import Any
 
 from gateway.datadir import create_private, tighten
 from gateway.devices.catalogue import digest_of
+from gateway.devices.naming import NameAssignment
 from gateway.errors import GatewayError
-from gateway.naming import NameAssignment
 
 __all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.devices.naming import NameAssignment
 from gateway.devices.store import DeviceRecord, Store
-from gateway.naming import NameAssignment
 from tests.conftest import make_config
 from tests.fakes import Stack, tool
 

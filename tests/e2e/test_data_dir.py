@@ -6,7 +6,7 @@ no tiny full filesystem can be mounted. So each store gets the failure it would 
   so SQLite itself fails every write with SQLITE_READONLY, through the real write paths (the
   write-behind batch on its worker thread, a token's binding, issuing a token);
 - the audit log: its path is a directory, so the real open fails (EISDIR) at every record;
-  tests/test_audit.py adds the kernel's ENOSPC from /dev/full.
+  tests/devices/test_audit.py adds the kernel's ENOSPC from /dev/full.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import pytest
 from gateway.app import Running
 from gateway.simulator import SimulatedDevice
 from tests.conftest import gateway
+from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import has_tools, listed_device, until
-from tests.test_ota import STOCK_BODY, STOCK_HEADERS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -96,7 +96,7 @@ async def test_an_audit_write_failure_does_not_fail_the_call(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Calls succeed while the audit log cannot be opened; it says so once, then recovers."""
-    caplog.set_level(logging.INFO, logger="gateway.audit")
+    caplog.set_level(logging.INFO, logger="gateway.devices.audit")
     async with gateway(tmp_path) as run, listed_device(run) as dev:
         (tmp_path / "audit.log").mkdir()  # the log opens at its first record: that open fails
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{run.host_port}") as http:

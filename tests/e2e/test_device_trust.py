@@ -16,10 +16,10 @@ from websockets.exceptions import InvalidStatus
 from gateway.app import Running
 from gateway.config import ListenAddress
 from tests.conftest import bound, gateway
+from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import has_tools, listed_device, stock_headers, until
 from tests.e2e.test_mqtt import STOCK, stock_device, tool_name
 from tests.e2e.test_stdio_and_cli import cli, cli_env
-from tests.test_ota import STOCK_BODY, STOCK_HEADERS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 

@@ -14,14 +14,14 @@ from mcp import Client
 
 from gateway.app import Running
 from gateway.config import ListenAddress
-from gateway.ota import OTA_PATH
+from gateway.net.public import OTA_PATH
 from gateway.simulator import SimulatedDevice
-from tests.broker.test_packets import logged_in, publish_head
 from tests.conftest import DEVICE_TOKEN, bound, gateway
+from tests.device_side.broker.test_packets import logged_in, publish_head
+from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import has_tools, listed_device, until
 from tests.mqtt_helpers import MqttDevice
-from tests.test_limits import closed_by_server, opened
-from tests.test_ota import STOCK_BODY, STOCK_HEADERS
+from tests.net.test_limits import closed_by_server, opened
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 

@@ -14,7 +14,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged
 
-from gateway.naming import NAME_PATTERN
+from gateway.devices.naming import NAME_PATTERN
 from gateway.simulator import SimTool, SimulatedDevice
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import Inbox, listed_device

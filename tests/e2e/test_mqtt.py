@@ -19,9 +19,9 @@ from gateway.app import Running
 from gateway.config import ListenAddress
 from gateway.simulator import DeviceMcpServer, default_tools
 from tests.conftest import DEVICE_TOKEN, bound, gateway
+from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import has_tools, listed_device, until
 from tests.mqtt_helpers import Mosquitto, MqttDevice, stock_accepts_hello
-from tests.test_ota import STOCK_BODY, STOCK_HEADERS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 

@@ -17,7 +17,7 @@ from mcp import Client
 from device_fw.fw_board import COLOURS
 from device_fw.fw_jpeg import solid
 from gateway.app import Running
-from gateway.photos import photo_uri
+from gateway.devices.photos import photo_uri
 from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.camera import STATUS, TAKE_PHOTO, StockCamera, fake_jpeg

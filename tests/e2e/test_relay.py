@@ -16,7 +16,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp_types.version import LATEST_MODERN_VERSION
 
-from gateway.relay import RELAY_ERROR
+from gateway.host_side.relay import RELAY_ERROR
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
 from tests.e2e.test_stdio_and_cli import cli_env, free_port

@@ -1,0 +1,327 @@
+"""What each CLI command does, once ``gateway.cli`` has parsed its arguments and config.
+
+The gateway itself (``gateway.app``, the MCP SDK, uvicorn) is imported only by the commands that
+run it: ``token``, ``devices`` and the like start in a fraction of the time without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import shlex
+import shutil
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway.config import Config, settings
+from gateway.devices.tokens import device_tokens
+from gateway.errors import GatewayError, PortTaken
+from gateway.net.addresses import Addresses
+
+if TYPE_CHECKING:
+    from gateway.app import Running
+
+__all__ = [
+    "call",
+    "check_config",
+    "devices",
+    "doctor",
+    "relay",
+    "serve",
+    "simulate",
+    "stdio",
+    "token",
+]
+
+logger = logging.getLogger("gateway")
+
+
+def runnable_command() -> str:
+    """How the user can run this program again: on PATH, by the path they used, or ``-m``."""
+    script = Path(sys.argv[0])
+    if script.name == "esp-mcp-gateway":
+        on_path = shutil.which("esp-mcp-gateway")
+        if on_path and Path(on_path).resolve() == script.resolve():
+            return "esp-mcp-gateway"
+        if script.exists():  # a venv's script, not on PATH: the path as typed
+            return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m gateway"
+
+
+def announcement(config: Config, addresses: Addresses) -> list[str]:
+    """The start-up lines: where devices and MCP hosts connect, each a line of its own."""
+    command = runnable_command()
+    lines = [
+        f"devices connect to {addresses.device_url} with the device token "
+        f"(`{command} token` prints it)",
+        f"MCP hosts connect to {addresses.mcp_url} (legacy SSE: /sse)"
+        + (" with the host token" if config.host_token else ""),
+    ]
+    lines.append(f"dashboard: {addresses.mcp_url.removesuffix('/mcp')}/")
+    if addresses.mqtt_endpoint and config.mqtt_broker == "embedded":
+        lines.append(f"stock devices use the embedded MQTT broker at {addresses.mqtt_endpoint}")
+    return lines
+
+
+def _announce(config: Config, run: Running) -> None:
+    for line in announcement(config, run.addresses):
+        logger.info("%s", line)
+    device = config.device_listen
+    if device.is_loopback:
+        logger.warning(
+            "the device listener is on %s: devices on your network cannot reach it", device
+        )
+
+
+async def serve(config: Config) -> int:
+    """Run the gateway until interrupted."""
+    from gateway.app import running
+
+    async with running(config) as run:
+        _announce(config, run)
+        await asyncio.Event().wait()
+    return 0
+
+
+async def stdio(config: Config) -> int:
+    """Run the gateway with MCP on stdin/stdout; stop when the host closes stdin."""
+    from mcp.server.stdio import stdio_server
+
+    from gateway.app import running
+
+    async with _relay_hint(config), running(config) as run:
+        _announce(config, run)
+        server = run.gateway.frontend.server
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def _relay_hint(config: Config) -> AsyncIterator[None]:
+    """A taken port under `stdio` most often means `serve` already runs: say how to reach it."""
+    try:
+        yield
+    except PortTaken as exc:
+        if exc.listener == "mqtt":
+            raise
+        url = f"{Addresses.of(config).local_host_url}/mcp"
+        raise GatewayError(
+            f"{exc}. If that is a gateway already running (`serve`, Docker), let this MCP entry "
+            f"use it instead: `stdio --connect {url}`"
+        ) from None
+
+
+async def relay(url: str, token: str | None) -> int:
+    """Relay MCP between stdin/stdout and a gateway running elsewhere."""
+    from gateway.host_side.relay import relay_stdio
+
+    if not url.startswith(("http://", "https://")):
+        raise GatewayError(f"--connect wants the gateway's MCP URL, e.g. http://server:8766/mcp; "
+                           f"got {url!r}")  # fmt: skip
+    try:
+        await relay_stdio(url, token)
+    except Exception as exc:  # what the relay does not turn into an MCP error: one line, no trace
+        raise GatewayError(f"the relay to {url} stopped: {_innermost(exc)}") from None
+    return 0
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def simulate(
+    url: str, token: str, count: int, board: str = "stock", camera: bool = False
+) -> int:
+    """Run ``count`` simulated devices against the gateway at ``url``."""
+    from gateway.simulator import simulate as run_devices
+
+    await run_devices(
+        url, token, count, board="firmware" if board == "firmware" else "stock", camera=camera
+    )
+    return 0
+
+
+def _host_url(config: Config, url: str | None) -> str:
+    return url.rstrip("/") if url else Addresses.of(config).local_host_url
+
+
+def _request(config: Config, url: str | None, token: str | None, path: str,
+             body: dict[str, Any] | None = None) -> tuple[int, Any]:  # fmt: skip
+    target = _host_url(config, url) + path
+    headers = {"Content-Type": "application/json"}
+    token = token or config.host_token
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(target, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise GatewayError(f"{target}: the gateway wants a host token (--token)") from None
+        try:
+            return exc.code, json.loads(exc.read())
+        except ValueError:
+            raise GatewayError(f"{target}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise GatewayError(f"cannot reach the gateway at {target}: {reason}") from None
+
+
+def devices(config: Config, url: str | None, token: str | None) -> int:
+    """Print a table of the running gateway's devices."""
+    rows = [("DEVICE", "ID", "STATE", "LAST SEEN", "BOARD", "TOOLS")]
+    for d in _all_devices(config, url, token):
+        state = "online" if d["online"] else "offline"
+        if d.get("state", "approved") != "approved":
+            state += f", {d['state']}"
+        rows.append((d["device"], d["id"], state, d["last_seen"], d["board"] or "-",
+                     str(len(d["tools"]))))  # fmt: skip
+    if len(rows) == 1:
+        print("no devices yet")
+        return 0
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return 0
+
+
+def _all_devices(config: Config, url: str | None, token: str | None) -> list[dict[str, Any]]:
+    """Every device of the gateway, following its pages."""
+    devices: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        query = "?" + urllib.parse.urlencode({"cursor": cursor}) if cursor else ""
+        _, body = _request(config, url, token, "/api/devices" + query)
+        devices += body["devices"]
+        cursor = body.get("next_cursor")
+        if not cursor:
+            return devices
+
+
+_DONE = {"forget": "forgotten", "approve": "approved", "reject": "rejected"}
+_AFTER = {
+    "forget": "if it comes back, it is a new device",
+    "approve": "its tools are served",
+    "reject": "it is refused from now on",
+}
+
+
+def device_action(config: Config, url: str | None, token: str | None, action: str,
+                  device: str) -> int:  # fmt: skip
+    """Forget, approve or reject a device of the running gateway."""
+    status, body = _request(config, url, token, f"/api/devices/{action}", {"device": device})
+    if status != 200:
+        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        return 1
+    done = body[_DONE[action]]
+    verb = "forgot" if action == "forget" else _DONE[action]
+    print(f"{verb} {done['device']} ({done['id']}); {_AFTER[action]}")
+    return 0
+
+
+def pair(config: Config, url: str | None, token: str | None, seconds: float) -> int:
+    """Open a pairing window: new devices are approved as they arrive."""
+    status, body = _request(config, url, token, "/api/devices/pair", {"seconds": seconds})
+    if status != 200:
+        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        return 1
+    print(f"pairing until {body['until']}: new devices are approved as they arrive")
+    return 0
+
+
+def call(config: Config, url: str | None, token: str | None, device: str, tool: str,
+         arguments: Any, save: str | None = None) -> int:  # fmt: skip
+    """Call one device tool and print what it returned; ``save`` keeps its image in a file."""
+    if not isinstance(arguments, dict):
+        raise GatewayError("arguments must be a JSON object")
+    status, body = _request(
+        config, url, token, "/api/call", {"device": device, "tool": tool, "arguments": arguments}
+    )
+    if status != 200:
+        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        return 1
+    result = body["result"]
+    images = []
+    for item in result.get("content", []):
+        if item.get("type") == "image" and isinstance(item.get("data"), str):
+            images.append(item)
+            size = len(item["data"]) * 3 // 4
+            print(f"[image: {item.get('mimeType', 'unknown type')}, about {size} bytes]")
+        elif item.get("type") == "resource_link":
+            print(f"[resource: {item.get('uri')}]")
+        else:
+            print(item["text"] if item.get("type") == "text" else json.dumps(item))
+    if save is not None:
+        if not images:
+            print(f"esp-mcp-gateway: {tool} returned no image to save", file=sys.stderr)
+            return 1
+        _save_image(images[0], save)
+    return 1 if result.get("isError") else 0
+
+
+def _save_image(item: dict[str, Any], path: str) -> None:
+    try:
+        data = base64.b64decode(item["data"], validate=True)
+    except binascii.Error:
+        raise GatewayError("the image in the result is not valid base64") from None
+    try:
+        with open(path, "wb") as file:
+            file.write(data)
+    except OSError as exc:
+        raise GatewayError(f"cannot save the image to {path}: {exc.strerror or exc}") from None
+    print(f"saved {len(data)} bytes ({item.get('mimeType', 'image')}) to {path}", file=sys.stderr)
+
+
+def token(config: Config) -> int:
+    """Print the token(s) devices must present, generating one at first use."""
+    for value in device_tokens(config):
+        print(value)
+    return 0
+
+
+def check_config(config: Config) -> int:
+    """Print the effective configuration, secrets redacted."""
+    secret = {"host_token", "device_tokens", "mqtt.password"}
+    for key, value in settings(config):  # the keys as the TOML file spells them
+        if key in secret and value:
+            value = "(set)"
+        print(f"{key} = {value}")
+    if not config.host_listen.is_loopback and not config.host_token:
+        print("error: host_listen is not loopback but no host_token is set", file=sys.stderr)
+        return 2
+    return 0
+
+
+def doctor(config: Config, config_path: str | None) -> int:
+    """Print what ``doctor`` finds, each problem with its fix; 1 if something is wrong."""
+    from gateway.cli.doctor import diagnose, file_only_config, in_container
+
+    findings = diagnose(config, container=in_container(), file_only=file_only_config(config_path))
+    label = {"ok": "ok", "info": "info", "warning": "WARNING", "problem": "PROBLEM"}
+    for finding in findings:
+        print(f"{label[finding.level]:<8} {finding.topic}: {finding.message}")
+        if finding.fix and finding.level in ("warning", "problem"):
+            print(f"{'':<8} fix: {finding.fix}")
+    problems = sum(finding.level == "problem" for finding in findings)
+    warnings = sum(finding.level == "warning" for finding in findings)
+    if problems or warnings:
+        print(f"\n{problems} problem(s), {warnings} warning(s)")
+    else:
+        print("\nno problems found")
+    return 1 if problems else 0

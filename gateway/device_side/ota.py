@@ -1,0 +1,246 @@
+"""The OTA endpoint ``/xiaozhi/ota/``: how a stock xiaozhi device learns where the gateway is.
+
+At every boot a stock device POSTs its identity (docs/protocol.md §3) to its OTA URL and
+configures itself from the reply: ``server_time``, then exactly one of ``mqtt`` (per-device
+credentials and topic; the default, since MQTT keeps the device reachable from boot) or
+``websocket`` (URL and the device's own token), ``firmware`` only when configured, never
+``activation``. A device that checks in is pending until the user approves it, and a device id
+bound to another Client-Id gets no credentials at all (``DeviceRegistry.admit``).
+The device writes every key and value of those blocks to NVS, where a key over 15 characters
+or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards every reply.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.config import Config, is_loopback_host
+from gateway.device_side.broker import DeviceCredentials, Topics, is_device_id
+from gateway.devices.registry import DeviceRegistry
+from gateway.errors import ConfigError
+from gateway.net.public import OTA_PATH, PublicAddress, split_host
+from gateway.net.rate_limit import configured_limiter, rate_limited
+
+__all__ = ["CheckIn", "OtaEndpoint", "check_reply", "parse_check_in"]
+
+logger = logging.getLogger(__name__)
+
+MAX_KEY = 15  # docs/protocol.md §7.1: NVS keys; longer ones abort the device at boot
+MAX_VALUE = 256  # NVS allows 4000 bytes; ours stay short so a mistake cannot come near it
+KEEPALIVE = 240  # seconds, the stock default (docs/protocol.md §2)
+_NVS_SECTIONS = ("mqtt", "websocket")  # copied key by key into NVS by the device
+_MAX_BODY = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CheckIn:
+    """What a device said about itself in its OTA request."""
+
+    device_id: str
+    client_id: str | None
+    board: str | None
+    firmware: str | None
+
+
+def parse_check_in(headers: Mapping[str, str], body: bytes) -> CheckIn | str:
+    """Read an OTA request (docs/protocol.md §3); return it, or why it cannot be answered."""
+    try:
+        # strict=False: the body is hand-concatenated and may carry raw control characters; a
+        # body that is not JSON at all (an unescaped SSID) still leaves the headers.
+        data = json.loads(body, strict=False) if body else {}
+    except (ValueError, RecursionError):
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    device_id = (headers.get("device-id") or _text(data.get("mac_address")) or "").lower()
+    if not is_device_id(device_id):
+        return "missing or malformed Device-Id (expected the lower-case MAC aa:bb:cc:dd:ee:ff)"
+    board, _, version = (headers.get("user-agent") or "").partition("/")
+    application = data.get("application")
+    board_info = data.get("board")
+    if not version and isinstance(application, dict):
+        version = _text(application.get("version")) or ""
+    if not board and isinstance(board_info, dict):
+        board = _text(board_info.get("type")) or ""
+    return CheckIn(
+        device_id=device_id,
+        client_id=_short(headers.get("client-id")),
+        board=_short(board),
+        firmware=_short(version),
+    )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _short(value: str | None) -> str | None:
+    return value.strip()[:64] or None if value else None
+
+
+def check_reply(reply: Mapping[str, Any]) -> list[str]:
+    """Every way ``reply`` could crash or misconfigure a stock device (empty when safe)."""
+    problems = []
+    if "activation" in reply:
+        problems.append("activation must never be sent (the device would loop on it)")
+    sections = [name for name in _NVS_SECTIONS if name in reply]
+    if len(sections) != 1:
+        problems.append(f"exactly one of mqtt/websocket must be sent, got {sections}")
+    for name in sections:
+        block = reply[name]
+        for key, value in block.items() if isinstance(block, dict) else []:
+            if len(key) > MAX_KEY:
+                problems.append(f"{name}.{key}: key longer than {MAX_KEY} characters")
+            if isinstance(value, str) and len(value.encode()) > MAX_VALUE:
+                problems.append(f"{name}.{key}: value longer than {MAX_VALUE} bytes")
+            if not isinstance(value, str | int) or isinstance(value, bool):
+                problems.append(f"{name}.{key}: only strings and numbers are stored")
+    firmware = reply.get("firmware")
+    if firmware is not None:
+        version = firmware.get("version") if isinstance(firmware, dict) else None
+        parts = version.split(".") if isinstance(version, str) else [""]
+        if not all(p.isdigit() and p.isascii() for p in parts):
+            problems.append(f"firmware.version {version!r} is not numeric (std::stoi throws)")
+        if not isinstance(firmware, dict) or not isinstance(firmware.get("url"), str):
+            problems.append("firmware.url must be a string")
+    server_time = reply.get("server_time")
+    if not isinstance(server_time, dict) or type(server_time.get("timestamp")) is not int:
+        problems.append("server_time.timestamp must be an integer (milliseconds)")
+    return problems
+
+
+class OtaEndpoint:
+    """Answers OTA requests and registers the devices that make them."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: DeviceRegistry,
+        credentials: DeviceCredentials,
+        public: PublicAddress,
+    ) -> None:
+        """Check the OTA settings now.
+
+        Raises:
+            ConfigError: only one of ``ota.firmware_version`` and ``ota.firmware_url`` is set.
+        """
+        if bool(config.ota_firmware_version) != bool(config.ota_firmware_url):
+            raise ConfigError("ota.firmware_url", "set both firmware_version and firmware_url")
+        self._config = config
+        self._registry = registry
+        self._credentials = credentials
+        self._public = public
+        self._topics = Topics(config.mqtt_topic_prefix)
+        self.broker_port: int | None = None  # the embedded broker's port, once it listens
+        self._warned_loopback = False
+
+    @property
+    def transport(self) -> str:
+        """What stock devices are told to use: ``mqtt`` unless MQTT is off."""
+        config = self._config
+        return config.ota_transport if config.mqtt_broker is not None else "websocket"
+
+    def routes(self) -> list[BaseRoute]:
+        """The OTA routes, with and without the trailing slash."""
+        methods = ["GET", "POST"]
+        limiter = configured_limiter(self._config, "ota")  # [limits] ota_per_minute, ota_burst
+        endpoint = rate_limited(self.endpoint, limiter, "OTA check-ins")
+        return [
+            Route(OTA_PATH, endpoint, methods=methods),
+            Route(OTA_PATH.rstrip("/"), endpoint, methods=methods),
+        ]
+
+    async def endpoint(self, request: Request) -> Response:
+        """Answer one OTA request."""
+        if request.method == "GET":
+            return PlainTextResponse("esp-mcp-gateway OTA endpoint: devices POST here\n")
+        body = await request.body()
+        if len(body) > _MAX_BODY:
+            return PlainTextResponse("request body too large\n", status_code=413)
+        check_in = parse_check_in(request.headers, body)
+        client = request.client.host if request.client else "?"
+        if isinstance(check_in, str):
+            logger.warning("refused OTA request from %s: %s", client, check_in)
+            return JSONResponse({"error": check_in}, status_code=400)
+        refusal = self._registry.admit(check_in.device_id, trusted=False, board=check_in.board,
+                                       client_id=check_in.client_id, transport="OTA")  # fmt: skip
+        if refusal is not None:  # no credentials: a bound device is never handed to another
+            logger.warning("refused OTA check-in from %s: %s", client, refusal)
+            return JSONResponse({"error": refusal}, status_code=403)
+        host_header = request.headers.get("host")
+        self._remember(host_header)
+        reply = self.reply(check_in, host_header)
+        problems = check_reply(reply)
+        if problems:  # a 500 makes the device retry later; a bad reply could brick it
+            logger.error("not sending an unsafe OTA reply: %s", "; ".join(problems))
+            return JSONResponse({"error": "gateway misconfigured"}, status_code=500)
+        self._registry.register(
+            check_in.device_id,
+            board=check_in.board,
+            firmware=check_in.firmware,
+            client_id=check_in.client_id,
+            transport=self.transport,
+        )
+        logger.info("OTA: told %s (%s) to use %s", check_in.device_id, client, self.transport)
+        return JSONResponse(reply)
+
+    def reply(self, check_in: CheckIn, host_header: str | None = None) -> dict[str, Any]:
+        """The OTA reply for ``check_in``."""
+        config = self._config
+        now = time.time()
+        reply: dict[str, Any] = {
+            # The device sets its clock to timestamp + offset: it keeps local time.
+            "server_time": {
+                "timestamp": int(now * 1000),
+                "timezone_offset": time.localtime(now).tm_gmtoff // 60,
+            }
+        }
+        if config.ota_firmware_version and config.ota_firmware_url:
+            reply["firmware"] = {
+                "version": config.ota_firmware_version,
+                "url": config.ota_firmware_url,
+            }
+        device_id = check_in.device_id
+        if self.transport == "mqtt":
+            reply["mqtt"] = {
+                "endpoint": self._public.mqtt_endpoint(self.broker_port, host_header),
+                "client_id": device_id,
+                "username": device_id,
+                "password": self._credentials.password_for(device_id, check_in.client_id),
+                "publish_topic": self._topics.up(device_id),
+                "keepalive": KEEPALIVE,
+            }
+        else:
+            reply["websocket"] = {
+                "url": self._public.websocket_url(host_header),
+                # Its own credential, not the shared device token: a token would make whoever
+                # checks in a trusted device; this one admits this device id, pending approval.
+                "token": self._credentials.password_for(device_id, check_in.client_id),
+                "version": 1,
+            }
+        return reply
+
+    def _remember(self, host_header: str | None) -> None:
+        if not host_header:
+            return
+        host, port = split_host(host_header)
+        if host:
+            self._public.seen = (host, port or 80)
+        lan = not self._config.device_listen.is_loopback
+        if lan and is_loopback_host(host) and not self._config.public_url:
+            if not self._warned_loopback:
+                self._warned_loopback = True
+                logger.warning(
+                    "a device reached the OTA endpoint through loopback (%s), so it is told to "
+                    "use loopback too; devices on the LAN must use this machine's LAN address "
+                    "(or set public_url)",
+                    host_header,
+                )

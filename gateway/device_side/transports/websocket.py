@@ -1,0 +1,115 @@
+"""The device WebSocket at ``/xiaozhi/v1/``: authenticate, accept, and run a DeviceConnection.
+
+Stock firmware sends its identity and token as headers (``Authorization``, ``Device-Id``,
+``Client-Id``, ``Protocol-Version``; docs/protocol.md §1); some clients send the same as query
+parameters instead. A device without a valid token is refused before the upgrade (HTTP 403).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from gateway.device_side.broker.topics import is_device_id
+from gateway.devices.link import DeviceIdentity, LinkClosed
+from gateway.net.addresses import DEVICE_PATH
+
+__all__ = ["StarletteLink", "authenticate", "device_websocket_routes"]
+
+logger = logging.getLogger(__name__)
+
+
+class StarletteLink:
+    """A ``DeviceLink`` over a Starlette WebSocket; binary (audio) frames are ignored."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self._ws = websocket
+
+    async def send(self, text: str) -> None:
+        """Send one text frame."""
+        try:
+            await self._ws.send_text(text)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise LinkClosed(str(exc)) from None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        """Yield text frames until the device goes away."""
+        while True:
+            try:
+                message = await self._ws.receive()
+            except (RuntimeError, OSError):
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            del message  # an idle device must not keep its last frame alive (thousands do)
+            if text is not None:
+                yield text
+                del text
+            # bytes: Opus audio frames (docs/protocol.md §1) mean nothing to a tool gateway
+
+    async def aclose(self) -> None:
+        """Close the WebSocket if it is still open."""
+        if self._ws.application_state == WebSocketState.CONNECTED:
+            try:
+                await self._ws.close()
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass  # the device left first: nothing to close
+
+
+def _first(*values: str | None) -> str | None:
+    return next((v for v in values if v), None)
+
+
+Admit = Callable[[DeviceIdentity, str], str | None]
+"""``admit(identity, token)``: None when this device may connect with this token, else why not."""
+
+
+def authenticate(
+    headers: Mapping[str, str], query: Mapping[str, str], admit: Admit
+) -> DeviceIdentity | str:
+    """The device's identity if it is admitted, else the reason to refuse it."""
+    device_id = _first(headers.get("device-id"), query.get("device-id"), query.get("device_id"))
+    if not device_id or not is_device_id(device_id.lower()):
+        return "missing or malformed Device-Id"
+    authorization = _first(headers.get("authorization"), query.get("authorization"))
+    token = _first(query.get("token"))
+    if authorization:
+        # Stock firmware sends "Bearer <token>", or the token verbatim if it holds a space.
+        token = authorization.removeprefix("Bearer ").strip()
+    identity = DeviceIdentity(
+        device_id=device_id.lower(),
+        client_id=_first(headers.get("client-id"), query.get("client-id"), query.get("client_id")),
+        transport="websocket",
+        host=headers.get("host"),
+    )
+    if not token:
+        return "missing device token"
+    refusal = admit(identity, token)
+    return identity if refusal is None else refusal
+
+
+def device_websocket_routes(
+    admit: Admit,
+    serve: Callable[[StarletteLink, DeviceIdentity], Awaitable[None]],
+) -> list[BaseRoute]:
+    """The device WebSocket routes; ``serve`` runs a connection for an authenticated device."""
+
+    async def endpoint(websocket: WebSocket) -> None:
+        client = websocket.client
+        remote = f"{client.host}:{client.port}" if client else None
+        identity = authenticate(websocket.headers, websocket.query_params, admit)
+        if isinstance(identity, str):
+            logger.warning("refused device WebSocket from %s: %s", remote, identity)
+            await websocket.close(code=1008)  # before accept(): the client gets HTTP 403
+            return
+        await websocket.accept()
+        await serve(StarletteLink(websocket), identity)
+
+    return [
+        WebSocketRoute(DEVICE_PATH, endpoint),
+        WebSocketRoute(DEVICE_PATH.rstrip("/"), endpoint),
+    ]

@@ -1,0 +1,215 @@
+"""The audit log: one JSON line per device call (who, device, tool, arguments, outcome, time).
+
+The file is private (mode 0600 in the 0700 data dir). Writing it never fails a call: when the
+disk is full or the data dir read-only the record is lost, the first failure is logged (once, not
+at every call), the file is opened again for the next record, and when records are written again
+the log says so and how many were lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import logging.handlers
+import sys
+import time
+from collections.abc import Callable, Iterator
+from io import TextIOWrapper
+from pathlib import Path
+from typing import Any
+
+from gateway.datadir import open_private, private_dir
+
+__all__ = ["AuditLog", "CallWatcher"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_BYTES = 10 * 1024 * 1024
+_BACKUPS = 5
+_SCAN_BYTES = 4 * 1024 * 1024  # read at most this much of the log for one page
+_BLOCK = 64 * 1024
+
+# Told of every call as it ends: its outcome and how long it took (seconds); metrics count them.
+CallWatcher = Callable[[str, float], None]
+
+
+class _AuditFile(logging.handlers.RotatingFileHandler):
+    """The rotating file, made 0600; a record that cannot be written is counted, not raised."""
+
+    def __init__(self, path: Path) -> None:
+        # delay: the file opens at the first record, so that opening is retried like writing.
+        super().__init__(
+            path, maxBytes=_MAX_BYTES, backupCount=_BACKUPS, encoding="utf-8", delay=True
+        )
+        self.lost = 0  # records not written since the last one that was
+
+    def _open(self) -> TextIOWrapper:
+        fd = open_private(Path(self.baseFilename))
+        return open(fd, "a", encoding=self.encoding, errors=self.errors)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write ``record`` (``handleError`` counts it when that fails)."""
+        lost = self.lost
+        super().emit(record)
+        if lost and self.lost == lost:
+            logger.warning("the audit log is written again (%d records were lost)", lost)
+            self.lost = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Count the lost record; log the first of a run of failures; reopen next time."""
+        self.lost += 1
+        if self.stream is not None:  # a full disk may leave the stream broken: start afresh
+            with contextlib.suppress(Exception):
+                self.stream.close()
+            self.stream = None
+        if self.lost == 1:
+            logger.error("cannot write the audit log %s (%s); calls go on, but their records "
+                         "are lost until it can be written", self.baseFilename,
+                         sys.exc_info()[1])  # fmt: skip
+
+
+class AuditLog:
+    """Appends call records to ``audit.log`` in the data dir (rotated at 10 MB, 5 kept)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.watchers: list[CallWatcher] = []
+        self._logger = logging.getLogger(f"gateway.devices.audit.{id(self)}")
+        self._logger.propagate = False  # audit records go to the file, not the console
+        self._logger.setLevel(logging.INFO)
+        self._handler: _AuditFile | None = None
+        if path is not None:
+            private_dir(path.parent)
+            self._handler = _AuditFile(path)
+            self._logger.addHandler(self._handler)
+
+    def record(
+        self,
+        *,
+        caller: str,
+        device_id: str | None,
+        alias: str | None,
+        tool: str,
+        arguments: dict[str, Any],
+        outcome: str,
+        message: str | None,
+        started: float,
+    ) -> None:
+        """Write one call's record; a failure to write it is logged, never raised."""
+        seconds = time.monotonic() - started
+        for watcher in self.watchers:
+            watcher(outcome, seconds)
+        if self._handler is None:
+            return
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "caller": caller,
+            "device_id": device_id,
+            "device": alias,
+            "tool": tool,
+            "arguments": arguments,
+            "outcome": outcome,
+            "message": message,
+            "duration_ms": round(seconds * 1000, 1),
+        }
+        self._logger.info("%s", json.dumps(entry, ensure_ascii=False, default=str))
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        if self._handler is not None:
+            self._logger.removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
+
+    def page(
+        self, *, device: str | None = None, outcome: str | None = None,
+        cursor: str | None = None, limit: int = 50,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Records newest first, those of ``device`` (alias or id) and ``outcome`` only.
+
+        ``outcome`` ``"failed"`` stands for every outcome but ``ok``. A page holds ``limit``
+        records at most and reads a few MB of the log at most; ``next_cursor`` (when more may
+        follow) is where the next page starts reading, so records written meanwhile never
+        shift a page.
+
+        Raises:
+            ValueError: the cursor is not one this log gave out.
+        """
+        files = self._files()
+        start = (0, files[0].stat().st_size if files else 0)
+        if cursor is not None:
+            try:
+                index, offset = (int(part) for part in cursor.split(":"))
+            except ValueError:
+                raise ValueError("cursor is not one this gateway gave out") from None
+            start = (index, offset)
+        records: list[dict[str, Any]] = []
+        scanned = 0
+        for index, offset, line in _lines_backwards(files, *start):
+            scanned += len(line) + 1
+            entry = _parse(line)
+            if entry is not None and _matches(entry, device, outcome):
+                records.append(entry)
+            if len(records) >= limit or scanned >= _SCAN_BYTES:
+                more = offset > 0 or index + 1 < len(files)
+                return {
+                    "records": records,
+                    **({"next_cursor": f"{index}:{offset}"} if more else {}),
+                }
+        return {"records": records}
+
+    def _files(self) -> list[Path]:
+        """The log and its rotated copies, newest first (the rotation's own naming)."""
+        if self.path is None:
+            return []
+        names = [self.path, *(self.path.with_name(f"{self.path.name}.{n}")
+                              for n in range(1, _BACKUPS + 1))]  # fmt: skip
+        return [path for path in names if path.exists()]
+
+
+def _lines_backwards(files: list[Path], index: int, offset: int) -> Iterator[tuple[int, int, str]]:
+    """Each line before ``offset`` of ``files[index]``, last first, then those of older files.
+
+    Yields ``(index, offset, line)`` where ``offset`` is where the line starts.
+    """
+    for number in range(index, len(files)):
+        try:
+            with open(files[number], "rb") as file:
+                end = offset if number == index else file.seek(0, 2)
+                tail = b""
+                while end > 0:
+                    size = min(_BLOCK, end)
+                    file.seek(end - size)
+                    block = file.read(size) + tail
+                    end -= size
+                    lines = block.split(b"\n")
+                    tail = lines.pop(0)  # may continue in the previous block
+                    position = end + len(tail) + 1
+                    starts = []
+                    for line in lines:
+                        starts.append(position)
+                        position += len(line) + 1
+                    for line, at in zip(reversed(lines), reversed(starts), strict=True):
+                        if line.strip():
+                            yield number, at, line.decode("utf-8", "replace")
+                if tail.strip():
+                    yield number, 0, tail.decode("utf-8", "replace")
+        except OSError:
+            continue  # rotated away meanwhile: the next file holds the older records
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _matches(entry: dict[str, Any], device: str | None, outcome: str | None) -> bool:
+    if device is not None and device not in (entry.get("device"), entry.get("device_id")):
+        return False
+    if outcome == "failed":
+        return entry.get("outcome") != "ok"
+    return outcome is None or entry.get("outcome") == outcome

@@ -1,0 +1,221 @@
+"""The companion dashboard at ``/`` on the host listener: pages, and the JSON they read.
+
+The pages are hand-written HTML, JS and CSS in ``static/`` (no build step, no CDN). They call
+the host listener's JSON API (``/api/call`` with ``user=True``, ``/api/devices/approve`` ...)
+and the few endpoints here: the device list as a live SSE feed, a device's tools, rename, the
+audit log and the setup facts. Access is the JSON API's: open on loopback without a host
+token; with one, a bearer token or a signed-in session (``session.py``). Every route here but
+the sign-in page and the static files sits behind the host listener's guard (``routes``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
+
+from gateway.config import Config
+from gateway.devices.audit import AuditLog
+from gateway.devices.registry import DeviceRegistry
+from gateway.host_side.dashboard.session import COOKIE, LIFETIME, Sessions, cookie_value
+from gateway.host_side.dashboard.views import device_summary, device_tools, setup_facts
+from gateway.net.public import PublicAddress
+from gateway.net.rate_limit import RateLimiter, rate_limited
+
+__all__ = ["Dashboard", "Sessions"]
+
+STATIC = Path(__file__).parent / "static"
+KEEPALIVE = 15.0  # seconds between SSE comments, so proxies keep an idle feed open
+# At most one device list a second per open tab: in a churning fleet of thousands every join
+# would otherwise re-send the whole list; changes meanwhile fold into the next one.
+FEED_INTERVAL = 1.0
+# Pages run only our own files: no inline script, images from us or data: URLs (tool results).
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}  # fmt: skip
+
+Guard = Callable[[ASGIApp], ASGIApp]
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Dashboard:
+    """The dashboard's routes and sessions, over the gateway's registry and audit log."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: DeviceRegistry,
+        audit: AuditLog,
+        public: PublicAddress,
+        device_token: Callable[[], str],
+    ) -> None:
+        self.config, self.registry, self.audit, self.public = config, registry, audit, public
+        self.device_token = device_token
+        self.sessions = Sessions(config.host_token)
+
+    def routes(self, guard: Guard, endpoint: Callable[[Handler], ASGIApp]) -> list[BaseRoute]:
+        """Routes for the host app; ``guard`` requires auth, ``endpoint`` makes a view an app."""
+
+        def api(path: str, handler: Handler, method: str = "GET") -> Route:
+            return Route(path, endpoint=guard(endpoint(handler)), methods=[method])
+
+        login = rate_limited(self.login, RateLimiter(per_minute=20, burst=10), "sign-in attempts")
+        return [
+            Route("/", endpoint=self.index, methods=["GET"]),
+            Route("/login", endpoint=self.login_page, methods=["GET"]),
+            Route("/login", endpoint=login, methods=["POST"]),
+            Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+            api("/api/session", self.session),
+            api("/api/logout", self.logout, "POST"),
+            api("/api/events", self.events),
+            api("/api/dashboard/devices", self.devices),
+            api("/api/dashboard/tools", self.tools),
+            api("/api/devices/rename", self.rename, "POST"),
+            api("/api/audit", self.audit_page),
+            api("/api/setup", self.setup),
+        ]
+
+    # --- pages -------------------------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        """The dashboard, or the sign-in page for a browser that has not signed in."""
+        if self.sessions.required and self.sessions.get(request.cookies.get(COOKIE)) is None:
+            return RedirectResponse("/login", 303)
+        return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
+
+    async def login_page(self, request: Request) -> Response:
+        """The sign-in form (nothing to sign in to without a host token)."""
+        if not self.sessions.required:
+            return RedirectResponse("/", 303)
+        return FileResponse(STATIC / "login.html", headers=PAGE_HEADERS)
+
+    async def login(self, request: Request) -> Response:
+        """Exchange the host token for a session cookie."""
+        body = await _json(request)
+        token = body.get("token") if isinstance(body, dict) else None
+        session = self.sessions.login(token) if isinstance(token, str) else None
+        if session is None:
+            return JSONResponse({"error": "that is not this gateway's host token"}, 401)
+        response = JSONResponse({"signed_in": True})
+        response.set_cookie(COOKIE, session.id, max_age=int(LIFETIME), path="/", httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https")  # fmt: skip
+        return response
+
+    # --- JSON --------------------------------------------------------------------------------
+
+    async def session(self, request: Request) -> Response:
+        """The CSRF token this page sends with every change (empty without sign-in)."""
+        session = self.sessions.get(request.cookies.get(COOKIE))
+        body = {"csrf": session.csrf if session else "", "sign_in": self.sessions.required}
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+    async def logout(self, request: Request) -> Response:
+        """End this browser's session."""
+        self.sessions.logout(request.cookies.get(COOKIE))
+        response = JSONResponse({"signed_out": True})
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+    async def devices(self, request: Request) -> Response:
+        """Every device, as the list shows it."""
+        return JSONResponse({"devices": self._summaries()})
+
+    async def events(self, request: Request) -> Response:
+        """The device list as server-sent events: now, then after every change."""
+        session_id = cookie_value(request.headers.get("cookie", ""))
+        signed_in = session_id is not None and "authorization" not in request.headers
+        alive = (lambda: self.sessions.get(session_id) is not None) if signed_in else None
+        return StreamingResponse(
+            self._device_feed(alive),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def tools(self, request: Request) -> Response:
+        """``?device=``: every tool of one device, user-only ones included."""
+        device = self.registry.find(request.query_params.get("device", ""))
+        if device is None:
+            return JSONResponse({"error": "unknown device"}, 404)
+        return JSONResponse({"device": device_summary(device), "tools": device_tools(device)})
+
+    async def rename(self, request: Request) -> Response:
+        """``{device, name}``: a new alias, and new MCP names for the device's tools."""
+        body = await _json(request)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "expected {device, name}"}, 400)
+        ref, name = body.get("device"), body.get("name")
+        if not isinstance(ref, str) or not isinstance(name, str) or not 0 < len(name.strip()) <= 32:
+            return JSONResponse({"error": "expected {device, name}: name 1 to 32 characters"}, 400)
+        device = self.registry.find(ref)
+        if device is None:
+            return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
+        try:
+            alias = self.registry.rename(device, name)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, 409)
+        return JSONResponse({"renamed": {"device": alias, "id": device.device_id}})
+
+    async def audit_page(self, request: Request) -> Response:
+        """Audit records newest first; ``device``, ``outcome`` (or ``failed``), ``cursor``."""
+        query = request.query_params
+        try:
+            limit = min(max(int(query.get("limit", "50")), 1), 500)
+            page = self.audit.page(
+                device=query.get("device") or None,
+                outcome=query.get("outcome") or None,
+                cursor=query.get("cursor") or None,
+                limit=limit,
+            )
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        page["enabled"] = self.config.audit_log
+        return JSONResponse(page)
+
+    async def setup(self, request: Request) -> Response:
+        """The device token, device URLs and MCP host configs."""
+        host = request.headers.get("host")
+        facts = setup_facts(self.config, self.public, self.device_token(), host)
+        return JSONResponse(facts, headers={"Cache-Control": "no-store"})
+
+    def _summaries(self) -> list[dict[str, Any]]:
+        return [device_summary(device) for device in self.registry.devices()]
+
+    async def _device_feed(self, alive: Callable[[], bool] | None) -> AsyncIterator[str]:
+        """The device list now and after changes; it ends when the browser's session does."""
+        async with self.registry.device_changes() as changes:
+            while alive is None or alive():
+                yield f"event: devices\ndata: {json.dumps(self._summaries())}\n\n"
+                await asyncio.sleep(FEED_INTERVAL)
+                while True:
+                    try:
+                        async with asyncio.timeout(KEEPALIVE):
+                            await anext(changes)
+                        break
+                    except TimeoutError:
+                        if alive is not None and not alive():
+                            return  # signed out meanwhile
+                        yield ": keepalive\n\n"
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        return None

@@ -1,0 +1,112 @@
+"""What the dashboard shows, as JSON: devices, a device's tools, and the setup page's facts.
+
+Unlike ``list_devices`` (what the model sees), a device here shows every tool, user-only ones
+included, with what the model may do with it: the dashboard is the user's own companion app.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.config import Config, is_loopback_host
+from gateway.devices.calls import format_time
+from gateway.devices.registry import APPROVED, Device
+from gateway.net.public import OTA_PATH, PublicAddress
+
+__all__ = ["device_summary", "device_tools", "host_configs", "setup_facts"]
+
+JsonObject = dict[str, Any]
+SERVER_NAME = "esp32"
+
+
+def status(device: Device) -> str:
+    """online, offline, pending or rejected: what the device list shows first."""
+    if device.record.state != APPROVED:
+        return device.record.state
+    return "online" if device.online else "offline"
+
+
+def device_summary(device: Device) -> JsonObject:
+    """One row of the device list."""
+    record = device.record
+    summary: JsonObject = {
+        "device": device.alias,
+        "id": device.device_id,
+        "status": status(device),
+        "online": device.online,
+        "board": record.board,
+        "firmware": device.firmware,
+        "transport": record.transport,
+        "last_seen": format_time(record.last_seen),
+        "tools": len(device.tools),
+        "rejected": [{"tool": r.tool, "reason": r.reason} for r in device.rejected],
+    }
+    if device.conflict is not None:
+        summary["conflict"] = device.conflict
+    return summary
+
+
+def device_tools(device: Device) -> list[JsonObject]:
+    """Every tool of ``device``, with its schema and whether the model or the user may call it."""
+    return [
+        {
+            "tool": tool.spec.name,
+            "mcp_name": tool.name,
+            "description": tool.spec.description,
+            "inputSchema": tool.spec.input_schema,
+            "user_only": tool.spec.user_only,
+            "model_refusal": tool.refusal,
+            "user_refusal": tool.refused(user=True),
+        }
+        for tool in device.tools.values()
+    ]
+
+
+def setup_facts(
+    config: Config, public: PublicAddress, device_token: str, host_header: str | None
+) -> JsonObject:
+    """The setup page: where devices connect, with which token, and MCP host configs."""
+    scheme, host, port = public.device_base()
+    seen = _hostname(host_header or "")
+    if not config.public_url and is_loopback_host(host) and seen and not is_loopback_host(seen):
+        host = seen  # the name this browser reached the gateway by: the boards' best guess too
+    where = f"[{host}]" if ":" in host else host
+    mcp_url = f"http://{host_header or f'127.0.0.1:{config.host_listen.port}'}/mcp"
+    return {
+        "device_token": device_token,
+        "websocket_url": f"{'wss' if scheme == 'https' else 'ws'}://{where}:{port}/xiaozhi/v1/",
+        "ota_url": f"{scheme}://{where}:{port}{OTA_PATH}" if config.ota_enabled else None,
+        "mcp_url": mcp_url,
+        "host_token_required": bool(config.host_token),
+        "configs": host_configs(mcp_url, bool(config.host_token)),
+    }
+
+
+def host_configs(mcp_url: str, token: bool) -> dict[str, str]:
+    """Ready-to-paste MCP host configs for this gateway (the host token as a placeholder)."""
+    bearer = "Bearer <host token>"
+    desktop: JsonObject = {
+        "command": "esp-mcp-gateway",
+        "args": ["stdio", "--connect", mcp_url],
+    }
+    if token:
+        desktop["env"] = {"GATEWAY_HOST_TOKEN": "<host token>"}
+    vscode: JsonObject = {"type": "http", "url": mcp_url}
+    if token:
+        vscode["headers"] = {"Authorization": bearer}
+    code = f"claude mcp add --transport http {SERVER_NAME} {mcp_url}"
+    if token:
+        code += f' --header "Authorization: {bearer}"'
+    return {
+        "claude_desktop": json.dumps({"mcpServers": {SERVER_NAME: desktop}}, indent=2),
+        "claude_code": code,
+        "vscode": json.dumps({"servers": {SERVER_NAME: vscode}}, indent=2),
+    }
+
+
+def _hostname(host_header: str) -> str:
+    host, sep, port = host_header.rpartition(":")
+    if not sep or not port.isdigit():
+        host = host_header
+    return host.strip("[]")

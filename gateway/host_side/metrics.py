@@ -1,0 +1,124 @@
+"""``/metrics``: the gateway in Prometheus text format.
+
+Each gateway has its own ``CollectorRegistry`` (tests run many gateways in one process). What
+can be read off the gateway's state (devices by state and transport, MCP sessions, rejected
+tools, broker clients, refused connections) is read at scrape time; only events are counted as
+they happen: calls (told by the audit log as each ends) and discoveries (told by the registry).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import Counter as CounterMetric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.devices.audit import AuditLog
+from gateway.devices.registry import APPROVED, DeviceRegistry
+
+__all__ = ["GatewayMetrics"]
+
+_CALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_DISCOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    """The gateway's metrics registry, and the ``/metrics`` view over it."""
+
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        audit: AuditLog,
+        *,
+        mcp_sessions: Callable[[], int],
+        broker_clients: Callable[[], Collection[str]] | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.calls = CounterMetric("gateway_calls", "Device tool calls by outcome",
+                                   ["outcome"], registry=self.registry)  # fmt: skip
+        self.call_seconds = Histogram("gateway_call_duration_seconds",
+                                      "How long device tool calls took, policy checks included",
+                                      buckets=_CALL_BUCKETS, registry=self.registry)  # fmt: skip
+        self.discovery_seconds = Histogram(
+            "gateway_discovery_duration_seconds",
+            "From a device connecting to the gateway knowing its tools",
+            buckets=_DISCOVERY_BUCKETS,
+            registry=self.registry,
+        )
+        self.refusals: dict[str, Callable[[], Mapping[str, int]]] = {}  # listener -> counts
+        self.admissions_refused: Counter[str] = Counter()  # transport -> devices turned away
+        self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
+        self.registry.register(self._state)
+        audit.watchers.append(self.call_ended)
+        registry.discovery_watchers.append(self.discovery_seconds.observe)
+
+    def call_ended(self, outcome: str, seconds: float) -> None:
+        """Count one call (``AuditLog`` watcher)."""
+        self.calls.labels(outcome).inc()
+        self.call_seconds.observe(seconds)
+
+    def admitted(self, refusal: str | None, transport: str) -> bool:
+        """Count a device connection refused at admission (bad token, rejected, rebound)."""
+        if refusal is not None:
+            self.admissions_refused[transport] += 1
+        return refusal is None
+
+    async def endpoint(self, request: Request) -> Response:
+        """``GET /metrics``."""
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _StateCollector(Collector):
+    """Gauges read off the gateway at each scrape."""
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        registry: DeviceRegistry,
+        mcp_sessions: Callable[[], int],
+        broker_clients: Callable[[], Collection[str]] | None,
+    ) -> None:
+        self._metrics, self._registry = metrics, registry
+        self._sessions, self._broker = mcp_sessions, broker_clients
+
+    def describe(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        return []  # names known only at collect time are fine; nothing to check up front
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        devices = GaugeMetricFamily("gateway_devices", "Known devices by state and transport",
+                                    labels=["state", "transport"])  # fmt: skip
+        counts: Counter[tuple[str, str]] = Counter()
+        rejected = 0
+        for device in self._registry.devices():
+            state = device.record.state
+            if state == APPROVED:
+                state = "online" if device.online else "offline"
+            counts[state, device.record.transport or "none"] += 1
+            rejected += len(device.rejected)
+        for (state, transport), count in sorted(counts.items()):
+            devices.add_metric([state, transport], count)
+        yield devices
+        yield GaugeMetricFamily("gateway_rejected_tools",
+                                "Device tools not served: invalid name, description or schema",
+                                value=rejected)  # fmt: skip
+        yield GaugeMetricFamily("gateway_mcp_sessions", "Connected MCP sessions (stateful)",
+                                value=self._sessions())  # fmt: skip
+        if self._broker is not None:
+            yield GaugeMetricFamily("gateway_broker_clients",
+                                    "Device clients connected to the embedded MQTT broker",
+                                    value=len(self._broker()))  # fmt: skip
+        refused = CounterMetricFamily("gateway_refused_connections",
+                                      "Connections refused or closed by a listener's limits, and "
+                                      "device connections refused at admission",
+                                      labels=["listener", "reason"])  # fmt: skip
+        for listener, counts_of in sorted(self._metrics.refusals.items()):
+            for reason, count in sorted(counts_of().items()):
+                refused.add_metric([listener, reason], count)
+        for transport, count in sorted(self._metrics.admissions_refused.items()):
+            refused.add_metric([transport, "admission"], count)
+        yield refused

@@ -1,0 +1,258 @@
+"""What hosts see in ``tools/list``: the mode, grouped tools, and pages served from a snapshot.
+
+A ``Listing`` is made from the registry once per change (never per request): its entries in a
+deterministic order (meta-tools, then devices by alias with their tools in device order) cut
+into pages of at most ``PAGE_BYTES``, far under the 1 MiB an SDK client accepts. A cursor names
+a listing and a page, and the last few listings are kept, so a host paging through one listing
+while devices come and go sees every tool exactly once; a cursor whose listing is gone (or any
+other cursor) starts again from the first page of the current one.
+
+Modes (``[tools] mode``, DESIGN.md "Tool naming"): ``per-device`` lists every device tool by its
+own MCP name; ``grouped`` lists a tool that devices share (same name, same schema) once, named
+after the tool, with a required ``device`` argument that routes the call; ``meta`` lists only
+the meta-tools; ``auto`` is per-device while the device tools fit ``[tools] budget``, grouped
+above it. Auto never falls back to meta-tools only: hosts that ignore ``tools/list_changed``
+(Claude Code) must find their devices' tools in the first list they get.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp.types as types
+
+from gateway.config import Config
+from gateway.devices.catalogue import ToolSpec
+from gateway.devices.naming import MAX_NAME_LENGTH, META_TOOL_NAMES, short_hash, tool_suffix
+from gateway.devices.registry import DeviceRegistry, DeviceTool
+
+__all__ = ["PAGE_BYTES", "Listing", "ToolGroup", "ToolLister"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+PAGE_BYTES = 200_000  # a page's tools as JSON, about; the reply stays well under 256 KB
+ENUM_LIMIT = 64  # a group's `device` argument lists its aliases up to this many devices
+_KEPT_LISTINGS = 8  # listings a cursor may still point into
+_KEPT_PAGES = 64  # pages of MCP Tool objects kept made
+_ENTRY_OVERHEAD = 190  # bytes a tool adds beyond its name, description and schema (measured)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ToolGroup:
+    """One tool that several devices share, listed once with an argument naming the device."""
+
+    name: str
+    spec: ToolSpec
+    members: tuple[DeviceTool, ...]  # by alias
+    argument: str  # the argument that names the device ("device" unless the tool has one)
+    _by_ref: dict[str, DeviceTool] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for member in self.members:
+            self._by_ref.setdefault(member.device.alias, member)
+            self._by_ref.setdefault(member.device.device_id, member)
+
+    def member(self, ref: str) -> DeviceTool | None:
+        """The member tool on the device whose alias or id is ``ref``."""
+        return self._by_ref.get(ref) or self._by_ref.get(ref.lower())
+
+    def aliases(self, most: int) -> list[str]:
+        """The first ``most`` devices' aliases, in list order."""
+        return [member.device.alias for member in self.members[:most]]
+
+
+Entry = DeviceTool | ToolGroup
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Listing:
+    """One snapshot of the tool list, cut into pages."""
+
+    version: int
+    mode: str  # the mode in effect: per-device, grouped or meta
+    entries: tuple[Entry, ...]
+    pages: tuple[tuple[int, int], ...]  # [start, end) of each page in entries
+    groups: dict[str, ToolGroup]
+
+
+class ToolLister:
+    """Makes listings from the registry as it changes, and answers pages by cursor."""
+
+    def __init__(self, config: Config, registry: DeviceRegistry) -> None:
+        self._config = config
+        self._registry = registry
+        self._listings: OrderedDict[int, Listing] = OrderedDict()
+        # MCP Tool objects of recently listed pages: made once per page, not kept for a whole
+        # fleet (250,000 tools at 10,000 devices would weigh hundreds of megabytes).
+        self._made: OrderedDict[tuple[int, int], list[types.Tool]] = OrderedDict()
+        self._mode = ""
+
+    def current(self) -> Listing:
+        """The listing of what hosts see now."""
+        version = self._registry.version
+        listing = self._listings.get(version)
+        if listing is None:
+            listing = self._listings[version] = self._make(version)
+            while len(self._listings) > _KEPT_LISTINGS:
+                self._listings.popitem(last=False)
+        return listing
+
+    def page(self, cursor: str | None) -> tuple[list[types.Tool], bool, str | None]:
+        """The device tools of the page ``cursor`` points at, whether it is the first page, and
+        the cursor of the page after it."""
+        listing, index = self._resolve(cursor)
+        key = (listing.version, index)
+        tools = self._made.get(key)
+        if tools is None:
+            start, end = listing.pages[index]
+            tools = self._made[key] = [_as_mcp_tool(e) for e in listing.entries[start:end]]
+            while len(self._made) > _KEPT_PAGES:
+                self._made.popitem(last=False)
+        following = index + 1
+        more = following < len(listing.pages)
+        return tools, index == 0, f"{listing.version}.{following}" if more else None
+
+    def group(self, name: str) -> ToolGroup | None:
+        """The group listed as ``name`` now, if any."""
+        return self.current().groups.get(name)
+
+    def _resolve(self, cursor: str | None) -> tuple[Listing, int]:
+        if cursor:
+            version, _, index = cursor.partition(".")
+            listing = self._listings.get(int(version)) if version.isdigit() else None
+            if listing is not None and index.isdigit() and int(index) < len(listing.pages):
+                return listing, int(index)
+        return self.current(), 0  # first page, or a stale cursor: start again, cleanly
+
+    # --- making a listing ------------------------------------------------------------------
+
+    def _make(self, version: int) -> Listing:
+        tools = self._listed_tools()
+        mode = self._effective_mode(tools)
+        groups: dict[str, ToolGroup] = {}
+        entries: Sequence[Entry] = ()
+        if mode == "per-device":
+            entries = tools
+        elif mode == "grouped":
+            groups = _groups(tools)
+            entries = tuple(groups.values())
+        return Listing(version, mode, tuple(entries), _pages(entries), groups)
+
+    def _listed_tools(self) -> list[DeviceTool]:
+        """The exposed tools, less those of devices offline for longer than ``offline_age``."""
+        cutoff = time.time() - self._config.tools_offline_age
+        return [
+            tool
+            for tool in self._registry.exposed_tools()
+            if tool.device.online or tool.device.record.last_seen >= cutoff
+        ]
+
+    def _effective_mode(self, tools: list[DeviceTool]) -> str:
+        mode = self._config.tools_mode
+        if mode == "auto":
+            budget = self._config.tools_budget
+            mode = "per-device" if len(tools) <= budget else "grouped"
+            if mode != self._mode and mode == "grouped":
+                logger.info(
+                    "%d device tools exceed the tools budget of %d: listing tools that devices "
+                    "share once each, with a `device` argument ([tools] mode and budget)",
+                    len(tools),
+                    budget,
+                )
+        self._mode = mode  # the switch to grouped is logged once, not at every listing
+        return mode
+
+
+def _groups(tools: list[DeviceTool]) -> dict[str, ToolGroup]:
+    """Tools grouped by name and schema, in order of first appearance, named after the tool."""
+    members: dict[tuple[str, str], list[DeviceTool]] = {}
+    for tool in tools:
+        members.setdefault((tool.spec.name, tool.spec.schema_key), []).append(tool)
+    bases: dict[str, int] = {}
+    for name, _ in members:
+        base = tool_suffix(name)
+        bases[base] = bases.get(base, 0) + 1
+    groups: dict[str, ToolGroup] = {}
+    for (name, schema_key), group in members.items():
+        base = tool_suffix(name)[: MAX_NAME_LENGTH - 7]
+        if bases[tool_suffix(name)] > 1 or base in META_TOOL_NAMES:
+            base = f"{base}_{short_hash(name, schema_key)}"  # same name, other schemas
+        spec = group[0].spec
+        properties = spec.input_schema.get("properties")
+        taken = isinstance(properties, dict) and "device" in properties
+        argument = "target_device" if taken else "device"  # never shadow the tool's own
+        groups[base] = ToolGroup(base, spec, tuple(group), argument)
+    return groups
+
+
+def _pages(entries: Sequence[Entry]) -> tuple[tuple[int, int], ...]:
+    pages: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for index, entry in enumerate(entries):
+        weight = entry.spec.size + _ENTRY_OVERHEAD
+        if isinstance(entry, ToolGroup):
+            weight += sum(len(a) + 3 for a in entry.aliases(ENUM_LIMIT)) * 2
+        if size + weight > PAGE_BYTES and index > start:
+            pages.append((start, index))
+            start, size = index, 0
+        size += weight
+    pages.append((start, len(entries)))
+    return tuple(pages)
+
+
+def _as_mcp_tool(entry: Entry) -> types.Tool:
+    if isinstance(entry, ToolGroup):
+        return _group_tool(entry)
+    spec, alias = entry.spec, entry.device.alias
+    # Built without validation: the catalogue checked every part when the device listed it, and
+    # validating would copy each schema again (a full listing at 10,000 devices makes a quarter
+    # of a million of these, and the copies cost more in garbage collection than in making).
+    # model_construct marks each field it is given as set: pass outputSchema only if there is one.
+    output: dict[str, Any] = {}
+    if spec.output_schema is not None:
+        output["output_schema"] = spec.output_schema
+    return types.Tool.model_construct(
+        name=entry.name,
+        description=f"[{alias}] {spec.description}",
+        input_schema=spec.input_schema,
+        annotations=types.ToolAnnotations.model_construct(
+            title=f"{alias}: {spec.title or spec.name}",
+            read_only_hint=entry.hints.read_only,
+            destructive_hint=entry.hints.destructive,
+        ),
+        **output,
+    )
+
+
+def _group_tool(group: ToolGroup) -> types.Tool:
+    spec = group.spec
+    schema = dict(spec.input_schema)
+    device: JsonObject = {"type": "string"}
+    if len(group.members) <= ENUM_LIMIT:
+        device["enum"] = group.aliases(ENUM_LIMIT)
+        device["description"] = "the device to use"
+    else:
+        device["description"] = f"the device to use: one of {len(group.members)} (list_devices)"
+    schema["properties"] = {group.argument: device, **(schema.get("properties") or {})}
+    required = schema.get("required")
+    schema["required"] = [group.argument, *(required if isinstance(required, list) else [])]
+    count = len(group.members)
+    where = "1 device" if count == 1 else f"{count} devices"
+    return types.Tool(
+        name=group.name,
+        description=f"{spec.description} [on {where}; `{group.argument}` says which]",
+        input_schema=schema,
+        output_schema=spec.output_schema,
+        annotations=types.ToolAnnotations(
+            title=spec.title or spec.name,
+            read_only_hint=all(m.hints.read_only for m in group.members),
+            destructive_hint=any(m.hints.destructive for m in group.members),
+        ),
+    )

@@ -1,0 +1,358 @@
+"""Listener limits: connection caps, request and authentication deadlines, accept errors.
+
+This works at the transport, below any ASGI app. ``protocol_classes()`` returns subclasses of
+uvicorn's h11 and websockets-sansio protocols, and each listener runs with its own pair. Every
+connection those classes see takes a ``Slot`` from the listener's ``Guard``:
+
+- **Caps.** Past ``max_connections`` on the listener, or past ``per_address`` connections from
+  one remote address that have not authenticated, a new connection is aborted at once.
+  Addresses in ``exempt`` have no per-address cap.
+- **Handshake deadline (slow-loris).** Each request's headers must be complete within
+  ``handshake_timeout`` of the connection opening, or of the previous response on a kept-alive
+  connection. uvicorn itself has no such timeout.
+- **Authentication deadline.** A connection that has not authenticated ``auth_timeout``
+  seconds after it opened is aborted. It authenticates when the app accepts its WebSocket (the
+  device route checks the device token first), or, on a listener with ``trust_requests``, with a
+  request carrying ``bearer`` (every request when there is none: a loopback host listener).
+
+Refusals and expiries are logged at a bounded rate (``ThrottledLog``). The embedded broker uses
+the same ``Guard`` (``gateway.device_side.broker.packets``); running out of descriptors is
+``gateway.net.descriptors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from gateway.config import Config
+
+__all__ = [
+    "Guard",
+    "ListenerLimits",
+    "Slot",
+    "ThrottledLog",
+    "in_networks",
+    "listener_limits",
+    "networks",
+    "protocol_classes",
+]
+
+logger = logging.getLogger(__name__)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Headers = Sequence[tuple[bytes, bytes]]
+
+
+def networks(texts: Sequence[str]) -> tuple[Network, ...]:
+    """Parse addresses or networks ("127.0.0.0/8", "::1"); the config checked them already."""
+    return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
+
+
+def in_networks(address: str, nets: Sequence[Network]) -> bool:
+    """True when ``address`` (IPv4-mapped IPv6 included) lies in one of ``nets``."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in net for net in nets)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    """What one listener allows (``[limits]`` in the config)."""
+
+    name: str
+    max_connections: int
+    per_address: int
+    handshake_timeout: float
+    auth_timeout: float
+    exempt: tuple[Network, ...] = ()
+    trust_requests: bool = False
+    bearer: str | None = None
+    # A dashboard session cookie authenticates a browser's connection as the bearer token does
+    # the CLI's: given a Cookie header's value, True when it holds a live session.
+    session: Callable[[bytes], bool] | None = None
+
+    def trusts(self, headers: Headers) -> bool:
+        """Does a request with ``headers`` authenticate its connection?"""
+        if not self.trust_requests:
+            return False
+        if self.bearer is None:
+            return True
+        expected = self.bearer.encode()
+        for name, value in headers:
+            name = name.lower()
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                if hmac.compare_digest(value[7:].strip(), expected):
+                    return True
+            elif name == b"cookie" and self.session is not None and self.session(value):
+                return True
+        return False
+
+
+def listener_limits(config: Config, listener: str) -> ListenerLimits:
+    """The limits of the ``device`` or ``host`` listener, or of the embedded broker (``mqtt``)."""
+    host = listener == "host"
+    return ListenerLimits(
+        name=listener,
+        max_connections=config.limits_host_connections
+        if host
+        else config.limits_device_connections,
+        per_address=config.limits_per_address,
+        handshake_timeout=config.limits_handshake_timeout,
+        auth_timeout=config.limits_auth_timeout,
+        exempt=networks(config.limits_exempt_addresses),
+        # Devices authenticate by their WebSocket being accepted (or their MQTT CONNECT); host
+        # requests by the host token.
+        trust_requests=host,
+        bearer=config.host_token if host else None,
+    )
+
+
+class ThrottledLog:
+    """Logs each kind of event at most once per ``interval``, counting the ones held back."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log, self._interval, self._clock = log, interval, clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def warning(self, kind: str, message: str, *args: object) -> bool:
+        """Log ``message`` unless ``kind`` was logged within the interval; True if logged."""
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self._interval:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        held = self._held.pop(kind, 0)
+        if held and last is not None:
+            message += " (and %d more like it in the last %.0f s)"
+            args = (*args, held, now - last)
+        self._log.warning(message, *args)
+        return True
+
+
+class Guard:
+    """One listener's connection accounting: caps, deadlines, and the log of what it refused."""
+
+    def __init__(self, limits: ListenerLimits, log: ThrottledLog | None = None) -> None:
+        self.limits = limits
+        self.connections = 0
+        self.unauthenticated: dict[str, int] = {}  # remote address -> open, not authenticated
+        self.refused: dict[str, int] = {}  # why (cap, per_address, handshake, auth) -> how many
+        self.log = log or ThrottledLog(logger)
+
+    def admit(self, transport: asyncio.WriteTransport, deadlines: bool = True) -> Slot | None:
+        """A slot for a new connection, or None after aborting it (over a cap).
+
+        ``deadlines=False``: the caller keeps its own (the embedded broker's CONNECT deadline).
+        """
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        limits = self.limits
+        if self.connections >= limits.max_connections:
+            self._refuse(transport, "cap", "at its cap of %d connections", limits.max_connections)
+            return None
+        counted = not in_networks(address, limits.exempt)
+        if counted and self.unauthenticated.get(address, 0) >= limits.per_address:
+            self._refuse(
+                transport,
+                "per_address",
+                "%s already has %d connections that have not authenticated",
+                address,
+                limits.per_address,
+            )
+            return None
+        return Slot(self, transport, address, counted, deadlines)
+
+    def _refuse(
+        self, transport: asyncio.WriteTransport, kind: str, why: str, *args: object
+    ) -> None:
+        transport.abort()
+        self.refused[kind] = self.refused.get(kind, 0) + 1
+        self.log.warning(kind, "%s listener: refused a connection: " + why, self.limits.name, *args)
+
+
+class Slot:
+    """One connection's place in its listener: counted while open, with its deadlines."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        transport: asyncio.WriteTransport,
+        address: str,
+        counted: bool,
+        deadlines: bool = True,
+    ) -> None:
+        self.guard, self.address = guard, address
+        self.authenticated = False
+        self._transport = transport
+        self._counted = counted  # in guard.unauthenticated (exempt addresses are not)
+        self._open = True
+        guard.connections += 1
+        if counted:
+            guard.unauthenticated[address] = guard.unauthenticated.get(address, 0) + 1
+        self._handshake: asyncio.TimerHandle | None = None
+        self._auth: asyncio.TimerHandle | None = None
+        if deadlines:
+            self._auth = asyncio.get_running_loop().call_later(
+                guard.limits.auth_timeout, self._expire, "auth", "did not authenticate within %g s"
+            )
+            self.awaiting_request()
+
+    def awaiting_request(self) -> None:
+        """The connection waits for a request's headers: start the handshake deadline."""
+        if self._open and self._handshake is None:
+            limits = self.guard.limits
+            self._handshake = asyncio.get_running_loop().call_later(
+                limits.handshake_timeout,
+                self._expire,
+                "handshake",
+                "did not send a complete request within %g s",
+            )
+
+    def request_started(self, headers: Headers | None = None) -> None:
+        """A request's headers are complete; they may authenticate the connection."""
+        if self._handshake is not None:
+            self._handshake.cancel()
+            self._handshake = None
+        if headers is not None and not self.authenticated and self.guard.limits.trusts(headers):
+            self.authenticate()
+
+    def authenticate(self) -> None:
+        """The app accepted the connection: no authentication deadline, no per-address count."""
+        self.authenticated = True
+        if self._auth is not None:
+            self._auth.cancel()
+            self._auth = None
+        self._uncount()
+
+    def release(self) -> None:
+        """The connection closed (idempotent)."""
+        if not self._open:
+            return
+        self._open = False
+        for timer in (self._handshake, self._auth):
+            if timer is not None:
+                timer.cancel()
+        self._handshake = self._auth = None
+        self.guard.connections -= 1
+        self._uncount()
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            table = self.guard.unauthenticated
+            table[self.address] -= 1
+            if not table[self.address]:
+                del table[self.address]
+
+    def _expire(self, kind: str, why: str) -> None:
+        guard = self.guard
+        limits = guard.limits
+        guard.refused[kind] = guard.refused.get(kind, 0) + 1
+        seconds = limits.handshake_timeout if kind == "handshake" else limits.auth_timeout
+        guard.log.warning(kind, "%s listener: closed a connection from %s: it " + why,
+                          limits.name, self.address or "?", seconds)  # fmt: skip
+        self._transport.abort()  # close() would wait for a peer that may never read
+        self.release()
+
+
+class _GuardedHttp(H11Protocol):
+    """uvicorn's h11 protocol, reporting its connection's life to ``guard``."""
+
+    guard: ClassVar[Guard]
+    _slot: Slot | None = None
+    _refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Take a slot, or refuse the connection before uvicorn sees it."""
+        self._slot = self.guard.admit(transport)
+        if self._slot is None:
+            self._refused = True
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Give the slot back."""
+        if self._refused:
+            return
+        if self._slot is not None:
+            self._slot.release()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        """Parse what arrived, then follow whether the connection waits for request headers."""
+        super().handle_events()
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        """A response went out: on a kept-alive connection the next request is awaited."""
+        super().on_response_complete()
+        self._follow()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        """Hand the slot over to the WebSocket protocol that takes the transport."""
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.request_started()
+        super().handle_websocket_upgrade(event)
+        protocol = self.transport.get_protocol()
+        if slot is not None and isinstance(protocol, _GuardedWebSocket):
+            protocol.slot = slot
+
+    def _follow(self) -> None:
+        slot = self._slot
+        if slot is None or self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.IDLE:
+            slot.awaiting_request()
+        else:
+            slot.request_started(self.headers)
+
+
+class _GuardedWebSocket(WebSocketsSansIOProtocol):
+    """uvicorn's websockets-sansio protocol; an accepted WebSocket authenticates its slot."""
+
+    slot: Slot | None = None
+
+    def start_keepalive(self) -> None:
+        """Called once the app accepted the WebSocket (uvicorn sends 101 just before)."""
+        super().start_keepalive()
+        if self.slot is not None:
+            self.slot.authenticate()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Give the slot back."""
+        super().connection_lost(exc)
+        if self.slot is not None:
+            self.slot.release()
+
+
+def protocol_classes(guard: Guard) -> tuple[type[asyncio.Protocol], type[asyncio.Protocol]]:
+    """uvicorn's ``http`` and ``ws`` protocol classes for a listener guarded by ``guard``."""
+
+    class Http(_GuardedHttp):
+        pass
+
+    Http.guard = guard
+    return Http, _GuardedWebSocket

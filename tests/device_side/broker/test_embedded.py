@@ -1,0 +1,189 @@
+"""The embedded broker: who may log in, who may use which topic, and presence."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiomqtt
+import pytest
+
+from gateway.config import ListenAddress
+from gateway.device_side.broker import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed, Topics
+from gateway.device_side.broker.embedded import _Subscriptions
+from gateway.errors import GatewayError, PortTaken
+from tests.conftest import bound
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "device-token"
+DEVICE = "aa:bb:cc:dd:ee:01"
+OTHER = "aa:bb:cc:dd:ee:02"
+
+
+def admits(device_id: str, password: str) -> bool:
+    return password == TOKEN or password == f"pw-{device_id}"
+
+
+@asynccontextmanager
+async def broker() -> AsyncIterator[EmbeddedBroker]:
+    async with EmbeddedBroker(ListenAddress("127.0.0.1", 0), Topics(), admits) as running:
+        yield running
+
+
+def client(b: EmbeddedBroker, user: str, password: str, client_id: str | None = None):  # type: ignore[no-untyped-def]
+    return aiomqtt.Client("127.0.0.1", b.port, username=user, password=password,
+                          identifier=client_id or user, timeout=bound(5))  # fmt: skip
+
+
+def gateway_client(b: EmbeddedBroker) -> aiomqtt.Client:
+    return client(b, GATEWAY_LOGIN, b.gateway_password, "gw-test")
+
+
+async def next_presence(feed: PresenceFeed) -> Presence:
+    async with asyncio.timeout(bound(5)):
+        return await anext(feed)
+
+
+async def first_message(c: aiomqtt.Client) -> aiomqtt.Message:
+    async with asyncio.timeout(bound(5)):
+        return await anext(aiter(c.messages))
+
+
+async def dropped(c: aiomqtt.Client) -> None:
+    """Wait until the broker drops ``c`` (which also consumes aiomqtt's disconnect error)."""
+    with pytest.raises(aiomqtt.MqttError):
+        await first_message(c)
+
+
+async def test_wrong_mqtt_password_is_refused() -> None:
+    """A device with a wrong password gets CONNACK "not authorized"."""
+    async with broker() as b:
+        with pytest.raises(aiomqtt.MqttCodeError):
+            async with client(b, DEVICE, "wrong"):
+                pass
+        async with client(b, DEVICE, TOKEN):
+            pass  # the right one is accepted
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "client_id"),
+    [
+        (None, None, DEVICE),  # anonymous
+        (DEVICE, TOKEN, OTHER),  # client id is not the username
+        ("AA:BB:CC:DD:EE:01", TOKEN, "AA:BB:CC:DD:EE:01"),  # not a lower-case device id
+        (GATEWAY_LOGIN, TOKEN, "x"),  # a device token does not open the gateway's login
+    ],
+)
+async def test_logins_that_are_not_a_device_or_the_gateway_are_refused(
+    user: str | None, password: str | None, client_id: str
+) -> None:
+    """Only a device id with its password, or the gateway with its own, may log in."""
+    async with broker() as b:
+        with pytest.raises(aiomqtt.MqttCodeError):
+            async with aiomqtt.Client("127.0.0.1", b.port, username=user, password=password,
+                                      identifier=client_id, timeout=bound(5)):  # fmt: skip
+                pass
+
+
+async def test_device_that_never_subscribes_gets_its_down_topic() -> None:
+    """The broker subscribes each device to its own down topic when it connects."""
+    async with broker() as b:
+        feed = b.presence()
+        async with client(b, DEVICE, TOKEN) as device, gateway_client(b) as gw:
+            assert await next_presence(feed) == Presence(DEVICE, True)
+            await gw.publish(f"xiaozhi/{DEVICE}/down", b"hi", qos=1)
+            message = await first_message(device)
+            assert message.payload == b"hi" and message.qos == 0
+
+
+async def test_device_cannot_publish_on_another_devices_topic() -> None:
+    """A publish to another device's topics is dropped; its own arrives."""
+    async with broker() as b, gateway_client(b) as gw:
+        await gw.subscribe("xiaozhi/#")
+        async with client(b, DEVICE, TOKEN) as device:
+            await device.publish(f"xiaozhi/{OTHER}/up", b"spoofed")
+            await device.publish(f"xiaozhi/{OTHER}/down", b"spoofed")
+            await device.publish(f"xiaozhi/{DEVICE}/down", b"spoofed")
+            await device.publish("elsewhere", b"spoofed")
+            await device.publish(f"xiaozhi/{DEVICE}/up", b"mine")
+            message = await first_message(gw)
+    assert message.topic.value == f"xiaozhi/{DEVICE}/up" and message.payload == b"mine"
+
+
+async def test_device_cannot_read_another_devices_down_topic() -> None:
+    """Subscribing to another device's down topic (or a wildcard) is refused."""
+    async with broker() as b, client(b, DEVICE, TOKEN) as device:
+        codes = await device.subscribe([(f"xiaozhi/{OTHER}/down", 0), ("xiaozhi/#", 0)])
+        assert [getattr(c, "value", c) for c in codes] == [0x80, 0x80]
+
+
+async def test_presence_follows_connections_and_replays_who_is_there() -> None:
+    """Connect and leave become Presence items; a new feed starts with those online."""
+    async with broker() as b:
+        feed = b.presence()
+        async with client(b, DEVICE, TOKEN):
+            assert await next_presence(feed) == Presence(DEVICE, True)
+            late = b.presence()
+            assert await next_presence(late) == Presence(DEVICE, True)
+            assert b.online() == {DEVICE}
+        assert await next_presence(feed) == Presence(DEVICE, False)
+        late.close()
+        feed.close()
+
+
+async def test_reconnecting_device_stays_online() -> None:
+    """A device whose new connection takes over its client id is not reported gone."""
+    async with broker() as b:
+        feed = b.presence()
+        async with client(b, DEVICE, TOKEN):
+            assert await next_presence(feed) == Presence(DEVICE, True)
+            # amqtt keeps the old connection open (MQTT-3.1.4-2 says drop it): when it does
+            # end, the plugin sees the newer session and reports nothing.
+            async with client(b, DEVICE, TOKEN):
+                assert await next_presence(feed) == Presence(DEVICE, True)
+                assert b.online() == {DEVICE}
+
+
+async def test_stopping_the_broker_takes_every_device_offline() -> None:
+    """stop() reports every device gone, and a restart listens on the same port."""
+    async with broker() as b:
+        feed = b.presence()
+        async with client(b, DEVICE, TOKEN) as device:
+            await next_presence(feed)
+            port = b.port
+            await b.stop()
+            assert await next_presence(feed) == Presence(DEVICE, False)
+            await dropped(device)
+        await b.start()
+        assert b.port == port
+        async with client(b, DEVICE, TOKEN):
+            assert await next_presence(feed) == Presence(DEVICE, True)
+
+
+async def test_port_in_use_is_a_gateway_error() -> None:
+    """A broker that cannot bind says where, in one line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        b = EmbeddedBroker(ListenAddress("127.0.0.1", port), Topics(), admits)
+        with pytest.raises(PortTaken, match=f"cannot use port {port}") as caught:
+            await b.start()
+    assert isinstance(caught.value, GatewayError) and caught.value.listener == "mqtt"
+
+
+def test_a_broadcast_visits_only_the_filters_that_can_match() -> None:
+    """With a filter per device, a message's broadcast sees its own topic and the wildcards."""
+    table = _Subscriptions()
+    for n in range(1000):
+        table[f"xiaozhi/aa:{n:04x}/down"] = [("session", 0)]
+    table["xiaozhi/+/up"] = [("gateway", 0)]
+    table.next_topic = "xiaozhi/aa:0007/down"
+    assert list(dict(table.items())) == ["xiaozhi/aa:0007/down", "xiaozhi/+/up"]
+    assert len(table.items()) == 1001  # the hint is used once; without it, every filter
+    del table["xiaozhi/+/up"]
+    table.next_topic = "xiaozhi/aa:0007/up"
+    assert list(dict(table.items())) == []

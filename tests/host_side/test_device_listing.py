@@ -1,0 +1,83 @@
+"""Tests for gateway.host_side.device_listing: filters; pages stay small whatever the fleet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.host_side.device_listing import DeviceQuery, list_devices
+from tests.conftest import make_config
+from tests.fakes import ScriptedSession, Stack, tool
+
+LONG = "Does the thing. " * 40
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Stack:
+    stack = Stack(make_config(tmp_path))
+    catalogue = tuple({**tool(f"self.t{i}"), "description": LONG} for i in range(25))
+    for n in range(300):
+        device_id = f"aa:{n:04x}"
+        session = ScriptedSession()
+        stack.registry.connect(device_id, session)
+        stack.registry.set_catalogue(device_id, catalogue, {"name": "lamp" if n % 2 else "fan"})
+        if n % 3 == 0:
+            stack.registry.disconnect(device_id, session)
+    return stack
+
+
+def every_page(stack: Stack, cursor: str | None = None, **filters: str) -> list[dict[str, object]]:
+    pages = []
+    while True:
+        page = list_devices(stack.registry, DeviceQuery({**filters, "cursor": cursor}))
+        pages.append(page)
+        cursor = page.get("next_cursor")
+        if cursor is None:
+            return pages
+
+
+def test_every_device_once_in_pages_under_the_bound(stack: Stack) -> None:
+    """300 devices with 25 long tools each come in several pages, each far under 1 MiB."""
+    pages = every_page(stack)
+    ids = [d["id"] for page in pages for d in page["devices"]]  # type: ignore[union-attr]
+    assert len(pages) > 1 and len(ids) == len(set(ids)) == 300
+    assert max(len(json.dumps(page)) for page in pages) < 256 * 1024
+    stack.close()
+
+
+def test_filters_by_name_board_and_state(stack: Stack) -> None:
+    """Globs on the alias and board, and the online/offline state, narrow the list."""
+    lamps = [d for p in every_page(stack, board="lamp*") for d in p["devices"]]  # type: ignore
+    assert len(lamps) == 150 and {d["board"] for d in lamps} == {"lamp"}
+    offline = [d for p in every_page(stack, state="offline") for d in p["devices"]]  # type: ignore
+    assert len(offline) == 100 and not any(d["online"] for d in offline)
+    named = list_devices(stack.registry, DeviceQuery({"name": "FAN_000*"}))["devices"]
+    assert [d["device"] for d in named] == [f"fan_000{c}" for c in "02468ace"]
+    assert list_devices(stack.registry, DeviceQuery({"state": "pending"})) == {"devices": []}
+    stack.close()
+
+
+def test_a_device_joining_between_pages_neither_repeats_nor_hides_others(stack: Stack) -> None:
+    """The cursor is the last device shown: a newcomer earlier in the order shifts nothing."""
+    first = list_devices(stack.registry, DeviceQuery({}))
+    stack.registry.connect("00:00", ScriptedSession())  # sorts before everything shown
+    rest = every_page(stack, cursor=first["next_cursor"])  # type: ignore[arg-type]
+    ids = [d["id"] for d in first["devices"]] + [d["id"] for p in rest for d in p["devices"]]
+    assert len(ids) == len(set(ids)) == 300
+    stack.close()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"state": "asleep"}, "state must be one of"),
+        ({"name": 5}, "name must be a string"),
+        ({"cursor": "nope"}, "cursor is not one"),
+    ],  # fmt: skip
+)
+def test_bad_queries_say_what_is_wrong(arguments: dict[str, object], message: str) -> None:
+    """A malformed filter or cursor is a ValueError naming it."""
+    with pytest.raises(ValueError, match=message):
+        DeviceQuery(arguments)

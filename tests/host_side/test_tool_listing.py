@@ -1,0 +1,90 @@
+"""Tests for gateway.host_side.tool_listing: pages under the size bound; cursors survive changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mcp.types as types
+
+from gateway.host_side.tool_listing import PAGE_BYTES
+from tests.conftest import make_config
+from tests.fakes import ScriptedSession, Stack, tool
+
+TEXT = "Sets the thing. " * 30  # stock descriptions run long
+
+
+def fleet(stack: Stack, count: int, tools: int = 25, first: int = 0) -> None:
+    catalogue = tuple(
+        {
+            **tool(f"self.thing_{i}.set", level={"type": "integer", "minimum": 0}),
+            "description": TEXT,
+        }
+        for i in range(tools)
+    )
+    for n in range(first, first + count):
+        stack.registry.connect(f"aa:{n:04x}", ScriptedSession())
+        stack.registry.set_catalogue(f"aa:{n:04x}", catalogue, {"name": "board"})
+
+
+def page_bytes(tools: list[types.Tool]) -> int:
+    result = types.ListToolsResult(tools=tools)
+    return len(result.model_dump_json(by_alias=True, exclude_none=True))
+
+
+def every_page(stack: Stack, cursor: str | None = None) -> list[list[types.Tool]]:
+    pages = []
+    while True:
+        tools, cursor = stack.frontend.tools(cursor)
+        pages.append(tools)
+        if cursor is None:
+            return pages
+
+
+def test_sixty_devices_come_in_pages_under_the_bound(tmp_path: Path) -> None:
+    """1,500 device tools: every one listed once, in order, every page far under 1 MiB."""
+    stack = Stack(make_config(tmp_path, tools_mode="per-device"))
+    fleet(stack, 60)
+    pages = every_page(stack)
+    names = [t.name for page in pages for t in page]
+    assert len(pages) > 1 and len(names) == len(set(names)) == 2 + 60 * 25
+    assert names[:3] == ["list_devices", "call_device_tool", "board_0000_thing_0_set"]
+    assert max(page_bytes(page) for page in pages) < 256 * 1024
+    assert max(page_bytes(page) for page in pages) > PAGE_BYTES // 2  # pages are not tiny
+    stack.close()
+
+
+def test_a_listing_in_progress_survives_changes(tmp_path: Path) -> None:
+    """Devices joining while a host pages through: no tool twice, none missing."""
+    stack = Stack(make_config(tmp_path, tools_mode="per-device"))
+    fleet(stack, 40)
+    first, cursor = stack.frontend.tools()
+    fleet(stack, 5, first=40)  # the fleet changes between pages
+    rest = [t.name for page in every_page(stack, cursor) for t in page]
+    names = [t.name for t in first] + rest
+    assert len(names) == len(set(names)) == 2 + 40 * 25
+    fresh = [t.name for page in every_page(stack) for t in page]
+    assert len(fresh) == 2 + 45 * 25  # a new listing has the newcomers
+    stack.close()
+
+
+def test_a_stale_or_foreign_cursor_starts_again_cleanly(tmp_path: Path) -> None:
+    """A cursor whose listing is gone, or one never given out, gets the first page."""
+    stack = Stack(make_config(tmp_path, tools_mode="per-device"))
+    fleet(stack, 40)
+    _, stale = stack.frontend.tools()
+    for n in range(40, 52):  # each join is a new listing: the old one falls out
+        fleet(stack, 1, first=n)
+        stack.frontend.tools()
+    for cursor in (stale, "junk", "99999.1", "1.x"):
+        tools, _ = stack.frontend.tools(cursor)
+        assert [t.name for t in tools[:2]] == ["list_devices", "call_device_tool"]
+    stack.close()
+
+
+def test_a_small_fleet_is_one_page(tmp_path: Path) -> None:
+    """Below the bound there is no cursor at all."""
+    stack = Stack(make_config(tmp_path))
+    fleet(stack, 2, tools=3)
+    tools, cursor = stack.frontend.tools()
+    assert cursor is None and len(tools) == 2 + 6
+    stack.close()
