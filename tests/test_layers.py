@@ -42,7 +42,7 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
-    "device_side": [{"broker", "vision"}, {"ota", "transports"}],
+    "device_side": [{"broker", "vision"}, {"upstream"}, {"ota", "transports"}],
     "host_side": [
         {"tool_listing", "device_listing", "photo_resources", "relay"},
         {"mcp_server"},
