@@ -136,13 +136,10 @@ class McpTap:
         return {**request, "params": {**params, "capabilities": capabilities}}
 
     def _remap(self, original: object) -> int:
-        for _ in range(len(self._remapped) + 1):
-            candidate = self._next_remap
-            self._next_remap = (
-                candidate + 1 if candidate + 1 in REMAPPED_IDS else REMAPPED_IDS.start
-            )
-            if candidate not in self._remapped:
-                break
+        candidate = self._next_remap
+        while candidate in self._remapped:  # at most _MAX_REMAPPED are open: this ends
+            candidate = _after(candidate)
+        self._next_remap = _after(candidate)
         self._remapped[candidate] = original
         while len(self._remapped) > _MAX_REMAPPED:  # unanswered long ago: the device forgot too
             self._remapped.popitem(last=False)
@@ -157,6 +154,10 @@ class McpTap:
             if original == wanted:
                 return {**notification, "params": {**params, "requestId": ours}}
         return notification
+
+
+def _after(remapped_id: int) -> int:
+    return remapped_id + 1 if remapped_id + 1 in REMAPPED_IDS else REMAPPED_IDS.start
 
 
 def _number(value: object) -> int | None:
