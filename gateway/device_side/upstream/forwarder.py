@@ -83,7 +83,7 @@ class OtaForwarder:
         Raises:
             UpstreamUnavailable: unreachable, too slow, not 200, too large, or not a JSON object.
         """
-        status, data, _ = await self._send(ota_url, method, headers, body)
+        status, data, _ = await self._send(ota_url, method, _device_headers(headers), body)
         if status != 200:
             raise UpstreamUnavailable(f"it answered HTTP {status}{_excerpt(data)}")
         try:
@@ -100,25 +100,50 @@ class OtaForwarder:
         Raises:
             UpstreamUnavailable: unreachable, too slow, or a reply too large.
         """
-        status, data, content_type = await self._send(activate_url(ota_url), "POST", headers, body)
+        url, sent = activate_url(ota_url), _device_headers(headers)
+        status, data, content_type = await self._send(url, "POST", sent, body)
+        return Passed(status, data, content_type or "application/json")
+
+    async def upload(
+        self, url: str, headers: Mapping[str, str], body: bytes, timeout: float
+    ) -> Passed:
+        """Hand a camera upload to the upstream's vision URL; its answer, to pass on.
+
+        ``headers`` are sent as they are (the caller picks them: the upstream's token).
+
+        Raises:
+            UpstreamUnavailable: unreachable, too slow, or a reply too large.
+        """
+        status, data, content_type = await self._send(url, "POST", headers, body, timeout)
         return Passed(status, data, content_type or "application/json")
 
     async def _send(
-        self, url: str, method: str, headers: Mapping[str, str], body: bytes
+        self,
+        url: str,
+        method: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeout: float | None = None,
     ) -> tuple[int, bytes, str | None]:
-        sent = {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
         try:
-            request = self._client.build_request(method, url, headers=sent, content=body)
+            request = self._client.build_request(
+                method, url, headers=headers, content=body, timeout=timeout or self._timeout
+            )
             response = await self._client.send(request, stream=True)
             try:
                 data = await _read_capped(response)
             finally:
                 await response.aclose()
         except httpx2.TimeoutException:
-            raise UpstreamUnavailable(f"no answer within {self._timeout:g} s", 504) from None
+            waited = timeout or self._timeout
+            raise UpstreamUnavailable(f"no answer within {waited:g} s", 504) from None
         except httpx2.HTTPError as exc:
             raise UpstreamUnavailable(_why(exc)) from None
         return response.status_code, data, response.headers.get("content-type")
+
+
+def _device_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
 
 
 async def _read_capped(response: httpx2.Response) -> bytes:
