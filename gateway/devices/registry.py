@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from gateway.devices.admin import DeviceAdmin
 from gateway.devices.device import (
@@ -24,10 +25,10 @@ from gateway.devices.device import (
     Device,
     DeviceSession,
     DeviceTool,
-    JsonObject,
 )
 from gateway.devices.exposure import Changes
 
+# The device model and the change feed are re-exported: callers know the registry, not its parts.
 __all__ = [
     "APPROVED",
     "PENDING",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
 
 
 class DeviceRegistry(DeviceAdmin):
