@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
 ]
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
-    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit"}],
+    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit", "listeners"}],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
         {"store"},
@@ -42,7 +42,12 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
-    "device_side": [{"broker", "vision"}, {"ota", "transports"}],
+    "device_side": [
+        {"broker", "vision"},
+        {"ota", "transports"},
+        {"admission", "sessions"},
+        {"http"},
+    ],
     "host_side": [
         {"tool_listing", "device_listing", "photo_resources", "relay"},
         {"mcp_server"},
