@@ -131,6 +131,7 @@ class UpstreamServer:
         self.session_fault: str | None = None
         self.base_url = ""
         self.new_session = asyncio.Event()
+        self._stopping = asyncio.Event()
 
     @property
     def ota_url(self) -> str:
@@ -165,6 +166,7 @@ class UpstreamServer:
         try:
             yield self
         finally:
+            self._stopping.set()
             server.should_exit = True
             await asyncio.wait_for(serving, bound(10))
             sock.close()
@@ -176,7 +178,7 @@ class UpstreamServer:
         body = await request.body()
         self.ota_requests.append((headers, body))
         if self.ota_fault == "hang":
-            await asyncio.sleep(3600)
+            await self._stopping.wait()  # answers only as the server stops
         if self.ota_fault == "garbage":
             return PlainTextResponse("<html>bad gateway</html>")
         if self.ota_fault == "oversize":
