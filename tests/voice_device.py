@@ -46,6 +46,15 @@ class Conversation:
     garbage: list[str] = field(default_factory=list)  # text frames that are not JSON
     mcp: list[JsonObject] = field(default_factory=list)  # MCP payloads received
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    _audio_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_audio(self, count: int) -> list[bytes]:
+        """The first ``count`` binary frames received, once they all arrived."""
+        async with asyncio.timeout(bound(10)):
+            while len(self.audio) < count:
+                self._audio_event.clear()
+                await self._audio_event.wait()
+        return self.audio[:count]
 
     async def send_audio(self, frames: list[bytes]) -> None:
         """Send ``frames`` as binary frames, in order."""
@@ -129,6 +138,7 @@ class VoiceDevice:
             async for frame in talk.ws:
                 if isinstance(frame, bytes):
                     talk.audio.append(frame)
+                    talk._audio_event.set()
                     continue
                 try:
                     message = json.loads(frame)

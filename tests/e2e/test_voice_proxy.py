@@ -16,8 +16,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from mcp import Client
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.app import Running
 from gateway.config import DeviceOptions
@@ -109,10 +111,7 @@ async def test_a_conversation_is_relayed_while_hosts_call_the_device(tmp_path: P
                 assert reply["id"] == n + 1 and "result" in reply  # its own ids, each answered
             assert all(not r.is_error for r in results[5:])
             assert session.unexpected == []  # no reply to the gateway's ids leaked upstream
-            async with asyncio.timeout(bound(10)):
-                while len(talk.audio) < len(downlink):
-                    await asyncio.sleep(0.01)
-            assert talk.audio == downlink
+            assert await talk.wait_audio(len(downlink)) == downlink
         gateway_ids = [p["id"] for p in talk.mcp if p["id"] >= GATEWAY_IDS.start]
         assert gateway_ids and all(i in GATEWAY_IDS for i in gateway_ids)
         vision = [p for p in talk.mcp if p.get("method") == "initialize"]
@@ -153,8 +152,6 @@ async def test_a_photo_the_gateway_did_not_ask_for_goes_to_the_voice_server(
                 await session.listed.wait()
             vision = next(p for p in talk.mcp if p.get("method") == "initialize")
             ours = vision["params"]["capabilities"]["vision"]
-            import httpx2
-
             async with httpx2.AsyncClient(timeout=bound(20)) as http:
                 files = {"file": ("photo.jpg", b"\xff\xd8\xff\xe0 jpeg", "image/jpeg")}
                 response = await http.post(
@@ -196,7 +193,7 @@ async def test_the_voice_server_closing_closes_the_device_cleanly(tmp_path: Path
     upstream.session_fault = "close_after_hello"
     async with proxied(tmp_path, upstream) as run:
         await device.check_in(ota_url(run))
-        with pytest.raises(Exception):  # no server hello: the firmware gives up too
+        with pytest.raises(ConnectionClosed):  # no server hello: the firmware gives up too
             async with device.conversation():
                 pass
         session = await upstream.session()
@@ -212,7 +209,7 @@ async def test_a_refused_token_refuses_the_devices_session(tmp_path: Path) -> No
     async with proxied(tmp_path, upstream) as run:
         await device.check_in(ota_url(run))
         upstream.secret = b"rotated"
-        with pytest.raises(Exception, match="403"):
+        with pytest.raises(InvalidStatus, match="403"):
             async with device.conversation():
                 pass
         assert upstream.refused == [device.device_id]
