@@ -24,8 +24,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from gateway.app import Running
 from gateway.config import DeviceOptions
 from gateway.device_side.upstream.tap import GATEWAY_IDS
-from tests.conftest import bound, gateway
+from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import RawDevice, exposes, until
+from tests.e2e.test_dashboard import dashboard, row
 from tests.upstream_server import ACTIVATION_CODE, VISION_ANSWER, VISION_TOKEN, UpstreamServer
 from tests.voice_device import LAMP_TOOLS, VoiceDevice
 
@@ -287,3 +288,19 @@ async def test_a_frame_over_the_limit_ends_the_conversation_cleanly(tmp_path: Pa
                 await session.closed.wait()
         entry = await listed(run, device)
         assert "closed the conversation with code 1009" in entry["upstream"]["state"]
+
+
+async def test_the_dashboard_shows_the_proxy_and_each_devices_voice(tmp_path: Path) -> None:
+    """Setup names the voice server; a proxied device's row says how its voice stands."""
+    program("chromium")
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with dashboard(run) as page:
+            await page.wait_for_selector(row(device.device_id))
+            notes = await page.inner_text(f"{row(device.device_id)} small.upstream")
+            assert notes == "voice: checked in (activation pending)"
+            await page.click('nav a[data-page="setup"]')
+            await page.wait_for_selector("#setup-devices dt")
+            facts = await page.inner_text("#setup-devices")
+            assert upstream.ota_url in facts and "Voice server" in facts
