@@ -83,6 +83,20 @@ class Device:
         return self.record.alias
 
     @property
+    def named(self) -> bool:
+        """False until its name is settled: a device that connected without a board (a
+        WebSocket handshake carries none) is named after the board of its first listing."""
+        record = self.record
+        return (record.board is not None or record.catalogue is not None
+                or record.alias != derive_alias(record.device_id, None))  # fmt: skip
+
+    @property
+    def label(self) -> str:
+        """How logs name the device: ``alias (id)``, or its id alone until it is named, so a
+        log never shows one device under two names."""
+        return f"{self.alias} ({self.device_id})" if self.named else self.device_id
+
+    @property
     def online(self) -> bool:
         """True while the device is connected."""
         return self.session is not None
@@ -241,7 +255,7 @@ class DeviceRegistry:
         if device.hide_timer is not None:
             device.hide_timer.cancel()
             device.hide_timer = None
-        logger.info("device %s (%s) online over %s", device.alias, device.device_id, transport)
+        logger.info("device %s online over %s", device.label, transport)
         self._show(device)
         return replaced
 
@@ -254,7 +268,7 @@ class DeviceRegistry:
         self.online_count -= 1
         device.record.last_seen = self._clock()
         self._save(device.record)
-        logger.info("device %s (%s) offline", device.alias, device.device_id)
+        logger.info("device %s offline", device.label)
         if self._config.offline_tools == "hide":
             grace = self._config.offline_grace
             loop = asyncio.get_running_loop()
@@ -287,8 +301,9 @@ class DeviceRegistry:
             if trusted or self._config.adoption == "auto" or self._clock() < self.pairing_until:
                 self.approve(device)
             else:
-                logger.warning("device %s (%s) is waiting for approval: esp-mcp-gateway devices "
-                               "approve %s", device.alias, device_id, device.alias)  # fmt: skip
+                logger.warning("device %s is waiting for approval: esp-mcp-gateway devices "
+                               "approve %s", device.label,
+                               device.alias if device.named else device_id)  # fmt: skip
             return None
         record = device.record
         if record.state == REJECTED:
@@ -309,7 +324,7 @@ class DeviceRegistry:
         record.state = APPROVED
         record.binding = record.binding or record.client_id
         self._save(record)
-        logger.info("device %s (%s) approved", device.alias, device.device_id)
+        logger.info("device %s approved", device.label)
         self._show(device)
 
     def reject(self, device: Device) -> None:
@@ -429,7 +444,7 @@ class DeviceRegistry:
         record.server_info = server_info
         record.last_seen = self._clock()
         self._save(record)
-        logger.info("device %s lists %d tools", record.alias, len(catalogue.tools))
+        logger.info("device %s lists %d tools", device.label, len(catalogue.tools))
         if catalogue is not device.catalogue:
             record.catalogue = catalogue.digest
             self._use(device, catalogue)
@@ -457,12 +472,13 @@ class DeviceRegistry:
         of its tools has a name.
         """
         record = device.record
-        if record.board is not None:
-            return  # the OTA check-in's board (its board.type) says it better than serverInfo
+        if device.named:  # by its board, the config, an enrollment or a past run
+            # The OTA check-in's board (its board.type) says it better than serverInfo.
+            record.board = record.board or board
+            return
         record.board = board
-        if record.catalogue is not None or record.alias != derive_alias(record.device_id, None):
-            return  # named already, by its board, the config, an enrollment or a past run
         alias = self._alias(record.device_id, board)
+        logger.info("device %s is named %s, after its board", record.device_id, alias)
         if self._by_alias.get(record.alias) is device:
             del self._by_alias[record.alias]
         record.alias = alias

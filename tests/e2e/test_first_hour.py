@@ -6,6 +6,7 @@ real ones on free ports.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -264,3 +265,41 @@ async def test_a_short_host_token_is_refused(tmp_path: Path) -> None:
     said = only_one_message(err)
     assert code == 2 and "GATEWAY_HOST_TOKEN: the host token has 3 characters" in said
     assert "16 or more" in said and "secrets.token_hex" in said
+
+
+# --- issue 21, item 7: `simulate` on the settings of the other commands --------------------------
+
+
+async def test_simulate_finds_the_gateway_from_the_same_settings_under_one_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GATEWAY_DEVICE_LISTEN and the data dir's token, as `serve` reads them: no option needed.
+
+    The gateway's log names the device one way only: its id until it is named after its
+    board, then ``sim-esp32_0001 (id)``, never the provisional ``esp32_0001``.
+    """
+    caplog.set_level(logging.INFO, "gateway.devices.registry")
+    async with gateway(tmp_path, device_tokens=()) as run:  # the data dir's generated token
+        env = cli_env(tmp_path, GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{run.device_port}")
+        process = await anyio.open_process([sys.executable, "-m", "gateway", "simulate"], env=env)
+        try:
+            registry = run.gateway.registry
+            async with registry.device_changes() as changes:
+                await until(changes, lambda: any(d.tools for d in registry.devices()))
+        finally:
+            code = await stop(process)
+    assert code == 0
+    said = [r.getMessage() for r in caplog.records if "02:00:00:00:00:01" in r.getMessage()]
+    assert any("sim-esp32_0001 (02:00:00:00:00:01) lists" in line for line in said), said
+    assert not any(re.search(r"(?<!sim-)esp32_0001", line) for line in said), said
+
+
+async def test_simulate_gives_up_on_a_wrong_url_saying_why(tmp_path: Path) -> None:
+    """Nothing listens there: after --give-up seconds, one line naming the URL and the cause."""
+    url = f"ws://127.0.0.1:{free_port()}/xiaozhi/v1/"
+    code, _, err = await cli("simulate", "--url", url, "--token", "t", "--give-up", "1",
+                             env=cli_env(tmp_path))  # fmt: skip
+    assert code == 1
+    said = only_one_message(err)
+    assert f"no simulated device could connect to {url} in 1 s" in said
+    assert "Connect call failed" in said and "GATEWAY_DEVICE_LISTEN" in said
