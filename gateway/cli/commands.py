@@ -141,8 +141,15 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
-async def simulate(config: Config, url: str | None, token: str | None, count: int,
-                   board: str = "stock", camera: bool = False, give_up: float = 30.0) -> int:  # fmt: skip
+async def simulate(
+    config: Config,
+    url: str | None,
+    token: str | None,
+    count: int,
+    board: str = "stock",
+    camera: bool = False,
+    give_up: float = 30.0,
+) -> int:
     """Run ``count`` simulated devices against the gateway of ``config`` (or at ``url``).
 
     The URL and token come from the same settings as ``serve`` (GATEWAY_DEVICE_LISTEN, the
@@ -150,10 +157,11 @@ async def simulate(config: Config, url: str | None, token: str | None, count: in
     """
     from gateway.simulator import SimulatorError
     from gateway.simulator import simulate as run_devices
+    from gateway.simulator.fleet import BoardKind
 
     url = url or Addresses.of(config).local_device_url
     token = token or device_tokens(config)[0]
-    kind = "firmware" if board == "firmware" else "stock"
+    kind: BoardKind = "firmware" if board == "firmware" else "stock"
     try:
         await run_devices(url, token, count, board=kind, camera=camera, give_up=give_up)
     except ExceptionGroup as group:  # the fleet's task group gave up

@@ -6,8 +6,9 @@ the default, since MQTT keeps the device reachable from boot) unless MQTT is off
 ``ota.transport`` is ``websocket``; ``websocket`` (URL and the device's own token) always, for
 clients that speak only WebSocket (py-xiaozhi ``--protocol websocket``; stock firmware takes MQTT
 whenever ``mqtt`` is present, so it costs stock devices nothing); ``firmware`` only when
-configured, never ``activation``. A device that checks in is pending until the user approves it, and a device id
-bound to another Client-Id gets no credentials at all (``DeviceRegistry.admit``).
+configured, never ``activation``. A device that checks in is pending until the user approves
+it, and a device id bound to another Client-Id gets no credentials at all
+(``DeviceRegistry.admit``).
 The device writes every key and value of those blocks to NVS, where a key over 15 characters
 or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards every reply.
 """

@@ -30,7 +30,7 @@ HOST_ACTING = frozenset({"self.application.launch", "self.application.kill"})
 
 
 def is_user_only(name: str, claimed: bool) -> bool:
-    """Is the tool ``name`` for the user only: the device says so (``claimed``) or it acts on a host."""
+    """Is ``name`` for the user only: the device says so (``claimed``), or it acts on a host."""
     return claimed or name in HOST_ACTING
 
 

@@ -10,11 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from gateway.devices.naming import NameAssignment
 from gateway.devices.store import DeviceRecord, Store
-from tests.conftest import make_config
+from tests.conftest import bound, make_config
 from tests.fakes import Stack, tool
 
 pytestmark = pytest.mark.anyio
@@ -50,10 +51,12 @@ class BusyThreads(concurrent.futures.ThreadPoolExecutor):
     def __init__(self) -> None:
         super().__init__(max_workers=1)
         self.queued: list[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = []
+        self.submitted = asyncio.Event()  # submit() runs on the event loop (run_in_executor)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.queued.append((future, lambda: fn(*args, **kwargs)))
+        self.submitted.set()
         return future
 
     def run_queued(self) -> None:
@@ -71,8 +74,8 @@ async def test_a_batch_being_written_at_shutdown_is_written(tmp_path: Path) -> N
     writer = store.writer(interval=0)
     await writer.__aenter__()
     store.save_device(record(1))
-    while not busy.queued:  # the writer took the batch and handed it to a thread
-        await asyncio.sleep(0)
+    with anyio.fail_after(bound(5)):  # the writer took the batch and handed it to a thread
+        await busy.submitted.wait()
     stopping = asyncio.ensure_future(writer.__aexit__(None, None, None))
     for _ in range(5):  # let the shutdown cancel the writer task (no clock involved)
         await asyncio.sleep(0)

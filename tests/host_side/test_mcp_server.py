@@ -199,8 +199,12 @@ async def test_py_xiaozhi_s_launch_and_kill_are_user_only_by_default(tmp_path: P
     """
     from gateway.config import DeviceOptions
 
-    acting = [tool("self.application.launch", app={"type": "string"}),
-              tool("self.application.kill", app={"type": "string"}), tool("self.music.play")]  # fmt: skip
+    app = {"type": "string"}
+    acting = [
+        tool("self.application.launch", app=app),
+        tool("self.application.kill", app=app),
+        tool("self.music.play"),
+    ]
     default = Stack(make_config(tmp_path / "a"))
     online(default, "aa:04", acting, ScriptedSession())
     opted_in = Stack(
@@ -210,16 +214,18 @@ async def test_py_xiaozhi_s_launch_and_kill_are_user_only_by_default(tmp_path: P
     async with Client(default.frontend.server, mode="legacy") as client:
         listed = [t.name for t in (await client.list_tools()).tools]
         arguments = {"app": "bash"}
-        refused = await client.call_tool("call_device_tool", {
-            "device": "board_aa04", "tool": "self.application.launch", "arguments": arguments})  # fmt: skip
-    launch = default.registry.find("board_aa04").tools["self.application.launch"]  # type: ignore[union-attr]
+        call = {"device": "board_aa04", "tool": "self.application.launch", "arguments": arguments}
+        refused = await client.call_tool("call_device_tool", call)
+    device = default.registry.find("board_aa04")
+    assert device is not None
+    launch = device.tools["self.application.launch"]
     opted_names = [t.name for t in opted_in.registry.exposed_tools()]
     default.close(), opted_in.close()
     assert "board_aa04_music_play" in listed
     assert not any("application" in name for name in listed)
-    assert refused.is_error and "acts on the computer the device software runs on" in (
-        refused.content[0].text  # type: ignore[union-attr]
-    )
+    said = refused.content[0]
+    assert isinstance(said, types.TextContent) and refused.is_error
+    assert "acts on the computer the device software runs on" in said.text
     assert launch.refused(user=True) is None  # the dashboard's user may
     assert {"board_aa04_application_launch", "board_aa04_application_kill"} <= set(opted_names)
 
