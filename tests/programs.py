@@ -1,4 +1,4 @@
-"""The programs the test suite drives that pip cannot install: one list for every place that needs it.
+"""The programs the test suite drives that pip cannot install: one list, for every place.
 
 scripts/test and .ci/run install them (``python3 -m tests.programs install``), the tests skip
 with these hints where one is missing (tests/conftest.py ``program()``, tests/test_mcpb.py), and
