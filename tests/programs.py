@@ -73,6 +73,13 @@ def apt_prefix(euid: int, sudo: Callable[[], bool]) -> list[str] | None:
     return ["sudo", "-n"] if sudo() else None
 
 
+def _run(command: list[str]) -> int:
+    try:
+        return subprocess.run(command, check=False).returncode
+    except OSError:  # no apt-get (not Debian) or no npm after all
+        return 127
+
+
 def _passwordless_sudo() -> bool:
     if shutil.which("sudo") is None:
         return False
@@ -144,8 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "install":
         if os.environ.get("GATEWAY_TESTS_NO_INSTALL") and not args.strict:
             return 0
-        problems = install(args.extra, run=lambda c: subprocess.run(c, check=False).returncode,
-                           euid=os.geteuid(), sudo=_passwordless_sudo)  # fmt: skip
+        problems = install(args.extra, run=_run, euid=os.geteuid(), sudo=_passwordless_sudo)
         for problem in problems:
             print(f"cannot install {problem}; the tests that need it will skip", file=sys.stderr)
         return 1 if problems and args.strict else 0
