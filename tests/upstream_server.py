@@ -47,6 +47,15 @@ VISION_TOKEN = "upstream-vision-token"
 VISION_ANSWER = "the upstream sees a cat"
 
 
+async def first(count: int, frames: list[bytes], arrived: asyncio.Event) -> list[bytes]:
+    """The first ``count`` of ``frames``, once there are that many (``arrived`` is set at each)."""
+    async with asyncio.timeout(bound(10)):
+        while len(frames) < count:
+            arrived.clear()
+            await arrived.wait()
+    return frames[:count]
+
+
 def make_token(secret: bytes, client_id: str, device_id: str, timestamp: int) -> str:
     """A device token as xiaozhi-esp32-server's ``core/auth.py`` makes it."""
     message = f"{client_id}|{device_id}|{timestamp}".encode()
@@ -94,11 +103,7 @@ class UpstreamSession:
 
     async def wait_audio(self, count: int) -> list[bytes]:
         """The first ``count`` binary frames, once they all arrived."""
-        async with asyncio.timeout(bound(10)):
-            while len(self.audio) < count:
-                self._audio_event.clear()
-                await self._audio_event.wait()
-        return self.audio[:count]
+        return await first(count, self.audio, self._audio_event)
 
     def _on_reply(self, payload: JsonObject) -> None:
         future = self._pending.pop(int(payload["id"]), None)  # int(): as the server parses it

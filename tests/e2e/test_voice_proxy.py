@@ -27,8 +27,14 @@ from gateway.device_side.upstream.tap import GATEWAY_IDS
 from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import RawDevice, exposes, until
 from tests.e2e.test_dashboard import dashboard, row
-from tests.upstream_server import ACTIVATION_CODE, VISION_ANSWER, VISION_TOKEN, UpstreamServer
-from tests.voice_device import LAMP_TOOLS, VoiceDevice
+from tests.upstream_server import (
+    ACTIVATION_CODE,
+    VISION_ANSWER,
+    VISION_TOKEN,
+    UpstreamServer,
+    UpstreamSession,
+)
+from tests.voice_device import LAMP_TOOLS, Conversation, VoiceDevice
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -41,6 +47,19 @@ async def proxied(
     async with upstream.running(), gateway(tmp_path, upstream_ota_url=upstream.ota_url,
                                            **overrides) as run:  # fmt: skip
         yield run
+
+
+@asynccontextmanager
+async def talking(
+    run: Running, upstream: UpstreamServer, device: VoiceDevice
+) -> AsyncIterator[tuple[Conversation, UpstreamSession]]:
+    """The device checked in and talking, its server done listing its tools."""
+    await device.check_in(ota_url(run))
+    async with device.conversation() as talk:
+        session = await upstream.session()
+        async with asyncio.timeout(bound(10)):
+            await session.listed.wait()
+        yield talk, session
 
 
 def ota_url(run: Running) -> str:
@@ -127,17 +146,12 @@ async def test_a_conversation_is_relayed_while_hosts_call_the_device(tmp_path: P
 async def test_a_pending_device_keeps_its_voice_but_hosts_wait(tmp_path: Path) -> None:
     """Approval gates what hosts see, never the device's own voice server."""
     upstream, device = UpstreamServer(), VoiceDevice()
-    async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation():
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
-            reply = await session.call("self.lamp.turn_on")
-            assert "result" in reply
-            entry = await listed(run, device)
-            assert entry["state"] == "pending" and entry["tools"] == []
-            assert entry["upstream"] == {"server": upstream.base_url, "state": "in conversation"}
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (_, session):
+        reply = await session.call("self.lamp.turn_on")
+        assert "result" in reply
+        entry = await listed(run, device)
+        assert entry["state"] == "pending" and entry["tools"] == []
+        assert entry["upstream"] == {"server": upstream.base_url, "state": "in conversation"}
 
 
 async def test_a_photo_the_gateway_did_not_ask_for_goes_to_the_voice_server(
@@ -145,21 +159,9 @@ async def test_a_photo_the_gateway_did_not_ask_for_goes_to_the_voice_server(
 ) -> None:
     """The camera uploads with the gateway's token; the server's flow gets it with its own."""
     upstream, device = UpstreamServer(), VoiceDevice()
-    async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation() as talk:
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
-            vision = next(p for p in talk.mcp if p.get("method") == "initialize")
-            ours = vision["params"]["capabilities"]["vision"]
-            async with httpx2.AsyncClient(timeout=bound(20)) as http:
-                files = {"file": ("photo.jpg", b"\xff\xd8\xff\xe0 jpeg", "image/jpeg")}
-                response = await http.post(
-                    ours["url"], files=files, data={"question": "what is it?"},
-                    headers={"Authorization": f"Bearer {ours['token']}",
-                             "Device-Id": device.device_id, "Client-Id": device.client_id},
-                )  # fmt: skip
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (talk, _):
+        initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+        response = await upload(initialize["params"]["capabilities"]["vision"], device)
     assert response.status_code == 200
     assert response.json() == {"success": True, "result": VISION_ANSWER}
     [(headers, body)] = upstream.uploads
@@ -261,11 +263,7 @@ async def test_what_the_server_sends_reaches_the_device_as_sent(tmp_path: Path) 
     upstream, device = UpstreamServer(), VoiceDevice()
     upstream.session_fault = "garbage"
     async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation() as talk:
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
+        async with talking(run, upstream, device) as (talk, session):
             clash = GATEWAY_IDS.start + 7
             params = {"name": "self.lamp.turn_on", "arguments": {}}
             reply = await session.request(clash, "tools/call", params)
@@ -320,14 +318,9 @@ async def upload(vision: dict[str, str], device: VoiceDevice) -> httpx2.Response
 async def test_a_vision_service_that_fails_is_said_to_the_device(tmp_path: Path) -> None:
     upstream, device = UpstreamServer(), VoiceDevice()
     upstream.vision_url = "http://127.0.0.1:9/vision/explain"
-    async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation() as talk:
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
-            initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
-            response = await upload(initialize["params"]["capabilities"]["vision"], device)
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (talk, _):
+        initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+        response = await upload(initialize["params"]["capabilities"]["vision"], device)
     assert response.status_code == 502
     assert "vision service http://127.0.0.1:9 failed" in response.json()["message"]
 
