@@ -136,6 +136,7 @@ class UpstreamServer:
         self.session_fault: str | None = None
         self.base_url = ""
         self.vision_url: str | None = None  # where its initialize says to upload; its own if None
+        self.websocket_version: int | None = None  # websocket.version of its OTA reply, if any
         self.new_session = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -204,6 +205,8 @@ class UpstreamServer:
                 "url": self.base_url.replace("http", "ws", 1) + "/xiaozhi/v1/",
                 "token": make_token(self.secret, client_id, device_id, now),
             }
+            if self.websocket_version is not None:
+                reply["websocket"]["version"] = self.websocket_version
         if self.offer in ("mqtt", "both"):
             mac = device_id.replace(":", "_")
             reply["mqtt"] = {

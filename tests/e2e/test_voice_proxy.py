@@ -351,3 +351,28 @@ async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
         assert await device.activate(ota_url(run), tries=1) == [502]
         stranger = VoiceDevice(device_id="aa:bb:cc:dd:ee:99")
         assert await stranger.activate(ota_url(run), tries=1) == [404]
+
+
+def _framed(version: int, timestamp: int, opus: bytes) -> bytes:
+    """An audio frame as protocol ``version`` frames it (docs/protocol.md §1)."""
+    size = len(opus).to_bytes(4 if version == 2 else 2, "big")
+    if version == 2:  # version, type, reserved, timestamp, payload size: 16 bytes
+        return (2).to_bytes(2, "big") + bytes(6) + timestamp.to_bytes(4, "big") + size + opus
+    return bytes(2) + size + opus  # 3: type, reserved, payload size: 4 bytes
+
+
+@pytest.mark.parametrize("version", [2, 3])
+async def test_binary_protocol_versions_pass_as_the_server_set_them(
+    tmp_path: Path, version: int
+) -> None:
+    """websocket.version reaches the device as the server gave it, Protocol-Version the
+    server; framed audio (16- or 4-byte headers) arrives byte for byte."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.websocket_version = version
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, device) as (talk, session):
+            assert device.settings["websocket"]["version"] == version
+            assert session.protocol_version == str(version)
+            frames = [_framed(version, n, bytes([n]) * 10) for n in range(20)]
+            await talk.send_audio(frames)
+            assert await session.wait_audio(len(frames)) == frames
