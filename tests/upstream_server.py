@@ -14,7 +14,8 @@
 - ``POST /vision/explain`` records uploads made with its own vision token.
 
 Faults for the failure tests: ``ota_fault`` (``"garbage"``, ``"oversize"``, ``"500"``,
-``"hang"``) and ``session_fault`` (``"close_after_hello"``, ``"garbage"``).
+``"hang"``), ``session_fault`` (``"close_after_hello"``, ``"garbage"``) and ``stalled`` (device
+ids whose sessions stop reading after their first audio frame, until ``unstall`` is set).
 The MQTT side (an MQTT login, a UDP hello) is added beside this by the MQTT proxy's tests.
 """
 
@@ -137,6 +138,8 @@ class UpstreamServer:
         self.base_url = ""
         self.vision_url: str | None = None  # where its initialize says to upload; its own if None
         self.websocket_version: int | None = None  # websocket.version of its OTA reply, if any
+        self.stalled: set[str] = set()  # devices whose sessions stop reading after one frame
+        self.unstall = asyncio.Event()
         self.new_session = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -145,13 +148,14 @@ class UpstreamServer:
         """The OTA URL a stock device of this server has."""
         return f"{self.base_url}/xiaozhi/ota/"
 
-    async def session(self, index: int = 0) -> UpstreamSession:
-        """The ``index``-th WebSocket session, once it exists."""
+    async def session(self, index: int = 0, device_id: str | None = None) -> UpstreamSession:
+        """The ``index``-th WebSocket session (of ``device_id``, if given), once it exists."""
         async with asyncio.timeout(bound(10)):
-            while len(self.sessions) <= index:
+            while len(mine := [s for s in self.sessions
+                               if device_id in (None, s.device_id)]) <= index:  # fmt: skip
                 self.new_session.clear()
                 await self.new_session.wait()
-        return self.sessions[index]
+        return mine[index]
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[UpstreamServer]:
@@ -174,6 +178,7 @@ class UpstreamServer:
             yield self
         finally:
             self._stopping.set()
+            self.unstall.set()
             server.should_exit = True
             await asyncio.wait_for(serving, bound(10))
             sock.close()
@@ -269,6 +274,8 @@ class UpstreamServer:
                 if message.get("bytes") is not None:
                     session.audio.append(message["bytes"])
                     session._audio_event.set()
+                    if session.device_id in self.stalled:  # reads nothing more until told
+                        await self.unstall.wait()
                 elif message.get("text") is not None:
                     await self._on_text(session, message["text"])
         except WebSocketDisconnect:

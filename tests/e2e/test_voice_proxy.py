@@ -56,7 +56,7 @@ async def talking(
     """The device checked in and talking, its server done listing its tools."""
     await device.check_in(ota_url(run))
     async with device.conversation() as talk:
-        session = await upstream.session()
+        session = await upstream.session(device_id=device.device_id)
         async with asyncio.timeout(bound(10)):
             await session.listed.wait()
         yield talk, session
@@ -376,3 +376,35 @@ async def test_binary_protocol_versions_pass_as_the_server_set_them(
             frames = [_framed(version, n, bytes([n]) * 10) for n in range(20)]
             await talk.send_audio(frames)
             assert await session.wait_audio(len(frames)) == frames
+
+
+async def test_a_stalled_server_holds_up_only_its_own_device(tmp_path: Path) -> None:
+    """One conversation's server stops reading: its device is made to wait (backpressure, not
+    buffering: it gets nowhere near sending what it tries to), another talks on unhindered."""
+    upstream = UpstreamServer()
+    stuck, other = VoiceDevice(), VoiceDevice("aa:bb:cc:dd:ee:11", client_id="other-client")
+    upstream.stalled.add(stuck.device_id)
+    frame, tries = b"\x01" * 32_000, 2_000  # 64 MB: far beyond every buffer on the way
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, stuck) as (stuck_talk, stuck_session):
+            sent = 0
+
+            async def flood() -> None:
+                nonlocal sent
+                for _ in range(tries):
+                    await stuck_talk.ws.send(frame)
+                    sent += 1
+
+            flooding = asyncio.create_task(flood())
+            try:
+                async with talking(run, upstream, other) as (talk, session):
+                    frames = [bytes([n]) * 100 for n in range(100)]
+                    await talk.send_audio(frames)
+                    assert await session.wait_audio(len(frames)) == frames
+                # Unbounded buffering would have taken the 64 MB in the time the other device
+                # talked (loopback moves that in a fraction of a second); the device waits.
+                assert not flooding.done() and sent < tries // 2
+                assert len(stuck_session.audio) == 1
+            finally:
+                flooding.cancel()
+                upstream.unstall.set()
