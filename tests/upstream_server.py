@@ -138,6 +138,7 @@ class UpstreamServer:
         self.base_url = ""
         self.vision_url: str | None = None  # where its initialize says to upload; its own if None
         self.websocket_version: int | None = None  # websocket.version of its OTA reply, if any
+        self.websocket_extra: JsonObject = {}  # more keys for its OTA reply's websocket section
         self.stalled: set[str] = set()  # devices whose sessions stop reading after one frame
         self.unstall = asyncio.Event()
         self.new_session = asyncio.Event()
@@ -212,6 +213,7 @@ class UpstreamServer:
             }
             if self.websocket_version is not None:
                 reply["websocket"]["version"] = self.websocket_version
+            reply["websocket"].update(self.websocket_extra)
         if self.offer in ("mqtt", "both"):
             mac = device_id.replace(":", "_")
             reply["mqtt"] = {

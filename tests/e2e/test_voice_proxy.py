@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.app import Running
 from gateway.config import DeviceOptions
+from gateway.device_side.upstream.settings import WebSocketUpstreams
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import RawDevice, exposes, until
@@ -408,3 +409,16 @@ async def test_a_stalled_server_holds_up_only_its_own_device(tmp_path: Path) -> 
             finally:
                 flooding.cancel()
                 upstream.unstall.set()
+
+
+async def test_a_server_reply_that_would_break_the_device_is_not_handed_on(
+    tmp_path: Path,
+) -> None:
+    """A key the device's NVS cannot take (over 15 characters aborts it at boot, §7.1)."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.websocket_extra = {"a_much_too_long_key": "x"}
+    async with proxied(tmp_path, upstream) as run:
+        response = await device.check_in(ota_url(run))
+        assert response.status_code == 502
+        assert "key longer than 15 characters" in response.json()["error"]
+        assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
