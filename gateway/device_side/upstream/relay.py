@@ -126,6 +126,7 @@ async def open_upstream(
             compression=None,  # frames go on byte for byte; the device does not deflate either
             proxy=None,  # the device would not use one: reach the server as it would
             user_agent_header=None,
+            close_timeout=2,  # a stalled server must not hold the end of a conversation long
         )
     except InvalidStatus as exc:
         status = exc.response.status_code
