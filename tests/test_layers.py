@@ -44,7 +44,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "device_side": [{"broker", "vision"}, {"ota", "transports"}],
     "host_side": [
-        {"tool_listing", "device_listing", "photo_resources", "relay"},
+        {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"http"},

@@ -26,10 +26,10 @@ from gateway.devices.calls import format_time
 from gateway.devices.photos import Photo, PhotoStore, alias_of, photo_uri
 from gateway.devices.registry import DeviceRegistry
 
-__all__ = ["PhotoResources", "photo_routes"]
+__all__ = ["RESOURCE_NOT_FOUND", "PhotoResources", "photo_routes"]
 
 PAGE_SIZE = 500
-_RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource
+RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource
 
 TEMPLATE = types.ResourceTemplate(
     name="device-photo",
@@ -76,12 +76,12 @@ class PhotoResources:
         photo = self._photos.latest(device.device_id) if device is not None else None
         if device is None or photo is None:
             what = f"device {alias!r} has no photo" if alias else "not a device photo URI"
-            raise MCPError(_RESOURCE_NOT_FOUND, f"Resource not found: {uri} ({what})")
+            raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri} ({what})")
         try:
             data = await asyncio.to_thread(photo.read)
         except OSError as exc:
             message = f"the photo of {device.alias} cannot be read: {exc.strerror or exc}"
-            raise MCPError(_RESOURCE_NOT_FOUND, message) from None
+            raise MCPError(RESOURCE_NOT_FOUND, message) from None
         blob = base64.b64encode(data).decode("ascii")
         contents = types.BlobResourceContents(uri=uri, mime_type=photo.mime, blob=blob)
         return types.ReadResourceResult(contents=[contents])
