@@ -55,8 +55,12 @@ window.addEventListener("message", async (event) => {
   } else if (m.method === "ui/notifications/size-changed") {
     frame.style.height = m.params.height + "px";
   } else if (m.method === "tools/call" || m.method === "resources/read") {
-    try { send({id: m.id, result: JSON.parse(await window.forward(m.method, JSON.stringify(m.params)))}); }
-    catch (error) { send({id: m.id, error: {code: -32603, message: String(error)}}); }
+    try {
+      const answer = await window.forward(m.method, JSON.stringify(m.params));
+      send({id: m.id, result: JSON.parse(answer)});
+    } catch (error) {
+      send({id: m.id, error: {code: -32603, message: String(error)}});
+    }
   }
 });
 frame.srcdoc = html;
