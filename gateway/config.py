@@ -145,6 +145,7 @@ class Config:
     vision_enabled: bool = True
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024
+    vision_photo_history: int = 5  # photos kept per device, its latest included
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:
@@ -376,6 +377,7 @@ _FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("ota", "firmware_url", "ota_firmware_url", _optional_str),
     ("vision", "enabled", "vision_enabled", _bool),
     ("vision", "max_photo_bytes", "vision_max_photo_bytes", _int),
+    ("vision", "photo_history", "vision_photo_history", _int),
     ("limits", "device_connections", "limits_device_connections", _int),
     ("limits", "host_connections", "limits_host_connections", _int),
     ("limits", "per_address", "limits_per_address", _int),

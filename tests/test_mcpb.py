@@ -21,8 +21,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tests.conftest import bound
-from tests.test_icons import png_size
 from tests.e2e.test_stdio_and_cli import free_port
+from tests.test_icons import png_size
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_MCPB = "npm install --prefix .ci/node @anthropic-ai/mcpb@2"

@@ -20,7 +20,12 @@ from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
@@ -91,7 +96,8 @@ def _error(text: str) -> types.CallToolResult:
 
 
 class GatewayServer(Server[Any]):
-    """A ``Server`` that advertises ``tools.listChanged`` on every handshake-era transport.
+    """A ``Server`` that advertises ``tools.listChanged`` and ``resources.listChanged`` on every
+    handshake-era transport.
 
     The streamable-HTTP manager calls ``serve_loop()`` without init options, which would default
     to ``listChanged=false`` (reference/mcp-sdk-2x.md §2.3).
@@ -103,16 +109,16 @@ class GatewayServer(Server[Any]):
         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
-        """Default to ``tools_changed=True``."""
+        """Default to ``tools_changed=True`` and ``resources_changed=True``."""
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True),
+            notification_options or NotificationOptions(tools_changed=True, resources_changed=True),
             experimental_capabilities,
             extensions,
         )
 
 
 class ChangeNotifier:
-    """Tells every connected MCP session that the tool list changed.
+    """Tells every connected MCP session that the tool (or resource) list changed.
 
     Handshake-era sessions get ``notifications/tools/list_changed`` on their standalone channel;
     2026-era clients get it on their ``subscriptions/listen`` stream. SDK 2.x builds a new
@@ -172,6 +178,13 @@ class ChangeNotifier:
                 await session.send_tool_list_changed()
         await self.bus.publish(ToolsListChanged())
 
+    async def resources_changed(self) -> None:
+        """``notifications/resources/list_changed`` to every session (a photo arrived)."""
+        for session in list(self._legacy.values()):
+            with contextlib.suppress(Exception):
+                await session.send_resource_list_changed()
+        await self.bus.publish(ResourcesListChanged())
+
 
 class McpFrontend:
     """The gateway's MCP face: builds the ``Server`` and answers its requests."""
@@ -193,6 +206,8 @@ class McpFrontend:
         self.lister = ToolLister(config, registry)
         self.app = FleetApp(photos)
         self._photo_resources = PhotoResources(registry, photos) if photos is not None else None
+        if photos is not None:
+            photos.arrived.append(lambda photo: self.notifier.resources_changed())
         self.server = GatewayServer(
             "esp-mcp-gateway",
             version=__version__,

@@ -134,6 +134,8 @@ async def test_set_volume_form_then_read_back_audit_and_metrics(tmp_path: Path) 
         await page.wait_for_selector("#audit tbody tr")
         tools = await page.locator("#audit tbody tr td:nth-child(4)").all_inner_texts()
         assert tools == ["self.get_device_status", "self.audio_speaker.set_volume"]
+        callers = await page.locator("#audit tbody tr td:nth-child(2)").all_inner_texts()
+        assert callers == ["dashboard", "dashboard"]  # not "api": the CLI's calls are
         await page.select_option('#audit-filter select[name="outcome"]', "failed")
         await page.click("#audit-filter button[type=submit]")
         await page.wait_for_selector("#audit-empty:not([hidden])")
@@ -363,3 +365,21 @@ async def test_sign_in_from_the_lan_address_with_other_cookies_around(tmp_path: 
                     async for _ in lines:
                         pass
                 assert listening.cancelled_caught, "the feed closed at the auth deadline"
+
+
+async def test_calls_are_audited_as_the_dashboard_or_the_api(tmp_path: Path) -> None:
+    """With a host token: a signed-in dashboard session's call is the dashboard's in the audit
+    log, a bearer token's (the CLI, scripts) is the API's."""
+    async with gateway(tmp_path, host_token=HOST_TOKEN) as run, listed_device(run, SIM):
+        base = f"http://127.0.0.1:{run.host_port}"
+        call = {"device": SIM, "tool": "self.get_device_status"}
+        async with httpx2.AsyncClient() as browser:
+            assert (await browser.post(base + "/login", json={"token": HOST_TOKEN})).is_success
+            csrf = (await browser.get(base + "/api/session")).json()["csrf"]
+            signed_in = await browser.post(base + "/api/call", json=call,
+                                           headers={"X-CSRF-Token": csrf})  # fmt: skip
+            bearer = {"Authorization": f"Bearer {HOST_TOKEN}"}
+            scripted = await browser.post(base + "/api/call", json=call, headers=bearer)
+        assert signed_in.status_code == scripted.status_code == 200
+        records = run.gateway.audit.page()["records"]
+    assert [r["caller"] for r in records] == ["api", "dashboard"]
