@@ -34,15 +34,30 @@ LAYERS: list[set[str]] = [
 ]
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
-    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit"}],
+    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit", "listeners"}],
+    "protocol": [
+        {"envelope", "events"},
+        {"jsonrpc"},
+        {"catalog", "outbox", "outgoing", "pending"},  # a session's parts, no state machine
+        {"device"},  # DeviceProtocol: the whole state machine
+    ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
         {"store"},
-        {"registry", "enrollment"},
+        {"device"},  # a known device and its tools as decided
+        {"exposure"},  # what hosts see
+        {"known"},  # the registry's core: load, queries, new devices, catalogues
+        {"admin"},  # the user's decisions: approval, binding, names, forgetting
+        {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
         {"connection"},
         {"calls"},
     ],
-    "device_side": [{"broker", "vision"}, {"ota", "transports"}],
+    "device_side": [
+        {"broker", "vision"},
+        {"ota", "transports"},
+        {"admission", "sessions"},
+        {"http"},
+    ],
     "host_side": [
         {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
         {"mcp_server"},
@@ -50,6 +65,9 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "cli": [{"flashing", "doctor"}, {"commands"}],
+    "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
+    "cli/doctor": [{"probes"}, {"findings"}, {"listeners", "broker", "data_dir", "config_file"}],
+    "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 
