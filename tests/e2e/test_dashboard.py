@@ -25,6 +25,7 @@ from gateway.simulator import SimulatedDevice
 from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway, program
 from tests.e2e.helpers import Inbox, has_tools, listed_device, until
+from tests.e2e.ingress import ingress
 from tests.e2e.test_device_trust import EMBEDDED, check_in, listed_but_pending
 from tests.e2e.test_mqtt import STOCK, stock_device, tool_name
 
@@ -383,3 +384,29 @@ async def test_calls_are_audited_as_the_dashboard_or_the_api(tmp_path: Path) -> 
         assert signed_in.status_code == scripted.status_code == 200
         records = run.gateway.audit.page()["records"]
     assert [r["caller"] for r in records] == ["api", "dashboard"]
+
+
+async def test_the_dashboard_works_behind_a_path_prefix(tmp_path: Path) -> None:
+    """As Home Assistant's ingress serves it, under /api/hassio_ingress/<token>/ (a proxy that
+    strips the prefix and passes redirects back as they are): sign-in, the live device list and
+    a tool's call all work, every URL the pages use being relative."""
+    prefix = "/api/hassio_ingress/abc123"
+    async with gateway(tmp_path, host_token=HOST_TOKEN) as run, chromium() as browser:
+        async with ingress(f"http://127.0.0.1:{run.host_port}", prefix) as proxy:
+            context = await browser.new_context()
+            page = await context.new_page()
+            page.set_default_timeout(ms(10))
+            missing: list[str] = []
+            page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+            await page.goto(proxy + prefix + "/")
+            await page.wait_for_url(proxy + prefix + "/login")
+            await page.fill("#token", HOST_TOKEN)
+            await page.click("#login button[type=submit]")
+            await page.wait_for_url(proxy + prefix + "/")
+            await page.wait_for_selector("#live.on")
+            async with listed_device(run, SIM) as dev:
+                await page.click(f"{row(SIM, 'online')} .alias button")
+                await call_from_form(page, "self.get_device_status")
+                assert [name for name, _ in dev.calls] == ["self.get_device_status"]
+            await context.close()
+    assert missing == []

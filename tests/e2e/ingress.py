@@ -1,0 +1,73 @@
+"""A reverse proxy that serves an app under a path prefix, as Home Assistant's ingress does.
+
+It strips the prefix, passes the browser's headers on (Host and Origin included, as the
+Supervisor's ingress does) and the answer back unchanged (a redirect's relative Location too),
+streaming both ways, so an SSE feed flows through. A request outside the prefix is a 404: a page
+that asks for an absolute path breaks here as it would behind ingress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx2
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from tests.conftest import bound
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer",
+        "proxy-connection", "content-length"}  # fmt: skip
+
+
+@asynccontextmanager
+async def ingress(upstream: str, prefix: str) -> AsyncIterator[str]:
+    """Serve ``upstream`` under ``prefix``; yields the proxy's base URL (without the prefix)."""
+    async with httpx2.AsyncClient(base_url=upstream, timeout=None) as client:
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            path = scope["path"]
+            if not path.startswith(prefix + "/"):
+                await PlainTextResponse("outside the ingress path", 404)(scope, receive, send)
+                return
+            request = Request(scope, receive)
+            query = scope["query_string"].decode()
+            forwarded = client.build_request(
+                request.method,
+                path[len(prefix) :] + (f"?{query}" if query else ""),
+                headers=[(k, v) for k, v in request.headers.items() if k not in _HOP],
+                content=await request.body(),
+            )
+            answer = await client.send(forwarded, stream=True)
+
+            async def body() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in answer.aiter_raw():
+                        yield chunk
+                finally:
+                    await answer.aclose()
+
+            response = StreamingResponse(body(), status_code=answer.status_code)
+            response.raw_headers = [
+                (k.encode(), v.encode()) for k, v in answer.headers.multi_items() if k not in _HOP
+            ]
+            await response(scope, receive, send)
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning")
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]), name="test.ingress")
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            server.should_exit = True
+            server.force_exit = True  # the dashboard's live feed never ends by itself
+            await asyncio.wait_for(serving, bound(10))
+            sock.close()
