@@ -8,18 +8,15 @@ that asks for an absolute path breaks here as it would behind ingress.
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx2
-import uvicorn
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tests.conftest import bound
+from tests.conftest import asgi_server
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer",
         "proxy-connection", "content-length"}  # fmt: skip
@@ -58,16 +55,5 @@ async def ingress(upstream: str, prefix: str) -> AsyncIterator[str]:
             ]
             await response(scope, receive, send)
 
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning")
-        server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve(sockets=[sock]), name="test.ingress")
-        try:
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            server.should_exit = True
-            server.force_exit = True  # the dashboard's live feed never ends by itself
-            await asyncio.wait_for(serving, bound(10))
-            sock.close()
+        async with asgi_server(app, "test.ingress") as url:
+            yield url
