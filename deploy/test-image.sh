@@ -177,7 +177,7 @@ else
     say "base: importing as $base"
     raw=localhost/esp-mcp-gateway-base:raw-$$
     timeout 300 podman import --quiet --arch "$ARCH" "$rootfs" "$raw" >/dev/null
-    ctr=$(buildah from --quiet "$raw")
+    ctr=$(buildah from --quiet --arch "$ARCH" "$raw")
     # pip in the build must trust whatever TLS this network presents: the host's bundle has it.
     # Only the cert is needed: PyPI itself is reachable; the host's extra local indexes are not.
     printf '[global]\ncert = %s\n' "$CA_BUNDLE" >"$work/pip.conf"
