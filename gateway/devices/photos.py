@@ -193,17 +193,18 @@ class PhotoStore:
 
         The calls get the bytes just received, not the file, which a later upload may replace.
         """
-        taken = time.time()
-        replaced = self._latest.get(device_id)
-        if replaced is not None and taken <= replaced.taken_at + 0.001:  # ids stay distinct
-            taken = replaced.taken_at + 0.002
-        photo = Photo(device_id, mime, len(data), taken, question[:_QUESTION_CHARS], None)
+        photo = Photo(device_id, mime, len(data), time.time(), question[:_QUESTION_CHARS], None)
         for catch in self._catches.get(device_id, ()):
             catch.photos.append(dataclasses.replace(photo, data=data))
         async with self._lock(device_id):  # one device's uploads are written one at a time
+            latest = self._latest.get(device_id)
+            if latest is not None and photo.taken_at < latest.taken_at + 0.002:
+                photo = dataclasses.replace(photo, taken_at=latest.taken_at + 0.002)  # new id
             if self._directory is not None:
                 try:
-                    await asyncio.to_thread(self._retire, device_id)
+                    kept = list(self._older.get(device_id, ()))
+                    older = await asyncio.to_thread(self._retire, device_id, latest, kept)
+                    self._older[device_id] = older  # set here, not in the worker thread
                     photo = await asyncio.to_thread(self._write, photo, data)
                 except OSError as exc:
                     logger.warning(
@@ -222,11 +223,10 @@ class PhotoStore:
             await arrived(photo)
         return photo
 
-    def _retire(self, device_id: str) -> None:
-        """Move the device's latest photo among the older ones; drop those past ``history``."""
+    def _retire(self, device_id: str, latest: Photo | None, older: list[Photo]) -> list[Photo]:
+        """The older photos once ``latest`` joins them (its files renamed), those past
+        ``history`` dropped (their files deleted)."""
         assert self._directory is not None
-        latest = self._latest.get(device_id)
-        older = self._older.setdefault(device_id, [])
         if latest is not None and latest.path is not None and self._history_size > 1:
             paths = _paths(self._directory, device_id, latest.id)
             with contextlib.suppress(OSError):  # lost from the history, never from the latest
@@ -238,6 +238,7 @@ class PhotoStore:
             for path in _paths(self._directory, device_id, gone.id).values():
                 with contextlib.suppress(OSError):
                     path.unlink()
+        return older
 
     def _lock(self, device_id: str) -> asyncio.Lock:
         return self._locks.setdefault(device_id, asyncio.Lock())

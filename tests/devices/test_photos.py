@@ -165,3 +165,14 @@ async def test_history_of_one_is_the_latest_alone(tmp_path: Path) -> None:
     assert len(store.history("aa")) == 1 and names(tmp_path) == ["aa.jpg", "aa.json"]
     with pytest.raises(ValueError, match="at least its latest"):
         PhotoStore(tmp_path, history=0)
+
+
+async def test_photos_arriving_together_keep_distinct_ids(tmp_path: Path) -> None:
+    """Three uploads at once (often within one millisecond): three photos, three files."""
+    store = PhotoStore(tmp_path, history=3)
+    async with anyio.create_task_group() as group:
+        for n in range(3):
+            group.start_soon(store.keep, "aa", JPEG + bytes([n]), "image/jpeg", "")
+    kept = store.history("aa")
+    assert len({p.id for p in kept}) == 3
+    assert sorted(p.read() for p in kept) == [JPEG + bytes([n]) for n in range(3)]
