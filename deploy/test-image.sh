@@ -349,4 +349,53 @@ if tail -n "+$((served + 1))" "$work/server.log" | grep -q Traceback; then
     fail "the gateway logged a traceback while stopping"
 fi
 say "stop: the gateway stopped cleanly on SIGTERM in $((SECONDS - stopped)) s"
+
+# --- 4. the Home Assistant add-on: this image plus run.py ----------------------------------------
+
+addon=localhost/esp-mcp-gateway-addon:test
+say "add-on: buildah bud home-assistant/esp_mcp_gateway (BUILD_FROM=$IMAGE)"
+if ! timeout 300 buildah bud --isolation chroot --layers --format docker \
+    --build-arg "BUILD_FROM=$IMAGE" --tag "$addon" home-assistant/esp_mcp_gateway \
+    >"$work/addon-build.log" 2>&1; then
+    show "$work/addon-build.log"
+    fail "buildah could not build the add-on"
+fi
+# /data as Home Assistant mounts it: root's, holding the options the user set. (Copied in:
+# buildah run puts an image VOLUME over any bind mount of the same path.)
+printf '{"host_token": "%s", "mqtt_mode": "off", "log_level": "info"}\n' "$host_token" \
+    >"$work/options.json"
+buildah rm "$container" >/dev/null
+container=$(buildah from --quiet --name "esp-mcp-gateway-addon-test-$$" "$addon")
+buildah copy --quiet "$container" "$work/options.json" /data/options.json >/dev/null
+timeout 60 "${run[@]}" "$container" -- chown -R 0:0 /data </dev/null
+say "add-on: run.py with options.json (device :$device_port, host :$host_port)"
+setsid "${run[@]}" "${ports[@]}" "$container" -- \
+    /opt/esp-mcp-gateway/bin/python /opt/esp-mcp-gateway/ha-run.py \
+    >"$work/server.log" 2>&1 </dev/null &
+server_pid=$!
+"$PY" - "$host_port" "$host_token" <<'EOF_PY' || fail "the add-on's gateway did not answer"
+import sys, time, urllib.request
+port, token = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 60
+while True:  # /healthz with the host token: the gateway runs with the add-on's options
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/healthz",
+                                     headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            if "devices" in answer.read().decode():
+                break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit(1)
+    time.sleep(0.2)
+EOF_PY
+grep -q "MCP hosts connect to" "$work/server.log" || fail "the add-on does not say its MCP URL"
+stop "$server_pid"
+server_pid=""
+# Made by the gateway after run.py dropped root: its owner is the process's user.
+owner=$(timeout 60 "${run[@]}" "$container" -- stat -c %u:%U /data /data/registry.sqlite3 \
+    </dev/null | sort -u | tr '\n' ' ')
+[[ $owner == "10001:gateway " ]] || fail "the add-on's /data belongs to $owner, not gateway (10001)"
+say "add-on: serves with the options' host token, as uid 10001 on /data; says its MCP URL"
 say "all checks passed"
