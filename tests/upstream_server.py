@@ -301,8 +301,8 @@ class UpstreamServer:
                                       "frame_duration": 60}})  # fmt: skip
             asyncio.get_running_loop().create_task(self._discover(session))
         elif message.get("type") == "mcp":
-            payload = message["payload"]
-            if "id" in payload and "method" not in payload:
+            payload = message.get("payload")
+            if isinstance(payload, dict) and "id" in payload and "method" not in payload:
                 session._on_reply(payload)
 
     async def _discover(self, session: UpstreamSession) -> None:

@@ -148,9 +148,12 @@ class VoiceDevice:
                     talk._audio_event.set()
                     continue
                 try:
-                    message = json.loads(frame)
+                    message = json.loads(frame, parse_constant=_no_constant)
                 except ValueError:
                     talk.garbage.append(frame)
+                    continue
+                if message.get("type") == "mcp" and not isinstance(message.get("payload"), dict):
+                    talk.garbage.append(frame)  # the firmware finds no payload to parse
                     continue
                 if message.get("type") != "mcp":
                     talk.messages.append(message)
@@ -163,3 +166,7 @@ class VoiceDevice:
             pass
         finally:
             talk.closed.set()
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (cJSON rejects it)")

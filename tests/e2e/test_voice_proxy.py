@@ -422,3 +422,26 @@ async def test_a_server_reply_that_would_break_the_device_is_not_handed_on(
         assert response.status_code == 502
         assert "key longer than 15 characters" in response.json()["error"]
         assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
+
+
+async def test_mcp_frames_the_tap_cannot_route_pass_as_sent_and_the_talk_goes_on(
+    tmp_path: Path,
+) -> None:
+    """An ``mcp`` frame without a payload, or with NaN (not JSON to the device): each side
+    gets it as the other sent it, and the conversation is not cut off."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    no_payload = '{"type":"mcp"}'
+    call = {"name": "self.lamp.turn_on", "arguments": {"level": "NaN"}}
+    payload = {"jsonrpc": "2.0", "id": GATEWAY_IDS.start, "method": "tools/call", "params": call}
+    nan = json.dumps({"type": "mcp", "payload": payload}).replace('"NaN"', "NaN")
+    async with (
+        proxied(tmp_path, upstream) as run,
+        talking(run, upstream, device) as (talk, session),
+    ):
+        await session.websocket.send_text(no_payload)
+        await session.websocket.send_text(nan)
+        await talk.ws.send(no_payload)
+        assert "result" in await session.call("self.lamp.turn_on")  # the relay is still up
+        assert talk.garbage == [no_payload, nan]
+        assert no_payload in session.texts
+        assert (await listed(run, device))["upstream"]["state"] == "in conversation"

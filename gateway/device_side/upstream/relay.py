@@ -253,7 +253,9 @@ def _mcp(text: str, limit: int) -> JsonObject | None:
         message = decode(text, limit)
     except MalformedMessage:
         message = salvage_error_reply(text)  # stock firmware's unescaped error replies
-    return message if message is not None and message["type"] == "mcp" else None
+    if message is None or message["type"] != "mcp" or "payload" not in message:
+        return None  # no payload to route: passed on as received, the other side judges it
+    return message
 
 
 def _is_hello(text: str, limit: int) -> bool:
@@ -267,4 +269,9 @@ def _is_hello(text: str, limit: int) -> bool:
 
 def _reframe(text: str, message: JsonObject, payload: object) -> str:
     """The frame to send on: ``text`` itself when the tap left the payload as it was."""
-    return text if payload is message["payload"] else encode({**message, "payload": payload})
+    if payload is message["payload"]:
+        return text
+    try:
+        return encode({**message, "payload": payload})
+    except ValueError:  # NaN or infinity: not JSON to either side, so it goes on as it came
+        return text
