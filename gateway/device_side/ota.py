@@ -122,7 +122,7 @@ def check_sections(reply: Mapping[str, Any]) -> list[str]:
     for name in (name for name in _NVS_SECTIONS if name in reply):
         block = reply[name]
         for key, value in block.items() if isinstance(block, dict) else []:
-            if len(key) > MAX_KEY:
+            if len(key.encode()) > MAX_KEY:  # NVS counts bytes: a non-ASCII key is longer
                 problems.append(f"{name}.{key}: key longer than {MAX_KEY} characters")
             if isinstance(value, str) and len(value.encode()) > MAX_VALUE:
                 problems.append(f"{name}.{key}: value longer than {MAX_VALUE} bytes")

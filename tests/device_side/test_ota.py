@@ -86,6 +86,7 @@ def test_check_reply_fails_on_a_non_numeric_firmware_version(version: object) ->
         {**SAFE, "websocket": {"url": "ws://h/", "token": "t" * 300}},  # an overlong token
         {**SAFE, "mqtt": {"password": "x" * 300}},  # an overlong value
         {**SAFE, "mqtt": {"nested": {"a": 1}}},  # not a string or number
+        {**SAFE, "websocket": {**SAFE["websocket"], "é" * 8: "x"}},  # 8 characters, 16 bytes
         {**SAFE, "server_time": {"timestamp": "now"}},
         {**SAFE, "firmware": {"version": "2.4.3"}},  # no url
     ],
