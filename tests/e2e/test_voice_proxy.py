@@ -445,3 +445,14 @@ async def test_mcp_frames_the_tap_cannot_route_pass_as_sent_and_the_talk_goes_on
         assert talk.garbage == [no_payload, nan]
         assert no_payload in session.texts
         assert (await listed(run, device))["upstream"]["state"] == "in conversation"
+
+
+async def test_a_vision_url_the_gateway_cannot_use_is_said_to_the_device(tmp_path: Path) -> None:
+    """A malformed camera URL from the server: a clear 502 for the device, never a crash."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.vision_url = "http://[::1/vision/explain"
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (talk, _):
+        initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+        response = await upload(initialize["params"]["capabilities"]["vision"], device)
+    assert response.status_code == 502
+    assert "vision service" in response.json()["message"]

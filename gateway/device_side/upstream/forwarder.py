@@ -127,7 +127,10 @@ class OtaForwarder:
         within: float | None = None,
     ) -> tuple[int, bytes, str | None]:
         seconds = within or self._timeout
-        request = self._client.build_request(method, url, headers=headers, content=body)
+        try:
+            request = self._client.build_request(method, url, headers=headers, content=body)
+        except httpx2.InvalidURL as exc:  # a URL the voice server gave (its camera's)
+            raise UpstreamUnavailable(f"its URL is unusable ({exc})") from None
         try:
             async with asyncio.timeout(seconds):  # the whole exchange, however it trickles
                 response = await self._client.send(request, stream=True)

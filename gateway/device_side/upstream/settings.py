@@ -53,7 +53,10 @@ class UpstreamWebSocket:
 
 def server_of(url: str) -> str:
     """``scheme://host[:port]`` of ``url``: what logs and listings name (never a token)."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unclosed "[": a URL a voice server gave, named in a log line
+        return "(a malformed URL)"
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
