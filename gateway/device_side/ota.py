@@ -31,7 +31,11 @@ from gateway.device_side.broker import DeviceCredentials, Topics, is_device_id
 from gateway.device_side.upstream.forwarder import UpstreamUnavailable
 from gateway.device_side.upstream.ota_reply import ProxiedReply, proxied_reply
 from gateway.device_side.upstream.proxy import VoiceProxy
-from gateway.device_side.upstream.settings import UpstreamSettingsError, server_of
+from gateway.device_side.upstream.settings import (
+    UpstreamSettingsError,
+    check_destination,
+    server_of,
+)
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError
 from gateway.net.public import OTA_PATH, PublicAddress, split_host
@@ -280,6 +284,8 @@ class OtaEndpoint:
             theirs = await proxy.forwarder.check_in(ota_url, request.method, request.headers, body)
             proxied = proxied_reply(theirs, self._own_websocket(check_in, host_header),
                                     own_mqtt, proxy.mqtt)  # fmt: skip
+            if proxied.websocket is not None:
+                check_destination(proxied.websocket.url, ota_url)
         except (UpstreamUnavailable, UpstreamSettingsError) as exc:
             return self._upstream_failed(device_id, server, exc)
         problems = check_sections(proxied.reply)

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.app import Running
 from gateway.config import DeviceOptions
-from gateway.device_side.upstream.settings import WebSocketUpstreams
+from gateway.device_side.upstream.settings import UpstreamWebSocket, WebSocketUpstreams
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import RawDevice, exposes, until
@@ -456,3 +456,38 @@ async def test_a_vision_url_the_gateway_cannot_use_is_said_to_the_device(tmp_pat
         response = await upload(initialize["params"]["capabilities"]["vision"], device)
     assert response.status_code == 502
     assert "vision service" in response.json()["message"]
+
+
+METADATA = "http://169.254.169.254/latest/meta-data/"  # a cloud's link-local metadata service
+
+
+async def test_a_server_cannot_point_the_gateway_at_the_link_local_network(tmp_path: Path) -> None:
+    """Neither the server's WebSocket URL nor its camera's is followed there (SSRF)."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.websocket_extra = {"url": METADATA.replace("http", "ws", 1)}
+    async with proxied(tmp_path, upstream) as run:
+        response = await device.check_in(ota_url(run))
+        assert response.status_code == 502
+        assert "points at the link-local network" in response.json()["error"]
+        assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
+        upstream.websocket_extra, upstream.vision_url = {}, METADATA
+        async with talking(run, upstream, device) as (talk, _):
+            initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+            response = await upload(initialize["params"]["capabilities"]["vision"], device)
+        assert response.status_code == 502
+        assert "points at the link-local network" in response.json()["message"]
+        assert run.gateway.proxy is not None  # one kept before this check existed: not followed
+        async with run.gateway.registry.device_changes() as changes:
+            await until(changes, lambda: voice(run, device).startswith("idle"))
+        stored = UpstreamWebSocket(METADATA.replace("http", "ws", 1), "token")
+        run.gateway.proxy.websockets.put(device.device_id, stored)
+        with pytest.raises(InvalidStatus, match="403"):
+            async with device.conversation():
+                pass
+        assert "link-local" in voice(run, device)
+
+
+def voice(run: Running, device: VoiceDevice) -> str:
+    """How the device's voice server stands, as listings show it."""
+    found = run.gateway.registry.find(device.device_id)
+    return found.upstream.state if found is not None and found.upstream is not None else ""

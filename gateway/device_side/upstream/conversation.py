@@ -20,7 +20,12 @@ from starlette.websockets import WebSocket
 
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.relay import UpstreamRefused, open_upstream, relay
-from gateway.device_side.upstream.settings import UpstreamWebSocket, server_of
+from gateway.device_side.upstream.settings import (
+    UpstreamSettingsError,
+    UpstreamWebSocket,
+    check_destination,
+    server_of,
+)
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
@@ -59,21 +64,22 @@ class Conversations:
         upstream, ota_url = self._proxy.websockets.get(device_id), self._proxy.ota_url(device_id)
         if upstream is None or ota_url is None:
             return None  # not proxied, or no check-in through the proxy yet
-        return functools.partial(self._converse, identity, upstream, server_of(ota_url))
+        return functools.partial(self._converse, identity, upstream, ota_url)
 
     async def _converse(
         self,
         identity: DeviceIdentity,
         upstream: UpstreamWebSocket,
-        server: str,
+        ota_url: str,
         websocket: WebSocket,
     ) -> None:
-        device_id = identity.device_id
+        device_id, server = identity.device_id, server_of(ota_url)
         try:
+            check_destination(upstream.url, ota_url)  # kept by an older gateway, or config changed
             connection = await open_upstream(upstream, identity, websocket.headers,
                                              open_timeout=OPEN_SECONDS,
                                              max_size=self._max_bytes)  # fmt: skip
-        except UpstreamRefused as exc:
+        except (UpstreamRefused, UpstreamSettingsError) as exc:
             logger.warning("device %s: its voice server %s: %s; refusing the device's session "
                            "as its server would have", device_id, upstream.where, exc)  # fmt: skip
             self._registry.set_upstream(device_id, server, str(exc))

@@ -9,6 +9,7 @@ the token opens the device's account on the voice server).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -17,12 +18,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gateway.config import is_loopback_host
 from gateway.datadir import create_private
 
 __all__ = [
     "UpstreamSettingsError",
     "UpstreamWebSocket",
     "WebSocketUpstreams",
+    "check_destination",
     "parse_upstream_websocket",
     "server_of",
 ]
@@ -58,6 +61,46 @@ def server_of(url: str) -> str:
     except ValueError:  # e.g. an unclosed "[": a URL a voice server gave, named in a log line
         return "(a malformed URL)"
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def check_destination(url: str, ota_url: str) -> None:
+    """Refuse ``url``, given by the voice server at ``ota_url``, if it leads where it has no say.
+
+    The gateway follows the URLs a voice server hands it (its WebSocket, its camera's upload URL)
+    from the gateway's own host, with the device's traffic. One naming this machine (loopback,
+    0.0.0.0) would reach the gateway's host listener and whatever else listens on loopback; a
+    link-local one reaches cloud metadata services. Such a URL is followed only when the
+    operator's own ``ota_url`` leads to the same place (a voice server on the same machine).
+    Host names are not resolved: this guards what the server says, not what DNS answers.
+
+    Raises:
+        UpstreamSettingsError: ``url`` is malformed or leads there.
+    """
+    try:
+        where = _local_reach(urllib.parse.urlsplit(url).hostname)
+        allowed = _local_reach(urllib.parse.urlsplit(ota_url).hostname)
+    except ValueError:
+        raise UpstreamSettingsError(f"the upstream's URL {server_of(url)} is malformed") from None
+    if where is not None and where != allowed:
+        raise UpstreamSettingsError(
+            f"the upstream's URL {server_of(url)} points at {where}; the gateway follows such a "
+            "URL only when [upstream] ota_url points there too"
+        )
+
+
+def _local_reach(host: str | None) -> str | None:
+    """Where ``host`` leads if a voice server has no business naming it, else None."""
+    if not host or is_loopback_host(host) or host.endswith(".localhost"):
+        return "this machine" if host else None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name (see check_destination)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback or address.is_unspecified:
+        return "this machine"
+    return "the link-local network" if address.is_link_local else None
 
 
 def parse_upstream_websocket(section: object) -> UpstreamWebSocket:

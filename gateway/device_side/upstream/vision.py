@@ -18,7 +18,11 @@ from starlette.responses import Response
 
 from gateway.device_side.upstream.forwarder import UpstreamUnavailable
 from gateway.device_side.upstream.proxy import VoiceProxy
-from gateway.device_side.upstream.settings import server_of
+from gateway.device_side.upstream.settings import (
+    UpstreamSettingsError,
+    check_destination,
+    server_of,
+)
 from gateway.device_side.vision import Forward
 
 __all__ = ["UPLOAD_SECONDS", "VisionForwarder"]
@@ -41,18 +45,21 @@ class VisionForwarder:
         if theirs is None:
             return None
         url, token = theirs["url"], theirs.get("token")
+        ota_url = self._proxy.ota_url(device_id) or ""
 
         async def forward(headers: Mapping[str, str], body: bytes) -> Response:
             sent = {name: headers[name] for name in _SENT_HEADERS if name in headers}
             if token:
                 sent["authorization"] = f"Bearer {token}"
             try:
+                check_destination(url, ota_url)
                 passed = await self._proxy.forwarder.upload(url, sent, body, UPLOAD_SECONDS)
-            except UpstreamUnavailable as exc:
+            except (UpstreamUnavailable, UpstreamSettingsError) as exc:
                 why = f"the voice server's vision service {server_of(url)} failed: {exc}"
                 logger.warning("photo from %s: %s", device_id, why)
                 body = json.dumps({"success": False, "message": why}).encode()
-                return Response(body, exc.status, media_type="application/json")
+                status = exc.status if isinstance(exc, UpstreamUnavailable) else 502
+                return Response(body, status, media_type="application/json")
             logger.info("photo from %s handed to its voice server (HTTP %d)", device_id,
                         passed.status)  # fmt: skip
             return Response(passed.body, passed.status, media_type=passed.content_type)

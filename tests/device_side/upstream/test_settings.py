@@ -14,6 +14,7 @@ from gateway.device_side.upstream.settings import (
     UpstreamSettingsError,
     UpstreamWebSocket,
     WebSocketUpstreams,
+    check_destination,
     parse_upstream_websocket,
     server_of,
 )
@@ -138,3 +139,35 @@ def test_a_reply_the_gateway_cannot_proxy_says_why() -> None:
         proxied_reply({"server_time": {}}, OWN)
     with pytest.raises(UpstreamSettingsError, match="websocket.url"):
         proxied_reply({"websocket": {"url": 3}}, OWN)
+
+
+TENCLASS_OTA = "https://api.tenclass.net/xiaozhi/ota/"
+
+
+@pytest.mark.parametrize(
+    ("url", "where"),
+    [
+        ("ws://127.0.0.1:8000/mcp", "this machine"),  # the gateway's own host listener
+        ("ws://localhost:8123/api/websocket", "this machine"),
+        ("http://app.localhost/", "this machine"),
+        ("ws://0.0.0.0:8000/", "this machine"),  # Linux connects that to loopback
+        ("ws://[::1]:8000/", "this machine"),
+        ("http://[::ffff:127.0.0.1]/", "this machine"),
+        ("http://169.254.169.254/latest/meta-data/", "the link-local network"),
+        ("ws://[fe80::1]/", "the link-local network"),
+        ("http://[::1/vision", "malformed"),
+    ],
+)
+def test_a_server_cannot_point_the_gateway_at_its_own_machine(url: str, where: str) -> None:
+    """A URL the voice server gives is followed from the gateway's host: not to loopback (its
+    own listeners), not to link-local (cloud metadata), unless the operator's ota_url is."""
+    with pytest.raises(UpstreamSettingsError, match=where):
+        check_destination(url, TENCLASS_OTA)
+
+
+def test_what_the_operator_points_at_the_server_may_point_at_too() -> None:
+    check_destination("wss://api.tenclass.net/xiaozhi/v1/", TENCLASS_OTA)
+    check_destination("ws://192.168.1.10:8000/xiaozhi/v1/", "http://192.168.1.10:8002/ota/")
+    check_destination("ws://127.0.0.1:8000/xiaozhi/v1/", "http://localhost:8002/xiaozhi/ota/")
+    with pytest.raises(UpstreamSettingsError, match="link-local"):
+        check_destination("http://169.254.169.254/", "http://127.0.0.1:8002/xiaozhi/ota/")
