@@ -5,7 +5,8 @@ transport that relays a proxied device (the WebSocket relay, the MQTT upstream c
 each ``{"type": "mcp", "payload": ...}`` message and asks the tap where its payload goes:
 
 - ``tap.from_upstream(payload) -> Route``: a JSON-RPC payload the upstream sent toward the
-  device. Usually ``Route(to_device=payload)``. The upstream's request ids reach the device
+  device. Usually ``Route(to_device=payload)``; ``Route()`` for a cancel of a request the
+  upstream never sent (the gateway's). The upstream's request ids reach the device
   unchanged, unless one falls into the ids the gateway keeps for itself (``is_gateway_id``):
   that one is remapped into ``REMAPPED_IDS`` and restored on the way back. The upstream's
   ``initialize`` gets ``capabilities.vision`` replaced by the gateway's (when the tap has one),
@@ -97,7 +98,7 @@ class McpTap:
                 payload = {**payload, "id": self._remap(payload["id"])}
         elif method == CANCELLED:
             payload = self._cancel_remapped(payload)
-        return Route(to_device=payload)
+        return Route(to_device=payload)  # None: dropped
 
     def from_device(self, payload: object) -> Route:
         """Route a JSON-RPC payload the device sent."""
@@ -145,7 +146,7 @@ class McpTap:
             self._remapped.popitem(last=False)
         return candidate
 
-    def _cancel_remapped(self, notification: JsonObject) -> JsonObject:
+    def _cancel_remapped(self, notification: JsonObject) -> JsonObject | None:
         params = notification.get("params")
         if not isinstance(params, dict) or not is_gateway_id(params.get("requestId")):
             return notification
@@ -153,7 +154,7 @@ class McpTap:
         for ours, original in self._remapped.items():
             if original == wanted:
                 return {**notification, "params": {**params, "requestId": ours}}
-        return notification
+        return None  # the gateway's own request (or a remapped one): not the upstream's to stop
 
 
 def _after(remapped_id: int) -> int:
