@@ -118,9 +118,13 @@ def parse_upstream_websocket(section: object) -> UpstreamWebSocket:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 - raises on a port out of range
     except ValueError:
-        raise UpstreamSettingsError(f"the upstream's websocket.url {url!r} is malformed") from None
+        raise UpstreamSettingsError(
+            f"the upstream's websocket.url {server_of(url)} is malformed"
+        ) from None
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise UpstreamSettingsError(f"the upstream's websocket.url {url!r} is not ws:// or wss://")
+        raise UpstreamSettingsError(
+            f"the upstream's websocket.url {server_of(url)} is not ws:// or wss://"
+        )
     token = section.get("token")
     if token is not None and (not isinstance(token, str) or len(token) > _MAX_TEXT):
         raise UpstreamSettingsError("the upstream's websocket.token is not a usable string")

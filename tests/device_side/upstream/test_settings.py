@@ -51,6 +51,14 @@ def test_an_unusable_websocket_section_says_why(section: Any, why: str) -> None:
         parse_upstream_websocket(section)
 
 
+@pytest.mark.parametrize("url", ["https://u:s3cret@h/x?token=s3cret", "ws://u:s3cret@h:99999/"])
+def test_why_never_names_a_secret_in_the_url(url: str) -> None:
+    """The reason is logged, listed to hosts and shown on the dashboard: the host, no more."""
+    with pytest.raises(UpstreamSettingsError) as refused:
+        parse_upstream_websocket({"url": url})
+    assert "s3cret" not in str(refused.value) and "://h" in str(refused.value)
+
+
 def test_settings_survive_a_restart_in_a_private_file(tmp_path: Path) -> None:
     store = WebSocketUpstreams(tmp_path)
     upstream = UpstreamWebSocket("wss://api.tenclass.net/xiaozhi/v1/", "t", 1)
