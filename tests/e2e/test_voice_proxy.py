@@ -113,6 +113,9 @@ async def test_a_conversation_is_relayed_while_hosts_call_the_device(tmp_path: P
                 await session.listed.wait()
             assert [t["name"] for t in session.tools] == [t["name"] for t in device.board.tools]
             assert session.initialize_reply is not None and session.initialize_reply["id"] == 1
+            tasks = {task.get_name() for task in asyncio.all_tasks()}  # named, for a task dump
+            assert {f"gateway.upstream.{pump}[{device.device_id}]"
+                    for pump in ("from_device", "from_server")} <= tasks  # fmt: skip
             await until(changes, exposes(run, device.device_id, "lamp_lamp_turn_on"))
             uplink = [bytes([n % 256]) * (20 + n) for n in range(200)]
             await talk.send_audio(uplink)

@@ -150,10 +150,13 @@ async def relay(
     gateway = asyncio.create_task(
         serve(link, identity), name=f"gateway.upstream[{identity.device_id}]"
     )
+    name = f"gateway.upstream.{{}}[{identity.device_id}]"
     pumps = [
-        asyncio.create_task(_device_to_upstream(device, upstream, tap, link, max_message_bytes)),
-        asyncio.create_task(_upstream_to_device(upstream, device, tap, link, max_message_bytes)),
-    ]
+        asyncio.create_task(_device_to_upstream(device, upstream, tap, link, max_message_bytes),
+                            name=name.format("from_device")),
+        asyncio.create_task(_upstream_to_device(upstream, device, tap, link, max_message_bytes),
+                            name=name.format("from_server")),
+    ]  # fmt: skip
     try:
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         ended = next(iter(done)).result()
