@@ -23,6 +23,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.app import Running
 from gateway.config import DeviceOptions
+from gateway.device_side.sessions import DeviceSessions
+from gateway.device_side.upstream.relay import _GATEWAY_QUEUE
 from gateway.device_side.upstream.settings import UpstreamWebSocket, WebSocketUpstreams
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from tests.conftest import bound, gateway, program
@@ -494,3 +496,26 @@ def voice(run: Running, device: VoiceDevice) -> str:
     """How the device's voice server stands, as listings show it."""
     found = run.gateway.registry.find(device.device_id)
     return found.upstream.state if found is not None and found.upstream is not None else ""
+
+
+async def test_a_failed_gateway_session_is_logged_and_never_holds_up_the_voice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gateway's own session on the device fails at its start: said in the log, and the
+    frames meant for it (more than its queue holds) no longer stop the device's reading."""
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("the gateway's session broke")
+
+    monkeypatch.setattr(DeviceSessions, "serve_tapped", broken)
+    upstream, device = UpstreamServer(), VoiceDevice()
+    notice = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+    changed = {"type": "mcp", "payload": notice}
+    with caplog.at_level(logging.ERROR, logger="gateway.device_side.upstream.relay"):
+        async with proxied(tmp_path, upstream) as run:
+            async with talking(run, upstream, device) as (talk, session):
+                for _ in range(3 * _GATEWAY_QUEUE):  # each goes to the server and the gateway
+                    await talk.ws.send(json.dumps(changed))
+                assert "result" in await session.call("self.lamp.turn_on")
+    assert any("the gateway's session broke" in r.getMessage() + str(r.exc_info)
+               for r in caplog.records)  # fmt: skip

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
@@ -80,6 +81,10 @@ class TappedLink:
 
     async def aclose(self) -> None:
         """Detach the gateway: the voice conversation goes on without its session."""
+        self.detach()
+
+    def detach(self) -> None:
+        """``aclose()``, from outside the gateway's session (it ended, however it ended)."""
         self._detached = True
         self._room.set()
         self.end()
@@ -150,6 +155,7 @@ async def relay(
     gateway = asyncio.create_task(
         serve(link, identity), name=f"gateway.upstream[{identity.device_id}]"
     )
+    gateway.add_done_callback(functools.partial(_gateway_ended, link, identity.device_id))
     name = f"gateway.upstream.{{}}[{identity.device_id}]"
     pumps = [
         asyncio.create_task(_device_to_upstream(device, upstream, tap, link, max_message_bytes),
@@ -168,6 +174,15 @@ async def relay(
         await _close_both(device, upstream)
         await asyncio.gather(gateway, return_exceptions=True)
     return ended
+
+
+def _gateway_ended(link: TappedLink, device_id: str, session: asyncio.Task[None]) -> None:
+    # However the gateway's session ended, frames for it must not stop the device's reading.
+    link.detach()
+    failure = None if session.cancelled() else session.exception()
+    if failure is not None:  # gathered with return_exceptions at the end: say it here
+        logger.error("device %s: the gateway's session failed; the voice conversation goes "
+                     "on without it", device_id, exc_info=failure)  # fmt: skip
 
 
 async def _device_to_upstream(
