@@ -329,8 +329,14 @@ class OtaEndpoint:
             return PlainTextResponse("request body too large\n", status_code=413)
         device_id = (request.headers.get("device-id") or "").lower()
         ota_url = self._proxy.ota_url(device_id) if is_device_id(device_id) else None
-        if ota_url is None:
+        if ota_url is None or self._registry.get(device_id) is None:  # firmware checks in first
             return JSONResponse({"error": "this device has no voice server here"}, 404)
+        client_id = _short(request.headers.get("client-id"))
+        refusal = self._registry.admit(device_id, trusted=False, client_id=client_id,
+                                       transport="OTA activation")  # fmt: skip
+        if refusal is not None:  # nothing asked of its server in the name of a refused device
+            logger.warning("refused the activation of %s: %s", device_id, refusal)
+            return JSONResponse({"error": refusal}, status_code=403)
         server = server_of(ota_url)
         try:
             passed = await self._proxy.forwarder.activate(ota_url, request.headers, body)

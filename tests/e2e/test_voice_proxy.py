@@ -354,6 +354,7 @@ async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
     gone = "http://127.0.0.1:9/xiaozhi/ota/"
     devices = {device.device_id: DeviceOptions(upstream=gone)}
     async with gateway(tmp_path, devices=devices, upstream_ota_url=None) as run:
+        assert (await device.check_in(ota_url(run))).status_code == 502
         assert await device.activate(ota_url(run), tries=1) == [502]
         stranger = VoiceDevice(device_id="aa:bb:cc:dd:ee:99")
         assert await stranger.activate(ota_url(run), tries=1) == [404]
@@ -519,3 +520,21 @@ async def test_a_failed_gateway_session_is_logged_and_never_holds_up_the_voice(
                 assert "result" in await session.call("self.lamp.turn_on")
     assert any("the gateway's session broke" in r.getMessage() + str(r.exc_info)
                for r in caplog.records)  # fmt: skip
+
+
+async def test_activation_is_forwarded_only_for_devices_the_gateway_admits(tmp_path: Path) -> None:
+    """A stock device checks in before it activates; a stranger or a rejected device gets
+    nothing forwarded to the voice server in its name."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        stranger = VoiceDevice(device_id="aa:bb:cc:dd:ee:98")
+        assert await stranger.activate(ota_url(run), tries=1) == [404]  # never checked in
+        await device.check_in(ota_url(run))
+        known = run.gateway.registry.get(device.device_id)
+        assert known is not None
+        run.gateway.registry.approve(known)  # binds it to its Client-Id
+        impostor = VoiceDevice(client_id="7c1f0e4a-0000-4000-8000-0000000000ff")
+        assert await impostor.activate(ota_url(run), tries=1) == [403]
+        run.gateway.registry.reject(known)
+        assert await device.activate(ota_url(run), tries=1) == [403]
+    assert upstream.activations == []
