@@ -126,7 +126,9 @@ def parse_upstream_websocket(section: object) -> UpstreamWebSocket:
             f"the upstream's websocket.url {server_of(url)} is not ws:// or wss://"
         )
     token = section.get("token")
-    if token is not None and (not isinstance(token, str) or len(token) > _MAX_TEXT):
+    if token is not None and (
+        not isinstance(token, str) or len(token) > _MAX_TEXT or not token.isprintable()
+    ):  # it becomes a header line of the upstream handshake: no CR, LF or other control
         raise UpstreamSettingsError("the upstream's websocket.token is not a usable string")
     version = section.get("version", 1)
     if type(version) is not int or version not in (1, 2, 3):

@@ -42,6 +42,7 @@ def test_a_websocket_section_is_read_as_the_device_reads_it() -> None:
         ({"url": "ws:///x"}, "not ws://"),
         ({"url": "ws://h:99999/"}, "malformed"),
         ({"url": "ws://h/", "token": 5}, "token"),
+        ({"url": "ws://h/", "token": "t\r\nX-Injected: 1"}, "token"),  # would be a header line
         ({"url": "ws://h/", "version": 4}, "version"),
         ({"url": "ws://h/", "version": "1"}, "version"),
     ],
