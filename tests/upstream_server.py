@@ -79,6 +79,7 @@ class UpstreamSession:
     initialize_reply: JsonObject | None = None
     listed: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    requested: asyncio.Event = field(default_factory=asyncio.Event)  # a request went out
     unexpected: list[JsonObject] = field(default_factory=list)  # replies to ids never sent
     _counter: int = 0
     _pending: dict[int, asyncio.Future[JsonObject]] = field(default_factory=dict)
@@ -96,6 +97,7 @@ class UpstreamSession:
         self._pending[request_id] = future
         payload = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         await self.send_json({"type": "mcp", "payload": payload})
+        self.requested.set()
         return await asyncio.wait_for(future, bound(10))
 
     async def send_json(self, message: JsonObject) -> None:

@@ -253,8 +253,10 @@ async def test_the_device_going_away_fails_both_sides_calls_at_once(tmp_path: Pa
                 host_call = asyncio.create_task(host.call_tool("lamp_lamp_turn_on", {}))
                 async with asyncio.timeout(bound(10)):
                     await device.board.called.wait()  # type: ignore[attr-defined]
+                session.requested.clear()
                 upstream_call = asyncio.create_task(session.call("self.lamp.turn_on"))
-                await asyncio.sleep(0)
+                async with asyncio.timeout(bound(10)):
+                    await session.requested.wait()  # on its way: the server waits for its reply
                 await talk.ws.close()
             async with asyncio.timeout(bound(5)):  # far below the 30 s call timeout
                 result = await host_call
