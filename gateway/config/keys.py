@@ -56,6 +56,8 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("devices", "discovery_timeout", "discovery_timeout", positive_number),
     ("devices", "hello_timeout", "hello_timeout", positive_number),
     ("devices", "adoption", "adoption", choice(*ADOPTIONS)),
+    ("devices", "max_pending", "max_pending", integer),
+    ("devices", "pending_expiry", "pending_expiry", positive_number),
     ("devices", "max_message_bytes", "max_message_bytes", integer),
     ("tools", "mode", "tools_mode", choice(*TOOLS_MODES)),
     ("tools", "budget", "tools_budget", integer),

@@ -43,6 +43,8 @@ class Config:
     discovery_timeout: float = 15.0
     hello_timeout: float = 3.0
     adoption: str = "manual"
+    max_pending: int = 500  # devices waiting for approval; new ones past it are refused
+    pending_expiry: float = 7 * 24 * 3600.0  # a pending device unseen this long is dropped
     max_message_bytes: int = 65536
     tools_mode: str = "auto"
     tools_budget: int = 128

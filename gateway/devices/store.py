@@ -1,10 +1,16 @@
 """SQLite persistence of the registry: devices, shared catalogues, and the MCP names given out.
 
-Writes are *behind* the event loop: the registry marks rows dirty (``save_*``, no I/O), and the
-``writer()`` task writes each batch in one transaction on a worker thread. A join then costs no
-disk time on the loop, a storm of joins becomes a few transactions, and a crash loses at most
-the last batch; SQLite's journal means it never corrupts what was written before. A batch that
-fails (a full disk, a read-only data dir) stays queued and is tried again; the gateway runs on.
+Device traffic is written *behind* the event loop: the registry marks rows dirty (``save_*``,
+no I/O), and the ``writer()`` task writes each batch in one transaction on a worker thread. A join
+then costs no disk time on the loop, a storm of joins becomes a few transactions, and a crash
+loses at most the last batch; SQLite's journal means it never corrupts what was written before. A
+batch that fails (a full disk, a read-only data dir) stays queued and is tried again; the gateway
+runs on.
+
+A change the user makes (approve, reject, rename, forget) must survive a crash once the user is
+told it is done: ``commit()`` writes everything queued at once, and the caller answers only after
+it. Writes take turns (``_turn``), so a batch the writer took earlier can never land after a
+commit and put an older state back.
 
 Devices with the same firmware share one ``catalogues`` row, referenced by its digest.
 """
@@ -25,7 +31,7 @@ from typing import Any
 from gateway.datadir import create_private, tighten
 from gateway.devices.catalogue import digest_of
 from gateway.devices.naming import NameAssignment
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, StorageUnavailable
 
 __all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
 
@@ -149,6 +155,7 @@ class Store:
             _prepare(self._db)
         self._pending = _empty()
         self._dirty = asyncio.Event()
+        self._turn = asyncio.Lock()  # one write at a time, in the order their batches were taken
         self.rows_written = 0  # for tests and metrics: rows sent to SQLite so far
         self.transactions = 0  # ... in this many transactions
         self._failing = False
@@ -205,6 +212,25 @@ class Store:
             self._settle(batch, self._write(batch, [r.row() for r in batch.devices.values()]))
         return batch.rows()
 
+    async def commit(self) -> None:
+        """Write everything queued now and return once it is on disk (the user's changes).
+
+        Raises:
+            StorageUnavailable: it could not be written; it stays queued and is tried again.
+        """
+        async with self._turn:
+            batch = self._take()
+            if not batch:
+                return
+            rows = [r.row() for r in batch.devices.values()]
+            error = await asyncio.to_thread(self._write, batch, rows)
+            if not self._settle(batch, error):
+                raise StorageUnavailable(
+                    f"the change is made but not saved: the gateway cannot write its data dir "
+                    f"({error}); it is saved once the data dir can be written, and lost if the "
+                    "gateway stops before"
+                )
+
     @asynccontextmanager
     async def writer(self, interval: float = 0.2) -> AsyncIterator[None]:
         """Run the write-behind task while the block runs; write the rest on exit."""
@@ -221,10 +247,13 @@ class Store:
         while True:
             await self._dirty.wait()
             await asyncio.sleep(delay)  # gather a batch: one transaction per interval, not event
-            batch = self._take()
-            rows = [r.row() for r in batch.devices.values()]  # the records' state now
-            error = await asyncio.to_thread(self._write, batch, rows)
-            delay = interval if self._settle(batch, error) else min(delay * 2, 30.0)
+            async with self._turn:
+                batch = self._take()
+                if not batch:
+                    continue  # a commit wrote it meanwhile
+                rows = [r.row() for r in batch.devices.values()]  # the records' state now
+                error = await asyncio.to_thread(self._write, batch, rows)
+                delay = interval if self._settle(batch, error) else min(delay * 2, 30.0)
 
     def _take(self) -> _Batch:
         batch, self._pending = self._pending, _empty()

@@ -28,7 +28,10 @@ from starlette.authentication import (
 )
 from starlette.requests import HTTPConnection, cookie_parser
 
-__all__ = ["COOKIE", "CSRF_HEADER", "Session", "SessionAuthBackend", "Sessions"]
+from gateway.devices.audit import CLI_AGENT, Actor
+
+__all__ = ["COOKIE", "CSRF_HEADER", "Session", "SessionAuthBackend", "Sessions",
+           "actor_of"]  # fmt: skip
 
 COOKIE = "gateway_session"
 CSRF_HEADER = "x-csrf-token"
@@ -129,3 +132,19 @@ class SessionAuthBackend(AuthenticationBackend):
                 raise AuthenticationError("missing or wrong CSRF token: reload the dashboard")
         user = AuthenticatedUser(AccessToken(token="", client_id="dashboard", scopes=[]))
         return AuthCredentials([]), user
+
+
+def actor_of(connection: HTTPConnection) -> Actor:
+    """Who made a change, for the audit log: the dashboard, the CLI or the API, and from where.
+
+    Every one of them holds the host token (or a session made from it) already; which surface
+    it used is what the record adds: the dashboard sends a CSRF token, the CLI its User-Agent.
+    """
+    headers = connection.headers
+    if CSRF_HEADER in headers:
+        who = "dashboard"
+    elif headers.get("user-agent", "").startswith(CLI_AGENT):
+        who = "cli"
+    else:
+        who = "api"
+    return Actor(who, connection.client.host if connection.client else None)
