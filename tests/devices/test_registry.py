@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.config import DeviceOptions
+from gateway.devices.audit import Actor
+from gateway.devices.store import Store
 from tests.conftest import make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
@@ -255,3 +257,64 @@ async def test_rejected_device_is_refused_and_its_state_survives_a_restart(tmp_p
     refusal = again.registry.admit("aa:20", trusted=True, client_id="u", transport="websocket")
     assert refusal == "device aa:20 was rejected"
     again.close()
+
+
+async def test_pending_devices_are_capped_and_expire(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past max_pending a new stock device is refused (logged once, counted, audited); a
+    pending device unseen for pending_expiry makes room; a token or pairing still gets in."""
+    now = [1000.0]
+    stack = Stack(make_config(tmp_path, max_pending=3, pending_expiry=3600), lambda: now[0])
+    registry = stack.registry
+    for n in range(3):
+        assert registry.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA") is None
+    for n in range(3, 50):
+        refusal = registry.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA",
+                                 peer="10.0.0.9")  # fmt: skip
+        assert refusal == "3 devices wait for approval already"
+    assert len(registry.devices()) == 3 and registry.pending_refused == 47
+    assert caplog.text.count("devices wait for approval already ([devices] max_pending)") == 1
+    assert registry.admit("bb:01", trusted=True, client_id=None, transport="mqtt") is None
+    now[0] += 1800
+    registry.register("aa:00", board="b")  # seen again: stays
+    now[0] += 1801
+    assert registry.admit("aa:40", trusted=False, client_id="u", transport="OTA") is None
+    assert sorted(registry.waiting) == ["aa:00", "aa:40"]
+    assert registry.get("aa:01") is None and registry.get("bb:01") is not None
+    [refused] = stack.audit.page(kind="login")["records"]
+    assert (refused["from"], refused["outcome"]) == ("10.0.0.9", "refused")
+    stack.close()
+
+
+async def test_settle_commits_and_audits_a_users_change(tmp_path: Path) -> None:
+    """What the user did is on disk and in the audit log when ``settle`` returns."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    registry.admit("aa:30", trusted=False, client_id="u", transport="OTA")
+    registry.approve(registry.get("aa:30"))  # type: ignore[arg-type]
+    await registry.settle("approve", registry.get("aa:30"), Actor("cli", "127.0.0.1"))
+    again = Store(tmp_path / "registry.sqlite3")
+    [saved] = again.load().devices
+    assert (saved.state, saved.binding) == ("approved", "u")
+    again.close()
+    [entry] = stack.audit.page(kind="admin")["records"]
+    assert (entry["action"], entry["caller"], entry["device_id"]) == ("approve", "cli", "aa:30")
+    stack.close()
+
+
+async def test_an_approved_device_without_a_binding_is_bound_at_its_first_login(
+    tmp_path: Path,
+) -> None:
+    """Enrolled (named before it came) or known to an older version: the first login binds."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    registry.adopt("aa:50", "Desk")
+    assert registry.admit("aa:50", trusted=True, client_id="uuid-1", transport="websocket") is None
+    assert registry.get("aa:50").record.binding == "uuid-1"  # type: ignore[union-attr]
+    refusal = registry.admit("aa:50", trusted=True, client_id="uuid-2", transport="websocket",
+                             peer="10.0.0.66")  # fmt: skip
+    assert refusal == "device aa:50 is bound to another identity"
+    [conflict] = stack.audit.page(kind="login")["records"]
+    assert (conflict["action"], conflict["from"]) == ("login conflict", "10.0.0.66")
+    stack.close()
