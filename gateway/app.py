@@ -25,12 +25,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gateway.config import Config, ListenAddress, env_name, is_loopback_host
+from gateway.device_side.admission import Admission
 from gateway.device_side.broker import (
     GATEWAY_LOGIN,
     DeviceCredentials,
     EmbeddedBroker,
     Topics,
-    is_device_id,
 )
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
@@ -44,7 +44,7 @@ from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
-from gateway.devices.tokens import device_tokens, token_matches
+from gateway.devices.tokens import device_tokens
 from gateway.errors import ConfigError, GatewayError, PortTaken
 from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.http import build_host_app
@@ -79,7 +79,7 @@ class Gateway:
         self.device_tokens = device_tokens(config)
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
-        self.registry = DeviceRegistry(config, self.store)
+        self.registry = DeviceRegistry(config, self.store, audit=self.audit)
         self.photos = PhotoStore(config.data_dir / "photos")
         self.router = CallRouter(config, self.audit, self.photos)
         self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
@@ -93,6 +93,7 @@ class Gateway:
                 self.admits,
                 max_packet_bytes=config.limits_mqtt_max_packet_bytes,
                 limits=listener_limits(config, "mqtt"),
+                settle=self.registry.commit_decisions,
             )
             if config.mqtt_broker == "embedded" and config.mqtt_listen is not None
             else None
@@ -102,6 +103,9 @@ class Gateway:
         self.vision = VisionTokens() if config.vision_enabled else None
         self.device_app = self._build_device_app()
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
+        self.admission = Admission(
+            self.registry, self.device_tokens, self.enrollment, self.credentials
+        )
         self.metrics = GatewayMetrics(
             self.registry,
             self.audit,
@@ -191,14 +195,18 @@ class Gateway:
         url += VISION_PATH
         return {"url": url, "token": self.vision.issue(identity.device_id)}
 
-    def admits(self, device_id: str, password: str) -> bool:
+    def admits(self, device_id: str, password: str, peer: str | None = None) -> bool:
         """May ``device_id`` log in to the embedded broker with ``password``?"""
-        refused = self.admission(device_id, password, client_id=None, transport="mqtt")
+        refused = self.admission.decide(device_id, password, client_id=None, transport="mqtt",
+                                        peer=peer)  # fmt: skip
         return self.metrics.admitted(refused, "mqtt")
 
-    def admit_websocket(self, identity: DeviceIdentity, token: str) -> str | None:
+    def admit_websocket(
+        self, identity: DeviceIdentity, token: str, peer: str | None = None
+    ) -> str | None:
         """None when a device WebSocket may be accepted, else why not."""
-        refused = self.admission(identity.device_id, token, identity.client_id, "websocket")
+        refused = self.admission.decide(identity.device_id, token, client_id=identity.client_id,
+                                        transport="websocket", peer=peer)  # fmt: skip
         self.metrics.admitted(refused, "websocket")
         return refused
 
@@ -210,41 +218,6 @@ class Gateway:
         guard = Guard(limits)
         self.metrics.refusals[listener] = lambda: guard.refused
         return guard
-
-    def admission(
-        self, device_id: str, secret: str, client_id: str | None, transport: str
-    ) -> str | None:
-        """None when ``device_id`` may connect with ``secret``, else why not.
-
-        A shared device token or a token issued for this board (``flash``) admits it as trusted:
-        approved. A stock device's OTA-issued credential admits it as it stands in the registry
-        (pending until the user approves it); that credential is bound to the Client-Id the
-        device checked in with, so another party's check-in cannot produce it.
-        """
-        device_id = device_id.lower()
-        if not is_device_id(device_id):
-            return "malformed device id"
-        trusted = token_matches(secret, self.device_tokens)
-        if not trusted:
-            issued = self.enrollment.admit(secret, device_id)
-            if issued is not None:
-                self.registry.adopt(device_id, issued.name)
-                trusted = True
-        if not trusted:
-            device = self.registry.get(device_id)  # it must have checked in through OTA
-            if device is None:
-                return "missing or invalid device token"
-            presented = device.record.binding or device.record.client_id
-            if not self.credentials.admits(device_id, presented, secret):
-                return "missing or invalid device token"
-        # Over MQTT the credential itself carries the Client-Id; a WebSocket presents it.
-        return self.registry.admit(
-            device_id,
-            trusted=trusted,
-            client_id=client_id,
-            transport=transport,
-            check_binding=transport != "mqtt",
-        )
 
     def enroll(self, name: str) -> dict[str, Any]:
         """Issue a token for a board about to be flashed, with the URLs it should use."""
@@ -329,7 +302,9 @@ class Gateway:
         async def health(request: object) -> JSONResponse:
             return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
-        routes = device_websocket_routes(self.admit_websocket, self.serve_device)
+        routes = device_websocket_routes(
+            self.admit_websocket, self.serve_device, self.registry.commit_decisions
+        )
         if self.config.ota_enabled:
             routes += self.ota.routes()
         if self.vision is not None:

@@ -52,7 +52,7 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
-    "device_side": [{"broker", "vision"}, {"ota", "transports"}],
+    "device_side": [{"broker", "vision"}, {"ota", "transports", "admission"}],
     "host_side": [
         {"tool_listing", "device_listing", "photo_resources", "relay"},
         {"mcp_server"},

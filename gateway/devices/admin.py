@@ -102,6 +102,7 @@ class DeviceAdmin(KnownDevices):
         if len(self.waiting) < self._config.max_pending:
             return True
         self.pending_refused += 1
+        self._device_changes.publish(None)  # the dashboard shows the count
         self._full.warning("pending", "refused new device %s from %s: %d devices wait for "
                            "approval already ([devices] max_pending); approve, reject or forget "
                            "some", device_id, actor.where, self._config.max_pending)  # fmt: skip

@@ -132,7 +132,7 @@ async def test_set_volume_form_then_read_back_audit_and_metrics(tmp_path: Path) 
 
         await page.click('nav a[data-page="audit"]')
         await page.wait_for_selector("#audit tbody tr")
-        tools = await page.locator("#audit tbody tr td:nth-child(4)").all_inner_texts()
+        tools = await page.locator("#audit tbody tr td:nth-child(6)").all_inner_texts()
         assert tools == ["self.get_device_status", "self.audio_speaker.set_volume"]
         await page.select_option('#audit-filter select[name="outcome"]', "failed")
         await page.click("#audit-filter button[type=submit]")

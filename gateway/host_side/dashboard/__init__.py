@@ -207,6 +207,12 @@ class Dashboard:
         facts = setup_facts(self.config, self.public, self.device_token(), host)
         return JSONResponse(facts, headers={"Cache-Control": "no-store"})
 
+    def _pending(self) -> dict[str, int]:
+        """How many devices wait for approval, how many may, and how many were refused."""
+        registry = self.registry
+        return {"waiting": len(registry.waiting), "max": self.config.max_pending,
+                "refused": registry.pending_refused}  # fmt: skip
+
     def _summaries(self) -> list[dict[str, Any]]:
         return [device_summary(device) for device in self.registry.devices()]
 
@@ -215,6 +221,7 @@ class Dashboard:
         async with self.registry.device_changes() as changes:
             while alive is None or alive():
                 yield f"event: devices\ndata: {json.dumps(self._summaries())}\n\n"
+                yield f"event: pending\ndata: {json.dumps(self._pending())}\n\n"
                 await asyncio.sleep(FEED_INTERVAL)
                 while True:
                     try:
