@@ -49,9 +49,13 @@ class Mosquitto:
     """A real mosquitto on loopback, started and killed by the test."""
 
     def __init__(
-        self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False
-    ) -> None:
+        self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False,
+        acl: str | None = None,
+    ) -> None:  # fmt: skip
+        """``acl``: an ACL file's text; with it the client id is forced to the user name, as
+        docs/mqtt.md configures mosquitto for devices."""
         self.program = program("mosquitto")
+        self._acl = acl
         self.port = free_port()
         self._dir = workdir
         self._users = users
@@ -93,6 +97,10 @@ class Mosquitto:
             lines += ["allow_anonymous false", f"password_file {passwd}"]
         else:
             lines.append("allow_anonymous true")
+        if self._acl is not None:
+            acl = self._dir / "acl"
+            acl.write_text(self._acl)
+            lines += [f"acl_file {acl}", "use_username_as_clientid true"]
         conf = self._dir / "mosquitto.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf

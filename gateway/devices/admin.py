@@ -60,9 +60,10 @@ class DeviceAdmin(KnownDevices):
             return why
         if record.binding is not None and client_id != record.binding:
             device.conflict = (f"{transport} attempt with {_shown(client_id)} refused: "
-                               "the device is bound to another")  # fmt: skip
-            logger.warning("refused %s for %s (%s) from %s: %s, bound to another", transport,
-                           device.alias, device_id, peer, _shown(client_id))  # fmt: skip
+                               "the device is bound to another identity")  # fmt: skip
+            logger.warning("refused %s login as %s (%s) from %s: it presented %s, and the "
+                           "device is bound to another identity", transport, device.alias,
+                           device_id, peer, _shown(client_id))  # fmt: skip
             self.logins.note(CONFLICT, actor, device_id=device_id, alias=device.alias,
                              reason=device.conflict)  # fmt: skip
             return f"device {device_id} is bound to another identity"
@@ -245,7 +246,7 @@ def _shown(identity: str | None) -> str:
     if identity is None:
         return "no Client-Id"
     if identity.startswith(TOKEN_BINDING):
-        return "another device token"
+        return "a device token (no Client-Id)"
     return f"Client-Id {identity!r}"
 
 

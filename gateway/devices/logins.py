@@ -1,7 +1,8 @@
 """Device logins refused, refused as a conflict, or let replace a live session: audit records.
 
 A hostile client may try a login many times a second. Its records are throttled: the first of
-each kind for one device (or, for an unknown device, one address) in ``interval`` is written,
+each kind and transport for one device (or, for an unknown device, one address) in
+``interval`` is written,
 and the next one that is says how many were held back. The table of what was written lately is
 bounded, so a flood of made-up device ids cannot grow it.
 """
@@ -19,7 +20,7 @@ REFUSED = "login refused"  # a bad credential, a rejected device, a full pending
 CONFLICT = "login conflict"  # a valid credential presenting another identity than the bound one
 REPLACED = "session replaced"  # the same identity again: the new session replaces the old
 
-_KEEP = 4096  # (kind, device or address) pairs remembered; the oldest goes first
+_KEEP = 4096  # (kind, transport, device or address) remembered; the oldest goes first
 
 
 class LoginRecords:
@@ -30,7 +31,8 @@ class LoginRecords:
     ) -> None:
         self.audit = audit
         self._interval, self._clock = interval, clock
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # -> (written at, held back)
+        # (action, transport, device or address) -> (written at, held back since)
+        self._last: dict[tuple[str, str, str], tuple[float, int]] = {}
 
     def note(
         self, action: str, actor: Actor, *, device_id: str | None, reason: str,
@@ -41,7 +43,7 @@ class LoginRecords:
         ``known``: the device id is one the gateway knows; an unknown one (anyone can make
         them up) is throttled by the address it came from instead.
         """
-        key = (action, (device_id if known else None) or actor.where or "?")
+        key = (action, actor.who, (device_id if known else None) or actor.where or "?")
         now = self._clock()
         last = self._last.get(key)
         if last is not None and now - last[0] < self._interval:
