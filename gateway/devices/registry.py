@@ -148,5 +148,7 @@ class DeviceRegistry(DeviceAdmin):
         self._save(record)
         logger.info("device %s lists %d tools", record.alias, len(catalogue.tools))
         if catalogue is not device.catalogue:
+            if record.catalogue is not None:  # its row goes once no device refers to it
+                self._store.release_catalogue(record.catalogue)
             record.catalogue = catalogue.digest
             self._use(device, catalogue)

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS devices (
     state       TEXT NOT NULL DEFAULT 'approved',
     binding     TEXT
 );
+CREATE INDEX IF NOT EXISTS devices_by_catalogue ON devices (catalogue);
 CREATE TABLE IF NOT EXISTS catalogues (
     digest TEXT PRIMARY KEY,
     tools  TEXT NOT NULL
@@ -133,16 +134,19 @@ class _Batch:
     catalogues: dict[str, str]
     names: dict[tuple[str, str], NameAssignment]
     forgotten: set[str]  # device ids whose rows go first
+    released: set[str]  # catalogue digests a device no longer uses: gone if none does
 
     def __bool__(self) -> bool:
-        return bool(self.devices or self.catalogues or self.names or self.forgotten)
+        return bool(self.devices or self.catalogues or self.names or self.forgotten
+                    or self.released)  # fmt: skip
 
     def rows(self) -> int:
-        return len(self.devices) + len(self.catalogues) + len(self.names) + len(self.forgotten)
+        return (len(self.devices) + len(self.catalogues) + len(self.names) + len(self.forgotten)
+                + len(self.released))  # fmt: skip
 
 
 def _empty() -> _Batch:
-    return _Batch({}, {}, {}, set())
+    return _Batch({}, {}, {}, set(), set())
 
 
 class Store:
@@ -193,6 +197,15 @@ class Store:
             self._pending.names[(entry.device_id, entry.tool)] = entry
         if entries:
             self._dirty.set()
+
+    def release_catalogue(self, digest: str) -> None:
+        """Queue the removal of a catalogue row, done only if no device refers to it then.
+
+        A device that lists a new catalogue again and again (a hostile one) leaves no row per
+        catalogue behind; the start's sweep (``_prepare``) catches what a crash left.
+        """
+        self._pending.released.add(digest)
+        self._dirty.set()
 
     def forget_device(self, device_id: str) -> None:
         """Queue the removal of a device's row and names (and drop its queued writes)."""
@@ -272,6 +285,11 @@ class Store:
                                batch.catalogues.items())  # fmt: skip
                 db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
+                db.executemany(
+                    "DELETE FROM catalogues WHERE digest = ?1 AND NOT EXISTS"
+                    " (SELECT 1 FROM devices WHERE catalogue = ?1)",
+                    [(digest,) for digest in batch.released],
+                )
                 for entry in batch.names.values():
                     db.execute(
                         "DELETE FROM tool_names WHERE name = ?"
@@ -311,6 +329,7 @@ class Store:
         for pair, entry in batch.names.items():
             pending.names.setdefault(pair, entry)
         pending.forgotten |= batch.forgotten  # deletes go first: a device back since is kept
+        pending.released |= batch.released
         self._dirty.set()
 
 

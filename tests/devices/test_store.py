@@ -71,6 +71,25 @@ def test_identical_catalogues_are_stored_once(tmp_path: Path) -> None:
     assert rows(path, "catalogues") == 1 and rows(path, "devices") == 2
 
 
+def test_a_catalogue_row_goes_when_no_device_uses_it_any_more(tmp_path: Path) -> None:
+    """A device that lists a new catalogue leaves no row behind, unless another device shares
+    the old one."""
+    stack = Stack(make_config(tmp_path))
+    path = tmp_path / "registry.sqlite3"
+    registry = stack.registry
+    for device_id in ("aa:01", "aa:02"):
+        registry.connect(device_id, object())  # type: ignore[arg-type]
+        registry.set_catalogue(device_id, (tool("self.a"),), None)
+    for n in range(20):  # aa:01 changes its tools again and again
+        registry.set_catalogue("aa:01", (tool(f"self.b{n}"),), None)
+        stack.store.flush()
+    assert rows(path, "catalogues") == 2  # aa:02's (shared before) and aa:01's latest
+    registry.set_catalogue("aa:02", (tool("self.b19"),), None)
+    stack.store.flush()
+    assert rows(path, "catalogues") == 1
+    stack.close()
+
+
 def test_first_layout_is_migrated_and_bad_tools_dropped(tmp_path: Path) -> None:
     """A registry from the first version loads: its catalogue is judged, bad tools dropped."""
     path = tmp_path / "registry.sqlite3"
