@@ -24,8 +24,8 @@ from gateway.config import ListenAddress
 from gateway.simulator import SimulatedDevice
 from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway, program
-from tests.e2e.helpers import Inbox, has_tools, listed_device, until
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
+from tests.e2e.helpers import Inbox, has_tools, listed_device, until
 from tests.e2e.test_device_trust import EMBEDDED, IMPOSTOR, check_in, listed_but_pending
 from tests.e2e.test_mqtt import STOCK, stock_device, tool_name
 
