@@ -82,6 +82,8 @@ class DeviceAdmin(KnownDevices):
         actor: Actor,
     ) -> str | None:  # fmt: skip
         adopt = trusted or self._config.adoption == "auto" or self._clock() < self.pairing_until
+        if not adopt:
+            self.expire_pending()
         if not adopt and not self._room_to_wait(actor, device_id):
             return f"{self._config.max_pending} devices wait for approval already"
         device = self._device(device_id, board)
@@ -96,10 +98,7 @@ class DeviceAdmin(KnownDevices):
         return None
 
     def _room_to_wait(self, actor: Actor, device_id: str) -> bool:
-        """Whether one more device may wait for approval (dropping expired ones first)."""
-        if len(self.waiting) < self._config.max_pending:
-            return True
-        self.expire_pending()
+        """Whether one more device may wait for approval; say so when it may not."""
         if len(self.waiting) < self._config.max_pending:
             return True
         self.pending_refused += 1

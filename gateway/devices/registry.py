@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.devices.admin import DeviceAdmin
+from gateway.devices.audit import Actor
 from gateway.devices.device import (
     APPROVED,
     PENDING,
@@ -27,6 +28,7 @@ from gateway.devices.device import (
     DeviceTool,
 )
 from gateway.devices.exposure import Changes
+from gateway.devices.logins import REPLACED
 
 # The device model and the change feed are re-exported: callers know the registry, not its parts.
 __all__ = [
@@ -69,6 +71,10 @@ class DeviceRegistry(DeviceAdmin):
         replaced, device.session = device.session, session
         if replaced is None:
             self.online_count += 1
+        else:  # the same identity again (admission refused any other): a reboot, a lost link
+            why = "a new login replaced the open session"
+            self.logins.note(REPLACED, Actor(transport or "?"), device_id=device.device_id,
+                             alias=device.alias, reason=why)  # fmt: skip
         record = device.record
         record.client_id = client_id or record.client_id
         record.transport = transport or record.transport

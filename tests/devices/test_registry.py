@@ -64,14 +64,18 @@ async def test_hide_mode_hides_offline_tools_after_the_grace(tmp_path: Path) -> 
 
 
 async def test_a_newer_session_is_not_undone_by_the_old_one(tmp_path: Path) -> None:
-    """The old link's late disconnect leaves a reconnected device online."""
+    """The old link's late disconnect leaves a reconnected device online; the replacement is
+    in the audit log."""
     stack = Stack(make_config(tmp_path))
     old, new = ScriptedSession(), ScriptedSession()
-    stack.registry.connect("aa:04", old)
-    assert stack.registry.connect("aa:04", new) is old
+    stack.registry.connect("aa:04", old, transport="websocket")
+    assert stack.registry.connect("aa:04", new, transport="websocket") is old
     stack.registry.disconnect("aa:04", old)
     device = stack.registry.find("aa:04")
     assert device is not None and device.online
+    [replaced] = stack.audit.page(kind="login")["records"]
+    assert (replaced["action"], replaced["caller"], replaced["outcome"]) == (
+        "session replaced", "websocket", "ok")  # fmt: skip
     stack.close()
 
 
