@@ -73,7 +73,7 @@ class DeviceAdmin(KnownDevices):
             # Approved before it ever logged in (enrolled, or known to an older version): the
             # first login binds it, like an approval would have.
             record.binding = client_id
-            self.decided = True
+            self.decisions += 1
             self._save(record)
         return None
 
@@ -130,7 +130,7 @@ class DeviceAdmin(KnownDevices):
         record.state = APPROVED
         record.binding = record.binding or presented or record.client_id
         self.waiting.pop(device.device_id, None)
-        self.decided = True
+        self.decisions += 1
         self._save(record)
         logger.info("device %s (%s) approved", device.alias, device.device_id)
         self._show(device)
@@ -144,17 +144,20 @@ class DeviceAdmin(KnownDevices):
         self._hide(device)
 
     async def commit_decisions(self) -> None:
-        """Commit what logins decided (approvals by token or pairing, first bindings), if any.
+        """Return once what logins decided so far (approvals by token or pairing, first
+        bindings) is on disk; a login awaits it before it is accepted.
 
-        A login calls it before it is accepted, so that a binding it made outlives a crash.
-        When the data dir cannot be written the device is let in all the same (the store says
-        so, and keeps trying): the decision holds in memory.
+        Logins that arrive together share a transaction: a commit takes everything queued, and
+        a later one that finds it written returns at once. When the data dir cannot be written
+        the device is let in all the same (the store says so, and keeps trying): the decision
+        holds in memory.
         """
-        if not self.decided:
+        target = self.decisions
+        if self._committed_decisions >= target:
             return
-        self.decided = False
         with contextlib.suppress(StorageUnavailable):
             await self._store.commit()
+        self._committed_decisions = max(self._committed_decisions, target)
 
     async def settle(
         self, action: str, device: Device | None, actor: Actor, detail: str | None = None
@@ -165,7 +168,6 @@ class DeviceAdmin(KnownDevices):
             StorageUnavailable: it could not be written (it is retried; the record says so).
         """
         outcome, message = "ok", detail
-        self.decided = False
         try:
             await self._store.commit()
         except StorageUnavailable as exc:

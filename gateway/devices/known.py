@@ -50,7 +50,8 @@ class KnownDevices:
         self.audit = audit or AuditLog(None)
         self.logins = LoginRecords(self.audit)
         self.waiting: dict[str, Device] = {}  # the pending devices, at most [devices] max_pending
-        self.decided = False  # a login approved or bound a device since the last commit
+        self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
+        self._committed_decisions = 0
         self.pending_refused = 0  # new devices refused because that many waited already
         self._full = ThrottledLog(logging.getLogger("gateway.devices.admin"))
         # Told how long each discovery took (seconds from connecting to a listed catalogue).

@@ -322,3 +322,25 @@ async def test_an_approved_device_without_a_binding_is_bound_at_its_first_login(
     [conflict] = stack.audit.page(kind="login")["records"]
     assert (conflict["action"], conflict["from"]) == ("login conflict", "10.0.0.66")
     stack.close()
+
+
+async def test_logins_wait_until_their_decisions_are_on_disk_and_share_a_transaction(
+    tmp_path: Path,
+) -> None:
+    """Fifty devices let in by their token at once: one transaction writes all fifty bindings
+    before any login is accepted; a login that decided nothing writes nothing."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    for n in range(50):
+        registry.admit(f"aa:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
+    before = stack.store.transactions
+    await asyncio.gather(*(registry.commit_decisions() for _ in range(50)))
+    assert stack.store.transactions == before + 1
+    saved = Store(tmp_path / "registry.sqlite3")
+    assert sorted(r.binding or "" for r in saved.load().devices) == sorted(
+        f"u{n}" for n in range(50)
+    )
+    saved.close()
+    await registry.commit_decisions()
+    assert stack.store.transactions == before + 1
+    stack.close()
