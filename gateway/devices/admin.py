@@ -87,7 +87,8 @@ class DeviceAdmin(KnownDevices):
         if not adopt and not self._room_to_wait(actor, device_id):
             return f"{self._config.max_pending} devices wait for approval already"
         device = self._device(device_id, board)
-        device.record.client_id = client_id
+        token_only = client_id is not None and client_id.startswith(TOKEN_BINDING)
+        device.record.client_id = None if token_only else client_id  # a Client-Id, if it has one
         device.record.state = PENDING
         self.waiting[device_id] = device
         if adopt:
