@@ -61,9 +61,9 @@ class DeviceAdmin(KnownDevices):
         if record.binding is not None and client_id != record.binding:
             device.conflict = (f"{transport} attempt with {_shown(client_id)} refused: "
                                "the device is bound to another identity")  # fmt: skip
-            logger.warning("refused %s login as %s (%s) from %s: it presented %s, and the "
-                           "device is bound to another identity", transport, device.alias,
-                           device_id, peer, _shown(client_id))  # fmt: skip
+            logger.warning("refused %s login as %s from %s: it presented %s, and the device "
+                           "is bound to another identity", transport, device.label, peer,
+                           _shown(client_id))  # fmt: skip
             self.logins.note(CONFLICT, actor, device_id=device_id, alias=device.alias,
                              reason=device.conflict)  # fmt: skip
             return f"device {device_id} is bound to another identity"
@@ -94,8 +94,9 @@ class DeviceAdmin(KnownDevices):
         if adopt:
             self.approve(device, client_id)
         else:
-            logger.warning("device %s (%s) is waiting for approval: esp-mcp-gateway devices "
-                           "approve %s", device.alias, device_id, device.alias)  # fmt: skip
+            logger.warning("device %s is waiting for approval: esp-mcp-gateway devices "
+                           "approve %s", device.label,
+                           device.alias if device.named else device_id)  # fmt: skip
         return None
 
     def _room_to_wait(self, actor: Actor, device_id: str) -> bool:
@@ -116,8 +117,8 @@ class DeviceAdmin(KnownDevices):
         cutoff = self._clock() - self._config.pending_expiry
         stale = [d for d in self.waiting.values() if d.record.last_seen < cutoff and not d.online]
         for device in stale:
-            logger.info("device %s (%s) waited for approval %s, unseen: dropped", device.alias,
-                        device.device_id, _days(self._config.pending_expiry))  # fmt: skip
+            logger.info("device %s waited for approval %s, unseen: dropped", device.label,
+                        _days(self._config.pending_expiry))  # fmt: skip
             self.forget(device)
         return len(stale)
 
@@ -133,7 +134,7 @@ class DeviceAdmin(KnownDevices):
         self.waiting.pop(device.device_id, None)
         self.decisions += 1
         self._save(record)
-        logger.info("device %s (%s) approved", device.alias, device.device_id)
+        logger.info("device %s approved", device.label)
         self._show(device)
 
     def reject(self, device: Device) -> None:

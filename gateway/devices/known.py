@@ -26,6 +26,9 @@ from gateway.net.limits import ThrottledLog
 __all__ = ["KnownDevices"]
 
 
+logger = logging.getLogger(__name__)
+
+
 class KnownDevices:
     """Devices, catalogues and names, persisted in the data dir's SQLite store."""
 
@@ -147,12 +150,13 @@ class KnownDevices:
         of its tools has a name.
         """
         record = device.record
-        if record.board is not None:
-            return  # the OTA check-in's board (its board.type) says it better than serverInfo
+        if device.named:  # by its board, the config, an enrollment or a past run
+            # The OTA check-in's board (its board.type) says it better than serverInfo.
+            record.board = record.board or board
+            return
         record.board = board
-        if record.catalogue is not None or record.alias != derive_alias(record.device_id, None):
-            return  # named already, by its board, the config, an enrollment or a past run
         alias = self._alias(record.device_id, board)
+        logger.info("device %s is named %s, after its board", record.device_id, alias)
         if self._by_alias.get(record.alias) is device:
             del self._by_alias[record.alias]
         record.alias = alias

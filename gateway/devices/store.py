@@ -1,11 +1,10 @@
 """SQLite persistence of the registry: devices, shared catalogues, and the MCP names given out.
 
 Device traffic is written *behind* the event loop: the registry marks rows dirty (``save_*``,
-no I/O), and the ``writer()`` task writes each batch in one transaction on a worker thread. A join
-then costs no disk time on the loop, a storm of joins becomes a few transactions, and a crash
-loses at most the last batch; SQLite's journal means it never corrupts what was written before. A
-batch that fails (a full disk, a read-only data dir) stays queued and is tried again; the gateway
-runs on.
+no I/O), and the ``writer()`` task writes each batch in one transaction on a worker thread: a
+join costs no disk time on the loop, a storm of joins is a few transactions, a crash loses at
+most the last batch (SQLite's journal keeps what was written). A batch that fails (a full disk,
+a read-only data dir) stays queued and is tried again; the gateway runs on.
 
 A change the user makes (approve, reject, rename, forget) must survive a crash once the user is
 told it is done: ``commit()`` writes everything queued at once, and the caller answers only after
@@ -137,12 +136,11 @@ class _Batch:
     released: set[str]  # catalogue digests a device no longer uses: gone if none does
 
     def __bool__(self) -> bool:
-        return bool(self.devices or self.catalogues or self.names or self.forgotten
-                    or self.released)  # fmt: skip
+        return self.rows() > 0
 
     def rows(self) -> int:
-        return (len(self.devices) + len(self.catalogues) + len(self.names) + len(self.forgotten)
-                + len(self.released))  # fmt: skip
+        parts = (self.devices, self.catalogues, self.names, self.forgotten, self.released)
+        return sum(len(part) for part in parts)
 
 
 def _empty() -> _Batch:
@@ -199,11 +197,8 @@ class Store:
             self._dirty.set()
 
     def release_catalogue(self, digest: str) -> None:
-        """Queue the removal of a catalogue row, done only if no device refers to it then.
-
-        A device that lists a new catalogue again and again (a hostile one) leaves no row per
-        catalogue behind; the start's sweep (``_prepare``) catches what a crash left.
-        """
+        """Queue the removal of a catalogue row, done if no device refers to it by then (a
+        device listing new catalogues for ever leaves none behind; ``_prepare`` sweeps too)."""
         self._pending.released.add(digest)
         self._dirty.set()
 
@@ -265,7 +260,14 @@ class Store:
                 if not batch:
                     continue  # a commit wrote it meanwhile
                 rows = [r.row() for r in batch.devices.values()]  # the records' state now
-                error = await asyncio.to_thread(self._write, batch, rows)
+                write = asyncio.ensure_future(asyncio.to_thread(self._write, batch, rows))
+                try:
+                    error = await asyncio.shield(write)
+                except asyncio.CancelledError:
+                    # Shutdown while this batch is out of the queue: finish writing it (dropped,
+                    # a device that joined just before a restart would be unknown after it).
+                    self._settle(batch, await write)
+                    raise
                 delay = interval if self._settle(batch, error) else min(delay * 2, 30.0)
 
     def _take(self) -> _Batch:
