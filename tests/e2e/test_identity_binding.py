@@ -81,8 +81,8 @@ async def test_no_token_takes_an_approved_stock_device_over_any_way_in(tmp_path:
             assert shown is not None and shown.session is session and shown.conflict
             assert device.calls == ["self.lamp.turn_on"]
         # The refused attempt did not use up the fresh token: a new board still gets it.
-        assert run.gateway.admission.decide("aa:00:00:00:00:77", fresh, client_id=None,
-                                            transport="mqtt") is None  # fmt: skip
+        assert run.gateway.admission.check("aa:00:00:00:00:77", fresh, client_id=None,
+                                           transport="mqtt") is None  # fmt: skip
         records = login_records(run, STOCK)
         assert {r["caller"] for r in records} == {"mqtt", "websocket", "OTA"}
         assert all(r["action"] == "login conflict" and r["from"] == "127.0.0.1" for r in records)
