@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
+import httpx2
 import pytest
 from mcp import Client
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.app import Running
+from gateway.device_side.admission import INVALID
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.helpers import has_tools, stock_headers, until
 from tests.e2e.test_device_trust import EMBEDDED, IMPOSTOR, check_in, devices, listed_but_pending
@@ -149,3 +151,37 @@ async def test_an_external_mosquitto_configured_as_documented_binds_identities(
                     await call_lamp(run, "esp-victim")
                     assert victim.calls == ["self.lamp.turn_on"]
                     assert len(other.messages) == 0  # it read none of the device's calls
+
+
+async def test_a_made_up_token_is_refused_and_audited_once_a_minute(tmp_path: Path) -> None:
+    """Guessing tokens for a device id nobody knows: every attempt is refused; the audit log
+    gets one record for the address, which counts the attempts it held back."""
+    async with gateway(tmp_path) as run:
+        headers = {**stock_headers("02:00:00:00:0b:ad"), "Authorization": "Bearer guess"}
+        for _ in range(5):
+            with pytest.raises(InvalidStatus):
+                async with connect(run.device_url, additional_headers=headers):
+                    pass
+        [record] = login_records(run, "02:00:00:00:0b:ad")
+        said = (record["action"], record["caller"], record["from"], record["message"])
+        assert said == ("login refused", "websocket", "127.0.0.1", INVALID)
+        assert run.gateway.registry.get("02:00:00:00:0b:ad") is None
+
+
+async def test_an_approval_the_disk_cannot_take_is_not_called_done(tmp_path: Path) -> None:
+    """A data dir that cannot be written: `POST /api/devices/approve` answers 503 saying the
+    change is not saved (and the audit log says so); once the disk takes it, it is written."""
+    async with gateway(tmp_path, **EMBEDDED) as run:
+        assert (await check_in(run)).status_code == 200
+        store = run.gateway.store
+        store._db.execute("PRAGMA query_only = ON")  # SQLite refuses every write, like a full disk
+        url = f"http://127.0.0.1:{run.host_port}/api/devices/approve"
+        async with httpx2.AsyncClient() as http:
+            answer = await http.post(url, json={"device": STOCK})
+        assert answer.status_code == 503 and "not saved" in answer.json()["error"]
+        [record] = run.gateway.audit.page(kind="admin")["records"]
+        assert (record["action"], record["outcome"]) == ("approve", "not saved")
+        store._db.execute("PRAGMA query_only = OFF")
+        await store.commit()
+    async with gateway(tmp_path, **EMBEDDED) as again:
+        assert again.gateway.registry.get(STOCK).record.state == "approved"  # type: ignore[union-attr]
