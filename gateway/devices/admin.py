@@ -8,6 +8,7 @@ Each change is saved through the store and told to whoever watches devices.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -149,17 +150,25 @@ class DeviceAdmin(KnownDevices):
         """Return once what logins decided so far (approvals by token or pairing, first
         bindings) is on disk; a login awaits it before it is accepted.
 
-        Logins that arrive together share a transaction: a commit takes everything queued, and
-        a later one that finds it written returns at once. When the data dir cannot be written
-        the device is let in all the same (the store says so, and keeps trying): the decision
-        holds in memory.
+        One commit at a time, for every login waiting (a group commit): a storm of joins costs
+        a transaction per commit's length, not one per device, and each login waits for at
+        most two. When the data dir cannot be written the device is let in all the same (the
+        store says so, and keeps trying): the decision holds in memory.
         """
         target = self.decisions
-        if self._committed_decisions >= target:
-            return
-        with contextlib.suppress(StorageUnavailable):
-            await self._store.commit()
-        self._committed_decisions = max(self._committed_decisions, target)
+        while self._committed_decisions < target:
+            if self._committing is not None:
+                await asyncio.shield(self._committing)  # then look again: it may cover ours
+                continue
+            self._committing = asyncio.get_running_loop().create_future()
+            covers = self.decisions  # the commit takes all queued from here on
+            try:
+                with contextlib.suppress(StorageUnavailable):
+                    await self._store.commit()
+            finally:
+                self._committed_decisions = max(self._committed_decisions, covers)
+                self._committing.set_result(None)
+                self._committing = None
 
     async def settle(
         self, action: str, device: Device | None, actor: Actor, detail: str | None = None

@@ -8,6 +8,7 @@ once per catalogue. What changes them lives on top of it: the user's decisions i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +56,7 @@ class KnownDevices:
         self.waiting: dict[str, Device] = {}  # the pending devices, at most [devices] max_pending
         self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
         self._committed_decisions = 0
+        self._committing: asyncio.Future[None] | None = None  # the commit of decisions running
         self.pending_refused = 0  # new devices refused because that many waited already
         self._full = ThrottledLog(logging.getLogger("gateway.devices.admin"))
         # Told how long each discovery took (seconds from connecting to a listed catalogue).
