@@ -344,3 +344,22 @@ async def test_logins_wait_until_their_decisions_are_on_disk_and_share_a_transac
     await registry.commit_decisions()
     assert stack.store.transactions == before + 1
     stack.close()
+
+
+async def test_logins_arriving_during_a_commit_share_the_next_one(tmp_path: Path) -> None:
+    """A group commit: twenty logins decided while one commit runs wait for it, then share
+    a single second transaction, and all twenty are on disk when they are let in."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    before = stack.store.transactions
+    registry.admit("bb:00", trusted=True, client_id="u", transport="websocket")
+    first = asyncio.create_task(registry.commit_decisions())
+    await asyncio.sleep(0)  # one turn of the loop: its commit has taken the batch
+    for n in range(1, 21):
+        registry.admit(f"bb:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
+    await asyncio.gather(first, *(registry.commit_decisions() for _ in range(20)))
+    assert stack.store.transactions == before + 2
+    saved = Store(tmp_path / "registry.sqlite3")
+    assert len(saved.load().devices) == 21
+    saved.close()
+    stack.close()
