@@ -263,7 +263,9 @@ class EmbeddedBroker:
             )
             return False
         if not self._admits(username, password, peer):
-            logger.warning("refused MQTT device %s from %s", username, peer)
+            logger.warning(
+                "refused MQTT device %s from %s (the audit log says why)", username, peer
+            )
             return False
         return True
 
