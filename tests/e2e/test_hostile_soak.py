@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 JsonObject = dict[str, Any]
 
-ROUND = 250  # catalogues a round; each comes with GARBAGE more frames, so 1,500+ frames a round
+ROUND = 250  # catalogues a round; each with 7 more frames (GARBAGE, binary, list_changed): 2,000
 GARBAGE = (
     "{not json",
     json.dumps({"type": "mcp", "payload": {"jsonrpc": "2.0", "id": 987654, "result": {}}}),
@@ -126,7 +126,7 @@ def counts(run: Running) -> dict[str, int]:
 
 
 async def test_memory_settles_under_thousands_of_hostile_frames(tmp_path: Path) -> None:
-    """Two rounds of 250 catalogues and 1,750 frames each: the second leaves no more behind
+    """Two rounds of 250 catalogues and 2,000 frames each: the second leaves no more behind
     than a few caches' last slots, and no cache holds an entry per catalogue seen."""
     async with gateway(tmp_path) as run:
         device = HostileDevice()
