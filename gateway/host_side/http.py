@@ -14,7 +14,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.middleware.bearer_auth import (
+    BearerAuthBackend,
+    RequireAuthMiddleware,
+)
 from mcp.server.auth.provider import AccessToken
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -181,7 +184,9 @@ class _Api:
         if isinstance(tool, str):
             return JSONResponse({"error": tool}, 400)
         try:
-            result = await self.router.call(tool, arguments, caller="api", user=True)
+            result = await self.router.call(
+                tool, arguments, caller=actor_of(request).who, user=True
+            )
         except CallRejected as exc:
             return JSONResponse({"error": str(exc)}, 400)
         except DeviceError as exc:

@@ -135,13 +135,19 @@ class SessionAuthBackend(AuthenticationBackend):
 
 
 def actor_of(connection: HTTPConnection) -> Actor:
-    """Who made a change, for the audit log: the dashboard, the CLI or the API, and from where.
+    """Who made a call or a change through the JSON API, for the audit log, and from where.
 
-    Every one of them holds the host token (or a session made from it) already; which surface
-    it used is what the record adds: the dashboard sends a CSRF token, the CLI its User-Agent.
+    ``dashboard``: a signed-in session (its user is ``dashboard``) or, with no host token, a
+    page of this gateway (a browser's request, with an Origin the guard let through). ``cli``:
+    the CLI (its User-Agent). ``api``: anything else (scripts, with a bearer token or none).
     """
     headers = connection.headers
-    if CSRF_HEADER in headers:
+    user = connection.scope.get("user")
+    if isinstance(user, AuthenticatedUser):
+        browser = user.access_token.client_id == "dashboard"
+    else:
+        browser = bool(headers.get("origin"))
+    if browser:
         who = "dashboard"
     elif headers.get("user-agent", "").startswith(CLI_AGENT):
         who = "cli"
