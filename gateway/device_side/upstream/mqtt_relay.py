@@ -1,0 +1,207 @@
+"""A proxied MQTT device: its link shared by the gateway's session and its voice server.
+
+The device logs in to the gateway's broker (the OTA reply said so, ``mqtt_settings``); the
+gateway holds an ``UpstreamMqttClient`` for it with the upstream's credentials, and
+``MqttRelay`` sits between the device's link and the gateway's ``DeviceConnection``:
+
+- what the device says goes to the upstream as it came, byte for byte: ``hello`` (transport
+  ``udp``), ``goodbye``, ``listen``, ``abort``, and the MCP replies to the upstream's ids; only
+  the replies to the gateway's ids (``McpTap``) reach the gateway's session;
+- what the upstream says goes to the device as it came: the ``hello`` reply with its ``udp``
+  block (server, port, key, nonce) passes unchanged, so the audio flows over UDP between the
+  device and the upstream directly, never through the gateway; MCP requests pass the tap
+  (the upstream keeps its ids; its ``initialize`` gets the gateway's camera endpoint);
+- with fleet tools on (``FleetTools``), the upstream's listing also offers the other devices'
+  tools, and its calls of those are made by the gateway, never sent to this device.
+
+The relay is the link the gateway's session runs over, so the device stays listed and callable
+by hosts whatever the upstream does: closed, silent or sending garbage, it costs a log line and
+a reconnect with backoff, never the session. A slow upstream costs only its own device's
+queue (bounded both ways); the device going away ends the upstream connection with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from gateway.device_side.upstream.fleet import FleetTools
+from gateway.device_side.upstream.mqtt_client import UpstreamMqttClient
+from gateway.device_side.upstream.mqtt_settings import UpstreamMqtt
+from gateway.device_side.upstream.tap import McpTap
+from gateway.devices.link import DeviceLink, LinkClosed
+from gateway.protocol import encode
+
+__all__ = ["MqttRelay"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+MAX_QUEUED = 64  # upstream messages waiting for the device's down topic; more are dropped
+
+
+class MqttRelay:
+    """The relay of one proxied MQTT device session; ``async with`` runs its upstream side."""
+
+    def __init__(
+        self,
+        link: DeviceLink,
+        device_id: str,
+        settings: UpstreamMqtt,
+        *,
+        vision: dict[str, str] | None = None,
+        fleet: FleetTools | None = None,
+        max_message_bytes: int = 65536,
+        retry: tuple[float, float] = (1.0, 60.0),
+        ca_file: Path | None = None,
+    ) -> None:
+        """Relay ``link`` (the device on the gateway's broker) to the upstream of ``settings``.
+
+        Args:
+            link: the device's own link.
+            device_id: the device.
+            settings: its upstream broker, login and topics.
+            vision: the gateway's camera endpoint for this session (``McpTap``).
+            fleet: the fleet offered to the upstream; None keeps it to the device's tools.
+            max_message_bytes: the largest upstream message passed to the device.
+            retry: the upstream client's first and longest reconnect waits, in seconds.
+            ca_file: extra CAs for a TLS upstream (tests).
+        """
+        self.device_id = device_id
+        self.tap = McpTap(vision)
+        self.upstream = UpstreamMqttClient(
+            device_id, settings, self._from_upstream, retry=retry, ca_file=ca_file
+        )
+        self._link = link
+        self._fleet = fleet
+        self._max_bytes = max_message_bytes
+        self._to_device: asyncio.Queue[str] = asyncio.Queue(MAX_QUEUED)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._complaint = ""  # the last kind of upstream garbage logged (once per kind)
+
+    async def __aenter__(self) -> MqttRelay:
+        self._spawn(self.upstream.run(), "upstream")
+        self._spawn(self._send_to_device(), "down")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        pending = set(self._tasks)
+        while pending:  # cancel again if aiomqtt swallowed it (aiomqtt_fixes)
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+
+    # --- the link the gateway's session runs over ------------------------------------------
+
+    async def send(self, text: str) -> None:
+        """Send the gateway's message to the device (its ids never collide with the upstream's)."""
+        await self._link.send(text)
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        """Yield what the device says to the gateway; pass the rest to the upstream."""
+        async for text in self._link:
+            forward = self._from_device(text)
+            if forward is not None:
+                yield forward
+            del text, forward  # an idle device keeps no message alive
+
+    async def aclose(self) -> None:
+        """Close the device's link (the upstream connection ends with the relay)."""
+        await self._link.aclose()
+
+    # --- device -> upstream, gateway ---------------------------------------------------------
+
+    def _from_device(self, text: str) -> str | None:
+        message = _object(text)
+        if message is None or message.get("type") != "mcp":
+            self.upstream.send(text.encode())  # hello, goodbye, listen...: its server's business
+            return None
+        payload = message.get("payload")
+        route = self.tap.from_device(payload)
+        if route.to_upstream is not None:
+            out = route.to_upstream
+            if self._fleet is not None:
+                out = self._fleet.from_device(out)
+            self.upstream.send(_rewrap(text, message, payload, out).encode())
+        if route.to_gateway is None:
+            return None
+        return _rewrap(text, message, payload, route.to_gateway)
+
+    # --- upstream -> device ------------------------------------------------------------------
+
+    def _from_upstream(self, raw: bytes) -> None:
+        if len(raw) > self._max_bytes:
+            self._garbage(f"a message of {len(raw)} bytes (more than {self._max_bytes})")
+            return
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError:
+            self._garbage("a message that is not UTF-8")
+            return
+        message = _object(text)
+        if message is None:
+            self._garbage("a message that is not a JSON object")
+            return
+        if message.get("type") == "mcp":
+            payload = message.get("payload")
+            if self._fleet is not None and self._fleet.from_upstream(payload):
+                assert isinstance(payload, dict)
+                self._spawn(self._fleet_call(message, payload), "fleet")
+                return
+            route = self.tap.from_upstream(payload)
+            if route.to_device is None:
+                return
+            text = _rewrap(text, message, payload, route.to_device)
+        try:
+            self._to_device.put_nowait(text)
+        except asyncio.QueueFull:
+            logger.warning("device %s does not keep up with its upstream; message dropped",
+                           self.device_id)  # fmt: skip
+
+    async def _fleet_call(self, message: JsonObject, request: JsonObject) -> None:
+        assert self._fleet is not None
+        reply = await self._fleet.call(request)
+        self.upstream.send(encode({**message, "payload": reply}).encode())
+
+    async def _send_to_device(self) -> None:
+        while True:
+            text = await self._to_device.get()
+            try:
+                await self._link.send(text)
+            except LinkClosed:
+                return  # the session ends; the relay with it
+
+    def _garbage(self, what: str) -> None:
+        if what != self._complaint:  # once per kind, not for every message of a flood
+            self._complaint = what
+            logger.warning("device %s: its upstream %s sent %s; dropped", self.device_id,
+                           self.upstream.settings.where, what)  # fmt: skip
+
+    def _spawn(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=f"gateway.upstream[{self.device_id}].{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _object(text: str) -> JsonObject | None:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _rewrap(text: str, message: JsonObject, payload: object, routed: object) -> str:
+    """``text`` itself when the payload went through unchanged, else the message re-encoded."""
+    return text if routed is payload else encode({**message, "payload": routed})

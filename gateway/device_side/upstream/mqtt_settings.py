@@ -1,0 +1,172 @@
+"""An MQTT device's upstream: the ``mqtt`` section its voice server gave it, kept per device.
+
+When the upstream's OTA reply carries ``mqtt`` (xiaozhi.me always does; stock firmware then
+prefers MQTT, docs/protocol.md §0), the device is told to log in to the gateway's broker with
+gateway-issued credentials (``device_mqtt_section``), and the upstream's own settings are kept
+for the gateway's upstream client (``UpstreamMqttStore``). They are kept in the data dir
+(``upstream_mqtt.json``, mode 0600: they hold the upstream's password) because a device checks in
+through OTA only at boot, while it reconnects to the broker after every gateway restart.
+
+The endpoint is read the way stock firmware reads it (``mqtt_protocol.cc``): ``host`` or
+``host:port``, port 8883 when absent, TLS exactly when the port is 8883.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.datadir import create_private
+
+__all__ = [
+    "TLS_PORT",
+    "UpstreamMqtt",
+    "UpstreamMqttStore",
+    "device_mqtt_section",
+    "parse_upstream_mqtt",
+]
+
+logger = logging.getLogger(__name__)
+
+TLS_PORT = 8883  # stock firmware: TLS exactly on this port, and it is the port when none is given
+_KEEPALIVE = 240  # seconds, the stock default
+_MAX_TEXT = 512  # a longer field is not a broker setting the gateway can use
+_STORE_FILE = "upstream_mqtt.json"
+
+
+class UpstreamSettingsError(ValueError):
+    """The upstream's ``mqtt`` section cannot be used (one sentence says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamMqtt:
+    """How the gateway logs in to a device's upstream broker, as the device would have."""
+
+    host: str
+    port: int
+    client_id: str
+    username: str | None
+    password: str | None = field(repr=False)
+    publish_topic: str
+    subscribe_topic: str | None  # None: the upstream pushes to the client unasked (xiaozhi.me)
+    keepalive: int = _KEEPALIVE
+
+    @property
+    def tls(self) -> bool:
+        """True when the device would have used TLS (port 8883)."""
+        return self.port == TLS_PORT
+
+    @property
+    def where(self) -> str:
+        """``host:port``, for log lines (never the credentials)."""
+        return f"{self.host}:{self.port}"
+
+
+def parse_upstream_mqtt(section: object) -> UpstreamMqtt:
+    """Read the ``mqtt`` section of an upstream OTA reply.
+
+    Raises:
+        UpstreamSettingsError: it is not an object, or lacks what a device needs to connect.
+    """
+    if not isinstance(section, Mapping):
+        raise UpstreamSettingsError("the upstream's mqtt section is not a JSON object")
+    endpoint = _text(section, "endpoint", required=True)
+    assert endpoint is not None
+    host, sep, port_text = endpoint.rpartition(":")
+    if not sep:
+        host, port_text = endpoint, str(TLS_PORT)
+    if not host or "/" in host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UpstreamSettingsError(f"the upstream's mqtt endpoint {endpoint!r} is not host[:port]")
+    publish_topic = _text(section, "publish_topic", required=True)
+    subscribe_topic = _text(section, "subscribe_topic")
+    keepalive = section.get("keepalive")
+    return UpstreamMqtt(
+        host=host,
+        port=int(port_text),
+        client_id=_text(section, "client_id", required=True) or "",
+        username=_text(section, "username"),
+        password=_text(section, "password"),
+        publish_topic=publish_topic or "",
+        # xiaozhi.me says "null" (a string): nothing to subscribe to, it pushes unasked.
+        subscribe_topic=None if subscribe_topic in (None, "", "null") else subscribe_topic,
+        keepalive=keepalive if type(keepalive) is int and 10 <= keepalive <= 3600 else _KEEPALIVE,
+    )
+
+
+def _text(section: Mapping[str, Any], key: str, *, required: bool = False) -> str | None:
+    value = section.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _MAX_TEXT:
+        raise UpstreamSettingsError(f"the upstream's mqtt.{key} is missing or not a usable string")
+    if any(c in value for c in "+#\0") and key.endswith("topic"):
+        raise UpstreamSettingsError(f"the upstream's mqtt.{key} {value!r} is not a topic name")
+    return value
+
+
+def device_mqtt_section(upstream: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``mqtt`` section the device gets when its upstream answered with ``upstream``.
+
+    ``own`` is what the gateway hands a device of its own (its broker's endpoint on a non-TLS
+    port, the device's gateway credentials and ``publish_topic``): the device logs in there. The
+    upstream's other keys (say, a future one the firmware reads) are kept where they do not
+    name a broker, a login or a topic.
+    """
+    section = {k: v for k, v in upstream.items() if k not in _CONNECTION_KEYS}
+    section.update(own)
+    return section
+
+
+_CONNECTION_KEYS = frozenset(
+    {"endpoint", "client_id", "username", "password", "publish_topic", "subscribe_topic",
+     "keepalive", "port"}
+)  # fmt: skip
+
+
+class UpstreamMqttStore:
+    """The upstream settings of every MQTT device, by device id, in the data dir (mode 0600)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._path = data_dir / _STORE_FILE
+        self._settings: dict[str, UpstreamMqtt] = {}
+        self._load()
+
+    def get(self, device_id: str) -> UpstreamMqtt | None:
+        """The upstream of ``device_id``, or None if it has none (not proxied over MQTT)."""
+        return self._settings.get(device_id)
+
+    def put(self, device_id: str, settings: UpstreamMqtt | None) -> None:
+        """Keep (or, with None, forget) the upstream of ``device_id``; written at once if new."""
+        if self._settings.get(device_id) == settings:
+            return  # every boot checks in: the file is written only when something changed
+        if settings is None:
+            del self._settings[device_id]
+        else:
+            self._settings[device_id] = settings
+        self._save()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self._path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            logger.warning("%s is unreadable (%s): devices get their upstream again at their "
+                           "next boot", self._path, exc)  # fmt: skip
+            return
+        for device_id, raw in data.items() if isinstance(data, dict) else ():
+            try:
+                self._settings[device_id] = UpstreamMqtt(**raw)
+            except TypeError:
+                logger.warning("%s: the entry of %s is unreadable; skipped", self._path, device_id)
+
+    def _save(self) -> None:
+        data = {device_id: asdict(s) for device_id, s in sorted(self._settings.items())}
+        temporary = create_private(self._path.with_suffix(".tmp"))
+        temporary.write_text(json.dumps(data, indent=1))
+        os.replace(temporary, self._path)  # a crash mid-write leaves the old file whole
