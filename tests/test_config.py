@@ -96,11 +96,11 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_example_config_documents_every_key_and_loads() -> None:
     """config/gateway.example.toml names every key and loads to the defaults."""
-    from gateway.config import _FIELDS
+    from gateway.config.keys import FIELDS
 
     path = Path(__file__).resolve().parent.parent / "config" / "gateway.example.toml"
     text = path.read_text()
-    for table, key, _, _ in _FIELDS:
+    for table, key, _, _ in FIELDS:
         assert f"{key} =" in text, key
         if table:
             assert f"[{table}]" in text, table

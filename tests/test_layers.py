@@ -50,6 +50,8 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "cli": [{"flashing", "doctor"}, {"commands"}],
+    "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
+    "cli/doctor": [{"probes"}, {"findings"}, {"listeners", "broker", "data_dir", "config_file"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 

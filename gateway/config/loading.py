@@ -1,0 +1,106 @@
+"""Loading: the TOML file, then ``GATEWAY_*`` environment variables, then CLI flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from gateway.config.keys import FIELDS, env_name, file_key
+from gateway.config.model import Config, DeviceOptions
+from gateway.config.unknown_keys import check_unknown_keys, unknown_key
+from gateway.config.values import positive_number, string, string_list
+from gateway.errors import ConfigError
+
+
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> Config:
+    """Build the settings from a TOML file, the environment and CLI flags (in rising precedence).
+
+    Args:
+        path: the TOML file, or None for ``GATEWAY_CONFIG`` or else defaults only.
+        env: the environment (``os.environ`` when None).
+        flags: values from command-line flags, keyed by ``Config`` attribute; None values skipped.
+
+    Raises:
+        ConfigError: a value is wrong or the file cannot be read; the message names the key.
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get("GATEWAY_CONFIG"):
+        path = Path(env["GATEWAY_CONFIG"])
+    data = _read_file(path) if path is not None else {}
+    check_unknown_keys(data)
+    values: dict[str, Any] = {}
+    for table, key, attr, parse in FIELDS:
+        section = data.get(table, {}) if table else data
+        if key in section:
+            values[attr] = parse(file_key(table, key), section[key])
+        name = env_name(table, key)
+        if env.get(name) is not None:
+            values[attr] = parse(name, env[name])
+    token = env.get("GATEWAY_DEVICE_TOKEN", "").strip()
+    if token:  # the one shared device token of the contract, on top of any configured list
+        values["device_tokens"] = (token, *values.get("device_tokens", ()))
+    for attr, value in (flags or {}).items():
+        if value is not None:
+            parse = next(p for _, _, a, p in FIELDS if a == attr)
+            values[attr] = parse(f"--{attr.replace('_', '-')}", value)
+    values.setdefault("data_dir", Path(platformdirs.user_data_dir("esp-mcp-gateway")))
+    values["devices"] = _devices(data.get("devices", {}))
+    return Config(**values)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the config file: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+
+
+def _devices(table: object) -> dict[str, DeviceOptions]:
+    if not isinstance(table, dict):
+        raise ConfigError("devices", "expected a table")
+    devices: dict[str, DeviceOptions] = {}
+    for device_id, options in table.items():
+        if device_id in {k for t, k, _, _ in FIELDS if t == "devices"}:
+            continue  # a general [devices] setting, not a device
+        devices[device_id.lower()] = _device_options(f'devices."{device_id}"', options)
+    return devices
+
+
+def _device_options(prefix: str, options: object) -> DeviceOptions:
+    if not isinstance(options, dict):
+        raise ConfigError(prefix, "expected a table")
+    known = set(DeviceOptions.__slots__)
+    for key in options:
+        if key not in known:
+            raise unknown_key(f"{prefix}.{key}", known)
+    timeouts = options.get("tool_timeouts", {})
+    if not isinstance(timeouts, dict):
+        raise ConfigError(f"{prefix}.tool_timeouts", "expected a table of tool = seconds")
+    return DeviceOptions(
+        name=string(f"{prefix}.name", options["name"]) if "name" in options else None,
+        timeout=positive_number(f"{prefix}.timeout", options["timeout"])
+        if "timeout" in options
+        else None,
+        tool_timeouts={
+            tool: positive_number(f"{prefix}.tool_timeouts.{tool}", seconds)
+            for tool, seconds in timeouts.items()
+        },
+        allow=string_list(f"{prefix}.allow", options.get("allow", ["*"])),
+        deny=string_list(f"{prefix}.deny", options.get("deny", [])),
+        user_tools=string_list(f"{prefix}.user_tools", options.get("user_tools", [])),
+        read_only=string_list(f"{prefix}.read_only", options.get("read_only", [])),
+        destructive=string_list(f"{prefix}.destructive", options.get("destructive", [])),
+    )

@@ -1,0 +1,103 @@
+"""The typed, frozen settings of one gateway process and of each device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from gateway.config.listen import ListenAddress
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOptions:
+    """Settings for one device, from ``[devices."<device-id>"]``."""
+
+    name: str | None = None
+    timeout: float | None = None
+    tool_timeouts: Mapping[str, float] = field(default_factory=dict)
+    allow: tuple[str, ...] = ("*",)
+    deny: tuple[str, ...] = ()
+    user_tools: tuple[str, ...] = ()
+    # Globs of tools hosts are told are read-only / destructive where the device says nothing.
+    read_only: tuple[str, ...] = ()
+    destructive: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Every setting of one gateway process."""
+
+    data_dir: Path
+    device_listen: ListenAddress = ListenAddress("0.0.0.0", 8765)
+    host_listen: ListenAddress = ListenAddress("127.0.0.1", 8766)
+    mqtt_listen: ListenAddress | None = ListenAddress("0.0.0.0", 1883)
+    public_url: str | None = None
+    host_token: str | None = None
+    device_tokens: tuple[str, ...] = ()
+    log_level: str = "info"
+    call_timeout: float = 30.0
+    call_max_in_flight: int = 4
+    call_max_queued: int = 32
+    discovery_timeout: float = 15.0
+    hello_timeout: float = 3.0
+    adoption: str = "manual"
+    max_message_bytes: int = 65536
+    tools_mode: str = "auto"
+    tools_budget: int = 128
+    tools_offline_age: float = 7 * 24 * 3600.0
+    offline_tools: str = "keep"
+    offline_grace: float = 30.0
+    audit_log: bool = True
+    host_allowed_hosts: tuple[str, ...] = ()
+    host_allowed_origins: tuple[str, ...] = ()
+    devices: Mapping[str, DeviceOptions] = field(default_factory=dict)
+    mqtt_mode: str = "embedded"
+    mqtt_host: str = "localhost"
+    mqtt_port: int = 1883
+    mqtt_username: str | None = None
+    mqtt_password: str | None = None
+    mqtt_tls: bool = False
+    mqtt_ca_file: Path | None = None
+    mqtt_topic_prefix: str = "xiaozhi"
+    mqtt_public_endpoint: str | None = None
+    mqtt_probe_interval: float = 60.0
+    mqtt_keepalive_interval: float | None = 60.0  # None: off
+    ota_enabled: bool = True
+    ota_transport: str = "mqtt"
+    ota_firmware_version: str | None = None
+    ota_firmware_url: str | None = None
+    # [limits]: listener caps and deadlines, request rates (gateway/net/limits.py, rate_limit.py)
+    limits_device_connections: int = 12000
+    limits_host_connections: int = 1000
+    limits_per_address: int = 64
+    limits_exempt_addresses: tuple[str, ...] = ("127.0.0.0/8", "::1")
+    limits_handshake_timeout: float = 10.0
+    limits_auth_timeout: float = 30.0
+    limits_ota_per_minute: float = 20.0
+    limits_ota_burst: int = 20
+    limits_enroll_per_minute: float = 10.0
+    limits_enroll_burst: int = 10
+    limits_mqtt_max_packet_bytes: int = 256 * 1024
+    # [vision]: camera photos devices upload during take_photo (gateway/device_side/vision.py)
+    vision_enabled: bool = True
+    # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
+    vision_max_photo_bytes: int = 640 * 1024
+
+    @property
+    def mqtt_broker(self) -> Literal["embedded", "external"] | None:
+        """The broker MQTT devices use; None when MQTT is off.
+
+        The one answer to "is MQTT on": ``mqtt_listen = off`` only turns off the embedded
+        broker's listener, so external mode with it off still serves devices over MQTT.
+        """
+        if self.mqtt_mode == "external":
+            return "external"
+        if self.mqtt_mode == "embedded" and self.mqtt_listen is not None:
+            return "embedded"
+        return None
+
+    def device(self, device_id: str) -> DeviceOptions:
+        """The options for ``device_id`` (defaults when the file names none)."""
+        return self.devices.get(device_id) or DeviceOptions()

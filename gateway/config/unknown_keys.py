@@ -1,0 +1,43 @@
+"""Unknown keys: each is refused with the closest known one (a typo, most likely) and the rest."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.config.keys import FIELDS
+from gateway.errors import ConfigError
+
+
+def unknown_key(
+    key: str, known: set[str], tables: set[str] | frozenset[str] = frozenset()
+) -> ConfigError:
+    """An unknown key, with the closest known one (a typo, most likely) and all of them."""
+    name = key.rpartition(".")[2]
+    close = difflib.get_close_matches(name, sorted(known | tables), n=1, cutoff=0.6)
+    hint = ""
+    if close:
+        hint = (
+            f"did you mean [{close[0]}]? " if close[0] in tables else f"did you mean {close[0]!r}? "
+        )
+    listed = sorted(known) + [f"[{t}]" for t in sorted(tables)]
+    return ConfigError(key, f"unknown key; {hint}known: {', '.join(listed)}")
+
+
+def check_unknown_keys(data: Mapping[str, Any]) -> None:
+    """Refuse a key or table of the file that no setting has (``[devices]`` holds device ids)."""
+    top = {k for t, k, _, _ in FIELDS if not t}
+    tables = {t for t, _, _, _ in FIELDS if t}
+    for key, value in data.items():
+        known = {k for t, k, _, _ in FIELDS if t == key}
+        if key in top:
+            continue
+        if not known:
+            raise unknown_key(key, top, tables | {"devices"})
+        if not isinstance(value, dict):
+            raise ConfigError(key, "expected a table")
+        if key == "devices":
+            continue  # every other key of [devices] is a device id
+        for name in sorted(set(value) - known):
+            raise unknown_key(f"{key}.{name}", known)
