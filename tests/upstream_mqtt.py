@@ -51,7 +51,9 @@ class _Udp(asyncio.DatagramProtocol):
 class UpstreamMqttServer:
     """The voice server's MQTT client for one device; ``async with`` runs it."""
 
-    def __init__(self, broker: Mosquitto, mac: str, *, vision_url: str = "http://up/vision") -> None:
+    def __init__(
+        self, broker: Mosquitto, mac: str, *, vision_url: str = "http://up/vision"
+    ) -> None:
         self.broker = broker
         self.mac = mac
         self.p2p = f"devices/p2p/{mac.replace(':', '_')}"
@@ -105,9 +107,10 @@ class UpstreamMqttServer:
     async def _run(self) -> None:
         user, password = SERVER_LOGIN
         while True:
+            client = aiomqtt.Client("127.0.0.1", self.broker.port, username=user,
+                                    password=password, identifier="server")  # fmt: skip
             with contextlib.suppress(aiomqtt.MqttError):
-                async with aiomqtt.Client("127.0.0.1", self.broker.port, username=user,
-                                          password=password, identifier="server") as client:  # fmt: skip
+                async with client:
                     honour_cancellation()
                     await client.subscribe(PUBLISH_TOPIC, qos=0)
                     honour_cancellation()
@@ -178,7 +181,8 @@ class UpstreamMqttServer:
                    "params": {"name": name, "arguments": arguments or {}}}  # fmt: skip
         await self.send(_mcp(request))
         async with asyncio.timeout(bound(10)):
-            return await future
+            reply: JsonObject = await future
+        return reply
 
 
 def _mcp(payload: JsonObject) -> JsonObject:

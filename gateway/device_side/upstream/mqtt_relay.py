@@ -25,19 +25,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.mqtt_client import UpstreamMqttClient
-from gateway.device_side.upstream.mqtt_settings import UpstreamMqtt
+from gateway.device_side.upstream.mqtt_settings import MqttUpstreams, UpstreamMqtt
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceLink, LinkClosed
 from gateway.protocol import encode
 
-__all__ = ["MqttRelay"]
+__all__ = ["MqttProxies", "MqttRelay"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,10 @@ class MqttRelay:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """End the upstream side: its connection, its queue, the fleet calls it made."""
         pending = set(self._tasks)
         while pending:  # cancel again if aiomqtt swallowed it (aiomqtt_fixes)
             for task in pending:
@@ -205,3 +210,56 @@ def _object(text: str) -> JsonObject | None:
 def _rewrap(text: str, message: JsonObject, payload: object, routed: object) -> str:
     """``text`` itself when the payload went through unchanged, else the message re-encoded."""
     return text if routed is payload else encode({**message, "payload": routed})
+
+
+class MqttProxies:
+    """Which MQTT device sessions run through their upstream, and the relay of each."""
+
+    def __init__(
+        self,
+        upstreams: MqttUpstreams,
+        *,
+        fleet: Callable[[str, UpstreamMqtt], FleetTools] | None = None,
+        max_message_bytes: int = 65536,
+        retry: tuple[float, float] = (1.0, 60.0),
+    ) -> None:
+        """Relay the devices that have an upstream in ``upstreams``.
+
+        Args:
+            upstreams: the upstream settings the OTA proxy kept, by device.
+            fleet: makes the fleet offered to a device's upstream; None offers none.
+            max_message_bytes: the largest upstream message passed to a device.
+            retry: the upstream clients' first and longest reconnect waits, in seconds.
+        """
+        self.upstreams = upstreams
+        self._fleet = fleet
+        self._max_bytes = max_message_bytes
+        self._retry = retry
+        self._relays: dict[str, MqttRelay] = {}
+
+    def relay_of(self, device_id: str) -> MqttRelay | None:
+        """The live relay of ``device_id`` (None when it is not relayed now)."""
+        return self._relays.get(device_id)
+
+    @asynccontextmanager
+    async def relay(
+        self, link: DeviceLink, device_id: str, vision: dict[str, str] | None
+    ) -> AsyncIterator[DeviceLink]:
+        """The link the gateway's session runs over: a relay if the device has an upstream."""
+        settings = self.upstreams.get(device_id)
+        if settings is None:
+            yield link
+            return
+        old = self._relays.get(device_id)
+        if old is not None:  # the device came back: one login at the upstream, never two
+            await old.stop()
+        fleet = self._fleet(device_id, settings) if self._fleet is not None else None
+        relay = MqttRelay(link, device_id, settings, vision=vision, fleet=fleet,
+                          max_message_bytes=self._max_bytes, retry=self._retry)  # fmt: skip
+        self._relays[device_id] = relay
+        try:
+            async with relay:
+                yield relay
+        finally:
+            if self._relays.get(device_id) is relay:
+                del self._relays[device_id]

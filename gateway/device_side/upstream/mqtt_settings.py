@@ -3,7 +3,7 @@
 When the upstream's OTA reply carries ``mqtt`` (xiaozhi.me always does; stock firmware then
 prefers MQTT, docs/protocol.md §0), the device is told to log in to the gateway's broker with
 gateway-issued credentials (``device_mqtt_section``), and the upstream's own settings are kept
-for the gateway's upstream client (``UpstreamMqttStore``). They are kept in the data dir
+for the gateway's upstream client (``MqttUpstreams``). They are kept in the data dir
 (``upstream_mqtt.json``, mode 0600: they hold the upstream's password) because a device checks in
 through OTA only at boot, while it reconnects to the broker after every gateway restart.
 
@@ -26,7 +26,8 @@ from gateway.datadir import create_private
 __all__ = [
     "TLS_PORT",
     "UpstreamMqtt",
-    "UpstreamMqttStore",
+    "MqttUpstreams",
+    "UpstreamSettingsError",
     "device_mqtt_section",
     "parse_upstream_mqtt",
 ]
@@ -128,24 +129,46 @@ _CONNECTION_KEYS = frozenset(
 )  # fmt: skip
 
 
-class UpstreamMqttStore:
-    """The upstream settings of every MQTT device, by device id, in the data dir (mode 0600)."""
+class MqttUpstreams:
+    """The upstream MQTT settings of every proxied device, by device id, in the data dir (0600).
+
+    The OTA endpoint's MQTT half (``ota_reply.MqttUpstreams``): ``device_section`` rewrites the
+    section the device gets, ``keep`` stores the upstream's once the whole reply passed.
+    """
 
     def __init__(self, data_dir: Path) -> None:
         self._path = data_dir / _STORE_FILE
         self._settings: dict[str, UpstreamMqtt] = {}
         self._load()
 
+    def device_section(self, theirs: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``mqtt`` section the device gets (``device_mqtt_section``).
+
+        Raises:
+            UpstreamSettingsError: the gateway cannot log in where the upstream says.
+        """
+        parse_upstream_mqtt(theirs)
+        return device_mqtt_section(theirs, own)
+
+    def keep(self, device_id: str, theirs: Mapping[str, Any] | None) -> None:
+        """Keep (None: forget) the upstream's ``mqtt`` section for the gateway's client.
+
+        Raises:
+            UpstreamSettingsError: the section cannot be used.
+        """
+        self.put(device_id, None if theirs is None else parse_upstream_mqtt(theirs))
+
     def get(self, device_id: str) -> UpstreamMqtt | None:
         """The upstream of ``device_id``, or None if it has none (not proxied over MQTT)."""
-        return self._settings.get(device_id)
+        return self._settings.get(device_id.lower())
 
     def put(self, device_id: str, settings: UpstreamMqtt | None) -> None:
         """Keep (or, with None, forget) the upstream of ``device_id``; written at once if new."""
+        device_id = device_id.lower()
         if self._settings.get(device_id) == settings:
             return  # every boot checks in: the file is written only when something changed
         if settings is None:
-            del self._settings[device_id]
+            self._settings.pop(device_id, None)
         else:
             self._settings[device_id] = settings
         self._save()
