@@ -170,6 +170,7 @@ class MqttDevice:
         self.connected = asyncio.Event()
         self.hellos: asyncio.Queue[JsonObject] = asyncio.Queue()
         self.received: list[JsonObject] = []
+        self.raw: list[bytes] = []  # every message as it arrived, byte for byte
         self.calls: list[str] = []
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
@@ -237,6 +238,7 @@ class MqttDevice:
 
     async def _on_message(self, payload: object) -> None:
         assert isinstance(payload, bytes)
+        self.raw.append(payload)
         message = json.loads(payload)
         self.received.append(message)
         if message.get("type") == "hello":

@@ -85,6 +85,7 @@ class MqttRelay:
         self._to_device: asyncio.Queue[str] = asyncio.Queue(MAX_QUEUED)
         self._tasks: set[asyncio.Task[None]] = set()
         self._complaint = ""  # the last kind of upstream garbage logged (once per kind)
+        self.closed = asyncio.Event()  # set once the upstream side has ended
 
     async def __aenter__(self) -> MqttRelay:
         self._spawn(self.upstream.run(), "upstream")
@@ -106,6 +107,7 @@ class MqttRelay:
             for task in pending:
                 task.cancel()
             _, pending = await asyncio.wait(pending, timeout=1.0)
+        self.closed.set()
 
     # --- the link the gateway's session runs over ------------------------------------------
 

@@ -1,0 +1,197 @@
+"""A stock MQTT device keeps its voice server through the gateway (issue 19, MQTT half).
+
+Real parts throughout: the gateway with its embedded broker, the device emulator of
+tests/mqtt_helpers.py (stock: never subscribes, QoS 0, hello with transport udp), a real
+mosquitto as the upstream's broker with the voice server's client on it (tests/upstream_mqtt.py),
+and MCP hosts on the SDK's client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from gateway.app import Running
+from tests.conftest import bound, gateway
+from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device, tool_name, wait_listed
+from tests.mqtt_helpers import Mosquitto, MqttDevice, stock_accepts_hello
+from tests.upstream_mqtt import UpstreamMqttServer, upstream_broker
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+STOCK = "aa:bb:cc:dd:ee:ff"
+OTHER = "aa:bb:cc:dd:ee:02"
+FAST = {"upstream_retry": (0.1, 0.5)}  # the upstream client's reconnect waits, for tests
+
+
+@asynccontextmanager
+async def proxied(
+    tmp_path: Path, **overrides: Any
+) -> AsyncIterator[tuple[Running, UpstreamMqttServer, Mosquitto, MqttDevice]]:
+    """A gateway, an upstream for the stock device, and the device connected through both."""
+    broker = await upstream_broker(tmp_path / "upstream", STOCK)
+    try:
+        async with UpstreamMqttServer(broker, STOCK) as server, gateway(
+            tmp_path / "gw", **EMBEDDED, **overrides
+        ) as run:  # fmt: skip
+            run.gateway.sessions.upstream_retry = (0.1, 0.5)
+            reply = await ota_check_in(run)
+            run.gateway.mqtt_upstreams.keep(STOCK, server.mqtt_section())
+            async with stock_device(reply) as device:
+                await wait_listed(run, STOCK)
+                yield run, server, broker, device
+    finally:
+        await broker.kill()
+
+
+async def conversation(device: MqttDevice, server: UpstreamMqttServer) -> list[dict[str, Any]]:
+    """Open a conversation; the tools the upstream listed once it initialized the device."""
+    await device.hello()
+    async with asyncio.timeout(bound(10)):
+        return await server.tools.get()
+
+
+async def test_the_upstream_hello_passes_byte_for_byte_and_audio_goes_direct(
+    tmp_path: Path,
+) -> None:
+    async with proxied(tmp_path) as (run, server, _, device):
+        hello = await device.hello()
+        assert stock_accepts_hello(hello)
+        assert device.raw[-1] == server.hello_replies[-1]  # the upstream's own bytes
+        async with asyncio.timeout(bound(10)):
+            listed = await server.tools.get()  # initialize id 1, tools/list id 2: answered
+        assert [t["name"] for t in listed] == [t.name for t in device.mcp.tools]
+        assert json.loads(server.received[0])["type"] == "hello"  # the device's, unchanged
+        # The udp block names the upstream itself: audio never passes the gateway.
+        udp = hello["udp"]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(b"\x01opus", (udp["server"], udp["port"]))
+        async with asyncio.timeout(bound(5)):
+            assert await server.udp.get() == b"\x01opus"
+        # The gateway discovered the device itself with ids the upstream never sees.
+        assert run.gateway.registry.find(STOCK).online  # type: ignore[union-attr]
+        ids = {json.loads(raw)["payload"].get("id") for raw in server.received[1:]}
+        assert ids == {1, 2}
+
+
+async def test_upstream_and_host_calls_interleave_and_each_gets_its_reply(
+    tmp_path: Path,
+) -> None:
+    async with proxied(tmp_path) as (run, server, _, device):
+        await conversation(device, server)
+        lamp = tool_name(run, STOCK, "self.lamp.get_state")
+        async with Client(run.mcp_url, mode="legacy") as host:
+            upstream_calls = [server.call("self.lamp.get_state") for _ in range(5)]
+            host_calls = [host.call_tool(lamp, {}) for _ in range(5)]
+            results = await asyncio.gather(*upstream_calls, *host_calls)
+        for reply in results[:5]:
+            assert reply["id"] in range(1, 6) and "result" in reply  # exactly its own ids
+        assert sorted(r["id"] for r in results[:5]) == [1, 2, 3, 4, 5]
+        for result in results[5:]:
+            assert not result.is_error and "power" in result.content[0].text
+        assert device.calls.count("self.lamp.get_state") == 10
+        # No reply to a host's call went upstream.
+        to_upstream = [json.loads(raw).get("payload", {}).get("id") for raw in server.received]
+        assert max(i for i in to_upstream if isinstance(i, int)) < 100
+
+
+async def test_a_host_calls_the_device_between_conversations(tmp_path: Path) -> None:
+    async with proxied(tmp_path) as (run, server, _, device):
+        await conversation(device, server)
+        await device.goodbye()
+        received = len(server.received)
+        async with Client(run.mcp_url, mode="legacy") as host:
+            result = await host.call_tool(tool_name(run, STOCK, "self.lamp.turn_on"), {})
+        assert not result.is_error and device.calls[-1] == "self.lamp.turn_on"
+        assert json.loads(server.received[received - 1])["type"] == "goodbye"
+        assert len(server.received) == received  # the upstream heard nothing of it
+        again = await device.hello()  # and the next conversation still reaches the upstream
+        assert device.raw[-1] == server.hello_replies[-1] and stock_accepts_hello(again)
+
+
+async def test_fleet_tools_reach_the_upstream_when_enabled(tmp_path: Path) -> None:
+    async with proxied(tmp_path, upstream_fleet_tools=True) as (run, server, _, device):
+        other = MqttDevice("127.0.0.1", run.gateway.broker.port, OTHER,  # type: ignore[union-attr]
+                           run.gateway.device_tokens[0], stock=False)  # fmt: skip
+        async with other:
+            await wait_listed(run, OTHER)
+            tools = await conversation(device, server)
+            remote = tool_name(run, OTHER, "self.lamp.turn_on")
+            assert remote in [t["name"] for t in tools]
+            assert tool_name(run, STOCK, "self.lamp.turn_on") not in [t["name"] for t in tools]
+            reply = await server.call(remote)
+            assert reply["result"]["content"][0]["text"] == "true"
+        assert other.calls == ["self.lamp.turn_on"] and "self.lamp.turn_on" not in device.calls
+        audit = (tmp_path / "gw" / "audit.log").read_text().splitlines()
+        assert json.loads(audit[-1])["caller"] == "upstream 127.0.0.1"
+
+
+async def test_without_fleet_tools_the_upstream_sees_the_device_only(tmp_path: Path) -> None:
+    async with proxied(tmp_path) as (run, server, _, device):
+        listed = await conversation(device, server)
+        assert [t["name"] for t in listed] == [t.name for t in device.mcp.tools]
+        reply = await server.call(tool_name(run, STOCK, "self.lamp.turn_on"))
+        assert "error" in reply or reply["result"].get("isError")  # the device knows no such tool
+
+
+async def test_the_upstream_broker_going_down_costs_the_device_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with proxied(tmp_path) as (run, server, broker, device):
+        await conversation(device, server)
+        await broker.kill()
+        async with Client(run.mcp_url, mode="legacy") as host:
+            result = await host.call_tool(tool_name(run, STOCK, "self.lamp.turn_on"), {})
+            assert not result.is_error
+        assert "upstream 127.0.0.1" in caplog.text and "retrying" in caplog.text
+        assert run.gateway.registry.find(STOCK).online  # type: ignore[union-attr]
+        relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
+        assert relay is not None and not relay.upstream.connected.is_set()
+        await broker.start()  # back: the client finds it again, the next conversation works
+        async with asyncio.timeout(bound(10)):
+            await relay.upstream.connected.wait()
+            await server.ready.wait()
+        await conversation(device, server)
+        assert device.raw[-1] == server.hello_replies[-1]
+
+
+async def test_upstream_garbage_is_dropped_with_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with proxied(tmp_path) as (run, server, _, device):
+        await server.send(b"\xff\xfe not text")
+        await server.send(b"[1, 2, 3]")
+        await server.send(b"{" * 5000)
+        await conversation(device, server)  # what follows still passes
+        async with Client(run.mcp_url, mode="legacy") as host:
+            result = await host.call_tool(tool_name(run, STOCK, "self.lamp.turn_on"), {})
+        assert not result.is_error
+        assert "not UTF-8" in caplog.text and "not a JSON object" in caplog.text
+        assert all(m.get("type") in ("hello", "mcp") for m in device.received)
+
+
+async def test_the_device_leaving_ends_its_upstream_connection(tmp_path: Path) -> None:
+    async with proxied(tmp_path) as (run, server, broker, device):
+        await conversation(device, server)
+        relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
+        assert relay is not None and relay.upstream.connected.is_set()
+        await device.stop()
+        async with run.gateway.registry.device_changes() as changes:
+            async with asyncio.timeout(bound(10)):
+                while run.gateway.registry.find(STOCK).online:  # type: ignore[union-attr]
+                    await anext(aiter(changes))
+        async with asyncio.timeout(bound(10)):
+            await relay.closed.wait()
+        assert not relay.upstream.connected.is_set()
+        assert run.gateway.sessions.mqtt_proxies.relay_of(STOCK) is None
+        assert any("GID_test" in line and "disconnected" in line for line in broker.log)
