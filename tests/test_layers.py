@@ -35,10 +35,20 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit"}],
+    "protocol": [
+        {"envelope", "events"},
+        {"jsonrpc"},
+        {"catalog", "outbox", "outgoing", "pending"},  # a session's parts, no state machine
+        {"device"},  # DeviceProtocol: the whole state machine
+    ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
         {"store"},
-        {"registry", "enrollment"},
+        {"device"},  # a known device and its tools as decided
+        {"exposure"},  # what hosts see
+        {"known"},  # the registry's core: load, queries, new devices, catalogues
+        {"admin"},  # the user's decisions: approval, binding, names, forgetting
+        {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
         {"connection"},
         {"calls"},
     ],

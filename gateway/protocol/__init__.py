@@ -7,7 +7,7 @@ Nothing in this package does I/O: text frames go in, events and text frames come
 from __future__ import annotations
 
 from gateway.protocol.catalog import ToolCatalog
-from gateway.protocol.device import PROTOCOL_VERSION, DeviceProtocol, State
+from gateway.protocol.device import DeviceProtocol, State
 from gateway.protocol.envelope import (
     MalformedMessage,
     MessageTooLarge,
@@ -53,6 +53,7 @@ from gateway.protocol.jsonrpc import (
     make_request,
     make_result,
 )
+from gateway.protocol.outgoing import PROTOCOL_VERSION
 
 __all__ = [
     "INTERNAL_ERROR",

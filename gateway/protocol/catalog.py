@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.protocol.events import MessageDropped
+from gateway.protocol.jsonrpc import ErrorResponse, Response
 
 __all__ = ["ToolCatalog"]
 
@@ -61,6 +62,12 @@ class ToolCatalog:
         except _Stop as exc:
             return [self.stop(str(exc))]
         return []
+
+    def add_reply(self, reply: Response | ErrorResponse) -> list[MessageDropped]:
+        """Take the device's reply to a ``tools/list`` request: a page, or why there is none."""
+        if isinstance(reply, ErrorResponse):
+            return [self.stop(f"tools/list failed: {reply.message}", {"code": reply.code})]
+        return self.add_page(reply.result)
 
     def stop(self, reason: str, detail: JsonObject | None = None) -> MessageDropped:
         """End the listing early and return the ``MessageDropped`` that says why."""

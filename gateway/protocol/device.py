@@ -18,12 +18,11 @@ The core owns the session's one deadline, read from the ``clock`` it is given (l
 anyway; discovery (and every later listing) must end ``discovery_timeout`` after it started,
 that is after the hello, or the session closes with ``DiscoveryTimedOut``.
 
-Calls are bounded per session: at most ``max_calls_in_flight`` ``tools/call`` requests are sent
-and unanswered at once; more wait here, in order, up to ``max_calls_queued``, and are sent as
-answers free their slots; beyond that ``call_tool()`` raises ``DeviceBusy`` and sends nothing.
-``forget()`` drops a call: a waiting one silently, a sent one with ``notifications/cancelled``
-so that the device can stop it (stock firmware drops every notification, docs/protocol.md
-§4; our firmware cancels the tool's task).
+Calls are bounded per session (``pending.Pending`` keeps the request ids and the calls); beyond
+the bound ``call_tool()`` raises ``DeviceBusy``. ``forget()`` drops a call: a waiting one silently,
+a sent one with ``notifications/cancelled`` so that the device can stop it (stock firmware drops
+every notification, docs/protocol.md §4; our firmware cancels the tool's task). ``outgoing``
+builds the messages, and ``outbox.Outbox`` holds what awaits the I/O layer.
 """
 
 from __future__ import annotations
@@ -34,42 +33,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway import __version__
 from gateway.errors import DeviceBusy, InvalidState, LocalProtocolError
-from gateway.protocol import envelope
+from gateway.protocol import envelope, outgoing
 from gateway.protocol.catalog import ToolCatalog
 from gateway.protocol.events import (
-    CallFailed,
-    CallSucceeded,
     DeviceGoodbye,
     DiscoveryTimedOut,
     Event,
     HelloReceived,
-    MessageDropped,
     ToolsListed,
 )
 from gateway.protocol.jsonrpc import (
-    METHOD_NOT_FOUND,
     ErrorResponse,
-    IdAllocator,
     Notification,
     Request,
     Response,
     classify,
-    make_error,
-    make_notification,
     make_request,
-    make_result,
 )
+from gateway.protocol.outbox import Logger, Outbox
+from gateway.protocol.pending import Pending, Purpose, call_result
 
-__all__ = ["PROTOCOL_VERSION", "DeviceProtocol", "State"]
+__all__ = ["DeviceProtocol", "State"]
 
 JsonObject = dict[str, Any]
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
-PROTOCOL_VERSION = "2024-11-05"
 TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
-CANCELLED = "notifications/cancelled"
 _EXCERPT = 120
 
 
@@ -90,14 +79,6 @@ _TRANSITIONS: dict[State, frozenset[State]] = {
     State.READY: frozenset({State.LISTING, State.CLOSED}),
     State.CLOSED: frozenset(),
 }
-
-
-class _Purpose(enum.Enum):
-    """What a request we sent was for, to route its reply."""
-
-    INITIALIZE = "initialize"
-    LIST = "tools/list"
-    CALL = "tools/call"
 
 
 class DeviceProtocol:
@@ -145,27 +126,22 @@ class DeviceProtocol:
         """
         self.device_id = device_id
         self.logger: Logger = logger if logger is not None else logging.getLogger(__name__)
-        self.debug = self.logger.isEnabledFor(logging.DEBUG)
         self._session_id = envelope.new_session_id() if session_id is None else session_id
         self._hello = envelope.server_hello(self._session_id, transport, udp)
+        self._out = Outbox(self._session_id, self.logger)
+        self.debug = self._out.debug
         self.transport = transport
-        self._initialize_params = _initialize_params(client_info, vision)
+        self._initialize_params = outgoing.initialize_params(client_info, vision)
         self._max_bytes = max_message_bytes
         self._max_pages = max_pages
         self._discovery_timeout = discovery_timeout
         self._clock = clock
         self._deadline: float | None = clock() + hello_timeout
         self._state = State.CONNECTED
-        self._ids = IdAllocator()
-        self._pending: dict[int, _Purpose] = {}
-        self._max_in_flight = max_calls_in_flight
-        self._max_queued = max_calls_queued
-        self._waiting: dict[int, str] = {}  # call id -> its frame, oldest first
+        self._pending = Pending(max_calls_in_flight, max_calls_queued)
         self._catalog: ToolCatalog | None = None  # only while listing: entries weigh a lot
         self._server_info: JsonObject | None = None
         self._relist = False
-        self._events: list[Event] = []
-        self._outgoing: list[str] = []
 
     # State machine.
 
@@ -195,12 +171,12 @@ class DeviceProtocol:
     @property
     def pending_calls(self) -> frozenset[int]:
         """Ids of the ``tools/call`` requests sent and still waiting for a reply."""
-        return frozenset(i for i, purpose in self._pending.items() if purpose is _Purpose.CALL)
+        return self._pending.calls
 
     @property
     def waiting_calls(self) -> tuple[int, ...]:
         """Ids of the calls not sent yet, waiting for a free slot, oldest first."""
-        return tuple(self._waiting)
+        return self._pending.waiting
 
     # Public API.
 
@@ -219,10 +195,10 @@ class DeviceProtocol:
         elif kind == "mcp":
             self._on_mcp(message.get("payload"))
         elif kind == "goodbye":
-            self._events.append(DeviceGoodbye())
+            self._out.events.append(DeviceGoodbye())
         else:
             # docs/protocol.md §1.1: listen/abort/... belong to voice sessions, not to MCP.
-            self._drop("unsupported message type", type=kind)
+            self._out.drop("unsupported message type", type=kind)
 
     def start_discovery(self) -> None:
         """Initialize and list tools without a hello (MQTT, hello timeout); only if CONNECTED."""
@@ -250,24 +226,19 @@ class DeviceProtocol:
             raise InvalidState("cannot call a tool on a closed session")
         if not isinstance(name, str) or not name or not isinstance(arguments, dict):
             raise LocalProtocolError("tools/call needs a string name and an arguments object")
-        running = self._calls_in_flight()
-        if running >= self._max_in_flight and len(self._waiting) >= self._max_queued:
-            detail = f"{_count(running, 'call')} running and {len(self._waiting)} waiting"
-            raise DeviceBusy(self.device_id, detail)
-        call_id = self._allocate_id()
-        request = make_request(call_id, "tools/call", {"name": name, "arguments": arguments})
+        busy = self._pending.busy()
+        if busy is not None:
+            raise DeviceBusy(self.device_id, busy)
+        call_id = self._pending.new_id()
         try:
-            frame = self._encode_mcp(request)
+            frame = self._out.encode_mcp(outgoing.call_request(call_id, name, arguments))
         except (TypeError, ValueError, RecursionError) as exc:
             raise LocalProtocolError(f"tools/call arguments are not JSON: {exc}") from exc
         size = envelope.utf8_length(frame)
         if size > self._max_bytes:
             raise LocalProtocolError(f"tools/call frame is {size} bytes, over {self._max_bytes}")
-        if running < self._max_in_flight:
-            self._queue(frame)
-            self._pending[call_id] = _Purpose.CALL
-        else:
-            self._waiting[call_id] = frame
+        if self._pending.add_call(call_id, frame):
+            self._out.frame(frame)
         return call_id
 
     def forget(self, call_id: int, reason: str = "the caller stopped waiting") -> bool:
@@ -280,14 +251,10 @@ class DeviceProtocol:
         Returns:
             True when the device is told to cancel (a frame is queued in ``data_to_send()``).
         """
-        if self._waiting.pop(call_id, None) is not None:
-            return False
-        if self._pending.get(call_id) is not _Purpose.CALL:
-            return False  # answered, closed, unknown, or a discovery request
-        del self._pending[call_id]
+        if not self._pending.forget(call_id):
+            return False  # it waited unsent, or is answered, closed, unknown, or not a call
         # MCP cancellation: the device should stop the request and send no response for it.
-        params = {"requestId": call_id, "reason": reason}
-        self._send_mcp(make_notification(CANCELLED, params))
+        self._out.mcp(outgoing.cancellation(call_id, reason))
         self._send_waiting()
         return True
 
@@ -298,7 +265,7 @@ class DeviceProtocol:
         if self._state is State.CONNECTED:
             self._start_discovery()
         else:  # INITIALIZING or LISTING: READY and CLOSED have no deadline
-            self._events.append(DiscoveryTimedOut(self._discovery_timeout))
+            self._out.events.append(DiscoveryTimedOut(self._discovery_timeout))
             self.close()
 
     def close(self) -> None:
@@ -311,24 +278,15 @@ class DeviceProtocol:
             return
         self.state = State.CLOSED
         self._deadline = None
-        for call_id in sorted(self.pending_calls):
-            message = "device disconnected during the call"
-            self._events.append(CallFailed(call_id, message, closed=True))
-        for call_id in self._waiting:
-            message = "device disconnected before the call was sent"
-            self._events.append(CallFailed(call_id, message, closed=True))
-        self._pending.clear()
-        self._waiting.clear()
+        self._out.events.extend(self._pending.close())
 
     def events_received(self) -> list[Event]:
         """Return and forget the events produced since the last call."""
-        events, self._events = self._events, []
-        return events
+        return self._out.take_events()
 
     def data_to_send(self) -> list[str]:
         """Return and forget the frames queued since the last call, one text frame each."""
-        frames, self._outgoing = self._outgoing, []
-        return frames
+        return self._out.take_frames()
 
     # Incoming messages.
 
@@ -336,45 +294,38 @@ class DeviceProtocol:
         try:
             return envelope.decode(text, self._max_bytes)
         except envelope.MessageTooLarge as exc:
-            self._drop(str(exc), chars=len(text))
+            self._out.drop(str(exc), chars=len(text))
         except envelope.MalformedMessage as exc:
             salvaged = envelope.salvage_error_reply(text)
             if salvaged is not None:
                 self.logger.debug("salvaged an error reply with an unescaped message")
                 return salvaged
-            self._drop(str(exc), excerpt=text[:_EXCERPT])
+            self._out.drop(str(exc), excerpt=text[:_EXCERPT])
         return None
 
     def _on_hello(self, hello: JsonObject) -> None:
         # docs/protocol.md §1: the device waits 10 s for our hello, and says hello again for
         # every conversation; each gets an answer, but only the first starts discovery.
-        self._queue(envelope.encode(self._hello))
-        self._events.append(HelloReceived(hello))
+        self._out.frame(envelope.encode(self._hello))
+        self._out.events.append(HelloReceived(hello))
         self.start_discovery()
 
     def _on_mcp(self, payload: object) -> None:
         try:
             message = classify(payload)
         except envelope.MalformedMessage as exc:
-            self._drop(f"invalid JSON-RPC: {exc}")
+            self._out.drop(f"invalid JSON-RPC: {exc}")
             return
         if isinstance(message, Request):
-            self._on_request(message)
+            self._out.mcp(outgoing.answer(message))
         elif isinstance(message, Notification):
             self._on_notification(message)
         else:
             self._on_reply(message)
 
-    def _on_request(self, request: Request) -> None:
-        if request.method == "ping":
-            self._send_mcp(make_result(request.id, {}))
-        else:
-            message = f"Method not found: {request.method}"
-            self._send_mcp(make_error(request.id, METHOD_NOT_FOUND, message))
-
     def _on_notification(self, notification: Notification) -> None:
         if notification.method != TOOLS_LIST_CHANGED:
-            self._drop("unsupported notification", method=notification.method)
+            self._out.drop("unsupported notification", method=notification.method)
         elif self._state is State.READY:
             self._start_listing()
         elif self._state in (State.INITIALIZING, State.LISTING):
@@ -383,33 +334,25 @@ class DeviceProtocol:
         # CONNECTED: discovery has not started, and will list the tools when it does.
 
     def _on_reply(self, reply: Response | ErrorResponse) -> None:
-        request_id = reply.id
-        if not isinstance(request_id, int) or request_id not in self._pending:
-            self._drop("reply to an unknown or forgotten request", id=request_id)
-            return
-        purpose = self._pending.pop(request_id)
-        if purpose is _Purpose.CALL:
-            self._on_call_reply(request_id, reply)
+        purpose = self._pending.answered(reply.id)
+        if purpose is None:
+            self._out.drop("reply to an unknown or forgotten request", id=reply.id)
+        elif purpose is Purpose.CALL:
+            assert isinstance(reply.id, int)  # Pending holds int ids only
+            self._out.events.append(call_result(reply.id, reply))
             self._send_waiting()
-        elif purpose is _Purpose.INITIALIZE:
+        elif purpose is Purpose.INITIALIZE:
             self._on_initialize_reply(reply)
         else:
             self._on_list_reply(reply)
-
-    def _on_call_reply(self, call_id: int, reply: Response | ErrorResponse) -> None:
-        if isinstance(reply, ErrorResponse):
-            self._events.append(CallFailed(call_id, reply.message, reply.code))
-        elif isinstance(reply.result, dict):
-            self._events.append(CallSucceeded(call_id, reply.result))
-        else:
-            self._events.append(CallFailed(call_id, "malformed result"))
 
     # Discovery.
 
     def _start_discovery(self) -> None:
         self.state = State.INITIALIZING
         self._deadline = self._clock() + self._discovery_timeout
-        self._request(_Purpose.INITIALIZE, "initialize", self._initialize_params)
+        request_id = self._pending.request(Purpose.INITIALIZE)
+        self._out.mcp(make_request(request_id, "initialize", self._initialize_params))
 
     def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
         if isinstance(reply, ErrorResponse):
@@ -428,84 +371,26 @@ class DeviceProtocol:
         self._request_page(None)
 
     def _request_page(self, cursor: str | None) -> None:
-        # docs/protocol.md §4: user-only tools are listed only with withUserTools: true.
-        params: JsonObject = {"withUserTools": True}
-        if cursor is not None:
-            params["cursor"] = cursor
-        self._request(_Purpose.LIST, "tools/list", params)
+        request_id = self._pending.request(Purpose.LIST)
+        self._out.mcp(outgoing.list_request(request_id, cursor))
 
     def _on_list_reply(self, reply: Response | ErrorResponse) -> None:
         catalog = self._catalog
         assert catalog is not None  # a tools/list id is pending only while listing
-        if isinstance(reply, ErrorResponse):
-            reason = f"tools/list failed: {reply.message}"
-            self._events.append(catalog.stop(reason, {"code": reply.code}))
-        else:
-            self._events.extend(catalog.add_page(reply.result))
+        self._out.events.extend(catalog.add_reply(reply))
         if catalog.next_cursor is not None:
             self._request_page(catalog.next_cursor)
             return
         self.state = State.READY
         self._deadline = None
         self._catalog = None
-        self._events.append(ToolsListed(catalog.tools, self._server_info, catalog.complete))
+        self._out.events.append(ToolsListed(catalog.tools, self._server_info, catalog.complete))
         if self._relist:
             self._start_listing()
 
     # Outgoing messages.
 
-    def _request(self, purpose: _Purpose, method: str, params: JsonObject) -> None:
-        request_id = self._allocate_id()
-        self._send_mcp(make_request(request_id, method, params))
-        self._pending[request_id] = purpose
-
-    def _allocate_id(self) -> int:
-        return self._ids.allocate(self._pending.keys() | self._waiting.keys())
-
-    def _calls_in_flight(self) -> int:
-        return sum(purpose is _Purpose.CALL for purpose in self._pending.values())
-
     def _send_waiting(self) -> None:
         """Send the oldest waiting calls while slots are free."""
-        while self._waiting and self._calls_in_flight() < self._max_in_flight:
-            call_id = next(iter(self._waiting))
-            self._queue(self._waiting.pop(call_id))
-            self._pending[call_id] = _Purpose.CALL
-
-    def _send_mcp(self, payload: JsonObject) -> None:
-        self._queue(self._encode_mcp(payload))
-
-    def _encode_mcp(self, payload: JsonObject) -> str:
-        return envelope.encode(envelope.mcp_envelope(self._session_id, payload))
-
-    def _queue(self, frame: str) -> None:
-        if self.debug:
-            self.logger.debug("> %s", frame)
-        self._outgoing.append(frame)
-
-    def _drop(self, reason: str, **detail: Any) -> None:
-        if self.debug:
-            self.logger.debug("dropped: %s %s", reason, detail)
-        self._events.append(MessageDropped(reason, detail))
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
-
-
-def _initialize_params(client_info: JsonObject | None, vision: dict[str, str] | None) -> JsonObject:
-    """Build the ``initialize`` params, checking now that they can be sent."""
-    capabilities: JsonObject = {}
-    if vision is not None:
-        # docs/protocol.md §4: the only way to tell a camera device where to upload photos.
-        capabilities["vision"] = dict(vision)
-    params: JsonObject = {
-        "protocolVersion": PROTOCOL_VERSION,
-        "capabilities": capabilities,
-        "clientInfo": dict(client_info or {"name": "esp-mcp-gateway", "version": __version__}),
-    }
-    try:
-        envelope.encode(params)
-    except (TypeError, ValueError) as exc:
-        raise LocalProtocolError(f"client_info or vision is not JSON: {exc}") from exc
-    return params
+        for frame in self._pending.ready():
+            self._out.frame(frame)

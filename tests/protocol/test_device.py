@@ -654,7 +654,7 @@ def test_request_ids_skip_waiting_calls() -> None:
     ids = [protocol.call_tool("a", {}) for _ in range(3)]
     protocol.forget(ids[0])
     protocol.call_tool("a", {})  # id 6; ids 4 (sent by forget) and 5 are still in use
-    protocol._ids = IdAllocator(4)  # wrap around onto them
+    protocol._pending._ids = IdAllocator(4)  # wrap around onto them
     notify(protocol)
     listed = payloads(protocol)[-1]
     assert listed["method"] == "tools/list" and listed["id"] == 7

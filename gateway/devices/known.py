@@ -1,0 +1,188 @@
+"""The devices the gateway knows, and the core of the registry that the others build on.
+
+``KnownDevices`` loads the devices, catalogues and names from the SQLite store, answers queries
+(by id, by alias, what hosts see), makes and names new devices, and decides each device's tools
+once per catalogue. What changes them lives on top of it: the user's decisions in
+``admin.DeviceAdmin``, the connections' updates in ``registry.DeviceRegistry``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from gateway.config import Config
+from gateway.devices.broadcast import Broadcast
+from gateway.devices.catalogue import Catalogue, Catalogues
+from gateway.devices.device import Device, DeviceTool
+from gateway.devices.exposure import Changes, Exposure
+from gateway.devices.naming import NameMap, clean_alias, derive_alias
+from gateway.devices.store import DeviceRecord, Store
+
+__all__ = ["KnownDevices"]
+
+
+class KnownDevices:
+    """Devices, catalogues and names, persisted in the data dir's SQLite store."""
+
+    def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time):
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._catalogues = Catalogues()
+        self._exposure = Exposure()
+        self._device_changes: Broadcast[None] = Broadcast()
+        self._devices: dict[str, Device] = {}
+        self._by_alias: dict[str, Device] = {}
+        self.online_count = 0
+        self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
+        # Told how long each discovery took (seconds from connecting to a listed catalogue).
+        self.discovery_watchers: list[Callable[[float], None]] = []
+        stored = store.load()
+        self._names = NameMap(stored.names)
+        catalogues = self._catalogues.load(stored.catalogues)
+        for record in stored.devices:
+            configured = config.device(record.device_id).name
+            if configured and clean_alias(configured) != record.alias:
+                record.alias = clean_alias(configured)  # the config renamed it since the last run
+                store.save_device(record)
+            device = self._devices[record.device_id] = Device(record)
+            self._by_alias.setdefault(record.alias, device)
+            if record.catalogue is not None and record.catalogue not in catalogues:
+                record.catalogue = None  # unreadable: the device lists its tools again anyway
+                store.save_device(record)
+            if record.catalogue is not None:
+                self._use(device, catalogues[record.catalogue])
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def devices(self) -> list[Device]:
+        """Every known device, ordered by alias (a stable order keeps hosts' caches warm)."""
+        return sorted(self._devices.values(), key=lambda d: (d.alias, d.device_id))
+
+    def get(self, device_id: str) -> Device | None:
+        """The device whose id is ``device_id``."""
+        return self._devices.get(device_id.lower())
+
+    def find(self, ref: str) -> Device | None:
+        """The device whose id or alias is ``ref``."""
+        return self._devices.get(ref.lower()) or self._by_alias.get(ref)
+
+    def exposed_tools(self) -> Sequence[DeviceTool]:
+        """The per-device tools the model may see, devices by alias, tools in device order.
+
+        A snapshot, made again only after a change: between changes every read is free.
+        """
+        return self._exposure.tools(self._devices.values())
+
+    def lookup(self, name: str) -> DeviceTool | None:
+        """The exposed tool whose MCP name is ``name``."""
+        return self._exposure.lookup(name)
+
+    def changes(self) -> Changes:
+        """Subscribe, from now on, to changes of the tool list hosts see.
+
+        Use as ``async with registry.changes() as changes: async for _ in changes: ...``; each
+        item means "it changed since you last looked" (several changes fold into one).
+        """
+        return self._exposure.changes()
+
+    @property
+    def touched(self) -> int:
+        """The tool entries added to or taken from what hosts see so far (the updates' work)."""
+        return self._exposure.touched
+
+    @property
+    def version(self) -> int:
+        """A number that grows with every change of what hosts see."""
+        return self._exposure.version
+
+    def device_changes(self) -> Changes:
+        """Subscribe to changes of any device: joins, leaves, catalogues, approvals, names.
+
+        Like ``changes()``, each item means "something changed since you last looked".
+        """
+        return self._device_changes.subscribe(latest_only=True)
+
+    # --- one device's entries --------------------------------------------------------------
+
+    def _device(self, device_id: str, board: str | None, alias: str | None = None) -> Device:
+        """The device called ``device_id``, made (and named) if it is new."""
+        device = self._devices.get(device_id)
+        if device is None:
+            now = self._clock()
+            record = DeviceRecord(device_id=device_id, alias=alias or self._alias(device_id, board),
+                                  board=board, first_seen=now, last_seen=now)  # fmt: skip
+            device = self._devices[device_id] = Device(record)
+            self._by_alias.setdefault(record.alias, device)
+            self._save(record)
+        return device
+
+    def _learn_board(self, device: Device, board: str) -> None:
+        """Note the device's board if none is known; name the device after it if it had none.
+
+        An alias is fixed once people or hosts may have seen it: from the first sight of a board
+        (a stock device's OTA check-in) or the first listing. A device that connected without
+        any board (a WebSocket handshake carries none) is named at its first listing, before any
+        of its tools has a name.
+        """
+        record = device.record
+        if record.board is not None:
+            return  # the OTA check-in's board (its board.type) says it better than serverInfo
+        record.board = board
+        if record.catalogue is not None or record.alias != derive_alias(record.device_id, None):
+            return  # named already, by its board, the config, an enrollment or a past run
+        alias = self._alias(record.device_id, board)
+        if self._by_alias.get(record.alias) is device:
+            del self._by_alias[record.alias]
+        record.alias = alias
+        self._by_alias.setdefault(alias, device)
+
+    def _alias(self, device_id: str, board: str | None) -> str:
+        configured = self._config.device(device_id).name
+        if configured:
+            return clean_alias(configured)
+        alias = base = derive_alias(device_id, board)
+        number = 1
+        while (holder := self._by_alias.get(alias)) is not None and holder.device_id != device_id:
+            number += 1
+            alias = f"{base}_{number}"
+        return alias
+
+    def _use(self, device: Device, catalogue: Catalogue | None) -> None:
+        """Give ``device`` this catalogue: decide each tool once, then show it to hosts."""
+        options = self._config.device(device.device_id)
+        self._hide(device)
+        device.catalogue = catalogue
+        device.tools = {}
+        new_names = []
+        for spec in catalogue.tools if catalogue is not None else ():
+            entry, is_new = self._names.assign(device.device_id, device.alias, spec.name)
+            if is_new:
+                new_names.append(entry)
+            device.tools[spec.name] = DeviceTool.decide(device, spec, entry.name, options)
+        self._store.save_names(new_names)
+        self._show(device)
+
+    def _save(self, record: DeviceRecord) -> None:
+        """Queue the record's write, and tell whoever watches devices that one changed."""
+        self._store.save_device(record)
+        self._device_changes.publish(None)
+
+    def _shows_tools_of(self, device: Device) -> bool:
+        if not device.approved:
+            return False
+        if device.online or self._config.offline_tools == "keep":
+            return True
+        # hide mode: a short drop must not make the list flap
+        return self._clock() - device.record.last_seen < self._config.offline_grace
+
+    def _show(self, device: Device) -> None:
+        """Bring the device's entries in line with whether hosts should see its tools."""
+        if self._shows_tools_of(device):
+            self._exposure.show(device)
+        else:
+            self._exposure.hide(device)
+
+    def _hide(self, device: Device) -> None:
+        self._exposure.hide(device)
