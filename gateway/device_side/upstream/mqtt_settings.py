@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway.datadir import create_private
+from gateway.device_side.upstream.settings import UpstreamSettingsError
 
 __all__ = [
     "TLS_PORT",
     "UpstreamMqtt",
     "MqttUpstreams",
-    "UpstreamSettingsError",
     "device_mqtt_section",
     "parse_upstream_mqtt",
 ]
@@ -38,10 +38,6 @@ TLS_PORT = 8883  # stock firmware: TLS exactly on this port, and it is the port 
 _KEEPALIVE = 240  # seconds, the stock default
 _MAX_TEXT = 512  # a longer field is not a broker setting the gateway can use
 _STORE_FILE = "upstream_mqtt.json"
-
-
-class UpstreamSettingsError(ValueError):
-    """The upstream's ``mqtt`` section cannot be used (one sentence says why)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,10 @@ import pytest
 
 from gateway.device_side.upstream.mqtt_settings import (
     MqttUpstreams,
-    UpstreamSettingsError,
     device_mqtt_section,
     parse_upstream_mqtt,
 )
+from gateway.device_side.upstream.settings import UpstreamSettingsError
 
 # What xiaozhi.me answers (voice-servers.md): no port (TLS on 8883), subscribe_topic "null".
 XIAOZHI_ME: dict[str, Any] = {
