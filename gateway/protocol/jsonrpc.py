@@ -235,15 +235,25 @@ def classify(payload: object) -> Message:
 
 
 class IdAllocator:
-    """Hands out request ids 1, 2, ... ``MAX_REQUEST_ID``, then wraps to 1, skipping ids in use."""
+    """Hands out request ids ``first``, ``first + 1``, ... to the end of ``ids``, then wraps to
+    its start, skipping ids in use. ``ids`` is 1 ... ``MAX_REQUEST_ID`` unless a session keeps to
+    a range of its own (a device shared with a voice server: docs/protocol.md §8)."""
 
-    def __init__(self, first: int = 1) -> None:
-        """Start at ``first``.
+    def __init__(self, first: int | None = None, ids: range | None = None) -> None:
+        """Start at ``first`` (the start of ``ids`` when None).
 
         Raises:
-            LocalProtocolError: ``first`` is outside ``1..MAX_REQUEST_ID``.
+            LocalProtocolError: ``first`` is outside ``ids``, or ``ids`` outside
+                ``1..MAX_REQUEST_ID``.
         """
-        self._next = _check_request_id(first)
+        self._ids = ids if ids is not None else range(1, MAX_REQUEST_ID + 1)
+        if not self._ids or self._ids.step != 1:
+            raise LocalProtocolError("request ids must be a non-empty range of step 1")
+        _check_request_id(self._ids.start)
+        _check_request_id(self._ids[-1])
+        self._next = _check_request_id(self._ids.start if first is None else first)
+        if self._next not in self._ids:
+            raise LocalProtocolError(f"the first request id {first} is outside {self._ids}")
 
     def allocate(self, in_use: Collection[int] = ()) -> int:
         """Return the next id that is not in ``in_use``.
@@ -252,9 +262,10 @@ class IdAllocator:
             LocalProtocolError: ``in_use`` claims to hold every candidate tried.
         """
         # At most len(in_use) candidates can be taken, so this many tries always find a free one.
+        last = self._ids[-1]
         for _ in range(len(in_use) + 1):
             candidate = self._next
-            self._next = 1 if candidate == MAX_REQUEST_ID else candidate + 1
+            self._next = self._ids.start if candidate == last else candidate + 1
             if candidate not in in_use:
                 return candidate
         raise LocalProtocolError("no free request id")

@@ -660,6 +660,17 @@ def test_request_ids_skip_waiting_calls() -> None:
     assert listed["method"] == "tools/list" and listed["id"] == 7
 
 
+def test_a_session_keeps_to_its_request_ids() -> None:
+    """On a device shared with a voice server the gateway's ids stay out of the server's way."""
+    protocol = make(request_ids=range(0x4000_0000, 0x6000_0000))
+    protocol.receive_text(json.dumps(HELLO))
+    initialize = sent(protocol)[-1]["payload"]
+    assert initialize["method"] == "initialize" and initialize["id"] == 0x4000_0000
+    reply(protocol, 0x4000_0000, INIT_RESULT)
+    [listed] = payloads(protocol)
+    assert listed["id"] == 0x4000_0001
+
+
 # Closing.
 
 

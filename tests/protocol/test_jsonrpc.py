@@ -233,6 +233,22 @@ def test_id_allocator_rejects_bad_start(first: int) -> None:
         IdAllocator(first)
 
 
+def test_id_allocator_keeps_to_its_range() -> None:
+    """A session sharing its device with a voice server keeps to ids of its own, and wraps."""
+    ids = IdAllocator(ids=range(1000, 1003))
+    assert [ids.allocate({1001}) for _ in range(3)] == [1000, 1002, 1000]
+
+
+@pytest.mark.parametrize(
+    ("first", "ids"),
+    [(None, range(5, 5)), (None, range(1, 9, 2)), (None, range(0, 5)),
+     (None, range(1, MAX_REQUEST_ID + 2)), (9, range(1, 5))],
+)  # fmt: skip
+def test_id_allocator_rejects_a_range_of_no_valid_ids(first: int | None, ids: range) -> None:
+    with pytest.raises(LocalProtocolError):
+        IdAllocator(first, ids)
+
+
 class _Everything:
     """A collection that claims to hold every id while reporting one element."""
 
