@@ -22,6 +22,9 @@ from gateway.device_side.http import build_device_app
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
+from gateway.device_side.upstream.fleet import FleetTools
+from gateway.device_side.upstream.mqtt_relay import MqttProxies
+from gateway.device_side.upstream.mqtt_settings import MqttUpstreams, UpstreamMqtt
 from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
@@ -84,7 +87,9 @@ class Gateway:
         )
         self.mqtt: MqttTransport | None = None
         self.vision = VisionTokens() if config.vision_enabled else None
-        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision)
+        self.mqtt_upstreams = MqttUpstreams(config.data_dir)
+        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
+                                       mqtt_proxies=self._mqtt_proxies())  # fmt: skip
         self.device_app = build_device_app(config, self.admission, self.sessions, self.ota,
                                            self.vision, self.photos)  # fmt: skip
         self.metrics = GatewayMetrics(
@@ -102,6 +107,23 @@ class Gateway:
             dashboard=self.dashboard, metrics=self.metrics,
         )  # fmt: skip
         self._stack = contextlib.AsyncExitStack()
+
+    def _mqtt_proxies(self) -> MqttProxies | None:
+        """Relays for the MQTT devices that keep their voice server (docs/voice-proxy.md)."""
+        config = self.config
+        if not config.upstream_enabled or config.mqtt_broker is None:
+            return None
+
+        def fleet(device_id: str, settings: UpstreamMqtt) -> FleetTools:
+            caller = f"upstream {settings.host}"  # the audit log names the voice server
+            return FleetTools(self.registry, self.router, device_id, caller)
+
+        return MqttProxies(
+            self.mqtt_upstreams,
+            proxied=lambda device_id: config.upstream_for(device_id) is not None,
+            fleet=fleet if config.upstream_fleet_tools else None,
+            max_message_bytes=config.max_message_bytes,
+        )
 
     async def __aenter__(self) -> Gateway:
         try:

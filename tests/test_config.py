@@ -146,7 +146,7 @@ def test_upstream_from_file_per_device_and_environment(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         '[upstream]\nota_url = "https://api.tenclass.net/xiaozhi/ota/"\ntimeout = 4\n'
-        'fleet_tools = true\n'
+        "fleet_tools = true\n"
         '[devices."AA:BB:CC:DD:EE:01"]\nupstream = "http://10.0.0.2:8002/xiaozhi/ota/"\n'
         '[devices."aa:bb:cc:dd:ee:02"]\nupstream = "off"\n',
     )

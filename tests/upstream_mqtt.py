@@ -17,6 +17,7 @@ to ``device-server`` and a message does not say whose it is).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import secrets
@@ -36,8 +37,9 @@ SERVER_LOGIN = ("xiaozhi-server", "server-secret")
 
 
 def device_login(mac: str) -> tuple[str, str]:
-    """The upstream user name and password of device ``mac`` (as its OTA would issue them)."""
-    return f"dev-{mac.replace(':', '_')}", f"upstream-pw-{mac[-2:]}"
+    """The upstream user name and password of a device, as tests/upstream_server.py's OTA
+    issues them (the same for every device there)."""
+    return base64.b64encode(b'{"ip":"1.2.3.4"}').decode(), "upstream-mqtt-password"
 
 
 class _Udp(asyncio.DatagramProtocol):
@@ -70,13 +72,15 @@ class UpstreamMqttServer:
         self._task: asyncio.Task[None] | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self.ready = asyncio.Event()
+        self.goodbye = asyncio.Event()  # set when a device says goodbye
 
-    def mqtt_section(self) -> JsonObject:
+    def mqtt_section(self, client_id: str) -> JsonObject:
         """The ``mqtt`` section of the upstream's OTA reply for the device."""
         username, password = device_login(self.mac)
+        mac = self.mac.replace(":", "_")
         return {
             "endpoint": f"127.0.0.1:{self.broker.port}",
-            "client_id": f"GID_test@@@{self.mac.replace(':', '_')}@@@{self.mac.replace(':', '_')}",
+            "client_id": f"GID_test@@@{mac}@@@{client_id}",
             "username": username,
             "password": password,
             "publish_topic": PUBLISH_TOPIC,
@@ -120,6 +124,7 @@ class UpstreamMqttServer:
                         assert isinstance(message.payload, bytes)
                         await self._on_message(message.payload)
             self._client = None
+            self.ready.clear()
             await asyncio.sleep(0.1)
 
     async def send(self, message: JsonObject | bytes) -> None:
@@ -134,6 +139,8 @@ class UpstreamMqttServer:
         kind = message.get("type")
         if kind == "hello":
             await self._hello()
+        elif kind == "goodbye":
+            self.goodbye.set()
         elif kind == "mcp":
             await self._on_mcp(message["payload"])
 

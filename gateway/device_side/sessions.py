@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from contextlib import nullcontext
 from typing import Any
 
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.transports.mqtt import MqttLink, MqttTransport
+from gateway.device_side.upstream.mqtt_relay import MqttProxies
+from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
 from gateway.devices.link import DeviceIdentity, DeviceLink
@@ -35,7 +38,10 @@ class DeviceSessions:
         registry: DeviceRegistry,
         public: PublicAddress,
         vision: VisionTokens | None,
+        *,
+        mqtt_proxies: MqttProxies | None = None,
     ) -> None:
+        self.mqtt_proxies = mqtt_proxies  # MQTT devices that keep their voice server
         self._config = config
         self._registry = registry
         self._public = public
@@ -48,6 +54,26 @@ class DeviceSessions:
         )
         mqtt = identity.transport == "mqtt"
         vision = self._vision_for(identity)
+        proxies = self.mqtt_proxies if mqtt else None
+        relay = proxies.relay(link, identity.device_id, vision) if proxies else nullcontext(link)
+        try:
+            async with relay as served:
+                # Beside a voice server the gateway's request ids keep out of the server's.
+                ids = GATEWAY_IDS if served is not link else None
+                await self._run(served, identity, vision, log, ids)
+        finally:
+            if self._vision is not None and vision is not None:
+                self._vision.revoke(identity.device_id, vision["token"])
+
+    async def _run(
+        self,
+        link: DeviceLink,
+        identity: DeviceIdentity,
+        vision: dict[str, str] | None,
+        log: logging.LoggerAdapter[logging.Logger],
+        request_ids: range | None,
+    ) -> None:
+        mqtt = identity.transport == "mqtt"
         protocol = DeviceProtocol(
             identity.device_id,
             transport="udp" if mqtt else identity.transport,
@@ -60,14 +86,11 @@ class DeviceSessions:
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
             vision=vision,
+            request_ids=request_ids,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
-        try:
-            await DeviceConnection(link, identity, self._registry, protocol).run()
-        finally:
-            if self._vision is not None and vision is not None:
-                self._vision.revoke(identity.device_id, vision["token"])
+        await DeviceConnection(link, identity, self._registry, protocol).run()
 
     def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
         """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""

@@ -22,15 +22,16 @@ from mcp import Client
 
 from gateway.app import Running
 from tests.conftest import bound, gateway
+from tests.device_side.test_ota import STOCK_HEADERS
 from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device, tool_name, wait_listed
 from tests.mqtt_helpers import Mosquitto, MqttDevice, stock_accepts_hello
 from tests.upstream_mqtt import UpstreamMqttServer, upstream_broker
+from tests.upstream_server import UpstreamServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 STOCK = "aa:bb:cc:dd:ee:ff"
 OTHER = "aa:bb:cc:dd:ee:02"
-FAST = {"upstream_retry": (0.1, 0.5)}  # the upstream client's reconnect waits, for tests
 
 
 @asynccontextmanager
@@ -39,18 +40,34 @@ async def proxied(
 ) -> AsyncIterator[tuple[Running, UpstreamMqttServer, Mosquitto, MqttDevice]]:
     """A gateway, an upstream for the stock device, and the device connected through both."""
     broker = await upstream_broker(tmp_path / "upstream", STOCK)
+    upstream = UpstreamServer(offer="mqtt")
+    upstream.mqtt_endpoint = f"127.0.0.1:{broker.port}"
+    upstream.activated.add(STOCK)
     try:
-        async with UpstreamMqttServer(broker, STOCK) as server, gateway(
-            tmp_path / "gw", **EMBEDDED, **overrides
+        async with upstream.running(), UpstreamMqttServer(broker, STOCK) as server, gateway(
+            tmp_path / "gw", **EMBEDDED, upstream_ota_url=upstream.ota_url, **overrides
         ) as run:  # fmt: skip
-            run.gateway.sessions.upstream_retry = (0.1, 0.5)
+            proxies = run.gateway.sessions.mqtt_proxies
+            assert proxies is not None
+            proxies.retry = (0.1, 0.5)
             reply = await ota_check_in(run)
-            run.gateway.mqtt_upstreams.keep(STOCK, server.mqtt_section())
+            section = server.mqtt_section(STOCK_HEADERS["Client-Id"])
+            run.gateway.mqtt_upstreams.keep(STOCK, section)
             async with stock_device(reply) as device:
                 await wait_listed(run, STOCK)
                 yield run, server, broker, device
     finally:
         await broker.kill()
+
+
+def hello_bytes(device: MqttDevice) -> bytes:
+    """The last hello reply the device received, byte for byte."""
+    return [raw for raw in device.raw if json.loads(raw)["type"] == "hello"][-1]
+
+
+def model_tools(device: MqttDevice) -> list[str]:
+    """What the device lists to a server that does not ask for user-only tools."""
+    return [t.name for t in device.mcp.tools if not t.user_only]
 
 
 async def conversation(device: MqttDevice, server: UpstreamMqttServer) -> list[dict[str, Any]]:
@@ -66,10 +83,10 @@ async def test_the_upstream_hello_passes_byte_for_byte_and_audio_goes_direct(
     async with proxied(tmp_path) as (run, server, _, device):
         hello = await device.hello()
         assert stock_accepts_hello(hello)
-        assert device.raw[-1] == server.hello_replies[-1]  # the upstream's own bytes
+        assert hello_bytes(device) == server.hello_replies[-1]  # the upstream's own bytes
         async with asyncio.timeout(bound(10)):
             listed = await server.tools.get()  # initialize id 1, tools/list id 2: answered
-        assert [t["name"] for t in listed] == [t.name for t in device.mcp.tools]
+        assert [t["name"] for t in listed] == model_tools(device)
         assert json.loads(server.received[0])["type"] == "hello"  # the device's, unchanged
         # The udp block names the upstream itself: audio never passes the gateway.
         udp = hello["udp"]
@@ -108,6 +125,8 @@ async def test_a_host_calls_the_device_between_conversations(tmp_path: Path) -> 
     async with proxied(tmp_path) as (run, server, _, device):
         await conversation(device, server)
         await device.goodbye()
+        async with asyncio.timeout(bound(5)):
+            await server.goodbye.wait()
         received = len(server.received)
         async with Client(run.mcp_url, mode="legacy") as host:
             result = await host.call_tool(tool_name(run, STOCK, "self.lamp.turn_on"), {})
@@ -115,7 +134,7 @@ async def test_a_host_calls_the_device_between_conversations(tmp_path: Path) -> 
         assert json.loads(server.received[received - 1])["type"] == "goodbye"
         assert len(server.received) == received  # the upstream heard nothing of it
         again = await device.hello()  # and the next conversation still reaches the upstream
-        assert device.raw[-1] == server.hello_replies[-1] and stock_accepts_hello(again)
+        assert hello_bytes(device) == server.hello_replies[-1] and stock_accepts_hello(again)
 
 
 async def test_fleet_tools_reach_the_upstream_when_enabled(tmp_path: Path) -> None:
@@ -138,7 +157,7 @@ async def test_fleet_tools_reach_the_upstream_when_enabled(tmp_path: Path) -> No
 async def test_without_fleet_tools_the_upstream_sees_the_device_only(tmp_path: Path) -> None:
     async with proxied(tmp_path) as (run, server, _, device):
         listed = await conversation(device, server)
-        assert [t["name"] for t in listed] == [t.name for t in device.mcp.tools]
+        assert [t["name"] for t in listed] == model_tools(device)
         reply = await server.call(tool_name(run, STOCK, "self.lamp.turn_on"))
         assert "error" in reply or reply["result"].get("isError")  # the device knows no such tool
 
@@ -155,6 +174,7 @@ async def test_the_upstream_broker_going_down_costs_the_device_nothing(
             assert not result.is_error
         assert "upstream 127.0.0.1" in caplog.text and "retrying" in caplog.text
         assert run.gateway.registry.find(STOCK).online  # type: ignore[union-attr]
+        assert run.gateway.sessions.mqtt_proxies is not None
         relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
         assert relay is not None and not relay.upstream.connected.is_set()
         await broker.start()  # back: the client finds it again, the next conversation works
@@ -162,7 +182,7 @@ async def test_the_upstream_broker_going_down_costs_the_device_nothing(
             await relay.upstream.connected.wait()
             await server.ready.wait()
         await conversation(device, server)
-        assert device.raw[-1] == server.hello_replies[-1]
+        assert hello_bytes(device) == server.hello_replies[-1]
 
 
 async def test_upstream_garbage_is_dropped_with_a_log_line(
@@ -183,6 +203,7 @@ async def test_upstream_garbage_is_dropped_with_a_log_line(
 async def test_the_device_leaving_ends_its_upstream_connection(tmp_path: Path) -> None:
     async with proxied(tmp_path) as (run, server, broker, device):
         await conversation(device, server)
+        assert run.gateway.sessions.mqtt_proxies is not None
         relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
         assert relay is not None and relay.upstream.connected.is_set()
         await device.stop()

@@ -221,6 +221,7 @@ class MqttProxies:
         self,
         upstreams: MqttUpstreams,
         *,
+        proxied: Callable[[str], bool] = lambda device_id: True,
         fleet: Callable[[str, UpstreamMqtt], FleetTools] | None = None,
         max_message_bytes: int = 65536,
         retry: tuple[float, float] = (1.0, 60.0),
@@ -229,14 +230,16 @@ class MqttProxies:
 
         Args:
             upstreams: the upstream settings the OTA proxy kept, by device.
+            proxied: whether a device is proxied now (the config may have turned it off since).
             fleet: makes the fleet offered to a device's upstream; None offers none.
             max_message_bytes: the largest upstream message passed to a device.
             retry: the upstream clients' first and longest reconnect waits, in seconds.
         """
         self.upstreams = upstreams
+        self.retry = retry
+        self._proxied = proxied
         self._fleet = fleet
         self._max_bytes = max_message_bytes
-        self._retry = retry
         self._relays: dict[str, MqttRelay] = {}
 
     def relay_of(self, device_id: str) -> MqttRelay | None:
@@ -248,7 +251,7 @@ class MqttProxies:
         self, link: DeviceLink, device_id: str, vision: dict[str, str] | None
     ) -> AsyncIterator[DeviceLink]:
         """The link the gateway's session runs over: a relay if the device has an upstream."""
-        settings = self.upstreams.get(device_id)
+        settings = self.upstreams.get(device_id) if self._proxied(device_id) else None
         if settings is None:
             yield link
             return
@@ -257,7 +260,7 @@ class MqttProxies:
             await old.stop()
         fleet = self._fleet(device_id, settings) if self._fleet is not None else None
         relay = MqttRelay(link, device_id, settings, vision=vision, fleet=fleet,
-                          max_message_bytes=self._max_bytes, retry=self._retry)  # fmt: skip
+                          max_message_bytes=self._max_bytes, retry=self.retry)  # fmt: skip
         self._relays[device_id] = relay
         try:
             async with relay:
