@@ -169,10 +169,12 @@ async def test_the_upstream_broker_going_down_costs_the_device_nothing(
     async with proxied(tmp_path) as (run, server, broker, device):
         await conversation(device, server)
         await broker.kill()
+        await device.send({"type": "hello", "version": 3, "transport": "udp"})  # nowhere to go
         async with Client(run.mcp_url, mode="legacy") as host:
             result = await host.call_tool(tool_name(run, STOCK, "self.lamp.turn_on"), {})
-            assert not result.is_error
+            assert not result.is_error  # its reply came after the hello: the hello was seen
         assert "upstream 127.0.0.1" in caplog.text and "retrying" in caplog.text
+        assert "is not connected; its messages are dropped" in caplog.text
         assert run.gateway.registry.find(STOCK).online  # type: ignore[union-attr]
         assert run.gateway.sessions.mqtt_proxies is not None
         relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
@@ -192,11 +194,13 @@ async def test_upstream_garbage_is_dropped_with_a_log_line(
         await server.send(b"\xff\xfe not text")
         await server.send(b"[1, 2, 3]")
         await server.send(b"{" * 5000)
+        await server.send(b'{"type":"tts","text":"' + b"x" * 70_000 + b'"}')
         await conversation(device, server)  # what follows still passes
         async with Client(run.mcp_url, mode="legacy") as host:
             result = await host.call_tool(tool_name(run, STOCK, "self.lamp.turn_on"), {})
         assert not result.is_error
         assert "not UTF-8" in caplog.text and "not a JSON object" in caplog.text
+        assert "bytes (more than 65536)" in caplog.text
         assert all(m.get("type") in ("hello", "mcp") for m in device.received)
 
 
