@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from types import TracebackType
+from typing import Any
 
 from gateway.config import Config
 from gateway.device_side.admission import Admission
@@ -22,9 +23,12 @@ from gateway.device_side.http import build_device_app
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
+from gateway.device_side.upstream.conversation import Conversations
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.mqtt_relay import MqttProxies
 from gateway.device_side.upstream.mqtt_settings import MqttUpstreams, UpstreamMqtt
+from gateway.device_side.upstream.proxy import VoiceProxy
+from gateway.device_side.upstream.vision import VisionForwarder
 from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
@@ -70,7 +74,9 @@ class Gateway:
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
-        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
+        # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
+        self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
+        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public, self.proxy)
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.admission = Admission(config, self.registry, self.enrollment, self.credentials,
                                    self.device_tokens, self.public, self.ota)  # fmt: skip
@@ -87,11 +93,12 @@ class Gateway:
         )
         self.mqtt: MqttTransport | None = None
         self.vision = VisionTokens() if config.vision_enabled else None
-        self.mqtt_upstreams = MqttUpstreams(config.data_dir)
         self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
                                        mqtt_proxies=self._mqtt_proxies())  # fmt: skip
-        self.device_app = build_device_app(config, self.admission, self.sessions, self.ota,
-                                           self.vision, self.photos)  # fmt: skip
+        self.device_app = build_device_app(
+            config, self.admission, self.sessions, self.ota, self.vision, self.photos,
+            **self._proxy_parts(),
+        )  # fmt: skip
         self.metrics = GatewayMetrics(
             self.registry,
             self.audit,
@@ -108,20 +115,34 @@ class Gateway:
         )  # fmt: skip
         self._stack = contextlib.AsyncExitStack()
 
+    def _proxy_parts(self) -> dict[str, Any]:
+        """The device app's parts that proxy devices to their voice servers (none without)."""
+        if self.proxy is None:
+            return {}
+        conversations = Conversations(self.proxy, self.registry, self.sessions.serve_tapped,
+                                      vision_for=self.sessions.vision_for,
+                                      max_message_bytes=self.config.max_message_bytes)  # fmt: skip
+        return {"proxied": conversations, "elsewhere": VisionForwarder(self.proxy)}
+
     def _mqtt_proxies(self) -> MqttProxies | None:
         """Relays for the MQTT devices that keep their voice server (docs/voice-proxy.md)."""
         config = self.config
-        if not config.upstream_enabled or config.mqtt_broker is None:
-            return None
+        if self.proxy is None or config.mqtt_broker is None:
+            return None  # no broker: the OTA reply leaves the upstream's mqtt section out
+        self.proxy.mqtt = upstreams = MqttUpstreams(config.data_dir)
 
         def fleet(device_id: str, settings: UpstreamMqtt) -> FleetTools:
             caller = f"upstream {settings.host}"  # the audit log names the voice server
             return FleetTools(self.registry, self.router, device_id, caller)
 
         return MqttProxies(
-            self.mqtt_upstreams,
-            proxied=lambda device_id: config.upstream_for(device_id) is not None,
+            upstreams,
+            proxied=lambda device_id: (
+                self.proxy is not None and bool(self.proxy.ota_url(device_id))
+            ),
             fleet=fleet if config.upstream_fleet_tools else None,
+            taps=self.proxy.taps,
+            status=self.registry.set_upstream,
             max_message_bytes=config.max_message_bytes,
         )
 
@@ -143,6 +164,8 @@ class Gateway:
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
         self._stack.callback(self.frontend.notifier.listen_handler.close)
+        if self.proxy is not None:
+            self._stack.push_async_callback(self.proxy.aclose)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
         await self._start_mqtt()

@@ -54,7 +54,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "device_side": [
         {"broker", "vision"},
-        {"upstream"},
+        {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards
         {"ota", "transports"},
         {"admission", "sessions"},
         {"http"},

@@ -49,35 +49,44 @@ class DeviceSessions:
 
     async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
-        log = logging.LoggerAdapter(
-            logging.getLogger("gateway.device"), {"device": identity.device_id}
-        )
-        mqtt = identity.transport == "mqtt"
-        vision = self._vision_for(identity)
-        proxies = self.mqtt_proxies if mqtt else None
+        vision = self.vision_for(identity)
+        proxies = self.mqtt_proxies if identity.transport == "mqtt" else None
         relay = proxies.relay(link, identity.device_id, vision) if proxies else nullcontext(link)
         try:
-            async with relay as served:
-                # Beside a voice server the gateway's request ids keep out of the server's.
-                ids = GATEWAY_IDS if served is not link else None
-                await self._run(served, identity, vision, log, ids)
+            async with relay as served:  # an MQTT device beside its voice server: relayed
+                await self._run(served, identity, vision, proxied=served is not link)
         finally:
-            if self._vision is not None and vision is not None:
-                self._vision.revoke(identity.device_id, vision["token"])
+            self.revoke(identity, vision)
+
+    async def serve_tapped(
+        self, link: DeviceLink, identity: DeviceIdentity, vision: dict[str, str] | None
+    ) -> None:
+        """Run the gateway's session of a proxied device, beside its voice server.
+
+        The voice server answers the hello; the gateway's requests keep to the ids the tap
+        keeps for it; ``vision`` is what the tap gives the device in the server's place.
+        """
+        try:
+            await self._run(link, identity, vision, proxied=True)
+        finally:
+            self.revoke(identity, vision)
 
     async def _run(
         self,
         link: DeviceLink,
         identity: DeviceIdentity,
         vision: dict[str, str] | None,
-        log: logging.LoggerAdapter[logging.Logger],
-        request_ids: range | None,
+        *,
+        proxied: bool = False,
     ) -> None:
+        log = logging.LoggerAdapter(
+            logging.getLogger("gateway.device"), {"device": identity.device_id}
+        )
         mqtt = identity.transport == "mqtt"
         protocol = DeviceProtocol(
             identity.device_id,
             transport="udp" if mqtt else identity.transport,
-            udp=self._udp_block() if mqtt else None,
+            udp=self._udp_block() if mqtt and not proxied else None,
             max_message_bytes=self._config.max_message_bytes,
             # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
             # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
@@ -85,14 +94,20 @@ class DeviceSessions:
             discovery_timeout=self._config.discovery_timeout,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
+            request_ids=GATEWAY_IDS if proxied else None,
+            answer_hello=not proxied,
             vision=vision,
-            request_ids=request_ids,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
         await DeviceConnection(link, identity, self._registry, protocol).run()
 
-    def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
+    def revoke(self, identity: DeviceIdentity, vision: dict[str, str] | None) -> None:
+        """The session given ``vision`` ended: its upload token stops working."""
+        if self._vision is not None and vision is not None:
+            self._vision.revoke(identity.device_id, vision["token"])
+
+    def vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
         """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
         if self._vision is None:
             return None

@@ -235,25 +235,23 @@ def classify(payload: object) -> Message:
 
 
 class IdAllocator:
-    """Hands out request ids ``first``, ``first + 1``, ... to the end of ``ids``, then wraps to
-    its start, skipping ids in use. ``ids`` is 1 ... ``MAX_REQUEST_ID`` unless a session keeps to
-    a range of its own (a device shared with a voice server: docs/protocol.md §8)."""
+    """Hands out request ids 1, 2, ... ``MAX_REQUEST_ID``, then wraps to 1, skipping ids in use;
+    or the ids of a range of its own."""
 
-    def __init__(self, first: int | None = None, ids: range | None = None) -> None:
-        """Start at ``first`` (the start of ``ids`` when None).
+    def __init__(self, first: int | None = None, *, ids: range | None = None) -> None:
+        """Hand out the ids of ``ids`` (1 ... ``MAX_REQUEST_ID`` by default) from ``first``.
 
         Raises:
-            LocalProtocolError: ``first`` is outside ``ids``, or ``ids`` outside
-                ``1..MAX_REQUEST_ID``.
+            LocalProtocolError: ``ids`` is empty or leaves ``1..MAX_REQUEST_ID``, or ``first``
+                is outside ``ids``.
         """
-        self._ids = ids if ids is not None else range(1, MAX_REQUEST_ID + 1)
-        if not self._ids or self._ids.step != 1:
-            raise LocalProtocolError("request ids must be a non-empty range of step 1")
-        _check_request_id(self._ids.start)
-        _check_request_id(self._ids[-1])
-        self._next = _check_request_id(self._ids.start if first is None else first)
-        if self._next not in self._ids:
-            raise LocalProtocolError(f"the first request id {first} is outside {self._ids}")
+        ids = range(1, MAX_REQUEST_ID + 1) if ids is None else ids
+        if not ids or ids.step != 1:
+            raise LocalProtocolError(f"not a range of request ids: {ids}")
+        self._first, self._last = _check_request_id(ids[0]), _check_request_id(ids[-1])
+        self._next = _check_request_id(ids[0] if first is None else first)
+        if self._next not in ids:
+            raise LocalProtocolError(f"the first id {first} is outside {ids}")
 
     def allocate(self, in_use: Collection[int] = ()) -> int:
         """Return the next id that is not in ``in_use``.
@@ -262,10 +260,9 @@ class IdAllocator:
             LocalProtocolError: ``in_use`` claims to hold every candidate tried.
         """
         # At most len(in_use) candidates can be taken, so this many tries always find a free one.
-        last = self._ids[-1]
         for _ in range(len(in_use) + 1):
             candidate = self._next
-            self._next = self._ids.start if candidate == last else candidate + 1
+            self._next = self._first if candidate == self._last else candidate + 1
             if candidate not in in_use:
                 return candidate
         raise LocalProtocolError("no free request id")

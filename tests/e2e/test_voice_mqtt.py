@@ -21,6 +21,7 @@ import pytest
 from mcp import Client
 
 from gateway.app import Running
+from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from tests.conftest import bound, gateway
 from tests.device_side.test_ota import STOCK_HEADERS
 from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device, tool_name, wait_listed
@@ -44,17 +45,25 @@ async def proxied(
     upstream.mqtt_endpoint = f"127.0.0.1:{broker.port}"
     upstream.activated.add(STOCK)
     try:
-        async with upstream.running(), UpstreamMqttServer(broker, STOCK) as server, gateway(
+        async with upstream.running(), UpstreamMqttServer(broker, STOCK_HEADERS["Device-Id"]) as server, gateway(
             tmp_path / "gw", **EMBEDDED, upstream_ota_url=upstream.ota_url, **overrides
         ) as run:  # fmt: skip
             proxies = run.gateway.sessions.mqtt_proxies
             assert proxies is not None
             proxies.retry = (0.1, 0.5)
-            reply = await ota_check_in(run)
-            section = server.mqtt_section(STOCK_HEADERS["Client-Id"])
-            run.gateway.mqtt_upstreams.keep(STOCK, section)
+            reply = await ota_check_in(run)  # forwarded to the upstream, rewritten for us
+            assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
+            kept = run.gateway.proxy.mqtt.get(STOCK)  # type: ignore[attr-defined]
+            assert kept == parse_upstream_mqtt(server.mqtt_section(STOCK_HEADERS["Client-Id"]))
+            ours = reply["mqtt"]  # the gateway's broker and login, none of the upstream's
+            assert ours["publish_topic"] == f"xiaozhi/{STOCK}/up" and "subscribe_topic" not in ours
+            assert ours["client_id"] == STOCK and ours["password"] != kept.password
             async with stock_device(reply) as device:
                 await wait_listed(run, STOCK)
+                relay = proxies.relay_of(STOCK)
+                assert relay is not None
+                async with asyncio.timeout(bound(10)):  # as a device's server, once it is up
+                    await relay.upstream.connected.wait()
                 yield run, server, broker, device
     finally:
         await broker.kill()
@@ -95,7 +104,10 @@ async def test_the_upstream_hello_passes_byte_for_byte_and_audio_goes_direct(
         async with asyncio.timeout(bound(5)):
             assert await server.udp.get() == b"\x01opus"
         # The gateway discovered the device itself with ids the upstream never sees.
-        assert run.gateway.registry.find(STOCK).online  # type: ignore[union-attr]
+        known = run.gateway.registry.find(STOCK)
+        assert known is not None and known.online and known.upstream is not None
+        assert known.upstream.server.startswith("mqtt://127.0.0.1:")
+        assert known.upstream.state == "connected"  # what list_devices and the dashboard show
         ids = {json.loads(raw)["payload"].get("id") for raw in server.received[1:]}
         assert ids == {1, 2}
 
@@ -205,7 +217,7 @@ async def test_upstream_garbage_is_dropped_with_a_log_line(
 
 
 async def test_the_device_leaving_ends_its_upstream_connection(tmp_path: Path) -> None:
-    async with proxied(tmp_path) as (run, server, broker, device):
+    async with proxied(tmp_path) as (run, server, _, device):
         await conversation(device, server)
         assert run.gateway.sessions.mqtt_proxies is not None
         relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
@@ -219,4 +231,6 @@ async def test_the_device_leaving_ends_its_upstream_connection(tmp_path: Path) -
             await relay.closed.wait()
         assert not relay.upstream.connected.is_set()
         assert run.gateway.sessions.mqtt_proxies.relay_of(STOCK) is None
-        assert any("GID_test" in line and "disconnected" in line for line in broker.log)
+        known = run.gateway.registry.find(STOCK)
+        assert known is not None and known.upstream is not None
+        assert known.upstream.state == "idle (device offline)"

@@ -10,6 +10,7 @@ reply the device retries (5xx), never into settings of the gateway's making.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ class OtaForwarder:
         self._timeout = timeout
         # No redirects: the device would not follow one to another host with its headers either.
         self._client = httpx2.AsyncClient(
-            timeout=httpx2.Timeout(timeout), follow_redirects=False, transport=transport
+            timeout=httpx2.Timeout(None), follow_redirects=False, transport=transport
         )
 
     async def aclose(self) -> None:
@@ -105,7 +106,7 @@ class OtaForwarder:
         return Passed(status, data, content_type or "application/json")
 
     async def upload(
-        self, url: str, headers: Mapping[str, str], body: bytes, timeout: float
+        self, url: str, headers: Mapping[str, str], body: bytes, within: float
     ) -> Passed:
         """Hand a camera upload to the upstream's vision URL; its answer, to pass on.
 
@@ -114,7 +115,7 @@ class OtaForwarder:
         Raises:
             UpstreamUnavailable: unreachable, too slow, or a reply too large.
         """
-        status, data, content_type = await self._send(url, "POST", headers, body, timeout)
+        status, data, content_type = await self._send(url, "POST", headers, body, within)
         return Passed(status, data, content_type or "application/json")
 
     async def _send(
@@ -123,20 +124,19 @@ class OtaForwarder:
         method: str,
         headers: Mapping[str, str],
         body: bytes,
-        timeout: float | None = None,
+        within: float | None = None,
     ) -> tuple[int, bytes, str | None]:
+        seconds = within or self._timeout
+        request = self._client.build_request(method, url, headers=headers, content=body)
         try:
-            request = self._client.build_request(
-                method, url, headers=headers, content=body, timeout=timeout or self._timeout
-            )
-            response = await self._client.send(request, stream=True)
-            try:
-                data = await _read_capped(response)
-            finally:
-                await response.aclose()
-        except httpx2.TimeoutException:
-            waited = timeout or self._timeout
-            raise UpstreamUnavailable(f"no answer within {waited:g} s", 504) from None
+            async with asyncio.timeout(seconds):  # the whole exchange, however it trickles
+                response = await self._client.send(request, stream=True)
+                try:
+                    data = await _read_capped(response)
+                finally:
+                    await response.aclose()
+        except (TimeoutError, httpx2.TimeoutException):
+            raise UpstreamUnavailable(f"no answer within {seconds:g} s", 504) from None
         except httpx2.HTTPError as exc:
             raise UpstreamUnavailable(_why(exc)) from None
         return response.status_code, data, response.headers.get("content-type")

@@ -46,6 +46,7 @@ class UpstreamMqttClient:
         *,
         retry: tuple[float, float] = (1.0, 60.0),
         ca_file: Path | None = None,
+        on_state: Callable[[str], None] = lambda state: None,
     ) -> None:
         """Prepare the client; nothing connects before ``run()``.
 
@@ -55,6 +56,7 @@ class UpstreamMqttClient:
             deliver: called with each message the upstream sends the device.
             retry: the first and the longest wait between connection attempts, in seconds.
             ca_file: extra CAs to trust for TLS (tests); the public ones otherwise.
+            on_state: told how the connection stands (``connected``, ``unreachable: why``).
         """
         self.device_id = device_id
         self.settings = settings
@@ -63,6 +65,7 @@ class UpstreamMqttClient:
         self._deliver = deliver
         self._retry = retry
         self._ca_file = ca_file
+        self._on_state = on_state
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(MAX_QUEUED)
         self._warned = False
 
@@ -95,10 +98,12 @@ class UpstreamMqttClient:
                     logger.info("device %s: connected to its upstream %s", self.device_id,
                                 self.settings.where)  # fmt: skip
                     failure, delay = "", self._retry[0]
+                    self._on_state("connected")
                     await self._relay(client)
             except aiomqtt.MqttError as exc:
                 if str(exc) != failure:  # once per kind of failure, not at every retry
                     failure = str(exc)
+                    self._on_state(f"unreachable: {failure or 'connection lost'}")
                     logger.warning("device %s: upstream %s: %s; retrying", self.device_id,
                                    self.settings.where, failure or "connection lost")  # fmt: skip
             finally:

@@ -61,6 +61,7 @@ class MqttRelay:
         max_message_bytes: int = 65536,
         retry: tuple[float, float] = (1.0, 60.0),
         ca_file: Path | None = None,
+        status: Callable[[str, str, str], None] | None = None,
     ) -> None:
         """Relay ``link`` (the device on the gateway's broker) to the upstream of ``settings``.
 
@@ -73,12 +74,18 @@ class MqttRelay:
             max_message_bytes: the largest upstream message passed to the device.
             retry: the upstream client's first and longest reconnect waits, in seconds.
             ca_file: extra CAs for a TLS upstream (tests).
+            status: told ``(device_id, server, state)`` as the upstream connection changes.
         """
         self.device_id = device_id
         self.tap = McpTap(vision)
-        self.upstream = UpstreamMqttClient(
-            device_id, settings, self._from_upstream, retry=retry, ca_file=ca_file
-        )
+        self._status = status
+
+        def on_state(state: str) -> None:
+            if status is not None:
+                status(device_id, settings.server, state)
+
+        self.upstream = UpstreamMqttClient(device_id, settings, self._from_upstream, retry=retry,
+                                           ca_file=ca_file, on_state=on_state)  # fmt: skip
         self._link = link
         self._fleet = fleet
         self._max_bytes = max_message_bytes
@@ -107,6 +114,8 @@ class MqttRelay:
             for task in pending:
                 task.cancel()
             _, pending = await asyncio.wait(pending, timeout=1.0)
+        if not self.closed.is_set() and self._status is not None:
+            self._status(self.device_id, self.upstream.settings.server, "idle (device offline)")
         self.closed.set()
 
     # --- the link the gateway's session runs over ------------------------------------------
@@ -223,6 +232,8 @@ class MqttProxies:
         *,
         proxied: Callable[[str], bool] = lambda device_id: True,
         fleet: Callable[[str, UpstreamMqtt], FleetTools] | None = None,
+        taps: dict[str, McpTap] | None = None,
+        status: Callable[[str, str, str], None] | None = None,
         max_message_bytes: int = 65536,
         retry: tuple[float, float] = (1.0, 60.0),
     ) -> None:
@@ -232,6 +243,9 @@ class MqttProxies:
             upstreams: the upstream settings the OTA proxy kept, by device.
             proxied: whether a device is proxied now (the config may have turned it off since).
             fleet: makes the fleet offered to a device's upstream; None offers none.
+            taps: where each live relay's tap is kept, by device (the camera forwarder reads
+                the upstream's vision URL there).
+            status: told ``(device_id, server, state)`` as an upstream connection changes.
             max_message_bytes: the largest upstream message passed to a device.
             retry: the upstream clients' first and longest reconnect waits, in seconds.
         """
@@ -239,6 +253,8 @@ class MqttProxies:
         self.retry = retry
         self._proxied = proxied
         self._fleet = fleet
+        self._taps = taps if taps is not None else {}
+        self._status = status
         self._max_bytes = max_message_bytes
         self._relays: dict[str, MqttRelay] = {}
 
@@ -260,11 +276,15 @@ class MqttProxies:
             await old.stop()
         fleet = self._fleet(device_id, settings) if self._fleet is not None else None
         relay = MqttRelay(link, device_id, settings, vision=vision, fleet=fleet,
-                          max_message_bytes=self._max_bytes, retry=self.retry)  # fmt: skip
+                          max_message_bytes=self._max_bytes, retry=self.retry,
+                          status=self._status)  # fmt: skip
         self._relays[device_id] = relay
+        self._taps[device_id] = relay.tap
         try:
             async with relay:
                 yield relay
         finally:
             if self._relays.get(device_id) is relay:
                 del self._relays[device_id]
+            if self._taps.get(device_id) is relay.tap:
+                del self._taps[device_id]

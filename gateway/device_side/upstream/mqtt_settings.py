@@ -59,6 +59,11 @@ class UpstreamMqtt:
         return self.port == TLS_PORT
 
     @property
+    def server(self) -> str:
+        """``mqtt[s]://host:port``: how listings and the dashboard name it."""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+    @property
     def where(self) -> str:
         """``host:port``, for log lines (never the credentials)."""
         return f"{self.host}:{self.port}"

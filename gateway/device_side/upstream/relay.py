@@ -182,6 +182,8 @@ async def _device_to_upstream(
             mcp = _mcp(text, limit)
             if mcp is None:
                 await upstream.send(text)
+                if '"hello"' in text:  # the gateway's discovery starts with the conversation
+                    await link.feed(text)  # (it leaves the answer to the voice server)
                 continue
             route = tap.from_device(mcp["payload"])
             if route.to_upstream is not None:

@@ -24,6 +24,7 @@ __all__ = [
     "UpstreamWebSocket",
     "WebSocketUpstreams",
     "parse_upstream_websocket",
+    "server_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,13 @@ class UpstreamWebSocket:
     @property
     def where(self) -> str:
         """``scheme://host[:port]``, for log lines (never the token or a query)."""
-        parts = urllib.parse.urlsplit(self.url)
-        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+        return server_of(self.url)
+
+
+def server_of(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: what logs and listings name (never a token)."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 def parse_upstream_websocket(section: object) -> UpstreamWebSocket:
