@@ -132,6 +132,7 @@ class UpstreamServer:
         self.base_url = ""
         self.new_session = asyncio.Event()
         self.mqtt_endpoint = "127.0.0.1:1883"  # its MQTT broker (tests/upstream_mqtt.py)
+        self._stopping = asyncio.Event()
 
     @property
     def ota_url(self) -> str:
@@ -166,6 +167,7 @@ class UpstreamServer:
         try:
             yield self
         finally:
+            self._stopping.set()
             server.should_exit = True
             await asyncio.wait_for(serving, bound(10))
             sock.close()
@@ -177,7 +179,7 @@ class UpstreamServer:
         body = await request.body()
         self.ota_requests.append((headers, body))
         if self.ota_fault == "hang":
-            await asyncio.sleep(3600)
+            await self._stopping.wait()  # answers only as the server stops
         if self.ota_fault == "garbage":
             return PlainTextResponse("<html>bad gateway</html>")
         if self.ota_fault == "oversize":

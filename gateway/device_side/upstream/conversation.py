@@ -20,7 +20,7 @@ from starlette.websockets import WebSocket
 
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.relay import UpstreamRefused, open_upstream, relay
-from gateway.device_side.upstream.settings import UpstreamWebSocket
+from gateway.device_side.upstream.settings import UpstreamWebSocket, server_of
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
@@ -56,22 +56,26 @@ class Conversations:
     def __call__(self, identity: DeviceIdentity) -> Callable[[WebSocket], Awaitable[None]] | None:
         """The conversation of ``identity``'s session if it is proxied, else None."""
         device_id = identity.device_id
-        upstream = self._proxy.websockets.get(device_id)
-        if upstream is None or self._proxy.ota_url(device_id) is None:
+        upstream, ota_url = self._proxy.websockets.get(device_id), self._proxy.ota_url(device_id)
+        if upstream is None or ota_url is None:
             return None  # not proxied, or no check-in through the proxy yet
-        return functools.partial(self._converse, identity, upstream)
+        return functools.partial(self._converse, identity, upstream, server_of(ota_url))
 
     async def _converse(
-        self, identity: DeviceIdentity, upstream: UpstreamWebSocket, websocket: WebSocket
+        self,
+        identity: DeviceIdentity,
+        upstream: UpstreamWebSocket,
+        server: str,
+        websocket: WebSocket,
     ) -> None:
-        device_id, server = identity.device_id, upstream.where
+        device_id = identity.device_id
         try:
             connection = await open_upstream(upstream, identity, websocket.headers,
                                              open_timeout=OPEN_SECONDS,
                                              max_size=self._max_bytes)  # fmt: skip
         except UpstreamRefused as exc:
             logger.warning("device %s: its voice server %s: %s; refusing the device's session "
-                           "as its server would have", device_id, server, exc)  # fmt: skip
+                           "as its server would have", device_id, upstream.where, exc)  # fmt: skip
             self._registry.set_upstream(device_id, server, str(exc))
             await websocket.close(code=1008)  # before accept(): the device gets HTTP 403
             return
@@ -79,7 +83,8 @@ class Conversations:
         vision = self._vision_for(identity)
         tap = self._proxy.taps[device_id] = McpTap(vision)
         self._registry.set_upstream(device_id, server, "in conversation")
-        logger.info("device %s: conversation relayed to its voice server %s", device_id, server)
+        logger.info("device %s: conversation relayed to its voice server %s", device_id,
+                    upstream.where)  # fmt: skip
         try:
             ended = await relay(websocket, connection, identity, tap,
                                 lambda link, who: self._serve(link, who, vision),

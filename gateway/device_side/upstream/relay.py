@@ -60,6 +60,8 @@ class TappedLink:
         self._frames: asyncio.Queue[str | None] = asyncio.Queue()  # bounded by feed()
         self._room = asyncio.Event()
         self._detached = False
+        self.hello: str | None = None
+        """The device's hello, until its voice server's answer has gone to the device."""
 
     async def send(self, text: str) -> None:
         """Send one of the gateway's frames to the device."""
@@ -149,7 +151,7 @@ async def relay(
     )
     pumps = [
         asyncio.create_task(_device_to_upstream(device, upstream, tap, link, max_message_bytes)),
-        asyncio.create_task(_upstream_to_device(upstream, device, tap, max_message_bytes)),
+        asyncio.create_task(_upstream_to_device(upstream, device, tap, link, max_message_bytes)),
     ]
     try:
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
@@ -182,8 +184,8 @@ async def _device_to_upstream(
             mcp = _mcp(text, limit)
             if mcp is None:
                 await upstream.send(text)
-                if '"hello"' in text:  # the gateway's discovery starts with the conversation
-                    await link.feed(text)  # (it leaves the answer to the voice server)
+                if '"hello"' in text:
+                    link.hello = text  # for the gateway once the voice server has answered it
                 continue
             route = tap.from_device(mcp["payload"])
             if route.to_upstream is not None:
@@ -197,7 +199,7 @@ async def _device_to_upstream(
 
 
 async def _upstream_to_device(
-    upstream: ClientConnection, device: WebSocket, tap: McpTap, limit: int
+    upstream: ClientConnection, device: WebSocket, tap: McpTap, link: TappedLink, limit: int
 ) -> str:
     try:
         async for frame in upstream:
@@ -207,6 +209,12 @@ async def _upstream_to_device(
             mcp = _mcp(frame, limit)
             if mcp is None:
                 await device.send_text(frame)  # garbage too: the device judges it as it would
+                if link.hello is not None and '"hello"' in frame:
+                    # The gateway's discovery starts now, after the server's hello: nothing of
+                    # the gateway's reaches the device before it (it leaves the answer to the
+                    # voice server, DeviceProtocol(answer_hello=False)).
+                    hello, link.hello = link.hello, None
+                    await link.feed(hello)
                 continue
             route = tap.from_upstream(mcp["payload"])
             if route.to_device is not None:

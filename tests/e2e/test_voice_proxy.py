@@ -1,0 +1,216 @@
+"""A stock device keeps its voice server through the gateway, and hosts call its tools meanwhile.
+
+Real components: the test voice server (tests/upstream_server.py, like xiaozhi-esp32-server) on
+uvicorn, the gateway on uvicorn, a stock device emulator (tests/voice_device.py) on a websockets
+client, and an MCP SDK client for the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from gateway.app import Running
+from gateway.config import DeviceOptions
+from gateway.device_side.upstream.tap import GATEWAY_IDS
+from tests.conftest import bound, gateway
+from tests.e2e.helpers import exposes, until
+from tests.upstream_server import ACTIVATION_CODE, VISION_ANSWER, VISION_TOKEN, UpstreamServer
+from tests.voice_device import VoiceDevice
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+@asynccontextmanager
+async def proxied(
+    tmp_path: Path, upstream: UpstreamServer, **overrides: Any
+) -> AsyncIterator[Running]:
+    """The voice server and a gateway that proxies every device to it."""
+    async with upstream.running(), gateway(tmp_path, upstream_ota_url=upstream.ota_url,
+                                           **overrides) as run:  # fmt: skip
+        yield run
+
+
+def ota_url(run: Running) -> str:
+    return run.device_url.replace("ws", "http", 1).replace("/xiaozhi/v1/", "/xiaozhi/ota/")
+
+
+async def listed(run: Running, device: VoiceDevice) -> dict[str, Any]:
+    async with Client(run.mcp_url, mode="legacy") as client:
+        [text] = (await client.call_tool("list_devices", {})).content
+    [entry] = [d for d in json.loads(text.text)["devices"] if d["id"] == device.device_id]
+    return entry
+
+
+async def test_check_in_and_activation_go_to_the_voice_server(tmp_path: Path) -> None:
+    """The device's own headers and body reach its server; activation completes (202, 200)."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        response = await device.check_in(ota_url(run))
+        assert response.status_code == 200
+        reply = device.settings
+        assert reply["activation"]["code"] == ACTIVATION_CODE  # passed through unchanged
+        assert reply["firmware"] == {"version": "1.0.0", "url": ""}
+        assert reply["server_time"]["timezone_offset"] == 480
+        assert reply["websocket"]["url"] == run.device_url  # the gateway, not the server
+        assert "mqtt" not in reply and "upstream-secret" not in response.text
+        headers, body = upstream.ota_requests[0]
+        assert body == device.system_info()
+        for name, value in device.ota_headers().items():
+            assert headers[name.lower()] == value
+        assert await device.activate(ota_url(run)) == [202, 200]
+        assert upstream.activated == {device.device_id}
+        assert upstream.activations[0][0]["serial-number"] == "SN-0042"
+        await device.check_in(ota_url(run))  # its next boot: activated, no code to show
+        assert "activation" not in device.settings
+        stored = (tmp_path / "upstream_websocket.json").stat().st_mode & 0o777
+        assert stored == 0o600  # the server's token for the device is kept private
+
+
+async def test_a_conversation_is_relayed_while_hosts_call_the_device(tmp_path: Path) -> None:
+    """Audio both ways byte for byte, the server's MCP and a host's calls on one device."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    names = {device.device_id: DeviceOptions(name="lamp")}
+    async with proxied(tmp_path, upstream, adoption="auto", devices=names) as run:
+        await device.check_in(ota_url(run))
+        async with run.gateway.registry.changes() as changes, device.conversation() as talk:
+            assert talk.hello["session_id"] == "upstream-session"  # the server's own hello
+            session = await upstream.session()
+            assert (session.device_id, session.client_id) == (device.device_id, device.client_id)
+            async with asyncio.timeout(bound(10)):
+                await session.listed.wait()
+            assert [t["name"] for t in session.tools] == [t["name"] for t in device.board.tools]
+            assert session.initialize_reply is not None and session.initialize_reply["id"] == 1
+            await until(changes, exposes(run, device.device_id, "lamp_lamp_turn_on"))
+            uplink = [bytes([n % 256]) * (20 + n) for n in range(200)]
+            await talk.send_audio(uplink)
+            assert await session.wait_audio(len(uplink)) == uplink
+            downlink = [os.urandom(60 + n) for n in range(50)]
+            for frame in downlink:
+                await session.websocket.send_bytes(frame)
+            async with Client(run.mcp_url, mode="legacy") as host:
+                results = await asyncio.gather(
+                    *(
+                        session.call("self.audio_speaker.set_volume", {"volume": n})
+                        for n in range(5)
+                    ),
+                    *(host.call_tool("lamp_lamp_turn_on", {}) for _ in range(5)),
+                )
+            for n, reply in enumerate(results[:5]):
+                assert reply["id"] == n + 1 and "result" in reply  # its own ids, each answered
+            assert all(not r.is_error for r in results[5:])
+            assert session.unexpected == []  # no reply to the gateway's ids leaked upstream
+            assert await talk.wait_audio(len(downlink)) == downlink
+        gateway_ids = [p["id"] for p in talk.mcp if p["id"] >= GATEWAY_IDS.start]
+        assert gateway_ids and all(i in GATEWAY_IDS for i in gateway_ids)
+        vision = [p for p in talk.mcp if p.get("method") == "initialize"]
+        assert {v["params"]["capabilities"]["vision"]["url"] for v in vision} == {
+            run.device_url.replace("ws", "http", 1).replace("/xiaozhi/v1/", "/vision/explain")
+        }  # the server's initialize too: the gateway takes the camera's uploads
+        async with asyncio.timeout(bound(10)):
+            await session.closed.wait()  # the device hung up: so did the server's side
+        assert (await listed(run, device))["upstream"]["state"].startswith("idle")
+
+
+async def test_a_pending_device_keeps_its_voice_but_hosts_wait(tmp_path: Path) -> None:
+    """Approval gates what hosts see, never the device's own voice server."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with device.conversation():
+            session = await upstream.session()
+            async with asyncio.timeout(bound(10)):
+                await session.listed.wait()
+            reply = await session.call("self.lamp.turn_on")
+            assert "result" in reply
+            entry = await listed(run, device)
+            assert entry["state"] == "pending" and entry["tools"] == []
+            assert entry["upstream"] == {"server": upstream.base_url, "state": "in conversation"}
+
+
+async def test_a_photo_the_gateway_did_not_ask_for_goes_to_the_voice_server(
+    tmp_path: Path,
+) -> None:
+    """The camera uploads with the gateway's token; the server's flow gets it with its own."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with device.conversation() as talk:
+            session = await upstream.session()
+            async with asyncio.timeout(bound(10)):
+                await session.listed.wait()
+            vision = next(p for p in talk.mcp if p.get("method") == "initialize")
+            ours = vision["params"]["capabilities"]["vision"]
+            async with httpx2.AsyncClient(timeout=bound(20)) as http:
+                files = {"file": ("photo.jpg", b"\xff\xd8\xff\xe0 jpeg", "image/jpeg")}
+                response = await http.post(
+                    ours["url"], files=files, data={"question": "what is it?"},
+                    headers={"Authorization": f"Bearer {ours['token']}",
+                             "Device-Id": device.device_id, "Client-Id": device.client_id},
+                )  # fmt: skip
+    assert response.status_code == 200
+    assert response.json() == {"success": True, "result": VISION_ANSWER}
+    [(headers, body)] = upstream.uploads
+    assert headers["authorization"] == f"Bearer {VISION_TOKEN}"
+    assert headers["device-id"] == device.device_id and b"what is it?" in body
+
+
+@pytest.mark.parametrize("fault", ["garbage", "oversize", "500", "hang", "unreachable"])
+async def test_a_failing_voice_server_gets_the_device_a_retry_not_settings(
+    tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unreachable, slow, garbage, too large: a 5xx the device retries, and a clear log line."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.ota_fault = fault
+    async with upstream.running():
+        url = "http://127.0.0.1:9/xiaozhi/ota/" if fault == "unreachable" else upstream.ota_url
+        async with gateway(tmp_path, upstream_ota_url=url, upstream_timeout=1.0) as run:
+            with caplog.at_level(logging.WARNING, logger="gateway.device_side.ota"):
+                response = await device.check_in(ota_url(run))
+            assert response.status_code == (504 if fault == "hang" else 502)
+            assert "websocket" not in response.text and "mqtt" not in response.text
+            assert "voice server" in response.json()["error"]
+            assert any(device.device_id in r.getMessage() and "failed the check-in" in
+                       r.getMessage() for r in caplog.records)  # fmt: skip
+            entry = await listed(run, device)
+            assert entry["upstream"]["state"].startswith("check-in failed")
+
+
+async def test_the_voice_server_closing_closes_the_device_cleanly(tmp_path: Path) -> None:
+    """The server hangs up after the hello: the device's socket closes; it stays listed."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.session_fault = "close_after_hello"
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        with pytest.raises(ConnectionClosed):  # no server hello: the firmware gives up too
+            async with device.conversation():
+                pass
+        session = await upstream.session()
+        async with asyncio.timeout(bound(10)):
+            await session.closed.wait()
+        entry = await listed(run, device)
+        assert "closed the conversation" in entry["upstream"]["state"]
+
+
+async def test_a_refused_token_refuses_the_devices_session(tmp_path: Path) -> None:
+    """A token the server no longer takes: the device's handshake fails as it would have."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        upstream.secret = b"rotated"
+        with pytest.raises(InvalidStatus, match="403"):
+            async with device.conversation():
+                pass
+        assert upstream.refused == [device.device_id]
+        assert "HTTP 403" in (await listed(run, device))["upstream"]["state"]
