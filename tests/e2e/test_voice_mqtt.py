@@ -45,7 +45,8 @@ async def proxied(
     upstream.mqtt_endpoint = f"127.0.0.1:{broker.port}"
     upstream.activated.add(STOCK)
     try:
-        async with upstream.running(), UpstreamMqttServer(broker, STOCK_HEADERS["Device-Id"]) as server, gateway(
+        mac = STOCK_HEADERS["Device-Id"]  # as the device names itself to its server
+        async with upstream.running(), UpstreamMqttServer(broker, mac) as server, gateway(
             tmp_path / "gw", **EMBEDDED, upstream_ota_url=upstream.ota_url, **overrides
         ) as run:  # fmt: skip
             proxies = run.gateway.sessions.mqtt_proxies
@@ -150,7 +151,7 @@ async def test_a_host_calls_the_device_between_conversations(tmp_path: Path) -> 
 
 
 async def test_fleet_tools_reach_the_upstream_when_enabled(tmp_path: Path) -> None:
-    async with proxied(tmp_path, upstream_fleet_tools=True) as (run, server, _, device):
+    async with proxied(tmp_path, upstream_fleet_tools=True) as (run, server, broker, device):
         other = MqttDevice("127.0.0.1", run.gateway.broker.port, OTHER,  # type: ignore[union-attr]
                            run.gateway.device_tokens[0], stock=False)  # fmt: skip
         async with other:
@@ -163,7 +164,7 @@ async def test_fleet_tools_reach_the_upstream_when_enabled(tmp_path: Path) -> No
             assert reply["result"]["content"][0]["text"] == "true"
         assert other.calls == ["self.lamp.turn_on"] and "self.lamp.turn_on" not in device.calls
         audit = (tmp_path / "gw" / "audit.log").read_text().splitlines()
-        assert json.loads(audit[-1])["caller"] == "upstream 127.0.0.1"
+        assert json.loads(audit[-1])["caller"] == f"upstream mqtt://127.0.0.1:{broker.port}"
 
 
 async def test_without_fleet_tools_the_upstream_sees_the_device_only(tmp_path: Path) -> None:

@@ -231,7 +231,7 @@ class MqttProxies:
         upstreams: MqttUpstreams,
         *,
         proxied: Callable[[str], bool] = lambda device_id: True,
-        fleet: Callable[[str, UpstreamMqtt], FleetTools] | None = None,
+        fleet: Callable[[str, str], FleetTools] | None = None,
         taps: dict[str, McpTap] | None = None,
         status: Callable[[str, str, str], None] | None = None,
         max_message_bytes: int = 65536,
@@ -242,7 +242,8 @@ class MqttProxies:
         Args:
             upstreams: the upstream settings the OTA proxy kept, by device.
             proxied: whether a device is proxied now (the config may have turned it off since).
-            fleet: makes the fleet offered to a device's upstream; None offers none.
+            fleet: makes the fleet offered to a device's upstream, from the device id and the
+                server's name; None offers none.
             taps: where each live relay's tap is kept, by device (the camera forwarder reads
                 the upstream's vision URL there).
             status: told ``(device_id, server, state)`` as an upstream connection changes.
@@ -274,7 +275,7 @@ class MqttProxies:
         old = self._relays.get(device_id)
         if old is not None:  # the device came back: one login at the upstream, never two
             await old.stop()
-        fleet = self._fleet(device_id, settings) if self._fleet is not None else None
+        fleet = self._fleet(device_id, settings.server) if self._fleet is not None else None
         relay = MqttRelay(link, device_id, settings, vision=vision, fleet=fleet,
                           max_message_bytes=self._max_bytes, retry=self.retry,
                           status=self._status)  # fmt: skip
