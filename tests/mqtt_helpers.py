@@ -117,6 +117,11 @@ class Mosquitto:
         while line := await stream.readline():
             self.log.append(line.decode())
 
+    @property
+    def pid(self) -> int | None:
+        """The running broker's process id (None when it is not running)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
     async def kill(self) -> None:
         """SIGKILL: no goodbye to anyone, no last wills kept (persistence is off)."""
         if self._proc is not None and self._proc.returncode is None:

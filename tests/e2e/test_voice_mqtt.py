@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 from mcp import Client
 
 from gateway.app import Running
+from gateway.config import DeviceOptions
 from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from tests.conftest import bound, gateway
 from tests.device_side.test_ota import STOCK_HEADERS
@@ -35,39 +39,62 @@ STOCK = "aa:bb:cc:dd:ee:ff"
 OTHER = "aa:bb:cc:dd:ee:02"
 
 
+@dataclass
+class VoiceServer:
+    """A voice server's OTA (tests/upstream_server.py) and MQTT side, for one device."""
+
+    ota: UpstreamServer
+    broker: Mosquitto
+    mqtt: UpstreamMqttServer
+
+
+@asynccontextmanager
+async def voice_server(workdir: Path, mac: str) -> AsyncIterator[VoiceServer]:
+    """A voice server for the device ``mac`` (as the device names itself: upper case here)."""
+    broker = await upstream_broker(workdir, mac)
+    ota = UpstreamServer(offer="mqtt")
+    ota.mqtt_endpoint = f"127.0.0.1:{broker.port}"
+    ota.activated.add(mac)  # no activation code to show
+    try:
+        async with ota.running(), UpstreamMqttServer(broker, mac) as mqtt:
+            yield VoiceServer(ota, broker, mqtt)
+    finally:
+        await broker.kill()
+
+
+@asynccontextmanager
+async def joined(run: Running, headers: dict[str, str]) -> AsyncIterator[MqttDevice]:
+    """A stock device that checks in through the gateway and joins its broker, relayed."""
+    device_id = headers["Device-Id"].lower()
+    proxies = run.gateway.sessions.mqtt_proxies
+    assert proxies is not None
+    proxies.retry = (0.1, 0.5)
+    reply = await ota_check_in(run, headers)  # forwarded to the upstream, rewritten for us
+    ours = reply["mqtt"]  # the gateway's broker and login, none of the upstream's
+    assert ours["publish_topic"] == f"xiaozhi/{device_id}/up" and "subscribe_topic" not in ours
+    assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
+    kept = run.gateway.proxy.mqtt.get(device_id)  # type: ignore[attr-defined]
+    assert ours["client_id"] == device_id and ours["password"] != kept.password
+    async with stock_device(reply, device_id=device_id) as device:
+        await wait_listed(run, device_id)
+        relay = proxies.relay_of(device_id)
+        assert relay is not None
+        async with asyncio.timeout(bound(10)):  # as a device's server, once it is up
+            await relay.upstream.connected.wait()
+        yield device
+
+
 @asynccontextmanager
 async def proxied(
     tmp_path: Path, **overrides: Any
 ) -> AsyncIterator[tuple[Running, UpstreamMqttServer, Mosquitto, MqttDevice]]:
     """A gateway, an upstream for the stock device, and the device connected through both."""
-    broker = await upstream_broker(tmp_path / "upstream", STOCK)
-    upstream = UpstreamServer(offer="mqtt")
-    upstream.mqtt_endpoint = f"127.0.0.1:{broker.port}"
-    upstream.activated.add(STOCK)
-    try:
-        mac = STOCK_HEADERS["Device-Id"]  # as the device names itself to its server
-        async with upstream.running(), UpstreamMqttServer(broker, mac) as server, gateway(
-            tmp_path / "gw", **EMBEDDED, upstream_ota_url=upstream.ota_url, **overrides
-        ) as run:  # fmt: skip
-            proxies = run.gateway.sessions.mqtt_proxies
-            assert proxies is not None
-            proxies.retry = (0.1, 0.5)
-            reply = await ota_check_in(run)  # forwarded to the upstream, rewritten for us
-            assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
-            kept = run.gateway.proxy.mqtt.get(STOCK)  # type: ignore[attr-defined]
-            assert kept == parse_upstream_mqtt(server.mqtt_section(STOCK_HEADERS["Client-Id"]))
-            ours = reply["mqtt"]  # the gateway's broker and login, none of the upstream's
-            assert ours["publish_topic"] == f"xiaozhi/{STOCK}/up" and "subscribe_topic" not in ours
-            assert ours["client_id"] == STOCK and ours["password"] != kept.password
-            async with stock_device(reply) as device:
-                await wait_listed(run, STOCK)
-                relay = proxies.relay_of(STOCK)
-                assert relay is not None
-                async with asyncio.timeout(bound(10)):  # as a device's server, once it is up
-                    await relay.upstream.connected.wait()
-                yield run, server, broker, device
-    finally:
-        await broker.kill()
+    async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
+        async with gateway(tmp_path / "gw", **EMBEDDED, upstream_ota_url=server.ota.ota_url,
+                           **overrides) as run, joined(run, STOCK_HEADERS) as device:  # fmt: skip
+            kept = run.gateway.proxy.mqtt.get(STOCK)  # type: ignore[union-attr]
+            assert kept == parse_upstream_mqtt(server.mqtt.mqtt_section(STOCK_HEADERS["Client-Id"]))
+            yield run, server.mqtt, server.broker, device
 
 
 def hello_bytes(device: MqttDevice) -> bytes:
@@ -235,3 +262,32 @@ async def test_the_device_leaving_ends_its_upstream_connection(tmp_path: Path) -
         known = run.gateway.registry.find(STOCK)
         assert known is not None and known.upstream is not None
         assert known.upstream.state == "idle (device offline)"
+
+
+async def test_a_stalled_upstream_holds_up_only_its_own_device(tmp_path: Path) -> None:
+    """Device A's voice server stops reading (SIGSTOP): what A says beyond a small bound is
+    dropped, never buffered; hosts still call A, and device B talks to its own server."""
+    b_headers = {**STOCK_HEADERS, "Device-Id": OTHER.upper(), "Client-Id": "b-client"}
+    async with voice_server(tmp_path / "a", STOCK_HEADERS["Device-Id"]) as a, voice_server(
+        tmp_path / "b", b_headers["Device-Id"]
+    ) as b:  # fmt: skip
+        b_table = {OTHER: DeviceOptions(upstream=b.ota.ota_url)}  # B's own voice server
+        async with gateway(tmp_path / "gw", **EMBEDDED, upstream_ota_url=a.ota.ota_url,
+                           devices=b_table) as run:  # fmt: skip
+            async with joined(run, STOCK_HEADERS) as device, joined(run, b_headers) as other:
+                assert run.gateway.sessions.mqtt_proxies is not None
+                relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
+                assert relay is not None and a.broker.pid is not None
+                os.kill(a.broker.pid, signal.SIGSTOP)
+                try:
+                    chatter = {"type": "listen", "state": "detect", "text": "x" * 60_000}
+                    for _ in range(120):  # 7 MB: more than the sockets between can hold
+                        await device.send(chatter)
+                    async with Client(run.mcp_url, mode="legacy") as host:
+                        lamp = tool_name(run, STOCK, "self.lamp.turn_on")
+                        assert not (await host.call_tool(lamp, {})).is_error
+                    assert relay.upstream.dropped > 0  # bounded: the rest was dropped
+                    tools = await conversation(other, b.mqtt)  # B is not held up
+                    assert [t["name"] for t in tools] == model_tools(other)
+                finally:
+                    os.kill(a.broker.pid, signal.SIGCONT)

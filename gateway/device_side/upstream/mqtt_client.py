@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -133,7 +134,10 @@ class UpstreamMqttClient:
         topic = self.settings.publish_topic
         while True:
             payload = await self._queue.get()
-            await client.publish(topic, payload, qos=0)  # as stock firmware publishes
+            # QoS 0 as stock firmware publishes; aiomqtt returns once paho wrote it out, so a
+            # stalled upstream holds this here (its queue fills and drops) for as long as it
+            # stalls, until the keepalive gives the connection up (no memory grows meanwhile).
+            await client.publish(topic, payload, qos=0, timeout=math.inf)
             self._warned = False
 
     def _client(self) -> aiomqtt.Client:
