@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.transports.mqtt import MqttLink, MqttTransport
-from gateway.device_side.upstream.mqtt_relay import MqttProxies
+from gateway.device_side.upstream.mqtt_relay import MqttProxies, MqttRelay
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
@@ -55,6 +55,8 @@ class DeviceSessions:
         try:
             async with relay as served:  # an MQTT device beside its voice server: relayed
                 await self._run(served, identity, vision, proxied=served is not link)
+                if isinstance(served, MqttRelay):  # its voice goes on until the device leaves
+                    await served.finished()
         finally:
             self.revoke(identity, vision)
 

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,8 @@ from mcp import Client
 from gateway.app import Running
 from gateway.config import DeviceOptions
 from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
+from gateway.device_side.upstream.tap import GATEWAY_IDS
+from gateway.simulator import DeviceMcpServer, default_tools
 from tests.conftest import bound, gateway
 from tests.device_side.test_ota import STOCK_HEADERS
 from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device, tool_name, wait_listed
@@ -291,3 +293,37 @@ async def test_a_stalled_upstream_holds_up_only_its_own_device(tmp_path: Path) -
                     assert [t["name"] for t in tools] == model_tools(other)
                 finally:
                     os.kill(a.broker.pid, signal.SIGCONT)
+
+
+class SlowForTheGateway(DeviceMcpServer):
+    """Answers its voice server at once, the gateway's requests never (discovery gives up)."""
+
+    async def handle(self, payload: Mapping[str, object]) -> dict[str, Any] | None:
+        request_id = payload.get("id")
+        if isinstance(request_id, int) and request_id in GATEWAY_IDS:
+            return None
+        return await super().handle(payload)
+
+
+async def test_the_gateway_giving_up_leaves_the_device_its_voice_server(tmp_path: Path) -> None:
+    async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
+        async with gateway(tmp_path / "gw", **EMBEDDED, upstream_ota_url=server.ota.ota_url,
+                           discovery_timeout=0.5) as run:  # fmt: skip
+            proxies = run.gateway.sessions.mqtt_proxies
+            assert proxies is not None
+            reply = await ota_check_in(run)
+            mcp = SlowForTheGateway(default_tools(), board="mqtt-esp32")
+            registry = run.gateway.registry
+            async with registry.device_changes() as changes, stock_device(reply, mcp) as device:
+                async with asyncio.timeout(bound(10)):  # online, then the gateway gives up
+                    while not registry.find(STOCK).online:  # type: ignore[union-attr]
+                        await anext(aiter(changes))
+                    while registry.find(STOCK).online:  # type: ignore[union-attr]
+                        await anext(aiter(changes))
+                relay = proxies.relay_of(STOCK)
+                assert relay is not None and not relay.closed.is_set()
+                async with asyncio.timeout(bound(10)):
+                    await relay.upstream.connected.wait()
+                tools = await conversation(device, server.mqtt)  # the voice goes on
+                assert [t["name"] for t in tools] == model_tools(device)
+                assert stock_accepts_hello(json.loads(hello_bytes(device)))

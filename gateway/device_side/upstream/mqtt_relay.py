@@ -90,14 +90,28 @@ class MqttRelay:
         self._fleet = fleet
         self._max_bytes = max_message_bytes
         self._to_device: asyncio.Queue[str] = asyncio.Queue(MAX_QUEUED)
+        self._to_gateway: asyncio.Queue[str | None] = asyncio.Queue(MAX_QUEUED)
+        self._detached = False  # the gateway's session ended; the voice relay goes on
         self._tasks: set[asyncio.Task[None]] = set()
         self._complaint = ""  # the last kind of upstream garbage logged (once per kind)
+        self.device_gone = asyncio.Event()  # set once the device's link has ended
         self.closed = asyncio.Event()  # set once the upstream side has ended
 
     async def __aenter__(self) -> MqttRelay:
         self._spawn(self.upstream.run(), "upstream")
         self._spawn(self._send_to_device(), "down")
+        self._spawn(self._read_device(), "up")
         return self
+
+    async def finished(self) -> None:
+        """Wait until the device has left (or a newer relay of the device took over)."""
+        gone = asyncio.create_task(self.device_gone.wait())
+        closed = asyncio.create_task(self.closed.wait())
+        try:
+            await asyncio.wait((gone, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            closed.cancel()
 
     async def __aexit__(
         self,
@@ -125,16 +139,35 @@ class MqttRelay:
         await self._link.send(text)
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        """Yield what the device says to the gateway; pass the rest to the upstream."""
-        async for text in self._link:
-            forward = self._from_device(text)
-            if forward is not None:
-                yield forward
-            del text, forward  # an idle device keeps no message alive
+        """Yield what the device says to the gateway (the rest went to the upstream)."""
+        while (text := await self._to_gateway.get()) is not None:
+            yield text
+            del text  # an idle device keeps no message alive
 
     async def aclose(self) -> None:
-        """Close the device's link (the upstream connection ends with the relay)."""
-        await self._link.aclose()
+        """Detach the gateway's session: the device keeps its voice server until it leaves.
+
+        The gateway ending its session (discovery gave up, a newer session took over) must not
+        cut the device off from its voice server (DESIGN.md "Beside a voice server").
+        """
+        if not self._detached:
+            self._detached = True
+            _drain(self._to_gateway)
+            self._to_gateway.put_nowait(None)
+
+    async def _read_device(self) -> None:
+        try:
+            async for text in self._link:
+                forward = self._from_device(text)
+                if forward is not None and not self._detached:
+                    await self._to_gateway.put(forward)  # the gateway keeps up, or the device waits
+                del text, forward
+        finally:
+            self.device_gone.set()
+            if not self._detached:
+                self._detached = True
+                _drain(self._to_gateway)
+                self._to_gateway.put_nowait(None)  # the gateway's session ends with the device
 
     # --- device -> upstream, gateway ---------------------------------------------------------
 
@@ -208,6 +241,11 @@ class MqttRelay:
         task = asyncio.create_task(work, name=f"gateway.upstream[{self.device_id}].{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _drain(queue: asyncio.Queue[str | None]) -> None:
+    while not queue.empty():
+        queue.get_nowait()
 
 
 def _object(text: str) -> JsonObject | None:
