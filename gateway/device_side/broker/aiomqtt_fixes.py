@@ -7,10 +7,11 @@ Used by the gateway's own client (``transports/mqtt.py``) and by the per-device 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import aiomqtt
 
-__all__ = ["consume_disconnect", "honour_cancellation"]
+__all__ = ["cancel_all", "consume_disconnect", "honour_cancellation"]
 
 
 def honour_cancellation() -> None:
@@ -33,3 +34,13 @@ def consume_disconnect(client: aiomqtt.Client) -> None:
     future = getattr(client, "_disconnected", None)
     if isinstance(future, asyncio.Future) and future.done() and not future.cancelled():
         future.exception()
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until they have ended, cancelling again those that swallowed it
+    (``honour_cancellation``)."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.mqtt_client import UpstreamMqttClient
 from gateway.device_side.upstream.mqtt_settings import MqttUpstreams, UpstreamMqtt
@@ -123,11 +124,7 @@ class MqttRelay:
 
     async def stop(self) -> None:
         """End the upstream side: its connection, its queue, the fleet calls it made."""
-        pending = set(self._tasks)
-        while pending:  # cancel again if aiomqtt swallowed it (aiomqtt_fixes)
-            for task in pending:
-                task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=1.0)
+        await cancel_all(self._tasks)
         if not self.closed.is_set() and self._status is not None:
             self._status(self.device_id, self.upstream.settings.server, "idle (device offline)")
         self.closed.set()

@@ -13,16 +13,13 @@ The endpoint is read the way stock firmware reads it (``mqtt_protocol.cc``): ``h
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.datadir import create_private
-from gateway.device_side.upstream.settings import UpstreamSettingsError
+from gateway.device_side.upstream.settings import KeptSettings, UpstreamSettingsError
 
 __all__ = [
     "TLS_PORT",
@@ -130,7 +127,7 @@ _CONNECTION_KEYS = frozenset(
 )  # fmt: skip
 
 
-class MqttUpstreams:
+class MqttUpstreams(KeptSettings[UpstreamMqtt]):
     """The upstream MQTT settings of every proxied device, by device id, in the data dir (0600).
 
     The OTA endpoint's MQTT half (``ota_reply.MqttUpstreams``): ``device_section`` rewrites the
@@ -138,9 +135,7 @@ class MqttUpstreams:
     """
 
     def __init__(self, data_dir: Path) -> None:
-        self._path = data_dir / _STORE_FILE
-        self._settings: dict[str, UpstreamMqtt] = {}
-        self._load()
+        super().__init__(data_dir / _STORE_FILE, _stored)
 
     def device_section(self, theirs: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
         """The ``mqtt`` section the device gets (``device_mqtt_section``).
@@ -159,38 +154,9 @@ class MqttUpstreams:
         """
         self.put(device_id, None if theirs is None else parse_upstream_mqtt(theirs))
 
-    def get(self, device_id: str) -> UpstreamMqtt | None:
-        """The upstream of ``device_id``, or None if it has none (not proxied over MQTT)."""
-        return self._settings.get(device_id.lower())
 
-    def put(self, device_id: str, settings: UpstreamMqtt | None) -> None:
-        """Keep (or, with None, forget) the upstream of ``device_id``; written at once if new."""
-        device_id = device_id.lower()
-        if self._settings.get(device_id) == settings:
-            return  # every boot checks in: the file is written only when something changed
-        if settings is None:
-            self._settings.pop(device_id, None)
-        else:
-            self._settings[device_id] = settings
-        self._save()
-
-    def _load(self) -> None:
-        try:
-            data = json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            logger.warning("%s is unreadable (%s): devices get their upstream again at their "
-                           "next boot", self._path, exc)  # fmt: skip
-            return
-        for device_id, raw in data.items() if isinstance(data, dict) else ():
-            try:
-                self._settings[device_id] = UpstreamMqtt(**raw)
-            except TypeError:
-                logger.warning("%s: the entry of %s is unreadable; skipped", self._path, device_id)
-
-    def _save(self) -> None:
-        data = {device_id: asdict(s) for device_id, s in sorted(self._settings.items())}
-        temporary = create_private(self._path.with_suffix(".tmp"))
-        temporary.write_text(json.dumps(data, indent=1))
-        os.replace(temporary, self._path)  # a crash mid-write leaves the old file whole
+def _stored(raw: object) -> UpstreamMqtt:
+    """An entry of the file back (``asdict`` of the settings; the file is the gateway's own)."""
+    if not isinstance(raw, dict):
+        raise UpstreamSettingsError("not an object")
+    return UpstreamMqtt(**raw)
