@@ -67,7 +67,11 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "cli": [{"flashing", "doctor"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
-    "cli/doctor": [{"probes"}, {"findings"}, {"listeners", "broker", "data_dir", "config_file"}],
+    "cli/doctor": [
+        {"probes"},
+        {"findings"},
+        {"listeners", "broker", "data_dir", "upstream", "config_file"},
+    ],
     "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}

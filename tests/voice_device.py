@@ -11,6 +11,7 @@ server's hello, streams audio frames, and answers MCP requests from whoever send
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -122,16 +123,25 @@ class VoiceDevice:
         async with connect(websocket["url"], additional_headers=headers,
                            open_timeout=bound(10), compression=None) as ws:  # fmt: skip
             await ws.send(json.dumps(STOCK_HELLO))
+            garbage = []
             async with asyncio.timeout(bound(10)):  # the firmware waits 10 s for the hello
-                hello = json.loads(await ws.recv())
+                while True:
+                    frame = await ws.recv()
+                    try:
+                        hello = json.loads(frame)
+                        break
+                    except ValueError:  # logged and dropped by the firmware
+                        garbage.append(str(frame))
             assert hello["type"] == "hello", hello
-            talk = Conversation(ws, hello)
+            talk = Conversation(ws, hello, garbage=garbage)
             reader = asyncio.create_task(self._read(talk))
             try:
                 yield talk
             finally:
                 await ws.close()
-                await reader
+                reader.cancel()  # it may be inside a tool that never answers
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
 
     async def _read(self, talk: Conversation) -> None:
         try:

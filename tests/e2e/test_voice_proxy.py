@@ -24,10 +24,11 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from gateway.app import Running
 from gateway.config import DeviceOptions
 from gateway.device_side.upstream.tap import GATEWAY_IDS
-from tests.conftest import bound, gateway
-from tests.e2e.helpers import exposes, until
+from tests.conftest import bound, gateway, program
+from tests.e2e.helpers import RawDevice, exposes, until
+from tests.e2e.test_dashboard import dashboard, row
 from tests.upstream_server import ACTIVATION_CODE, VISION_ANSWER, VISION_TOKEN, UpstreamServer
-from tests.voice_device import VoiceDevice
+from tests.voice_device import LAMP_TOOLS, VoiceDevice
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -214,3 +215,92 @@ async def test_a_refused_token_refuses_the_devices_session(tmp_path: Path) -> No
                 pass
         assert upstream.refused == [device.device_id]
         assert "HTTP 403" in (await listed(run, device))["upstream"]["state"]
+
+
+class SlowLamp(RawDevice):
+    """Answers ``self.lamp.turn_on`` only once ``release`` is set (never, in these tests)."""
+
+    def __init__(self) -> None:
+        super().__init__("", "lamp", LAMP_TOOLS)
+        self.release, self.called = asyncio.Event(), asyncio.Event()
+
+    async def respond(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        payload = message.get("payload") or {}
+        if payload.get("method") == "tools/call":
+            self.called.set()
+            await self.release.wait()
+        return await super().respond(message)
+
+
+async def test_the_device_going_away_fails_both_sides_calls_at_once(tmp_path: Path) -> None:
+    """Mid-call hang-up: the host's call and the server's call fail now, not at their timeout."""
+    upstream, device = UpstreamServer(), VoiceDevice(board=SlowLamp())
+    names = {device.device_id: DeviceOptions(name="lamp")}
+    async with proxied(tmp_path, upstream, adoption="auto", devices=names) as run:
+        await device.check_in(ota_url(run))
+        async with Client(run.mcp_url, mode="legacy") as host:
+            async with run.gateway.registry.changes() as changes, device.conversation() as talk:
+                session = await upstream.session()
+                await until(changes, exposes(run, device.device_id, "lamp_lamp_turn_on"))
+                host_call = asyncio.create_task(host.call_tool("lamp_lamp_turn_on", {}))
+                async with asyncio.timeout(bound(10)):
+                    await device.board.called.wait()  # type: ignore[attr-defined]
+                upstream_call = asyncio.create_task(session.call("self.lamp.turn_on"))
+                await asyncio.sleep(0)
+                await talk.ws.close()
+            async with asyncio.timeout(bound(5)):  # far below the 30 s call timeout
+                result = await host_call
+                with pytest.raises(ConnectionError):
+                    await upstream_call
+    assert result.is_error and "disconnected" in result.content[0].text  # type: ignore[union-attr]
+
+
+async def test_what_the_server_sends_reaches_the_device_as_sent(tmp_path: Path) -> None:
+    """Garbage text and ids in the gateway's range: the device judges the one, the other is
+    remapped for the device and restored for the server."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.session_fault = "garbage"
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with device.conversation() as talk:
+            session = await upstream.session()
+            async with asyncio.timeout(bound(10)):
+                await session.listed.wait()
+            clash = GATEWAY_IDS.start + 7
+            params = {"name": "self.lamp.turn_on", "arguments": {}}
+            reply = await session.request(clash, "tools/call", params)
+            assert reply["id"] == clash and "result" in reply
+            seen = [p["id"] for p in talk.mcp if p.get("method") == "tools/call"]
+            assert seen and seen[-1] not in GATEWAY_IDS  # remapped on the way to the device
+        assert talk.garbage == ["this is not JSON {"]
+
+
+async def test_a_frame_over_the_limit_ends_the_conversation_cleanly(tmp_path: Path) -> None:
+    """The server sends more than a device may get: both sides are closed, the device listed."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream, max_message_bytes=4096) as run:
+        await device.check_in(ota_url(run))
+        async with device.conversation() as talk:
+            session = await upstream.session()
+            await session.websocket.send_bytes(b"\0" * 5000)
+            async with asyncio.timeout(bound(10)):
+                await talk.closed.wait()
+                await session.closed.wait()
+        entry = await listed(run, device)
+        assert "closed the conversation with code 1009" in entry["upstream"]["state"]
+
+
+async def test_the_dashboard_shows_the_proxy_and_each_devices_voice(tmp_path: Path) -> None:
+    """Setup names the voice server; a proxied device's row says how its voice stands."""
+    program("chromium")
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with dashboard(run) as page:
+            await page.wait_for_selector(row(device.device_id))
+            notes = await page.inner_text(f"{row(device.device_id)} small.upstream")
+            assert notes == "voice: checked in (activation pending)"
+            await page.click('nav a[data-page="setup"]')
+            await page.wait_for_selector("#setup-devices dt")
+            facts = await page.inner_text("#setup-devices")
+            assert upstream.ota_url in facts and "Voice server" in facts

@@ -208,7 +208,7 @@ async def _device_to_upstream(
             if route.to_gateway is not None:
                 await link.feed(text)
     except ConnectionClosed:
-        return "the voice server closed the conversation"
+        return _closed_by_upstream(upstream)
     except _CLOSED:
         return "the device went away"
 
@@ -247,11 +247,11 @@ async def _upstream_to_device(
                 await device.send_text(_reframe(frame, mcp, route.to_device))
             if route.to_upstream is not None:  # the gateway answered for the device
                 await upstream.send(encode({**mcp, "payload": route.to_upstream}))
-    except ConnectionClosed as exc:
-        return _closed_by_upstream(exc)
+    except ConnectionClosed:
+        pass
     except _CLOSED:
         return "the device went away"
-    return _closed_by_upstream(None)
+    return _closed_by_upstream(upstream)
 
 
 async def _fleet_call(fleet: FleetTools, message: JsonObject, upstream: ClientConnection) -> None:
@@ -260,12 +260,13 @@ async def _fleet_call(fleet: FleetTools, message: JsonObject, upstream: ClientCo
         await upstream.send(encode({**message, "payload": reply}))
 
 
-def _closed_by_upstream(exc: ConnectionClosed | None) -> str:
-    received = exc.rcvd if exc is not None else None
-    if received is None:
+def _closed_by_upstream(upstream: ClientConnection) -> str:
+    # The close frame the server sent, or else ours: a frame over the limit is closed by us.
+    frame = upstream.protocol.close_rcvd or upstream.protocol.close_sent
+    if frame is None:
         return "the voice server closed the conversation"
-    reason = f" ({received.reason})" if received.reason else ""
-    return f"the voice server closed the conversation with code {received.code}{reason}"
+    reason = f" ({frame.reason})" if frame.reason else ""
+    return f"the voice server closed the conversation with code {frame.code}{reason}"
 
 
 async def _close_both(device: WebSocket, upstream: ClientConnection) -> None:

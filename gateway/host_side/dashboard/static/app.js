@@ -88,6 +88,7 @@ function deviceRow(device) {
   const status = el("span", {class: `status ${device.status}`, text: device.status});
   const notes = el("td", {}, status);
   if (device.conflict) notes.append(el("small", {class: "error", text: device.conflict}));
+  if (device.upstream) notes.append(el("small", {class: "upstream", text: `voice: ${device.upstream.state}`}));
   const rejected = device.rejected.length ? ` (${device.rejected.length} rejected)` : "";
   row.append(el("td", {class: "alias"}, name), notes, el("td", {text: device.board || ""}),
     el("td", {text: device.firmware || ""}), el("td", {text: device.transport || ""}),
@@ -218,6 +219,12 @@ async function loadSetup() {
   fact(list, "OTA URL (stock xiaozhi firmware)", setup.ota_url,
     "set it as the board's OTA address: it checks in, then waits for your approval here");
   fact(list, "MCP URL", setup.mcp_url, setup.host_token_required ? "with the host token as a Bearer token" : "");
+  const proxy = setup.voice_proxy;
+  if (proxy) {
+    fact(list, "Voice server (stock devices keep their assistant)", proxy.ota_url || "per device",
+      "their check-ins and conversations go on to it through the gateway (docs/voice-proxy.md)");
+    for (const [device, url] of Object.entries(proxy.devices)) fact(list, `Voice server of ${device}`, url);
+  }
   const names = {claude_desktop: "Claude Desktop (claude_desktop_config.json)", claude_code: "Claude Code",
     vscode: "VS Code (.vscode/mcp.json)"};
   document.getElementById("host-configs").replaceChildren(...Object.entries(setup.configs).map(([key, text]) =>
