@@ -263,7 +263,10 @@ async def running(config: Config) -> AsyncIterator[Running]:
     """Start the gateway and both listeners; stop them all on exit."""
     # Each listener may hold its cap of connections, a descriptor each (the broker's counts apart).
     capped = 2 if config.mqtt_broker == "embedded" else 1
-    raise_fd_limit(config.limits_device_connections * capped + config.limits_host_connections)
+    caps = (config.limits_device_connections, config.limits_host_connections)
+    defaults = tuple(Config.__dataclass_fields__[f"limits_{name}_connections"].default
+                     for name in ("device", "host"))  # fmt: skip
+    raise_fd_limit(caps[0] * capped + caps[1], chosen=caps != defaults)
     sockets = (bind(config.device_listen, "device"), bind(config.host_listen, "host"))
     async with accept_errors_throttled(), Gateway(config) as gateway:
         apps = {"device": gateway.device_app, "host": gateway.host_app}

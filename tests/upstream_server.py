@@ -130,6 +130,7 @@ class UpstreamServer:
         self.ota_fault: str | None = None
         self.session_fault: str | None = None
         self.base_url = ""
+        self.vision_url: str | None = None  # where its initialize says to upload; its own if None
         self.new_session = asyncio.Event()
         self.mqtt_endpoint = "127.0.0.1:1883"  # its MQTT broker (tests/upstream_mqtt.py)
         self._stopping = asyncio.Event()
@@ -289,7 +290,8 @@ class UpstreamServer:
                 session._on_reply(payload)
 
     async def _discover(self, session: UpstreamSession) -> None:
-        vision = {"url": f"{self.base_url}/vision/explain", "token": VISION_TOKEN}
+        vision = {"url": self.vision_url or f"{self.base_url}/vision/explain",
+                  "token": VISION_TOKEN}  # fmt: skip
         params = {"protocolVersion": "2024-11-05", "capabilities": {"vision": vision},
                   "clientInfo": {"name": "xiaozhi-esp32-server", "version": "0.8"}}  # fmt: skip
         try:

@@ -304,3 +304,57 @@ async def test_the_dashboard_shows_the_proxy_and_each_devices_voice(tmp_path: Pa
             await page.wait_for_selector("#setup-devices dt")
             facts = await page.inner_text("#setup-devices")
             assert upstream.ota_url in facts and "Voice server" in facts
+
+
+async def upload(vision: dict[str, str], device: VoiceDevice) -> httpx2.Response:
+    """The camera's upload as stock firmware makes it, with the token ``initialize`` gave."""
+    async with httpx2.AsyncClient(timeout=bound(20)) as http:
+        files = {"file": ("photo.jpg", b"\xff\xd8\xff\xe0 jpeg", "image/jpeg")}
+        return await http.post(
+            vision["url"], files=files, data={"question": "what is it?"},
+            headers={"Authorization": f"Bearer {vision['token']}",
+                     "Device-Id": device.device_id, "Client-Id": device.client_id},
+        )  # fmt: skip
+
+
+async def test_a_vision_service_that_fails_is_said_to_the_device(tmp_path: Path) -> None:
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.vision_url = "http://127.0.0.1:9/vision/explain"
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with device.conversation() as talk:
+            session = await upstream.session()
+            async with asyncio.timeout(bound(10)):
+                await session.listed.wait()
+            initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+            response = await upload(initialize["params"]["capabilities"]["vision"], device)
+    assert response.status_code == 502
+    assert "vision service http://127.0.0.1:9 failed" in response.json()["message"]
+
+
+async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Path) -> None:
+    """The server went away after the check-in: the device is refused as it would have been."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    serving = upstream.running()
+    await serving.__aenter__()
+    async with gateway(tmp_path, upstream_ota_url=upstream.ota_url) as run:
+        try:
+            await device.check_in(ota_url(run))
+        finally:
+            await serving.__aexit__(None, None, None)  # the server is gone
+        with pytest.raises(InvalidStatus, match="403"):
+            async with device.conversation():
+                pass
+        assert "cannot be reached" in (await listed(run, device))["upstream"]["state"]
+
+
+async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
+    tmp_path: Path,
+) -> None:
+    device = VoiceDevice()
+    gone = "http://127.0.0.1:9/xiaozhi/ota/"
+    devices = {device.device_id: DeviceOptions(upstream=gone)}
+    async with gateway(tmp_path, devices=devices, upstream_ota_url=None) as run:
+        assert await device.activate(ota_url(run), tries=1) == [502]
+        stranger = VoiceDevice(device_id="aa:bb:cc:dd:ee:99")
+        assert await stranger.activate(ota_url(run), tries=1) == [404]
