@@ -77,8 +77,16 @@ async def joined(run: Running, headers: dict[str, str]) -> AsyncIterator[MqttDev
     assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
     kept = run.gateway.proxy.mqtt.get(device_id)  # type: ignore[attr-defined]
     assert ours["client_id"] == device_id and ours["password"] != kept.password
-    async with stock_device(reply, device_id=device_id) as device:
-        await wait_listed(run, device_id)
+    registry = run.gateway.registry
+    async with (
+        registry.device_changes() as changes,
+        stock_device(reply, device_id=device_id) as device,
+    ):
+        async with asyncio.timeout(bound(10)):  # online: approved or not, its session runs
+            while not registry.find(device_id).online:  # type: ignore[union-attr]
+                await anext(aiter(changes))
+        if registry.find(device_id).approved:  # type: ignore[union-attr]
+            await wait_listed(run, device_id)
         relay = proxies.relay_of(device_id)
         assert relay is not None
         async with asyncio.timeout(bound(10)):  # as a device's server, once it is up
@@ -92,8 +100,11 @@ async def proxied(
 ) -> AsyncIterator[tuple[Running, UpstreamMqttServer, Mosquitto, MqttDevice]]:
     """A gateway, an upstream for the stock device, and the device connected through both."""
     async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
-        async with gateway(tmp_path / "gw", **EMBEDDED, upstream_ota_url=server.ota.ota_url,
-                           **overrides) as run, joined(run, STOCK_HEADERS) as device:  # fmt: skip
+        settings = {**EMBEDDED, "upstream_ota_url": server.ota.ota_url, **overrides}
+        async with (
+            gateway(tmp_path / "gw", **settings) as run,
+            joined(run, STOCK_HEADERS) as device,
+        ):
             kept = run.gateway.proxy.mqtt.get(STOCK)  # type: ignore[union-attr]
             assert kept == parse_upstream_mqtt(server.mqtt.mqtt_section(STOCK_HEADERS["Client-Id"]))
             yield run, server.mqtt, server.broker, device
@@ -327,3 +338,15 @@ async def test_the_gateway_giving_up_leaves_the_device_its_voice_server(tmp_path
                 tools = await conversation(device, server.mqtt)  # the voice goes on
                 assert [t["name"] for t in tools] == model_tools(device)
                 assert stock_accepts_hello(json.loads(hello_bytes(device)))
+
+
+async def test_a_device_waiting_for_approval_keeps_its_voice_server(tmp_path: Path) -> None:
+    """Only what hosts see waits for approval; the device's conversations do not."""
+    async with proxied(tmp_path, adoption="manual") as (run, server, _, device):
+        known = run.gateway.registry.find(STOCK)
+        assert known is not None and not known.approved
+        assert not [t for t in run.gateway.registry.exposed_tools() if t.device is known]
+        tools = await conversation(device, server)
+        assert [t["name"] for t in tools] == model_tools(device)
+        reply = await server.call("self.lamp.turn_on")
+        assert reply["result"]["content"][0]["text"] == "true"
