@@ -1,12 +1,12 @@
 """Fleet tools (``[upstream] fleet_tools = true``): a device's voice server may use the fleet.
 
 The upstream lists the device's tools (``tools/list``, one id for every page, ``cursor``) and
-offers them to its model. With fleet tools on, the page that ends the listing (no
-``nextCursor``) also carries the tools of the other devices, as MCP hosts see them (their MCP
-names, the model's policy applied), so one can ask the kitchen speaker to switch off the bedroom
-lamp. The upstream's ``tools/call`` of such a name never reaches the device: the gateway calls
-the other device through ``CallRouter`` (policy, argument checks, timeout, audit with the
-upstream named as the caller) and answers the upstream with its own id.
+offers them to its model. With fleet tools on, and the device approved by the user, the page
+that ends the listing (no ``nextCursor``) also carries the tools of the other devices, as MCP
+hosts see them (their MCP names, the model's policy applied), so one can ask the kitchen speaker
+to switch off the bedroom lamp. The upstream's ``tools/call`` of such a name never reaches the
+device: the gateway calls the other device through ``CallRouter`` (policy, argument checks,
+timeout, audit with the upstream named as the caller) and answers the upstream with its id.
 
 ``FleetTools`` is shared by both relays (WebSocket and MQTT): ``from_upstream`` before the tap,
 ``from_device`` on the tap's way back to the upstream, ``call`` in a task of the relay.
@@ -59,9 +59,11 @@ class FleetTools:
     def entries(self) -> list[JsonObject]:
         """The other devices' tools as the upstream's model sees them."""
         entries: list[JsonObject] = []
+        if not self._trusted():
+            return entries
         for tool in self._registry.exposed_tools():
-            if tool.device.device_id == self._device_id:
-                continue
+            if tool.device.device_id == self._device_id or not tool.device.approved:
+                continue  # its own tools it lists itself; a waiting device's would be refused
             if len(entries) == MAX_TOOLS:
                 logger.info("device %s: its upstream is offered the first %d fleet tools only",
                             self._device_id, MAX_TOOLS)  # fmt: skip
@@ -87,7 +89,13 @@ class FleetTools:
         params = payload.get("params")
         name = params.get("name") if isinstance(params, dict) else None
         tool = self._registry.lookup(name) if isinstance(name, str) else None
-        return tool is not None and tool.device.device_id != self._device_id
+        return tool is not None and tool.device.device_id != self._device_id and self._trusted()
+
+    def _trusted(self) -> bool:
+        # A device the user has not approved (any stock device can check in) must not become a
+        # voice remote for the whole fleet: its server gets its own tools only.
+        device = self._registry.get(self._device_id)
+        return device is not None and device.approved
 
     def from_device(self, payload: object) -> object:
         """The device's reply for the upstream, with the fleet added to its last listing page."""

@@ -19,16 +19,18 @@ pytestmark = pytest.mark.anyio
 SPEAKER, LAMP, SHY = "aa:bb:cc:dd:ee:01", "aa:bb:cc:dd:ee:02", "aa:bb:cc:dd:ee:03"
 
 
-def fleet_of(tmp_path: Path, **options: DeviceOptions) -> tuple[Stack, FleetTools, ScriptedSession]:
+def fleet_of(tmp_path: Path, adoption: str = "auto") -> tuple[Stack, FleetTools, ScriptedSession]:
     """A speaker (proxied), a lamp, and a device whose tool the model may not use."""
-    devices = {LAMP: DeviceOptions(name="bedroom"), SHY: DeviceOptions(deny=("self.*",)), **options}
-    stack = Stack(make_config(tmp_path, adoption="auto", devices=devices))
+    devices = {LAMP: DeviceOptions(name="bedroom"), SHY: DeviceOptions(deny=("self.*",))}
+    stack = Stack(make_config(tmp_path, adoption=adoption, devices=devices))
     lamp = ScriptedSession(lambda name, args: {"content": [{"type": "text", "text": "off"}]})
     for device_id, session in (
         (SPEAKER, ScriptedSession()),
         (LAMP, lamp),
         (SHY, ScriptedSession()),
     ):
+        # As a stock device arrives: with its OTA credential, not a device token.
+        stack.registry.admit(device_id, trusted=False, client_id=None, transport="mqtt")
         stack.registry.connect(device_id, session, transport="mqtt")
         stack.registry.set_catalogue(
             device_id, (tool("self.light.set", on={"type": "boolean"}),), None
@@ -116,4 +118,24 @@ async def test_policy_and_the_bound_on_fleet_calls(tmp_path: Path) -> None:
     errored = {"jsonrpc": "2.0", "id": 2, "error": {"code": -1, "message": "no"}}
     fleet.from_upstream(listing(2))
     assert fleet.from_device(errored) is errored
+    stack.close()
+
+
+async def test_a_device_waiting_for_approval_offers_its_server_no_fleet(tmp_path: Path) -> None:
+    """Any stock device can check in: until the user approves it, its server gets no fleet."""
+    stack, fleet, lamp = fleet_of(tmp_path, adoption="manual")
+    bedroom = stack.registry.get(LAMP)
+    assert bedroom is not None
+    stack.registry.approve(bedroom)  # the lamp is the user's; the speaker still waits
+    assert fleet.entries() == []
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "bedroom_light_set", "arguments": {}}}  # fmt: skip
+    assert not fleet.from_upstream(call)  # left to the device, which knows no such tool
+    speaker = stack.registry.get(SPEAKER)
+    assert speaker is not None
+    stack.registry.approve(speaker)
+    assert [e["name"] for e in fleet.entries()] == ["bedroom_light_set"] and fleet.from_upstream(
+        call
+    )
+    assert lamp.calls == []
     stack.close()
