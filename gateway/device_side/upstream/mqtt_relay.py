@@ -16,8 +16,10 @@ gateway holds an ``UpstreamMqttClient`` for it with the upstream's credentials, 
 
 The relay is the link the gateway's session runs over, so the device stays listed and callable
 by hosts whatever the upstream does: closed, silent or sending garbage, it costs a log line and
-a reconnect with backoff, never the session. A slow upstream costs only its own device's
-queue (bounded both ways); the device going away ends the upstream connection with it.
+a reconnect with backoff, never the session. The other way round, the gateway ending its
+session (discovery gave up, a newer session) only detaches it (``aclose``): the voice relay goes
+on until the device leaves. A slow upstream costs only its own device's queues (bounded both
+ways); the device going away ends the upstream connection with it.
 """
 
 from __future__ import annotations
