@@ -14,7 +14,8 @@
 - ``POST /vision/explain`` records uploads made with its own vision token.
 
 Faults for the failure tests: ``ota_fault`` (``"garbage"``, ``"oversize"``, ``"500"``,
-``"hang"``) and ``session_fault`` (``"close_after_hello"``, ``"garbage"``).
+``"hang"``), ``session_fault`` (``"close_after_hello"``, ``"garbage"``) and ``stalled`` (device
+ids whose sessions stop reading after their first audio frame, until ``unstall`` is set).
 The MQTT side (an MQTT login, a UDP hello) is added beside this by the MQTT proxy's tests.
 """
 
@@ -45,6 +46,15 @@ JsonObject = dict[str, Any]
 ACTIVATION_CODE = "246810"
 VISION_TOKEN = "upstream-vision-token"
 VISION_ANSWER = "the upstream sees a cat"
+
+
+async def first(count: int, frames: list[bytes], arrived: asyncio.Event) -> list[bytes]:
+    """The first ``count`` of ``frames``, once there are that many (``arrived`` is set at each)."""
+    async with asyncio.timeout(bound(10)):
+        while len(frames) < count:
+            arrived.clear()
+            await arrived.wait()
+    return frames[:count]
 
 
 def make_token(secret: bytes, client_id: str, device_id: str, timestamp: int) -> str:
@@ -94,11 +104,7 @@ class UpstreamSession:
 
     async def wait_audio(self, count: int) -> list[bytes]:
         """The first ``count`` binary frames, once they all arrived."""
-        async with asyncio.timeout(bound(10)):
-            while len(self.audio) < count:
-                self._audio_event.clear()
-                await self._audio_event.wait()
-        return self.audio[:count]
+        return await first(count, self.audio, self._audio_event)
 
     def _on_reply(self, payload: JsonObject) -> None:
         future = self._pending.pop(int(payload["id"]), None)  # int(): as the server parses it
@@ -131,6 +137,10 @@ class UpstreamServer:
         self.session_fault: str | None = None
         self.base_url = ""
         self.vision_url: str | None = None  # where its initialize says to upload; its own if None
+        self.websocket_version: int | None = None  # websocket.version of its OTA reply, if any
+        self.websocket_extra: JsonObject = {}  # more keys for its OTA reply's websocket section
+        self.stalled: set[str] = set()  # devices whose sessions stop reading after one frame
+        self.unstall = asyncio.Event()
         self.new_session = asyncio.Event()
         self.mqtt_endpoint = "127.0.0.1:1883"  # its MQTT broker (tests/upstream_mqtt.py)
         self._stopping = asyncio.Event()
@@ -140,13 +150,14 @@ class UpstreamServer:
         """The OTA URL a stock device of this server has."""
         return f"{self.base_url}/xiaozhi/ota/"
 
-    async def session(self, index: int = 0) -> UpstreamSession:
-        """The ``index``-th WebSocket session, once it exists."""
+    async def session(self, index: int = 0, device_id: str | None = None) -> UpstreamSession:
+        """The ``index``-th WebSocket session (of ``device_id``, if given), once it exists."""
         async with asyncio.timeout(bound(10)):
-            while len(self.sessions) <= index:
+            while len(mine := [s for s in self.sessions
+                               if device_id in (None, s.device_id)]) <= index:  # fmt: skip
                 self.new_session.clear()
                 await self.new_session.wait()
-        return self.sessions[index]
+        return mine[index]
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[UpstreamServer]:
@@ -169,6 +180,7 @@ class UpstreamServer:
             yield self
         finally:
             self._stopping.set()
+            self.unstall.set()
             server.should_exit = True
             await asyncio.wait_for(serving, bound(10))
             sock.close()
@@ -200,6 +212,9 @@ class UpstreamServer:
                 "url": self.base_url.replace("http", "ws", 1) + "/xiaozhi/v1/",
                 "token": make_token(self.secret, client_id, device_id, now),
             }
+            if self.websocket_version is not None:
+                reply["websocket"]["version"] = self.websocket_version
+            reply["websocket"].update(self.websocket_extra)
         if self.offer in ("mqtt", "both"):
             mac = device_id.replace(":", "_")
             reply["mqtt"] = {
@@ -262,6 +277,8 @@ class UpstreamServer:
                 if message.get("bytes") is not None:
                     session.audio.append(message["bytes"])
                     session._audio_event.set()
+                    if session.device_id in self.stalled:  # reads nothing more until told
+                        await self.unstall.wait()
                 elif message.get("text") is not None:
                     await self._on_text(session, message["text"])
         except WebSocketDisconnect:

@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import bound
 from tests.e2e.helpers import STOCK_HELLO, RawDevice
+from tests.upstream_server import first
 
 JsonObject = dict[str, Any]
 
@@ -51,11 +52,7 @@ class Conversation:
 
     async def wait_audio(self, count: int) -> list[bytes]:
         """The first ``count`` binary frames received, once they all arrived."""
-        async with asyncio.timeout(bound(10)):
-            while len(self.audio) < count:
-                self._audio_event.clear()
-                await self._audio_event.wait()
-        return self.audio[:count]
+        return await first(count, self.audio, self._audio_event)
 
     async def send_audio(self, frames: list[bytes]) -> None:
         """Send ``frames`` as binary frames, in order."""

@@ -29,6 +29,7 @@ __all__ = [
     "Request",
     "RequestId",
     "Response",
+    "as_integer",
     "classify",
     "make_error",
     "make_notification",
@@ -161,7 +162,8 @@ def make_error(request_id: RequestId | None, code: int, message: str) -> JsonObj
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
 
 
-def _as_integer(value: object) -> int | None:
+def as_integer(value: object) -> int | None:
+    """``value`` as an integer id or code (``3.0`` counts, as the device reads it), else None."""
     # bool is an int subclass; float ids come from senders that store every number as a double.
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -173,7 +175,7 @@ def _as_integer(value: object) -> int | None:
 def _parse_id(value: object) -> RequestId:
     if isinstance(value, str):
         return value
-    number = _as_integer(value)
+    number = as_integer(value)
     if number is None:
         raise MalformedMessage(f"invalid id: {value!r}")
     return number
@@ -199,7 +201,7 @@ def _parse_error(payload: JsonObject) -> ErrorResponse:
     message = error.get("message")
     if not isinstance(message, str) or not message:
         message = DEFAULT_ERROR_MESSAGE
-    return ErrorResponse(request_id, message, _as_integer(error.get("code")), error.get("data"))
+    return ErrorResponse(request_id, message, as_integer(error.get("code")), error.get("data"))
 
 
 def classify(payload: object) -> Message:

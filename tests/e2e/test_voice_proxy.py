@@ -23,12 +23,19 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.app import Running
 from gateway.config import DeviceOptions
+from gateway.device_side.upstream.settings import WebSocketUpstreams
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import RawDevice, exposes, until
 from tests.e2e.test_dashboard import dashboard, row
-from tests.upstream_server import ACTIVATION_CODE, VISION_ANSWER, VISION_TOKEN, UpstreamServer
-from tests.voice_device import LAMP_TOOLS, VoiceDevice
+from tests.upstream_server import (
+    ACTIVATION_CODE,
+    VISION_ANSWER,
+    VISION_TOKEN,
+    UpstreamServer,
+    UpstreamSession,
+)
+from tests.voice_device import LAMP_TOOLS, Conversation, VoiceDevice
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -41,6 +48,19 @@ async def proxied(
     async with upstream.running(), gateway(tmp_path, upstream_ota_url=upstream.ota_url,
                                            **overrides) as run:  # fmt: skip
         yield run
+
+
+@asynccontextmanager
+async def talking(
+    run: Running, upstream: UpstreamServer, device: VoiceDevice
+) -> AsyncIterator[tuple[Conversation, UpstreamSession]]:
+    """The device checked in and talking, its server done listing its tools."""
+    await device.check_in(ota_url(run))
+    async with device.conversation() as talk:
+        session = await upstream.session(device_id=device.device_id)
+        async with asyncio.timeout(bound(10)):
+            await session.listed.wait()
+        yield talk, session
 
 
 def ota_url(run: Running) -> str:
@@ -127,17 +147,12 @@ async def test_a_conversation_is_relayed_while_hosts_call_the_device(tmp_path: P
 async def test_a_pending_device_keeps_its_voice_but_hosts_wait(tmp_path: Path) -> None:
     """Approval gates what hosts see, never the device's own voice server."""
     upstream, device = UpstreamServer(), VoiceDevice()
-    async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation():
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
-            reply = await session.call("self.lamp.turn_on")
-            assert "result" in reply
-            entry = await listed(run, device)
-            assert entry["state"] == "pending" and entry["tools"] == []
-            assert entry["upstream"] == {"server": upstream.base_url, "state": "in conversation"}
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (_, session):
+        reply = await session.call("self.lamp.turn_on")
+        assert "result" in reply
+        entry = await listed(run, device)
+        assert entry["state"] == "pending" and entry["tools"] == []
+        assert entry["upstream"] == {"server": upstream.base_url, "state": "in conversation"}
 
 
 async def test_a_photo_the_gateway_did_not_ask_for_goes_to_the_voice_server(
@@ -145,21 +160,9 @@ async def test_a_photo_the_gateway_did_not_ask_for_goes_to_the_voice_server(
 ) -> None:
     """The camera uploads with the gateway's token; the server's flow gets it with its own."""
     upstream, device = UpstreamServer(), VoiceDevice()
-    async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation() as talk:
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
-            vision = next(p for p in talk.mcp if p.get("method") == "initialize")
-            ours = vision["params"]["capabilities"]["vision"]
-            async with httpx2.AsyncClient(timeout=bound(20)) as http:
-                files = {"file": ("photo.jpg", b"\xff\xd8\xff\xe0 jpeg", "image/jpeg")}
-                response = await http.post(
-                    ours["url"], files=files, data={"question": "what is it?"},
-                    headers={"Authorization": f"Bearer {ours['token']}",
-                             "Device-Id": device.device_id, "Client-Id": device.client_id},
-                )  # fmt: skip
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (talk, _):
+        initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+        response = await upload(initialize["params"]["capabilities"]["vision"], device)
     assert response.status_code == 200
     assert response.json() == {"success": True, "result": VISION_ANSWER}
     [(headers, body)] = upstream.uploads
@@ -261,11 +264,7 @@ async def test_what_the_server_sends_reaches_the_device_as_sent(tmp_path: Path) 
     upstream, device = UpstreamServer(), VoiceDevice()
     upstream.session_fault = "garbage"
     async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation() as talk:
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
+        async with talking(run, upstream, device) as (talk, session):
             clash = GATEWAY_IDS.start + 7
             params = {"name": "self.lamp.turn_on", "arguments": {}}
             reply = await session.request(clash, "tools/call", params)
@@ -320,14 +319,9 @@ async def upload(vision: dict[str, str], device: VoiceDevice) -> httpx2.Response
 async def test_a_vision_service_that_fails_is_said_to_the_device(tmp_path: Path) -> None:
     upstream, device = UpstreamServer(), VoiceDevice()
     upstream.vision_url = "http://127.0.0.1:9/vision/explain"
-    async with proxied(tmp_path, upstream) as run:
-        await device.check_in(ota_url(run))
-        async with device.conversation() as talk:
-            session = await upstream.session()
-            async with asyncio.timeout(bound(10)):
-                await session.listed.wait()
-            initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
-            response = await upload(initialize["params"]["capabilities"]["vision"], device)
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (talk, _):
+        initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+        response = await upload(initialize["params"]["capabilities"]["vision"], device)
     assert response.status_code == 502
     assert "vision service http://127.0.0.1:9 failed" in response.json()["message"]
 
@@ -358,3 +352,73 @@ async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
         assert await device.activate(ota_url(run), tries=1) == [502]
         stranger = VoiceDevice(device_id="aa:bb:cc:dd:ee:99")
         assert await stranger.activate(ota_url(run), tries=1) == [404]
+
+
+def _framed(version: int, timestamp: int, opus: bytes) -> bytes:
+    """An audio frame as protocol ``version`` frames it (docs/protocol.md §1)."""
+    size = len(opus).to_bytes(4 if version == 2 else 2, "big")
+    if version == 2:  # version, type, reserved, timestamp, payload size: 16 bytes
+        return (2).to_bytes(2, "big") + bytes(6) + timestamp.to_bytes(4, "big") + size + opus
+    return bytes(2) + size + opus  # 3: type, reserved, payload size: 4 bytes
+
+
+@pytest.mark.parametrize("version", [2, 3])
+async def test_binary_protocol_versions_pass_as_the_server_set_them(
+    tmp_path: Path, version: int
+) -> None:
+    """websocket.version reaches the device as the server gave it, Protocol-Version the
+    server; framed audio (16- or 4-byte headers) arrives byte for byte."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.websocket_version = version
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, device) as (talk, session):
+            assert device.settings["websocket"]["version"] == version
+            assert session.protocol_version == str(version)
+            frames = [_framed(version, n, bytes([n]) * 10) for n in range(20)]
+            await talk.send_audio(frames)
+            assert await session.wait_audio(len(frames)) == frames
+
+
+async def test_a_stalled_server_holds_up_only_its_own_device(tmp_path: Path) -> None:
+    """One conversation's server stops reading: its device is made to wait (backpressure, not
+    buffering: it gets nowhere near sending what it tries to), another talks on unhindered."""
+    upstream = UpstreamServer()
+    stuck, other = VoiceDevice(), VoiceDevice("aa:bb:cc:dd:ee:11", client_id="other-client")
+    upstream.stalled.add(stuck.device_id)
+    frame, tries = b"\x01" * 32_000, 2_000  # 64 MB: far beyond every buffer on the way
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, stuck) as (stuck_talk, stuck_session):
+            sent = 0
+
+            async def flood() -> None:
+                nonlocal sent
+                for _ in range(tries):
+                    await stuck_talk.ws.send(frame)
+                    sent += 1
+
+            flooding = asyncio.create_task(flood())
+            try:
+                async with talking(run, upstream, other) as (talk, session):
+                    frames = [bytes([n]) * 100 for n in range(100)]
+                    await talk.send_audio(frames)
+                    assert await session.wait_audio(len(frames)) == frames
+                # Unbounded buffering would have taken the 64 MB in the time the other device
+                # talked (loopback moves that in a fraction of a second); the device waits.
+                assert not flooding.done() and sent < tries // 2
+                assert len(stuck_session.audio) == 1
+            finally:
+                flooding.cancel()
+                upstream.unstall.set()
+
+
+async def test_a_server_reply_that_would_break_the_device_is_not_handed_on(
+    tmp_path: Path,
+) -> None:
+    """A key the device's NVS cannot take (over 15 characters aborts it at boot, §7.1)."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.websocket_extra = {"a_much_too_long_key": "x"}
+    async with proxied(tmp_path, upstream) as run:
+        response = await device.check_in(ota_url(run))
+        assert response.status_code == 502
+        assert "key longer than 15 characters" in response.json()["error"]
+        assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept

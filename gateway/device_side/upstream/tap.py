@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.protocol import MAX_REQUEST_ID, PROBE_ID
+from gateway.protocol import MAX_REQUEST_ID, PROBE_ID, as_integer
 
 __all__ = ["CANCELLED", "GATEWAY_IDS", "REMAPPED_IDS", "McpTap", "Route", "is_gateway_id"]
 
@@ -51,7 +51,7 @@ _MAX_REMAPPED = 256  # open remapped requests kept; an upstream never has more t
 
 def is_gateway_id(request_id: object) -> bool:
     """True if a reply with ``request_id`` answers the gateway (an int in its ranges, or 0)."""
-    number = _number(request_id)
+    number = as_integer(request_id)
     return number is not None and (number == PROBE_ID or number >= GATEWAY_IDS.start)
 
 
@@ -108,7 +108,7 @@ class McpTap:
                 return Route(to_upstream=payload)  # a request: the device's server answers it
             return Route(to_upstream=payload, to_gateway=payload)  # e.g. tools/list_changed
         request_id = payload.get("id")
-        number = _number(request_id)
+        number = as_integer(request_id)
         if number is not None and number in self._remapped:
             original = self._remapped.pop(number)
             return Route(to_upstream={**payload, "id": original})
@@ -158,12 +158,3 @@ class McpTap:
 
 def _after(remapped_id: int) -> int:
     return remapped_id + 1 if remapped_id + 1 in REMAPPED_IDS else REMAPPED_IDS.start
-
-
-def _number(value: object) -> int | None:
-    """``value`` as an integral id (``3.0`` counts, as the device reads it), else None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
