@@ -111,20 +111,16 @@ def _text(section: Mapping[str, Any], key: str, *, required: bool = False) -> st
 def device_mqtt_section(upstream: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
     """The ``mqtt`` section the device gets when its upstream answered with ``upstream``.
 
-    ``own`` is what the gateway hands a device of its own (its broker's endpoint on a non-TLS
-    port, the device's gateway credentials and ``publish_topic``): the device logs in there. The
-    upstream's other keys (say, a future one the firmware reads) are kept where they do not
-    name a broker, a login or a topic.
+    ``own``: what the gateway hands a device of its own (its broker's endpoint on a non-TLS
+    port, the device's gateway credentials, ``publish_topic``, ``keepalive``), and nothing of the
+    upstream's: the firmware reads no other key, and every key it gets lands in its NVS, where
+    an unknown one could only do harm (docs/protocol.md §7.1).
+
+    Raises:
+        UpstreamSettingsError: the gateway cannot log in where ``upstream`` says.
     """
-    section = {k: v for k, v in upstream.items() if k not in _CONNECTION_KEYS}
-    section.update(own)
-    return section
-
-
-_CONNECTION_KEYS = frozenset(
-    {"endpoint", "client_id", "username", "password", "publish_topic", "subscribe_topic",
-     "keepalive", "port"}
-)  # fmt: skip
+    parse_upstream_mqtt(upstream)
+    return dict(own)
 
 
 class MqttUpstreams(KeptSettings[UpstreamMqtt]):
@@ -143,7 +139,6 @@ class MqttUpstreams(KeptSettings[UpstreamMqtt]):
         Raises:
             UpstreamSettingsError: the gateway cannot log in where the upstream says.
         """
-        parse_upstream_mqtt(theirs)
         return device_mqtt_section(theirs, own)
 
     def keep(self, device_id: str, theirs: Mapping[str, Any] | None) -> None:
