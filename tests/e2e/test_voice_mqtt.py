@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from mcp import Client
 
@@ -350,3 +351,20 @@ async def test_a_device_waiting_for_approval_keeps_its_voice_server(tmp_path: Pa
         assert [t["name"] for t in tools] == model_tools(device)
         reply = await server.call("self.lamp.turn_on")
         assert reply["result"]["content"][0]["text"] == "true"
+
+
+async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(tmp_path: Path) -> None:
+    """The device gets a 502 it retries, nothing is kept, and the error says what is wrong."""
+    upstream = UpstreamServer(offer="mqtt")
+    upstream.mqtt_endpoint = "mqtt.example:not-a-port"
+    upstream.activated.add(STOCK_HEADERS["Device-Id"])
+    async with upstream.running(), gateway(
+        tmp_path, **EMBEDDED, upstream_ota_url=upstream.ota_url
+    ) as run:  # fmt: skip
+        url = f"http://127.0.0.1:{run.device_port}/xiaozhi/ota/"
+        async with httpx2.AsyncClient() as http:
+            response = await http.post(url, headers=STOCK_HEADERS, json={})
+        assert response.status_code == 502
+        assert "mqtt endpoint 'mqtt.example:not-a-port' is not host[:port]" in response.text
+        assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
+        assert run.gateway.proxy.mqtt.get(STOCK) is None  # type: ignore[attr-defined]
