@@ -16,7 +16,6 @@ never buffered without end. The client reconnects with backoff and says once per
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import ssl
@@ -107,6 +106,9 @@ class UpstreamMqttClient:
                     self._on_state(f"unreachable: {failure or 'connection lost'}")
                     logger.warning("device %s: upstream %s: %s; retrying", self.device_id,
                                    self.settings.where, failure or "connection lost")  # fmt: skip
+            except Exception:  # a bug of ours must cost this connection, never the relay
+                logger.exception("device %s: upstream %s: relaying failed; reconnecting",
+                                 self.device_id, self.settings.where)  # fmt: skip
             finally:
                 self.connected.clear()
                 _drain(self._queue)  # stale: the device has long given up on these
@@ -116,19 +118,26 @@ class UpstreamMqttClient:
             delay = min(delay * 2, longest)
 
     async def _relay(self, client: aiomqtt.Client) -> None:
+        """Both directions until either fails; its error (an ``MqttError``) ends the connection."""
         self.connected.set()
-        publisher = asyncio.create_task(
-            self._publish(client), name=f"upstream.out[{self.device_id}]"
-        )
+        name = f"gateway.upstream[{self.device_id}]"
+        both = {asyncio.create_task(self._publish(client), name=f"{name}.out"),
+                asyncio.create_task(self._read(client), name=f"{name}.in")}  # fmt: skip
         try:
-            async for message in client.messages:
-                payload = message.payload
-                if isinstance(payload, bytes | bytearray):
-                    self._deliver(bytes(payload))
+            done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                await publisher
+            for task in both:
+                task.cancel()
+            await asyncio.gather(*both, return_exceptions=True)
+        for task in done:
+            task.result()  # raises what ended it
+        raise aiomqtt.MqttError("")  # the broker ended the message stream: lost, reconnect
+
+    async def _read(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            payload = message.payload
+            if isinstance(payload, bytes | bytearray):
+                self._deliver(bytes(payload))
 
     async def _publish(self, client: aiomqtt.Client) -> None:
         topic = self.settings.publish_topic
