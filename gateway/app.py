@@ -68,7 +68,7 @@ class Gateway:
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
         self.registry = DeviceRegistry(config, self.store)
-        self.photos = PhotoStore(config.data_dir / "photos")
+        self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
         self.credentials = DeviceCredentials(config.data_dir)

@@ -60,7 +60,7 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "host_side": [
-        {"tool_listing", "device_listing", "photo_resources", "relay"},
+        {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"http"},

@@ -83,6 +83,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("ota", "firmware_url", "ota_firmware_url", optional_string),
     ("vision", "enabled", "vision_enabled", boolean),
     ("vision", "max_photo_bytes", "vision_max_photo_bytes", integer),
+    ("vision", "photo_history", "vision_photo_history", integer),
     ("upstream", "ota_url", "upstream_ota_url", upstream_url),
     ("upstream", "timeout", "upstream_timeout", positive_number),
     ("upstream", "fleet_tools", "upstream_fleet_tools", boolean),

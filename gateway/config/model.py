@@ -86,6 +86,7 @@ class Config:
     vision_enabled: bool = True
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024
+    vision_photo_history: int = 5  # photos kept per device, its latest included
     # [upstream]: the voice server stock devices keep (docs/voice-proxy.md); None: no proxy
     upstream_ota_url: str | None = None
     upstream_timeout: float = 10.0
