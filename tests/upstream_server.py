@@ -296,7 +296,7 @@ class UpstreamServer:
                 await session.websocket.close(code=1011)
                 return
             if self.session_fault == "garbage":
-                await session.websocket.send_text("this is not JSON {")
+                await session.websocket.send_text('this is not JSON {"hello"')
             await session.send_json({"type": "hello", "transport": "websocket", "audio_params":
                                      {"format": "opus", "sample_rate": 24000, "channels": 1,
                                       "frame_duration": 60}})  # fmt: skip

@@ -271,7 +271,7 @@ async def test_what_the_server_sends_reaches_the_device_as_sent(tmp_path: Path) 
             assert reply["id"] == clash and "result" in reply
             seen = [p["id"] for p in talk.mcp if p.get("method") == "tools/call"]
             assert seen and seen[-1] not in GATEWAY_IDS  # remapped on the way to the device
-        assert talk.garbage == ["this is not JSON {"]
+        assert talk.garbage == ['this is not JSON {"hello"']
 
 
 async def test_a_frame_over_the_limit_ends_the_conversation_cleanly(tmp_path: Path) -> None:

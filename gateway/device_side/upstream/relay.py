@@ -127,6 +127,7 @@ async def open_upstream(
             compression=None,  # frames go on byte for byte; the device does not deflate either
             proxy=None,  # the device would not use one: reach the server as it would
             user_agent_header=None,
+            close_timeout=2,  # a stalled server must not hold the end of a conversation long
         )
     except InvalidStatus as exc:
         status = exc.response.status_code
@@ -198,7 +199,7 @@ async def _device_to_upstream(
             mcp = _mcp(text, limit)
             if mcp is None:
                 await upstream.send(text)
-                if '"hello"' in text:
+                if _is_hello(text, limit):
                     link.hello = text  # for the gateway once the voice server has answered it
                 continue
             route = tap.from_device(mcp["payload"])
@@ -230,7 +231,7 @@ async def _upstream_to_device(
             mcp = _mcp(frame, limit)
             if mcp is None:
                 await device.send_text(frame)  # garbage too: the device judges it as it would
-                if link.hello is not None and '"hello"' in frame:
+                if link.hello is not None and _is_hello(frame, limit):
                     # The gateway's discovery starts now, after the server's hello: nothing of
                     # the gateway's reaches the device before it (it leaves the answer to the
                     # voice server, DeviceProtocol(answer_hello=False)).
@@ -285,6 +286,15 @@ def _mcp(text: str, limit: int) -> JsonObject | None:
     except MalformedMessage:
         message = salvage_error_reply(text)  # stock firmware's unescaped error replies
     return message if message is not None and message["type"] == "mcp" else None
+
+
+def _is_hello(text: str, limit: int) -> bool:
+    if '"hello"' not in text:  # most frames: no parse at all
+        return False
+    try:
+        return bool(decode(text, limit)["type"] == "hello")
+    except MalformedMessage:
+        return False
 
 
 def _reframe(text: str, message: JsonObject, payload: object) -> str:
