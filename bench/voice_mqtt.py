@@ -7,9 +7,9 @@ Run from the repository root, in the project's venv (mosquitto on PATH)::
 Over MQTT the audio never passes the gateway (the server's hello names its own UDP address), so
 what the proxy adds is the delay of the JSON messages (``listen``, ``hello``, MCP) on their way
 device -> server -> device. Processes, all on loopback: a real mosquitto (the server's broker),
-a voice server (``server_main``: an OTA answering an ``mqtt`` section, and a client on
-``device-server`` that publishes every message straight back to the topic it names) and the
-gateway (``esp-mcp-gateway serve``, embedded broker, ``[upstream] ota_url`` naming the server).
+a voice server (``_voice_servers.mqtt_upstream_main``: an OTA answering an ``mqtt`` section,
+and a client on ``device-server`` that publishes every message straight back to the topic it
+names) and the gateway (``esp-mcp-gateway serve``, embedded broker, ``[upstream] ota_url`` naming the server).
 Two stock-like devices run in this process: *direct* logs in at mosquitto; *gateway* checks in
 through the gateway, logs in at its broker and answers the gateway's MCP discovery. Each sends
 a 200-byte ``listen`` message and times it until it is back, N per target after a warm-up, in
@@ -28,65 +28,25 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import httpx2
-import uvicorn
 from _fleet_processes import CHILDREN, Gateway, RunBroken, _ChildServer, _free_port, kill_children
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from _voice_servers import MQTT_SERVER_TOPIC, mqtt_upstream_main, percentiles, run_bench
 
 WARMUP = 50
 BLOCK = 100
-SERVER_TOPIC = "device-server"
 DIRECT, PROXIED = "02:00:00:00:02:01", "02:00:00:00:02:02"
 
 
 def _p2p(device_id: str) -> str:
     return "devices/p2p/" + device_id.replace(":", "_")
-
-
-async def _server(conn: Connection, broker_port: int) -> None:
-    async def ota(request: Request) -> JSONResponse:
-        device_id = request.headers.get("device-id", "")
-        mqtt = {"endpoint": f"127.0.0.1:{broker_port}", "client_id": f"GID_bench@@@{device_id}",
-                "username": "bench", "password": "bench", "publish_topic": SERVER_TOPIC,
-                "subscribe_topic": _p2p(device_id)}  # fmt: skip
-        return JSONResponse({"server_time": {"timestamp": 0, "timezone_offset": 0}, "mqtt": mqtt})
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    app = Starlette(routes=[Route("/xiaozhi/ota/", ota, methods=["POST"])])
-    config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning")
-    serving = asyncio.create_task(uvicorn.Server(config).serve(sockets=[sock]))
-    async with aiomqtt.Client("127.0.0.1", broker_port, identifier="bench-server") as client:
-        await client.subscribe(SERVER_TOPIC)
-        conn.send(sock.getsockname()[1])  # listening already: a check-in waits in the backlog
-        async for message in client.messages:  # every message straight back where it says
-            payload = message.payload
-            assert isinstance(payload, bytes)
-            await client.publish(json.loads(payload)["bench_reply"], payload)
-    serving.cancel()
-
-
-def server_main(conn: Connection, broker_port: int) -> None:
-    """Entry point of the voice server process."""
-    try:
-        asyncio.run(_server(conn, broker_port))
-    finally:
-        os._exit(0)
 
 
 class Device:
@@ -135,18 +95,12 @@ async def device(host_port: int, login: dict[str, Any], device_id: str,
     async with client:
         if subscribe is not None:
             await client.subscribe(subscribe)
-        dev = Device(client, device_id, login.get("publish_topic", SERVER_TOPIC))
+        dev = Device(client, device_id, login.get("publish_topic", MQTT_SERVER_TOPIC))
         reader = asyncio.create_task(dev.read(dev.topic))
         try:
             yield dev
         finally:
             reader.cancel()
-
-
-def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"p50_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000}
 
 
 def start_broker(workdir: Path) -> int:
@@ -168,7 +122,7 @@ def start_broker(workdir: Path) -> int:
 
 
 async def measure(workdir: Path, port: int, messages: int) -> dict[str, Any]:
-    server = _ChildServer("voice server", server_main, (port,), 30)
+    server = _ChildServer("voice server", mqtt_upstream_main, (port,), 30)
     ota = f"http://127.0.0.1:{server.started}/xiaozhi/ota/"
     gateway = Gateway(workdir, "gateway", "bench-device-token", mqtt=True,
                       settings={"GATEWAY_UPSTREAM_OTA_URL": ota})  # fmt: skip
@@ -196,7 +150,7 @@ async def measure(workdir: Path, port: int, messages: int) -> dict[str, Any]:
                 for name, dev in targets.items():
                     samples[name] += [await dev.round_trip(done + i) for i in range(block)]
                 done += block
-        figures: dict[str, Any] = {name: _ms(values) for name, values in samples.items()}
+        figures: dict[str, Any] = {name: percentiles(values) for name, values in samples.items()}
         figures["messages"] = messages
         for key in ("p50_ms", "p99_ms"):
             figures[f"added_{key}"] = figures["gateway"][key] - figures["direct"][key]
@@ -227,19 +181,14 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on the whole run, s")
     args = parser.parse_args()
-    try:
-        with tempfile.TemporaryDirectory(prefix="voice-mqtt-bench-") as workdir:
-            port = start_broker(Path(workdir))
-            run = measure(Path(workdir), port, max(args.messages, 2))
-            figures = asyncio.run(asyncio.wait_for(run, args.timeout))
-    except TimeoutError:
-        print(f"voice_mqtt: did not finish within {args.timeout:g} s", file=sys.stderr)
+
+    async def run(workdir: Path) -> dict[str, Any]:
+        port = await asyncio.to_thread(start_broker, workdir)
+        return await measure(workdir, port, max(args.messages, 2))
+
+    figures = run_bench("voice_mqtt", run, args.timeout, kill_children)
+    if figures is None:
         return 1
-    except Exception as exc:  # a broken run; the figures themselves decide nothing
-        print(f"voice_mqtt: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        kill_children()
     print(json.dumps(figures, indent=2) if args.json else _table(figures))
     return 0
 
