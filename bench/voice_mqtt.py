@@ -9,11 +9,11 @@ what the proxy adds is the delay of the JSON messages (``listen``, ``hello``, MC
 device -> server -> device. Processes, all on loopback: a real mosquitto (the server's broker),
 a voice server (``_voice_servers.mqtt_upstream_main``: an OTA answering an ``mqtt`` section,
 and a client on ``device-server`` that publishes every message straight back to the topic it
-names) and the gateway (``esp-mcp-gateway serve``, embedded broker, ``[upstream] ota_url`` naming the server).
-Two stock-like devices run in this process: *direct* logs in at mosquitto; *gateway* checks in
-through the gateway, logs in at its broker and answers the gateway's MCP discovery. Each sends
-a 200-byte ``listen`` message and times it until it is back, N per target after a warm-up, in
-alternating blocks. The table gives p50/p99 of the round trip and what the gateway adds (two
+names) and the gateway (``esp-mcp-gateway serve``, embedded broker, ``[upstream] ota_url``
+naming the server). Two stock-like devices run in this process: *direct* logs in at mosquitto;
+*gateway* checks in through the gateway, logs in at its broker and answers the gateway's MCP
+discovery. Each sends a 200-byte ``listen`` message and times it until it is back, N per target
+after a warm-up, in alternating blocks. The table gives p50/p99 of the round trip and what the gateway adds (two
 passes through the proxy, each one more broker hop).
 
 A measurement, not a test: it exits 1 only when the run itself breaks.
