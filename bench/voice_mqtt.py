@@ -13,8 +13,8 @@ names) and the gateway (``esp-mcp-gateway serve``, embedded broker, ``[upstream]
 naming the server). Two stock-like devices run in this process: *direct* logs in at mosquitto;
 *gateway* checks in through the gateway, logs in at its broker and answers the gateway's MCP
 discovery. Each sends a 200-byte ``listen`` message and times it until it is back, N per target
-after a warm-up, in alternating blocks. The table gives p50/p99 of the round trip and what the gateway adds (two
-passes through the proxy, each one more broker hop).
+after a warm-up, in alternating blocks. The table gives p50/p99 of the round trip and what the
+gateway adds (two passes through the proxy, each one more broker hop).
 
 A measurement, not a test: it exits 1 only when the run itself breaks.
 """
