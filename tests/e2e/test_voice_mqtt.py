@@ -25,14 +25,15 @@ import pytest
 from mcp import Client
 
 from gateway.app import Running
-from gateway.config import DeviceOptions
+from gateway.config import DeviceOptions, ListenAddress
 from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.simulator import DeviceMcpServer, default_tools
 from tests.conftest import bound, gateway
 from tests.device_side.test_ota import STOCK_HEADERS
+from tests.e2e.helpers import has_tools, until
 from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device, tool_name, wait_listed
-from tests.mqtt_helpers import Mosquitto, MqttDevice, stock_accepts_hello
+from tests.mqtt_helpers import Mosquitto, MqttDevice, free_port, stock_accepts_hello
 from tests.upstream_mqtt import UpstreamMqttServer, upstream_broker
 from tests.upstream_server import UpstreamServer
 
@@ -368,3 +369,23 @@ async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(tmp_path:
         assert "mqtt endpoint 'mqtt.example:not-a-port' is not host[:port]" in response.text
         assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
         assert run.gateway.proxy.mqtt.get(STOCK) is None  # type: ignore[attr-defined]
+
+
+async def test_after_a_gateway_restart_the_device_finds_its_server_again(tmp_path: Path) -> None:
+    """A device checks in only at boot: the server's settings kept in the data dir serve it when
+    it joins the broker of a gateway started since."""
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
+        settings = {**listen, "upstream_ota_url": server.ota.ota_url}
+        async with gateway(tmp_path / "gw", **settings) as run:
+            reply = await ota_check_in(run)  # its boot, with the gateway before this one
+        async with stock_device(reply) as device, gateway(tmp_path / "gw", **settings) as run:
+            async with run.gateway.registry.changes() as changes:
+                await until(changes, has_tools(run, STOCK))  # it found the broker by itself
+            assert run.gateway.sessions.mqtt_proxies is not None
+            relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)
+            assert relay is not None
+            async with asyncio.timeout(bound(10)):
+                await relay.upstream.connected.wait()
+            tools = await conversation(device, server.mqtt)
+            assert [t["name"] for t in tools] == model_tools(device)
