@@ -95,6 +95,7 @@ class MqttRelay:
         self._to_device: asyncio.Queue[str] = asyncio.Queue(MAX_QUEUED)
         self._to_gateway: asyncio.Queue[str | None] = asyncio.Queue(MAX_QUEUED)
         self._detached = False  # the gateway's session ended; the voice relay goes on
+        self._behind = False  # the device's queue overflowed (said once until it drains)
         self._tasks: set[asyncio.Task[None]] = set()
         self._complaint = ""  # the last kind of upstream garbage logged (once per kind)
         self.device_gone = asyncio.Event()  # set once the device's link has ended
@@ -214,8 +215,10 @@ class MqttRelay:
         try:
             self._to_device.put_nowait(text)
         except asyncio.QueueFull:
-            logger.warning("device %s does not keep up with its upstream; message dropped",
-                           self.device_id)  # fmt: skip
+            if not self._behind:  # once until the device catches up, not per message
+                self._behind = True
+                logger.warning("device %s does not keep up with its upstream; its messages are "
+                               "dropped", self.device_id)  # fmt: skip
 
     async def _fleet_call(self, message: JsonObject, request: JsonObject) -> None:
         assert self._fleet is not None
@@ -229,6 +232,7 @@ class MqttRelay:
                 await self._link.send(text)
             except LinkClosed:
                 return  # the session ends; the relay with it
+            self._behind = False
 
     def _garbage(self, what: str) -> None:
         if what != self._complaint:  # once per kind, not for every message of a flood
