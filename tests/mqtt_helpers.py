@@ -125,6 +125,11 @@ class Mosquitto:
         while line := await stream.readline():
             self.log.append(line.decode())
 
+    @property
+    def pid(self) -> int | None:
+        """The running broker's process id (None when it is not running)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
     async def kill(self) -> None:
         """SIGKILL: no goodbye to anyone, no last wills kept (persistence is off)."""
         if self._proc is not None and self._proc.returncode is None:
@@ -178,6 +183,7 @@ class MqttDevice:
         self.connected = asyncio.Event()
         self.hellos: asyncio.Queue[JsonObject] = asyncio.Queue()
         self.received: list[JsonObject] = []
+        self.raw: list[bytes] = []  # every message as it arrived, byte for byte
         self.calls: list[str] = []
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
@@ -245,6 +251,7 @@ class MqttDevice:
 
     async def _on_message(self, payload: object) -> None:
         assert isinstance(payload, bytes)
+        self.raw.append(payload)
         message = json.loads(payload)
         self.received.append(message)
         if message.get("type") == "hello":

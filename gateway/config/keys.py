@@ -88,6 +88,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("vision", "photo_history", "vision_photo_history", integer),
     ("upstream", "ota_url", "upstream_ota_url", upstream_url),
     ("upstream", "timeout", "upstream_timeout", positive_number),
+    ("upstream", "fleet_tools", "upstream_fleet_tools", boolean),
     ("limits", "device_connections", "limits_device_connections", integer),
     ("limits", "host_connections", "limits_host_connections", integer),
     ("limits", "per_address", "limits_per_address", integer),

@@ -92,6 +92,8 @@ class Config:
     # [upstream]: the voice server stock devices keep (docs/voice-proxy.md); None: no proxy
     upstream_ota_url: str | None = None
     upstream_timeout: float = 10.0
+    # The upstream's model may also use the other devices' tools (docs/voice-proxy.md); opt-in
+    upstream_fleet_tools: bool = False
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:
