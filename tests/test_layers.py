@@ -43,7 +43,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
-        {"store"},
+        {"store", "logins"},  # logins: refused and conflicting device logins, audited
         {"device"},  # a known device and its tools as decided
         {"exposure"},  # what hosts see
         {"known"},  # the registry's core: load, queries, new devices, catalogues
