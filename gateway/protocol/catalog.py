@@ -5,10 +5,15 @@ device sent them, follows ``nextCursor`` and refuses cursor loops and runaway pa
 the entries (names, texts, schemas) is the device layer's business (``gateway.devices.catalogue``):
 it must decide tool by tool, and it shares the verdict between devices with the same firmware.
 When to request a page and what state that puts the session in is ``DeviceProtocol``'s business.
+
+Devices of the same firmware list the same entries, and the device layer shares one judged
+catalogue between them, found by a digest of the entries. Hashing the pages' raw text as they
+arrive (``digest``) costs a fraction of serialising every parsed entry again to hash it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from gateway.protocol.events import MessageDropped
@@ -37,6 +42,8 @@ class ToolCatalog:
         self._pages = 1
         self._cursors: set[str] = set()
         self._tools: list[object] = []
+        # Over each page's raw result text, length first; None once a page came without it.
+        self._hasher: Any = hashlib.sha256(b"tools/list results\n")
         self.next_cursor: str | None = None
         self.complete = True
 
@@ -45,11 +52,20 @@ class ToolCatalog:
         """The tool entries gathered so far, in device order, unjudged."""
         return tuple(self._tools)
 
-    def add_page(self, result: object) -> list[MessageDropped]:
+    @property
+    def digest(self) -> str | None:
+        """A digest of the raw results the entries came from: equal digests, equal entries.
+
+        None unless every page's raw result text was given (``add_page``'s ``raw``).
+        """
+        return None if self._hasher is None else self._hasher.hexdigest()
+
+    def add_page(self, result: object, raw: str | None = None) -> list[MessageDropped]:
         """Take one page's ``tools/list`` result and decide on the next page.
 
         Args:
             result: the ``result`` of the device's reply.
+            raw: the text ``result`` was parsed from, alone (``envelope.result_text``), if known.
 
         Returns:
             The ``MessageDropped`` that says why the listing stopped early, if it did.
@@ -57,17 +73,26 @@ class ToolCatalog:
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             return [self.stop("malformed tools/list result")]
         self._tools.extend(result["tools"])
+        if raw is None:
+            self._hasher = None
+        elif self._hasher is not None:
+            self._hasher.update(f"{len(raw)}:{raw}".encode("utf-8", "surrogatepass"))
         try:
             self.next_cursor = self._follow(result.get("nextCursor"))
         except _Stop as exc:
             return [self.stop(str(exc))]
         return []
 
-    def add_reply(self, reply: Response | ErrorResponse) -> list[MessageDropped]:
-        """Take the device's reply to a ``tools/list`` request: a page, or why there is none."""
+    def add_reply(
+        self, reply: Response | ErrorResponse, raw: str | None = None
+    ) -> list[MessageDropped]:
+        """Take the device's reply to a ``tools/list`` request: a page, or why there is none.
+
+        ``raw`` is the text of the reply's result alone, if known (``add_page``).
+        """
         if isinstance(reply, ErrorResponse):
             return [self.stop(f"tools/list failed: {reply.message}", {"code": reply.code})]
-        return self.add_page(reply.result)
+        return self.add_page(reply.result, raw)
 
     def stop(self, reason: str, detail: JsonObject | None = None) -> MessageDropped:
         """End the listing early and return the ``MessageDropped`` that says why."""

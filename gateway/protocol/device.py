@@ -193,7 +193,7 @@ class DeviceProtocol:
         if kind == "hello":
             self._on_hello(message)
         elif kind == "mcp":
-            self._on_mcp(message.get("payload"))
+            self._on_mcp(message.get("payload"), (text, message.get("session_id")))
         elif kind == "goodbye":
             self._out.events.append(DeviceGoodbye())
         else:
@@ -310,7 +310,7 @@ class DeviceProtocol:
         self._out.events.append(HelloReceived(hello))
         self.start_discovery()
 
-    def _on_mcp(self, payload: object) -> None:
+    def _on_mcp(self, payload: object, frame: tuple[str, object]) -> None:
         try:
             message = classify(payload)
         except envelope.MalformedMessage as exc:
@@ -321,7 +321,7 @@ class DeviceProtocol:
         elif isinstance(message, Notification):
             self._on_notification(message)
         else:
-            self._on_reply(message)
+            self._on_reply(message, frame)
 
     def _on_notification(self, notification: Notification) -> None:
         if notification.method != TOOLS_LIST_CHANGED:
@@ -333,7 +333,7 @@ class DeviceProtocol:
             self._relist = True
         # CONNECTED: discovery has not started, and will list the tools when it does.
 
-    def _on_reply(self, reply: Response | ErrorResponse) -> None:
+    def _on_reply(self, reply: Response | ErrorResponse, frame: tuple[str, object]) -> None:
         purpose = self._pending.answered(reply.id)
         if purpose is None:
             self._out.drop("reply to an unknown or forgotten request", id=reply.id)
@@ -344,7 +344,7 @@ class DeviceProtocol:
         elif purpose is Purpose.INITIALIZE:
             self._on_initialize_reply(reply)
         else:
-            self._on_list_reply(reply)
+            self._on_list_reply(reply, frame)
 
     # Discovery.
 
@@ -374,17 +374,20 @@ class DeviceProtocol:
         request_id = self._pending.request(Purpose.LIST)
         self._out.mcp(outgoing.list_request(request_id, cursor))
 
-    def _on_list_reply(self, reply: Response | ErrorResponse) -> None:
+    def _on_list_reply(self, reply: Response | ErrorResponse, frame: tuple[str, object]) -> None:
         catalog = self._catalog
         assert catalog is not None  # a tools/list id is pending only while listing
-        self._out.events.extend(catalog.add_reply(reply))
+        raw = envelope.result_text(*frame, reply.id)  # names the page (ToolCatalog.digest)
+        self._out.events.extend(catalog.add_reply(reply, raw))
         if catalog.next_cursor is not None:
             self._request_page(catalog.next_cursor)
             return
         self.state = State.READY
         self._deadline = None
         self._catalog = None
-        self._out.events.append(ToolsListed(catalog.tools, self._server_info, catalog.complete))
+        self._out.events.append(
+            ToolsListed(catalog.tools, self._server_info, catalog.complete, catalog.digest)
+        )
         if self._relist:
             self._start_listing()
 

@@ -38,12 +38,14 @@ class ToolsListed:
     sent it (any JSON value: the device layer judges them one by one). ``server_info`` is the
     device's ``initialize`` ``serverInfo`` when it gave one. ``complete`` is False when listing
     stopped early (a cursor loop, a page error, the page limit); ``tools`` then holds what was
-    gathered before that.
+    gathered before that. ``digest`` names the pages' content when every page came framed as
+    stock firmware frames it (``ToolCatalog.digest``): equal digests, equal ``tools``.
     """
 
     tools: tuple[object, ...]
     server_info: JsonObject | None = None
     complete: bool = True
+    digest: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gateway.protocol.catalog import ToolCatalog
@@ -76,3 +78,29 @@ def test_catalog_stop_adds_detail() -> None:
     )
     assert catalog.next_cursor is None
     assert not catalog.complete
+
+
+def test_catalog_digest_names_the_raw_pages() -> None:
+    """Equal raw pages give equal digests; other pages, or pages split otherwise, do not."""
+
+    def digest(*pages: str) -> str | None:
+        catalog = ToolCatalog(max_pages=5)
+        for page in pages:
+            catalog.add_page(json.loads(page), page)
+        return catalog.digest
+
+    one = '{"tools":[{"name":"a"}],"nextCursor":"2"}'
+    two = '{"tools":[{"name":"b"}]}'
+    assert digest(one, two) == digest(one, two) is not None
+    assert digest(one, two) != digest(one, '{"tools":[{"name":"c"}]}')
+    assert digest(one) != digest(one, '{"tools":[]}')  # one more (empty) page counts
+
+
+def test_catalog_digest_needs_every_raw_page() -> None:
+    """A page whose raw text is unknown leaves the digest to the device layer."""
+    catalog = ToolCatalog(max_pages=5)
+    catalog.add_page({"tools": [{"name": "a"}], "nextCursor": "2"}, '{"tools":[{"name":"a"}]}')
+    catalog.add_page({"tools": [{"name": "b"}]})
+    assert catalog.digest is None
+    catalog.add_page({"tools": []}, '{"tools":[]}')  # and it stays unknown
+    assert catalog.digest is None and len(catalog.tools) == 2
