@@ -43,14 +43,7 @@ from gateway.protocol.events import (
     HelloReceived,
     ToolsListed,
 )
-from gateway.protocol.jsonrpc import (
-    ErrorResponse,
-    Notification,
-    Request,
-    Response,
-    classify,
-    make_request,
-)
+from gateway.protocol.jsonrpc import ErrorResponse, Notification, Request, Response, classify
 from gateway.protocol.outbox import Logger, Outbox
 from gateway.protocol.pending import Pending, Purpose, call_result
 
@@ -352,7 +345,8 @@ class DeviceProtocol:
         self.state = State.INITIALIZING
         self._deadline = self._clock() + self._discovery_timeout
         request_id = self._pending.request(Purpose.INITIALIZE)
-        self._out.mcp(make_request(request_id, "initialize", self._initialize_params))
+        params = self._initialize_params
+        self._out.frame(outgoing.initialize_frame(self._session_id, request_id, params))
 
     def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
         if isinstance(reply, ErrorResponse):
