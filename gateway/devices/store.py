@@ -243,16 +243,11 @@ class Store:
                                batch.catalogues.items())  # fmt: skip
                 db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
-                for entry in batch.names.values():
-                    db.execute(
-                        "DELETE FROM tool_names WHERE name = ?"
-                        " AND NOT (device_id = ? AND tool = ?)",
-                        (entry.name, entry.device_id, entry.tool),
-                    )
-                    db.execute(
-                        "INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)",
-                        (entry.device_id, entry.tool, entry.alias, entry.name),
-                    )
+                # A storm's 25 names a device are most of the writer's work: one statement
+                # each. REPLACE also deletes the row of any other holder of the name (UNIQUE).
+                db.executemany("INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)",
+                               [(e.device_id, e.tool, e.alias, e.name)
+                                for e in batch.names.values()])  # fmt: skip
         except sqlite3.Error as exc:  # a full disk, a read-only or vanished data dir
             return exc
         return None
