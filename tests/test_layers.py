@@ -59,7 +59,7 @@ INNER: dict[str, list[set[str]]] = {
         {"dashboard", "metrics"},
         {"http"},
     ],
-    "cli": [{"flashing", "doctor"}, {"commands"}],
+    "cli": [{"flashing", "doctor", "heap"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
     "cli/doctor": [{"probes"}, {"findings"}, {"listeners", "broker", "data_dir", "config_file"}],
 }
