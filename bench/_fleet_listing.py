@@ -106,7 +106,12 @@ async def _serve(conn: Connection, device_ids: list[str]) -> None:
     manager = StreamableHTTPSessionManager(app=_server(pages), security_settings=security)
     app = Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))])
     config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2
+        app,
+        http="h11",  # the gateway's parser: "auto" would take httptools wherever it is installed
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
     sock = socket.socket()

@@ -80,7 +80,12 @@ async def baseline() -> AsyncIterator[str]:
     manager = StreamableHTTPSessionManager(app=_baseline_server(), security_settings=security)
     app = Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))])
     config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2
+        app,
+        http="h11",  # the gateway's parser: "auto" would take httptools wherever it is installed
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,
     )
     server, sock = uvicorn.Server(config), bind(LOOPBACK)
     async with manager.run():

@@ -372,7 +372,7 @@ class DeviceProtocol:
         catalog = self._catalog
         assert catalog is not None  # a tools/list id is pending only while listing
         raw = envelope.result_text(*frame, reply.id)  # names the page (ToolCatalog.digest)
-        self._out.events.extend(catalog.add_reply(reply, raw))
+        self._out.events.extend(catalog.add_reply(reply, raw, frame[0]))
         if catalog.next_cursor is not None:
             self._request_page(catalog.next_cursor)
             return

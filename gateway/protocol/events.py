@@ -6,6 +6,7 @@ Each event is a frozen, slotted dataclass. The I/O layer reads them with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,7 @@ class ToolsListed:
     stock firmware frames it (``ToolCatalog.digest``): equal digests, equal ``tools``.
     """
 
-    tools: tuple[object, ...]
+    tools: Sequence[object]  # a tuple, or the catalog's Entries (parsed on first use)
     server_info: JsonObject | None = None
     complete: bool = True
     digest: str | None = field(default=None, compare=False)
