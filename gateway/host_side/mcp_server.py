@@ -252,7 +252,9 @@ class McpFrontend:
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> JsonObject:
         tools, following = self.tools(params.cursor if params is not None else None)
-        result: JsonObject = {"tools": tools}
+        # What a ListToolsResult dumps to: 2026-era sessions require resultType (the SDK's
+        # check of the result drops it for older ones; the cache hint fills ttlMs, cacheScope).
+        result: JsonObject = {"tools": tools, "resultType": "complete"}
         if following is not None:
             result["nextCursor"] = following
         return result
