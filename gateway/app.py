@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
+from typing import Any
 
 from gateway.config import Config
 from gateway.device_side.admission import Admission
@@ -22,6 +23,12 @@ from gateway.device_side.http import build_device_app
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
+from gateway.device_side.upstream.conversation import Conversations
+from gateway.device_side.upstream.fleet import FleetTools
+from gateway.device_side.upstream.mqtt_relay import MqttProxies
+from gateway.device_side.upstream.mqtt_settings import MqttUpstreams
+from gateway.device_side.upstream.proxy import VoiceProxy
+from gateway.device_side.upstream.vision import VisionForwarder
 from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
@@ -60,14 +67,16 @@ class Gateway:
         self.device_tokens = device_tokens(config)
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
-        self.registry = DeviceRegistry(config, self.store)
-        self.photos = PhotoStore(config.data_dir / "photos")
+        self.registry = DeviceRegistry(config, self.store, audit=self.audit)
+        self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
-        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
+        # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
+        self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
+        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public, self.proxy)
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.admission = Admission(config, self.registry, self.enrollment, self.credentials,
                                    self.device_tokens, self.public, self.ota)  # fmt: skip
@@ -78,15 +87,19 @@ class Gateway:
                 self.admission.mqtt,
                 max_packet_bytes=config.limits_mqtt_max_packet_bytes,
                 limits=listener_limits(config, "mqtt"),
+                settle=self.admission.settle,
             )
             if config.mqtt_broker == "embedded" and config.mqtt_listen is not None
             else None
         )
         self.mqtt: MqttTransport | None = None
         self.vision = VisionTokens() if config.vision_enabled else None
-        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision)
-        self.device_app = build_device_app(config, self.admission, self.sessions, self.ota,
-                                           self.vision, self.photos)  # fmt: skip
+        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
+                                       mqtt_proxies=self._mqtt_proxies())  # fmt: skip
+        self.device_app = build_device_app(
+            config, self.admission, self.sessions, self.ota, self.vision, self.photos,
+            **self._proxy_parts(),
+        )  # fmt: skip
         self.metrics = GatewayMetrics(
             self.registry,
             self.audit,
@@ -102,6 +115,44 @@ class Gateway:
             dashboard=self.dashboard, metrics=self.metrics,
         )  # fmt: skip
         self._stack = contextlib.AsyncExitStack()
+
+    def _proxy_parts(self) -> dict[str, Any]:
+        """The device app's parts that proxy devices to their voice servers (none without)."""
+        if self.proxy is None:
+            return {}
+        conversations = Conversations(self.proxy, self.registry, self.sessions.serve_tapped,
+                                      vision_for=self.sessions.vision_for,
+                                      max_message_bytes=self.config.max_message_bytes,
+                                      fleet=self._fleet_tools())  # fmt: skip
+        return {"proxied": conversations, "elsewhere": VisionForwarder(self.proxy)}
+
+    def _fleet_tools(self) -> Callable[[str, str], FleetTools] | None:
+        """What offers a proxied device's voice server the fleet ([upstream] fleet_tools)."""
+        if not self.config.upstream_fleet_tools:
+            return None
+
+        def fleet(device_id: str, server: str) -> FleetTools:
+            # The audit log names the voice server as the caller of what it asks for.
+            return FleetTools(self.registry, self.router, device_id, f"upstream {server}")
+
+        return fleet
+
+    def _mqtt_proxies(self) -> MqttProxies | None:
+        """Relays for the MQTT devices that keep their voice server (docs/voice-proxy.md)."""
+        config = self.config
+        if self.proxy is None or config.mqtt_broker is None:
+            return None  # no broker: the OTA reply leaves the upstream's mqtt section out
+        self.proxy.mqtt = upstreams = MqttUpstreams(config.data_dir)
+        return MqttProxies(
+            upstreams,
+            proxied=lambda device_id: (
+                self.proxy is not None and bool(self.proxy.ota_url(device_id))
+            ),
+            fleet=self._fleet_tools(),
+            taps=self.proxy.taps,
+            status=self.registry.set_upstream,
+            max_message_bytes=config.max_message_bytes,
+        )
 
     async def __aenter__(self) -> Gateway:
         try:
@@ -121,6 +172,8 @@ class Gateway:
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
         self._stack.callback(self.frontend.notifier.listen_handler.close)
+        if self.proxy is not None:
+            self._stack.push_async_callback(self.proxy.aclose)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
         await self._start_mqtt()

@@ -49,9 +49,13 @@ class Mosquitto:
     """A real mosquitto on loopback, started and killed by the test."""
 
     def __init__(
-        self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False
-    ) -> None:
+        self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False,
+        acl: str | None = None,
+    ) -> None:  # fmt: skip
+        """``acl``: an ACL file's text; with it the client id is forced to the user name, as
+        docs/mqtt.md configures mosquitto for devices."""
         self.program = program("mosquitto")
+        self._acl = acl
         self.port = free_port()
         self._dir = workdir
         self._users = users
@@ -93,6 +97,10 @@ class Mosquitto:
             lines += ["allow_anonymous false", f"password_file {passwd}"]
         else:
             lines.append("allow_anonymous true")
+        if self._acl is not None:
+            acl = self._dir / "acl"
+            acl.write_text(self._acl)
+            lines += [f"acl_file {acl}", "use_username_as_clientid true"]
         conf = self._dir / "mosquitto.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf
@@ -116,6 +124,11 @@ class Mosquitto:
     async def _read_rest(self, stream: asyncio.StreamReader) -> None:
         while line := await stream.readline():
             self.log.append(line.decode())
+
+    @property
+    def pid(self) -> int | None:
+        """The running broker's process id (None when it is not running)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
     async def kill(self) -> None:
         """SIGKILL: no goodbye to anyone, no last wills kept (persistence is off)."""
@@ -170,6 +183,7 @@ class MqttDevice:
         self.connected = asyncio.Event()
         self.hellos: asyncio.Queue[JsonObject] = asyncio.Queue()
         self.received: list[JsonObject] = []
+        self.raw: list[bytes] = []  # every message as it arrived, byte for byte
         self.calls: list[str] = []
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
@@ -237,6 +251,7 @@ class MqttDevice:
 
     async def _on_message(self, payload: object) -> None:
         assert isinstance(payload, bytes)
+        self.raw.append(payload)
         message = json.loads(payload)
         self.received.append(message)
         if message.get("type") == "hello":

@@ -43,7 +43,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
-        {"store"},
+        {"store", "logins"},  # logins: refused and conflicting device logins, audited
         {"device"},  # a known device and its tools as decided
         {"exposure"},  # what hosts see
         {"known"},  # the registry's core: load, queries, new devices, catalogues
@@ -54,19 +54,24 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "device_side": [
         {"broker", "vision"},
+        {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards
         {"ota", "transports"},
         {"admission", "sessions"},
         {"http"},
     ],
     "host_side": [
-        {"tool_listing", "device_listing", "photo_resources", "relay"},
+        {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"http"},
     ],
     "cli": [{"flashing", "doctor", "heap"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
-    "cli/doctor": [{"probes"}, {"findings"}, {"listeners", "broker", "data_dir", "config_file"}],
+    "cli/doctor": [
+        {"probes"},
+        {"findings"},
+        {"listeners", "broker", "data_dir", "upstream", "config_file"},
+    ],
     "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}

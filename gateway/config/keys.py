@@ -31,6 +31,7 @@ from gateway.config.values import (
     string,
     string_list,
     topic_prefix,
+    upstream_url,
 )
 
 ENV_PREFIX = "GATEWAY_"
@@ -56,6 +57,8 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("devices", "discovery_timeout", "discovery_timeout", positive_number),
     ("devices", "hello_timeout", "hello_timeout", positive_number),
     ("devices", "adoption", "adoption", choice(*ADOPTIONS)),
+    ("devices", "max_pending", "max_pending", integer),
+    ("devices", "pending_expiry", "pending_expiry", positive_number),
     ("devices", "max_message_bytes", "max_message_bytes", integer),
     ("tools", "mode", "tools_mode", choice(*TOOLS_MODES)),
     ("tools", "budget", "tools_budget", integer),
@@ -82,6 +85,10 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("ota", "firmware_url", "ota_firmware_url", optional_string),
     ("vision", "enabled", "vision_enabled", boolean),
     ("vision", "max_photo_bytes", "vision_max_photo_bytes", integer),
+    ("vision", "photo_history", "vision_photo_history", integer),
+    ("upstream", "ota_url", "upstream_ota_url", upstream_url),
+    ("upstream", "timeout", "upstream_timeout", positive_number),
+    ("upstream", "fleet_tools", "upstream_fleet_tools", boolean),
     ("limits", "device_connections", "limits_device_connections", integer),
     ("limits", "host_connections", "limits_host_connections", integer),
     ("limits", "per_address", "limits_per_address", integer),

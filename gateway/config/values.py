@@ -7,6 +7,7 @@ takes both and raises ``ConfigError`` naming the key for anything else.
 from __future__ import annotations
 
 import ipaddress
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -162,3 +163,19 @@ def host_token(key: str, value: object) -> str | None:
 
 def log_level(key: str, value: object) -> str:
     return choice("debug", "info", "warning", "error")(key, string(key, value).lower())
+
+
+def upstream_url(key: str, value: object) -> str | None:
+    """A voice server's OTA URL (``http://`` or ``https://``), or None for ``""`` / ``off``."""
+    text = optional_string(key, value)
+    if text is None or text.lower() == "off":
+        return None
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        example = "https://api.tenclass.net/xiaozhi/ota/"
+        raise ConfigError(key, f"expected the device's OTA URL, like {example}, got {text!r}")
+    return text

@@ -25,6 +25,7 @@ __all__ = [
     "Device",
     "DeviceSession",
     "DeviceTool",
+    "UpstreamStatus",
     "Verdict",
     "verdict",
 ]
@@ -62,6 +63,14 @@ class DeviceSession(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamStatus:
+    """A proxied device's voice server (docs/voice-proxy.md) and how it last stood."""
+
+    server: str  # scheme://host[:port] of its OTA URL: never a token
+    state: str  # "checked in", "in conversation", "unreachable: ..." (one short sentence)
+
+
 @dataclass(eq=False, slots=True)
 class Device:
     """A known device; ``session`` is set while it is connected."""
@@ -74,6 +83,7 @@ class Device:
     hide_timer: asyncio.TimerHandle | None = None
     conflict: str | None = None  # the last attempt to claim its id with another identity
     connected_at: float | None = None  # monotonic time of a connection still discovering tools
+    upstream: UpstreamStatus | None = None  # proxied to its voice server (in memory only)
 
     @property
     def device_id(self) -> str:

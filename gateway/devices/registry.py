@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.devices.admin import DeviceAdmin
+from gateway.devices.audit import Actor
 from gateway.devices.device import (
     APPROVED,
     PENDING,
@@ -25,8 +26,10 @@ from gateway.devices.device import (
     Device,
     DeviceSession,
     DeviceTool,
+    UpstreamStatus,
 )
 from gateway.devices.exposure import Changes
+from gateway.devices.logins import REPLACED
 
 # The device model and the change feed are re-exported: callers know the registry, not its parts.
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "DeviceRegistry",
     "DeviceSession",
     "DeviceTool",
+    "UpstreamStatus",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,6 +73,10 @@ class DeviceRegistry(DeviceAdmin):
         replaced, device.session = device.session, session
         if replaced is None:
             self.online_count += 1
+        else:  # the same identity again (admission refused any other): a reboot, a lost link
+            why = "a new login replaced the open session"
+            self.logins.note(REPLACED, Actor(transport or "?"), device_id=device.device_id,
+                             alias=device.alias, reason=why)  # fmt: skip
         record = device.record
         record.client_id = client_id or record.client_id
         record.transport = transport or record.transport
@@ -124,6 +132,14 @@ class DeviceRegistry(DeviceAdmin):
         logger.info("device %s (%s) checked in: %s %s", record.alias, device_id, board, firmware)
         return device
 
+    def set_upstream(self, device_id: str, server: str, state: str) -> None:
+        """Note how a proxied device's voice server stands (shown by list_devices, dashboard)."""
+        device = self._devices.get(device_id.lower())
+        status = UpstreamStatus(server, state)
+        if device is not None and device.upstream != status:
+            device.upstream = status
+            self._device_changes.publish(None)
+
     def set_catalogue(
         self,
         device_id: str,
@@ -155,5 +171,7 @@ class DeviceRegistry(DeviceAdmin):
         self._save(record)
         logger.info("device %s lists %d tools", device.label, len(catalogue.tools))
         if catalogue is not device.catalogue:
+            if record.catalogue is not None:  # its row goes once no device refers to it
+                self._store.release_catalogue(record.catalogue)
             record.catalogue = catalogue.digest
             self._use(device, catalogue)

@@ -31,11 +31,15 @@ class Purpose(enum.Enum):
 class Pending:
     """The requests of one session awaiting replies, and the calls awaiting a free slot."""
 
-    def __init__(self, max_in_flight: int, max_queued: int) -> None:
-        """Bound the calls: ``max_in_flight`` sent and unanswered (≥ 1), ``max_queued`` waiting."""
+    def __init__(self, max_in_flight: int, max_queued: int, ids: range | None = None) -> None:
+        """Bound the calls: ``max_in_flight`` sent and unanswered (≥ 1), ``max_queued`` waiting.
+
+        ``ids`` are the request ids to use (``FIRST_REQUEST_ID`` up, by default); a session
+        that shares its device with another MCP client keeps to a range of its own.
+        """
         self.max_in_flight = max_in_flight
         self.max_queued = max_queued
-        self._ids = IdAllocator(FIRST_REQUEST_ID)
+        self._ids = IdAllocator(ids=ids) if ids else IdAllocator(FIRST_REQUEST_ID)
         self._sent: dict[int, Purpose] = {}
         self._waiting: dict[int, str] = {}  # call id -> its frame, oldest first
 

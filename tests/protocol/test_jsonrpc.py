@@ -226,6 +226,18 @@ def test_id_allocator_skips_ids_in_use() -> None:
     assert ids.allocate({1, 2}) == 3
 
 
+def test_id_allocator_keeps_to_its_range() -> None:
+    """A range of its own (a session beside a voice server) wraps inside the range."""
+    ids = IdAllocator(ids=range(0x4000_0000, 0x4000_0003))
+    got = [ids.allocate({0x4000_0001}) for _ in range(3)]
+    assert got == [0x4000_0000, 0x4000_0002, 0x4000_0000]
+    for bad in (range(5, 5), range(1, 9, 2), range(1, MAX_REQUEST_ID + 2), range(0, 3)):
+        with pytest.raises(LocalProtocolError):
+            IdAllocator(ids=bad)
+    with pytest.raises(LocalProtocolError, match="outside"):
+        IdAllocator(9, ids=range(1, 5))
+
+
 @pytest.mark.parametrize("first", [0, MAX_REQUEST_ID + 1])
 def test_id_allocator_rejects_bad_start(first: int) -> None:
     """The first id must itself be valid."""
