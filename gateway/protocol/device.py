@@ -130,7 +130,7 @@ class DeviceProtocol:
         self._out = Outbox(self._session_id, self.logger)
         self.debug = self._out.debug
         self.transport = transport
-        self._initialize_params = outgoing.initialize_params(client_info, vision)
+        self._init = outgoing.initialize_params(client_info, vision)  # JSON text, sent as is
         self._max_bytes = max_message_bytes
         self._max_pages = max_pages
         self._discovery_timeout = discovery_timeout
@@ -353,8 +353,7 @@ class DeviceProtocol:
         self.state = State.INITIALIZING
         self._deadline = self._clock() + self._discovery_timeout
         request_id = self._pending.request(Purpose.INITIALIZE)
-        params = self._initialize_params
-        self._out.frame(outgoing.initialize_frame(self._session_id, request_id, params))
+        self._out.frame(outgoing.initialize_frame(self._session_id, request_id, self._init))
 
     def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
         if isinstance(reply, ErrorResponse):
