@@ -25,6 +25,7 @@ from typing import Any
 
 import mcp.types as types
 import uvicorn
+from _baseline import baseline_config
 from _fleet_catalogue import TOOLS
 from _fleet_devices import raise_fd_limit
 from mcp import Client
@@ -105,9 +106,7 @@ async def _serve(conn: Connection, device_ids: list[str]) -> None:
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     manager = StreamableHTTPSessionManager(app=_server(pages), security_settings=security)
     app = Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))])
-    config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2
-    )
+    config = baseline_config(app)
     server = uvicorn.Server(config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -34,6 +34,7 @@ from typing import Any
 
 import mcp.types as types
 import uvicorn
+from _baseline import baseline_config
 from mcp import Client
 from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -79,9 +80,7 @@ async def baseline() -> AsyncIterator[str]:
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     manager = StreamableHTTPSessionManager(app=_baseline_server(), security_settings=security)
     app = Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))])
-    config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2
-    )
+    config = baseline_config(app)
     server, sock = uvicorn.Server(config), bind(LOOPBACK)
     async with manager.run():
         task = asyncio.create_task(server.serve(sockets=[sock]), name="bench.baseline")

@@ -149,8 +149,10 @@ def run_group(
         elif time.monotonic() - changed > STALL_S:
             break  # the rest are neither listed nor failed: reported as pending
     wall = time.monotonic() - start_at
+    server_cpu = cpu_s(server.pid) - server_cpu
     cpu = {
-        "server_cpu_percent": round(100 * (cpu_s(server.pid) - server_cpu) / wall, 1),
+        "server_cpu_s": round(server_cpu, 2),  # steadier than times on a shared machine
+        "server_cpu_percent": round(100 * server_cpu / wall, 1),
         "workers_cpu_percent": round(100 * (pool.cpu_s() - workers_cpu) / wall, 1),
     }
     return Run(start_at, pool.results(group), cpu)
@@ -223,8 +225,14 @@ def storm(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
     gateway = Gateway(workdir, "storm", DEVICE_TOKEN, mqtt=False)
     try:
         spec = replace(stock, url=gateway.device_url)
+        rss_before = gateway.rss_kb()  # a fresh gateway: what its first devices load counts
         run = run_group(pool, "storm", spec, ids, gateway)
-        figures["gateway"] = summarize(run)
+        rss_after = gateway.rss_kb()  # right after, before /api/devices and its big replies
+        figures["gateway"] = summarize(run) | {
+            "rss_before_kb": rss_before,
+            "rss_after_kb": rss_after,
+            "rss_per_device_kb": round((rss_after - rss_before) / max(count, 1), 1),
+        }
         figures["gateway"] |= confirm(gateway, ids, run)
         figures["gateway"]["log"] = gateway.log_counts()
         pool.stop("storm")
@@ -232,6 +240,8 @@ def storm(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
         gateway.close()
     base, gw = figures["baseline"]["listed_s"]["max"], figures["gateway"]["listed_s"]["max"]
     figures["ratio"] = round(gw / base, 2) if base and gw else None
+    base, gw = figures["baseline"]["server_cpu_s"], figures["gateway"]["server_cpu_s"]
+    figures["cpu_ratio"] = round(gw / base, 2) if base and gw else None
     figures["goal_ratio"] = GOALS["storm_ratio"]
     return figures
 
@@ -447,6 +457,10 @@ def list_fleet(pool: Pool, workdir: Path, count: int, passes: int) -> dict[str, 
     base, gw = figures["baseline"], figures["gateway"]
     figures["ratio_first"] = _ratio(gw["first"]["seconds"], base["first"]["seconds"])
     figures["ratio_later"] = _ratio(gw["later_median_s"], base["later_median_s"])
+    # The servers' own work, which machine load disturbs less than the wall times.
+    first = base["first"]["server_cpu_s"], gw["first"]["server_cpu_s"]
+    figures["cpu_ratio_first"] = _ratio(first[1], first[0])
+    figures["cpu_ratio_later"] = _ratio(gw["later_server_cpu_s"], base["later_server_cpu_s"])
     return figures
 
 
@@ -516,6 +530,11 @@ def _storm_lines(f: dict[str, Any]) -> list[str]:
         *_log_lines(f["gateway"]),
         f"  gateway/baseline (max): x{_s(f['ratio'])}   goal <= {f['goal_ratio']:g}x"
         + _incomplete(f["baseline"], f["gateway"]),
+        f"  server CPU: baseline {f['baseline']['server_cpu_s']:.2f} s, gateway "
+        f"{f['gateway']['server_cpu_s']:.2f} s: x{_s(f['cpu_ratio'])}",
+        f"  gateway RSS {f['gateway']['rss_before_kb'] / 1024:.1f} MB before, "
+        f"{f['gateway']['rss_after_kb'] / 1024:.1f} MB right after: "
+        f"{f['gateway']['rss_per_device_kb']:.1f} KB per device",
         f"  ({_LEGEND})",
     ]
 
@@ -603,6 +622,10 @@ def _list_lines(li: dict[str, Any]) -> list[str]:
         if log["warnings"] or log["errors"]:
             problems.append(f"gateway log: {log['warnings']} warnings, {log['errors']} errors")
         lines += [f"    !! {p}" for p in problems]
+        lines.append(
+            f"    server CPU gateway/baseline: x{_s(f['cpu_ratio_first'])} 1st pass, "
+            f"x{_s(f['cpu_ratio_later'])} later"
+        )
     lines.append(
         f"  x = gateway/baseline wall time, goal <= {li['goal_ratio']:g}x; cpu = the server's "
         "CPU seconds over the pass (the rest is the client)"

@@ -65,7 +65,7 @@ INNER: dict[str, list[set[str]]] = {
         {"dashboard", "metrics"},
         {"http"},
     ],
-    "cli": [{"flashing", "doctor"}, {"commands"}],
+    "cli": [{"flashing", "doctor", "heap"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
     "cli/doctor": [
         {"probes"},

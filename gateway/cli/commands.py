@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.cli import heap
 from gateway.config import Config, settings
 from gateway.devices.audit import CLI_AGENT
 from gateway.devices.tokens import device_tokens
@@ -74,6 +75,7 @@ def announcement(config: Config, addresses: Addresses) -> list[str]:
 
 
 def _announce(config: Config, run: Running) -> None:
+    heap.settle()  # the gateway is up: what start-up made stays, for good
     for line in announcement(config, run.addresses):
         logger.info("%s", line)
     device = config.device_listen

@@ -216,10 +216,18 @@ class Catalogues:
     def __init__(self) -> None:
         self._by_digest: weakref.WeakValueDictionary[str, Catalogue] = weakref.WeakValueDictionary()
         self.judged = 0
+        self.digests = 0  # for tests: entries hashed here (digest_of), not by the protocol
 
-    def get(self, entries: Sequence[object]) -> tuple[Catalogue, bool]:
-        """The catalogue of ``entries``; the flag is True when it was judged just now."""
-        digest = digest_of(entries)
+    def get(self, entries: Sequence[object], digest: str | None = None) -> tuple[Catalogue, bool]:
+        """The catalogue of ``entries``; the flag is True when it was judged just now.
+
+        ``digest`` names their content when the caller knows it (the protocol hashes the pages'
+        raw text as they arrive, ``ToolCatalog.digest``); else it is computed here, which
+        serialises every entry again.
+        """
+        if digest is None:
+            digest = digest_of(entries)
+            self.digests += 1
         known = self._by_digest.get(digest)
         if known is not None:
             return known, False

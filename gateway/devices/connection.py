@@ -252,7 +252,7 @@ class DeviceConnection:
                         "tools/list stopped early; keeping %d tools", len(event.tools)
                     )
                 self._registry.set_catalogue(
-                    self.identity.device_id, event.tools, event.server_info
+                    self.identity.device_id, event.tools, event.server_info, event.digest
                 )
             elif isinstance(event, DiscoveryTimedOut):
                 self._log.warning("no tool list within %g s; closing the connection", event.seconds)

@@ -2,8 +2,8 @@
 
 A ``Device`` joins the device's stored record, its shared catalogue and, while it is connected,
 its session. Its tools are decided once, when the catalogue arrives: MCP name, policy verdicts
-and hints (``DeviceTool.decide``); whether a caller may use one also depends on the device's
-approval state (``APPROVED``, ``PENDING`` or ``REJECTED``), read at each call.
+and hints (``verdict``, ``DeviceTool.decide``); whether a caller may use one also depends on the
+device's approval state (``APPROVED``, ``PENDING`` or ``REJECTED``), read at each call.
 """
 
 from __future__ import annotations
@@ -26,11 +26,26 @@ __all__ = [
     "DeviceSession",
     "DeviceTool",
     "UpstreamStatus",
+    "Verdict",
+    "verdict",
 ]
 
 APPROVED, PENDING, REJECTED = "approved", "pending", "rejected"
 
 JsonObject = dict[str, Any]
+
+Verdict = tuple[str | None, str | None, Hints]
+"""What the policy says of one tool: why the model may not use it, why the user may not, and
+the hints hosts get (``verdict``)."""
+
+
+def verdict(spec: ToolSpec, options: DeviceOptions) -> Verdict:
+    """What the policy says of tool ``spec`` of a device with ``options``."""
+    return (
+        refusal(spec.name, spec.user_only, options),
+        refusal(spec.name, spec.user_only, options, user=True),
+        tool_hints(spec.name, options, read_only=spec.read_only, destructive=spec.destructive),
+    )
 
 
 class DeviceSession(Protocol):
@@ -143,17 +158,7 @@ class DeviceTool:
         return self.user_refusal if user else self.refusal
 
     @classmethod
-    def decide(
-        cls, device: Device, spec: ToolSpec, name: str, options: DeviceOptions
-    ) -> DeviceTool:
-        """Decide, once, what the policy says of tool ``spec`` of ``device``, named ``name``."""
-        return cls(
-            device=device,
-            spec=spec,
-            name=name,
-            refusal=refusal(spec.name, spec.user_only, options),
-            user_refusal=refusal(spec.name, spec.user_only, options, user=True),
-            hints=tool_hints(
-                spec.name, options, read_only=spec.read_only, destructive=spec.destructive
-            ),
-        )
+    def decide(cls, device: Device, spec: ToolSpec, name: str, verdict: Verdict) -> DeviceTool:
+        """Tool ``spec`` of ``device``, named ``name``, with the policy's ``verdict`` on it."""
+        refused, user_refused, hints = verdict
+        return cls(device, spec, name, refused, user_refused, hints)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
-from gateway.config import Config
+from gateway.config import Config, DeviceOptions
 from gateway.devices.audit import AuditLog
 from gateway.devices.broadcast import Broadcast
 from gateway.devices.catalogue import Catalogue, Catalogues
-from gateway.devices.device import PENDING, Device, DeviceTool
+from gateway.devices.device import PENDING, Device, DeviceTool, Verdict, verdict
 from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
@@ -44,6 +45,12 @@ class KnownDevices:
         self._store = store
         self._clock = clock
         self._catalogues = Catalogues()
+        # The policy's verdicts on each shared catalogue for the devices the config says nothing
+        # of (most of a fleet): worked out once per catalogue, not once per device and tool.
+        self._default_verdicts: weakref.WeakKeyDictionary[Catalogue, list[Verdict]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.verdicts_made = 0  # for tests: tools the policy was asked about
         self._exposure = Exposure()
         self._device_changes: Broadcast[None] = Broadcast()
         self._devices: dict[str, Device] = {}
@@ -177,18 +184,30 @@ class KnownDevices:
 
     def _use(self, device: Device, catalogue: Catalogue | None) -> None:
         """Give ``device`` this catalogue: decide each tool once, then show it to hosts."""
-        options = self._config.device(device.device_id)
         self._hide(device)
         device.catalogue = catalogue
         device.tools = {}
         new_names = []
-        for spec in catalogue.tools if catalogue is not None else ():
+        specs = catalogue.tools if catalogue is not None else ()
+        verdicts = self._verdicts(device.device_id, catalogue) if catalogue is not None else []
+        for spec, said in zip(specs, verdicts, strict=True):
             entry, is_new = self._names.assign(device.device_id, device.alias, spec.name)
             if is_new:
                 new_names.append(entry)
-            device.tools[spec.name] = DeviceTool.decide(device, spec, entry.name, options)
+            device.tools[spec.name] = DeviceTool.decide(device, spec, entry.name, said)
         self._store.save_names(new_names)
         self._show(device)
+
+    def _verdicts(self, device_id: str, catalogue: Catalogue) -> list[Verdict]:
+        """The policy's verdict on each tool of ``catalogue`` for device ``device_id``."""
+        options = self._config.devices.get(device_id)
+        verdicts = None if options is not None else self._default_verdicts.get(catalogue)
+        if verdicts is None:
+            verdicts = [verdict(spec, options or DeviceOptions()) for spec in catalogue.tools]
+            self.verdicts_made += len(verdicts)
+            if options is None:
+                self._default_verdicts[catalogue] = verdicts
+        return verdicts
 
     def _save(self, record: DeviceRecord) -> None:
         """Queue the record's write, and tell whoever watches devices that one changed."""

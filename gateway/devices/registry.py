@@ -141,16 +141,23 @@ class DeviceRegistry(DeviceAdmin):
             self._device_changes.publish(None)
 
     def set_catalogue(
-        self, device_id: str, entries: Sequence[object], server_info: JsonObject | None
+        self,
+        device_id: str,
+        entries: Sequence[object],
+        server_info: JsonObject | None,
+        digest: str | None = None,
     ) -> None:
-        """Take the device's freshly listed tool entries; tell hosts if what they see changed."""
+        """Take the device's freshly listed tool entries; tell hosts if what they see changed.
+
+        ``digest``, if given, names the entries' content (equal digests, equal entries).
+        """
         device = self._devices[device_id.lower()]
         record = device.record
         if device.connected_at is not None:
             seconds, device.connected_at = time.monotonic() - device.connected_at, None
             for watcher in self.discovery_watchers:
                 watcher(seconds)
-        catalogue, judged = self._catalogues.get(entries)
+        catalogue, judged = self._catalogues.get(entries, digest)
         if judged:  # each bad tool is logged once, however many devices share the catalogue
             self._store.save_catalogue(catalogue.digest, catalogue.to_json())
             for rejection in catalogue.rejected:

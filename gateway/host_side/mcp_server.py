@@ -91,6 +91,14 @@ CALL_DEVICE_TOOL = types.Tool(
 )
 
 
+def _wire(tool: types.Tool) -> JsonObject:
+    """``tool`` as ``tools/list`` lists it (the device tools are made in this form)."""
+    return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+_META_TOOLS = (_wire(LIST_DEVICES), _wire(CALL_DEVICE_TOOL))  # first on page one
+
+
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[text_content(text)], is_error=True)
 
@@ -212,14 +220,22 @@ class McpFrontend:
             "esp-mcp-gateway",
             version=__version__,
             instructions=INSTRUCTIONS,
-            on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
+            # Without it, the SDK would page through the whole tools/list to find the schema of
+            # each 2026-era call over HTTP (101 pages per call at 1,000 devices).
+            get_tool_input_schema=self.input_schema,
             on_subscriptions_listen=self.notifier.listen_handler,
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
             # 2026-era clients may reuse a list this long; tools/list_changed says when sooner.
             cache_hints={"tools/list": CacheHint(ttl_ms=60_000, scope="private")},
+        )
+        # Registered by method rather than as on_list_tools: the handler answers in wire form
+        # (a dict, which the SDK validates as it would a model), so that no SDK Tool model is
+        # made per device tool per request (gateway/host_side/tool_listing.py).
+        self.server.add_request_handler(
+            "tools/list", types.PaginatedRequestParams, self._list_tools
         )
         self.server.middleware.append(self.notifier)
         self.server.extensions.update(advertised())
@@ -235,21 +251,33 @@ class McpFrontend:
                 await asyncio.sleep(self._notify_window)  # let the rest of a storm fold in
                 await self.notifier.tools_changed()
 
-    def tools(self, cursor: str | None = None) -> tuple[list[types.Tool], str | None]:
-        """One page of the tool list hosts see, and the cursor of the next.
+    def tools(self, cursor: str | None = None) -> tuple[list[JsonObject], str | None]:
+        """One page of the tool list hosts see (wire form), and the cursor of the next.
 
         The first page starts with the meta-tools, always there whatever the mode.
         """
         device_tools, first, following = self.lister.page(cursor)
-        return [LIST_DEVICES, CALL_DEVICE_TOOL, *device_tools] if first else device_tools, following
+        return [*_META_TOOLS, *device_tools] if first else device_tools, following
+
+    def input_schema(self, name: str) -> JsonObject | None:
+        """The ``inputSchema`` tool ``name`` is listed with, if it is listed."""
+        for meta in _META_TOOLS:
+            if meta["name"] == name:
+                return dict(meta["inputSchema"])
+        return self.lister.input_schema(name)
 
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
+    ) -> JsonObject:
         tools, following = self.tools(params.cursor if params is not None else None)
-        if tools and tools[0] is LIST_DEVICES and self.app.negotiated(ctx):
-            tools = [self.app.with_panel(LIST_DEVICES), *tools[1:]]
-        return types.ListToolsResult(tools=tools, next_cursor=following)
+        if tools and tools[0] is _META_TOOLS[0] and self.app.negotiated(ctx):
+            tools = [_wire(self.app.with_panel(LIST_DEVICES)), *tools[1:]]
+        # What a ListToolsResult dumps to: 2026-era sessions require resultType (the SDK's
+        # check of the result drops it for older ones; the cache hint fills ttlMs, cacheScope).
+        result: JsonObject = {"tools": tools, "resultType": "complete"}
+        if following is not None:
+            result["nextCursor"] = following
+        return result
 
     async def _call_tool(
         self, ctx: Context, params: types.CallToolRequestParams

@@ -7,6 +7,12 @@ a listing and a page, and the last few listings are kept, so a host paging throu
 while devices come and go sees every tool exactly once; a cursor whose listing is gone (or any
 other cursor) starts again from the first page of the current one.
 
+A page is served in its wire form (``tools/list`` JSON, plain dicts), never as SDK ``Tool``
+models: the SDK validates and dumps every result once more anyway, so a model per tool would be
+made and dumped only to be validated again (at 1,000 devices, 25,000 models per pass, a third
+of the listing's CPU). A tool's dict costs about a microsecond and shares its schemas with the
+device's catalogue, which devices of the same firmware share; nothing is kept between requests.
+
 Modes (``[tools] mode``, DESIGN.md "Tool naming"): ``per-device`` lists every device tool by its
 own MCP name; ``grouped`` lists a tool that devices share (same name, same schema) once, named
 after the tool, with a required ``device`` argument that routes the call; ``meta`` lists only
@@ -24,8 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import mcp.types as types
-
 from gateway.config import Config
 from gateway.devices.catalogue import ToolSpec
 from gateway.devices.naming import MAX_NAME_LENGTH, META_TOOL_NAMES, short_hash, tool_suffix
@@ -40,7 +44,6 @@ JsonObject = dict[str, Any]
 PAGE_BYTES = 200_000  # a page's tools as JSON, about; the reply stays well under 256 KB
 ENUM_LIMIT = 64  # a group's `device` argument lists its aliases up to this many devices
 _KEPT_LISTINGS = 8  # listings a cursor may still point into
-_KEPT_PAGES = 64  # pages of MCP Tool objects kept made
 _ENTRY_OVERHEAD = 190  # bytes a tool adds beyond its name, description and schema (measured)
 
 
@@ -89,10 +92,8 @@ class ToolLister:
         self._config = config
         self._registry = registry
         self._listings: OrderedDict[int, Listing] = OrderedDict()
-        # MCP Tool objects of recently listed pages: made once per page, not kept for a whole
-        # fleet (250,000 tools at 10,000 devices would weigh hundreds of megabytes).
-        self._made: OrderedDict[tuple[int, int], list[types.Tool]] = OrderedDict()
         self._mode = ""
+        self.listings_made = 0  # for tests: listings made so far (once per change, not request)
 
     def current(self) -> Listing:
         """The listing of what hosts see now."""
@@ -100,21 +101,17 @@ class ToolLister:
         listing = self._listings.get(version)
         if listing is None:
             listing = self._listings[version] = self._make(version)
+            self.listings_made += 1
             while len(self._listings) > _KEPT_LISTINGS:
                 self._listings.popitem(last=False)
         return listing
 
-    def page(self, cursor: str | None) -> tuple[list[types.Tool], bool, str | None]:
-        """The device tools of the page ``cursor`` points at, whether it is the first page, and
-        the cursor of the page after it."""
+    def page(self, cursor: str | None) -> tuple[list[JsonObject], bool, str | None]:
+        """The device tools of the page ``cursor`` points at (wire form), whether it is the
+        first page, and the cursor of the page after it."""
         listing, index = self._resolve(cursor)
-        key = (listing.version, index)
-        tools = self._made.get(key)
-        if tools is None:
-            start, end = listing.pages[index]
-            tools = self._made[key] = [_as_mcp_tool(e) for e in listing.entries[start:end]]
-            while len(self._made) > _KEPT_PAGES:
-                self._made.popitem(last=False)
+        start, end = listing.pages[index]
+        tools = [_wire_tool(entry) for entry in listing.entries[start:end]]
         following = index + 1
         more = following < len(listing.pages)
         return tools, index == 0, f"{listing.version}.{following}" if more else None
@@ -122,6 +119,15 @@ class ToolLister:
     def group(self, name: str) -> ToolGroup | None:
         """The group listed as ``name`` now, if any."""
         return self.current().groups.get(name)
+
+    def input_schema(self, name: str) -> JsonObject | None:
+        """The ``inputSchema`` of the tool hosts call ``name`` (a group's has its ``device``)."""
+        group = self.group(name)
+        if group is not None:
+            schema: JsonObject = _group_tool(group)["inputSchema"]
+            return schema
+        tool = self._registry.lookup(name)
+        return tool.spec.input_schema if tool is not None else None
 
     def _resolve(self, cursor: str | None) -> tuple[Listing, int]:
         if cursor:
@@ -207,31 +213,27 @@ def _pages(entries: Sequence[Entry]) -> tuple[tuple[int, int], ...]:
     return tuple(pages)
 
 
-def _as_mcp_tool(entry: Entry) -> types.Tool:
+def _wire_tool(entry: Entry) -> JsonObject:
+    """The entry as ``tools/list`` lists it (the SDK validates the whole result once more)."""
     if isinstance(entry, ToolGroup):
         return _group_tool(entry)
     spec, alias = entry.spec, entry.device.alias
-    # Built without validation: the catalogue checked every part when the device listed it, and
-    # validating would copy each schema again (a full listing at 10,000 devices makes a quarter
-    # of a million of these, and the copies cost more in garbage collection than in making).
-    # model_construct marks each field it is given as set: pass outputSchema only if there is one.
-    output: dict[str, Any] = {}
+    tool: JsonObject = {
+        "name": entry.name,
+        "description": f"[{alias}] {spec.description}",
+        "inputSchema": spec.input_schema,  # the catalogue's own, shared: never changed
+        "annotations": {
+            "title": f"{alias}: {spec.title or spec.name}",
+            "readOnlyHint": entry.hints.read_only,
+            "destructiveHint": entry.hints.destructive,
+        },
+    }
     if spec.output_schema is not None:
-        output["output_schema"] = spec.output_schema
-    return types.Tool.model_construct(
-        name=entry.name,
-        description=f"[{alias}] {spec.description}",
-        input_schema=spec.input_schema,
-        annotations=types.ToolAnnotations.model_construct(
-            title=f"{alias}: {spec.title or spec.name}",
-            read_only_hint=entry.hints.read_only,
-            destructive_hint=entry.hints.destructive,
-        ),
-        **output,
-    )
+        tool["outputSchema"] = spec.output_schema
+    return tool
 
 
-def _group_tool(group: ToolGroup) -> types.Tool:
+def _group_tool(group: ToolGroup) -> JsonObject:
     spec = group.spec
     schema = dict(spec.input_schema)
     device: JsonObject = {"type": "string"}
@@ -245,14 +247,16 @@ def _group_tool(group: ToolGroup) -> types.Tool:
     schema["required"] = [group.argument, *(required if isinstance(required, list) else [])]
     count = len(group.members)
     where = "1 device" if count == 1 else f"{count} devices"
-    return types.Tool(
-        name=group.name,
-        description=f"{spec.description} [on {where}; `{group.argument}` says which]",
-        input_schema=schema,
-        output_schema=spec.output_schema,
-        annotations=types.ToolAnnotations(
-            title=spec.title or spec.name,
-            read_only_hint=all(m.hints.read_only for m in group.members),
-            destructive_hint=any(m.hints.destructive for m in group.members),
-        ),
-    )
+    tool: JsonObject = {
+        "name": group.name,
+        "description": f"{spec.description} [on {where}; `{group.argument}` says which]",
+        "inputSchema": schema,
+        "annotations": {
+            "title": spec.title or spec.name,
+            "readOnlyHint": all(m.hints.read_only for m in group.members),
+            "destructiveHint": any(m.hints.destructive for m in group.members),
+        },
+    }
+    if spec.output_schema is not None:
+        tool["outputSchema"] = spec.output_schema
+    return tool

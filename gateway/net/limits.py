@@ -50,6 +50,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_QUEUED_MESSAGES = 2  # a WebSocket's messages waiting for the app before it stops reading
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -334,6 +336,23 @@ class _GuardedWebSocket(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol; an accepted WebSocket authenticates its slot."""
 
     slot: Slot | None = None
+
+    def send_receive_event_to_app(self) -> None:
+        """Queue a message for the app; stop reading only once the app falls behind.
+
+        uvicorn stops reading after every message and starts again when the app takes it: two
+        epoll changes per frame, 9% of a storm of joins. Reading stops here once
+        ``_QUEUED_MESSAGES`` wait (the app is behind), so at most one more message than before
+        waits in memory; uvicorn's ``receive`` starts reading again when the queue is empty.
+        """
+        paused, self.read_paused = self.read_paused, True  # keeps uvicorn from pausing
+        try:
+            super().send_receive_event_to_app()
+        finally:
+            self.read_paused = paused
+        if not paused and self.queue.qsize() >= _QUEUED_MESSAGES:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     def start_keepalive(self) -> None:
         """Called once the app accepted the WebSocket (uvicorn sends 101 just before)."""

@@ -43,14 +43,7 @@ from gateway.protocol.events import (
     HelloReceived,
     ToolsListed,
 )
-from gateway.protocol.jsonrpc import (
-    ErrorResponse,
-    Notification,
-    Request,
-    Response,
-    classify,
-    make_request,
-)
+from gateway.protocol.jsonrpc import ErrorResponse, Notification, Request, Response, classify
 from gateway.protocol.outbox import Logger, Outbox
 from gateway.protocol.pending import Pending, Purpose, call_result
 
@@ -137,7 +130,7 @@ class DeviceProtocol:
         self._out = Outbox(self._session_id, self.logger)
         self.debug = self._out.debug
         self.transport = transport
-        self._initialize_params = outgoing.initialize_params(client_info, vision)
+        self._init = outgoing.initialize_params(client_info, vision)  # JSON text, sent as is
         self._max_bytes = max_message_bytes
         self._max_pages = max_pages
         self._discovery_timeout = discovery_timeout
@@ -200,7 +193,7 @@ class DeviceProtocol:
         if kind == "hello":
             self._on_hello(message)
         elif kind == "mcp":
-            self._on_mcp(message.get("payload"))
+            self._on_mcp(message.get("payload"), (text, message.get("session_id")))
         elif kind == "goodbye":
             self._out.events.append(DeviceGoodbye())
         else:
@@ -318,7 +311,7 @@ class DeviceProtocol:
         self._out.events.append(HelloReceived(hello))
         self.start_discovery()
 
-    def _on_mcp(self, payload: object) -> None:
+    def _on_mcp(self, payload: object, frame: tuple[str, object]) -> None:
         try:
             message = classify(payload)
         except envelope.MalformedMessage as exc:
@@ -329,7 +322,7 @@ class DeviceProtocol:
         elif isinstance(message, Notification):
             self._on_notification(message)
         else:
-            self._on_reply(message)
+            self._on_reply(message, frame)
 
     def _on_notification(self, notification: Notification) -> None:
         if notification.method != TOOLS_LIST_CHANGED:
@@ -341,7 +334,7 @@ class DeviceProtocol:
             self._relist = True
         # CONNECTED: discovery has not started, and will list the tools when it does.
 
-    def _on_reply(self, reply: Response | ErrorResponse) -> None:
+    def _on_reply(self, reply: Response | ErrorResponse, frame: tuple[str, object]) -> None:
         purpose = self._pending.answered(reply.id)
         if purpose is None:
             self._out.drop("reply to an unknown or forgotten request", id=reply.id)
@@ -352,7 +345,7 @@ class DeviceProtocol:
         elif purpose is Purpose.INITIALIZE:
             self._on_initialize_reply(reply)
         else:
-            self._on_list_reply(reply)
+            self._on_list_reply(reply, frame)
 
     # Discovery.
 
@@ -360,7 +353,7 @@ class DeviceProtocol:
         self.state = State.INITIALIZING
         self._deadline = self._clock() + self._discovery_timeout
         request_id = self._pending.request(Purpose.INITIALIZE)
-        self._out.mcp(make_request(request_id, "initialize", self._initialize_params))
+        self._out.frame(outgoing.initialize_frame(self._session_id, request_id, self._init))
 
     def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
         if isinstance(reply, ErrorResponse):
@@ -382,17 +375,20 @@ class DeviceProtocol:
         request_id = self._pending.request(Purpose.LIST)
         self._out.mcp(outgoing.list_request(request_id, cursor))
 
-    def _on_list_reply(self, reply: Response | ErrorResponse) -> None:
+    def _on_list_reply(self, reply: Response | ErrorResponse, frame: tuple[str, object]) -> None:
         catalog = self._catalog
         assert catalog is not None  # a tools/list id is pending only while listing
-        self._out.events.extend(catalog.add_reply(reply))
+        raw = envelope.result_text(*frame, reply.id)  # names the page (ToolCatalog.digest)
+        self._out.events.extend(catalog.add_reply(reply, raw, frame[0]))
         if catalog.next_cursor is not None:
             self._request_page(catalog.next_cursor)
             return
         self.state = State.READY
         self._deadline = None
         self._catalog = None
-        self._out.events.append(ToolsListed(catalog.tools, self._server_info, catalog.complete))
+        self._out.events.append(
+            ToolsListed(catalog.tools, self._server_info, catalog.complete, catalog.digest)
+        )
         if self._relist:
             self._start_listing()
 

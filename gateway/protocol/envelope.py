@@ -22,6 +22,7 @@ __all__ = [
     "decode",
     "encode",
     "mcp_envelope",
+    "result_text",
     "new_session_id",
     "salvage_error_reply",
     "server_hello",
@@ -90,6 +91,35 @@ def decode(text: str, max_bytes: int) -> JsonObject:
     if not isinstance(message.get("type"), str):
         raise MalformedMessage("missing or non-string type")
     return message
+
+
+def result_text(text: str, session_id: object, request_id: object) -> str | None:
+    """The raw text of the ``result`` of an ``mcp`` reply framed exactly as stock firmware does.
+
+    Stock firmware (and ours) frames a reply as
+    ``{"session_id":"S","type":"mcp","payload":{"jsonrpc":"2.0","id":N,"result":R}}``. When
+    ``text`` is that frame for this session id and request id, what follows the fixed head
+    decides the parsed ``result`` alone, so ``R`` may stand for it: two frames with equal ``R``
+    carry equal results, whatever their session and id. Any other framing gives None.
+
+    Args:
+        text: the frame as received (it parsed as JSON).
+        session_id: the ``session_id`` the frame carried.
+        request_id: the ``id`` of the reply in its ``payload``.
+    """
+    if not isinstance(session_id, str) or not (
+        session_id == "" or _SESSION_ID.fullmatch(session_id)  # nothing to escape in it
+    ):
+        return None
+    if not isinstance(request_id, int) or isinstance(request_id, bool):
+        return None
+    head = (
+        f'{{"session_id":"{session_id}","type":"mcp",'
+        f'"payload":{{"jsonrpc":"2.0","id":{request_id},"result":'
+    )
+    if not (text.startswith(head) and text.endswith("}}")):
+        return None
+    return text[len(head) : -2]
 
 
 def salvage_error_reply(text: str) -> JsonObject | None:

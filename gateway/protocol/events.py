@@ -6,6 +6,7 @@ Each event is a frozen, slotted dataclass. The I/O layer reads them with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +39,14 @@ class ToolsListed:
     sent it (any JSON value: the device layer judges them one by one). ``server_info`` is the
     device's ``initialize`` ``serverInfo`` when it gave one. ``complete`` is False when listing
     stopped early (a cursor loop, a page error, the page limit); ``tools`` then holds what was
-    gathered before that.
+    gathered before that. ``digest`` names the pages' content when every page came framed as
+    stock firmware frames it (``ToolCatalog.digest``): equal digests, equal ``tools``.
     """
 
-    tools: tuple[object, ...]
+    tools: Sequence[object]  # a tuple, or the catalog's Entries (parsed on first use)
     server_info: JsonObject | None = None
     complete: bool = True
+    digest: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

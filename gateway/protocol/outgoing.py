@@ -27,6 +27,7 @@ __all__ = [
     "answer",
     "call_request",
     "cancellation",
+    "initialize_frame",
     "initialize_params",
     "list_request",
 ]
@@ -37,26 +38,39 @@ PROTOCOL_VERSION = "2024-11-05"
 CANCELLED = "notifications/cancelled"
 
 
-def initialize_params(client_info: JsonObject | None, vision: dict[str, str] | None) -> JsonObject:
-    """Build the ``initialize`` params, checking now that they can be sent.
+# Every device gets the same initialize params but for its vision block: encoded once, here.
+_PARAMS_HEAD = f'{{"protocolVersion":"{PROTOCOL_VERSION}","capabilities":'
+_GATEWAY_INFO = envelope.encode({"name": "esp-mcp-gateway", "version": __version__})
+
+
+def initialize_params(client_info: JsonObject | None, vision: dict[str, str] | None) -> str:
+    """The ``initialize`` params as JSON text, checked now that they can be sent.
+
+    Only what differs from device to device is encoded per session: the vision block (its token
+    is the session's own) and a ``client_info`` other than the gateway's.
 
     Raises:
         LocalProtocolError: ``client_info`` or ``vision`` is not JSON.
     """
-    capabilities: JsonObject = {}
-    if vision is not None:
-        # docs/protocol.md §4: the only way to tell a camera device where to upload photos.
-        capabilities["vision"] = dict(vision)
-    params: JsonObject = {
-        "protocolVersion": PROTOCOL_VERSION,
-        "capabilities": capabilities,
-        "clientInfo": dict(client_info or {"name": "esp-mcp-gateway", "version": __version__}),
-    }
     try:
-        envelope.encode(params)
+        # docs/protocol.md §4: vision is the only way to tell a camera where to upload photos.
+        capabilities = "{}" if vision is None else f'{{"vision":{envelope.encode(dict(vision))}}}'
+        info = _GATEWAY_INFO if not client_info else envelope.encode(dict(client_info))
     except (TypeError, ValueError) as exc:
         raise LocalProtocolError(f"client_info or vision is not JSON: {exc}") from exc
-    return params
+    return f'{_PARAMS_HEAD}{capabilities},"clientInfo":{info}}}'
+
+
+def initialize_frame(session_id: str, request_id: int, params: str) -> str:
+    """The frame of the ``initialize`` request with ``params`` (``initialize_params``' text).
+
+    What encoding ``mcp_envelope(session_id, make_request(...))`` gives, without encoding the
+    params again for every device.
+    """
+    return (
+        f'{{"session_id":"{envelope.check_session_id(session_id)}","type":"mcp","payload":'
+        f'{{"jsonrpc":"2.0","id":{int(request_id)},"method":"initialize","params":{params}}}}}'
+    )
 
 
 def list_request(request_id: int, cursor: str | None) -> JsonObject:

@@ -160,6 +160,22 @@ async def test_same_firmware_is_judged_once_and_shared(tmp_path: Path) -> None:
     stack.close()
 
 
+async def test_the_policy_is_asked_once_per_shared_catalogue(tmp_path: Path) -> None:
+    """A fleet of one firmware: the policy judges its tools once for every device the config
+    says nothing of, and apart for a device it configures (whose verdicts differ)."""
+    lamp = "02:00:00:00:00:05"
+    config = make_config(tmp_path, devices={lamp: DeviceOptions(deny=("self.tool_1",))})
+    stack = Stack(config)
+    tools = tuple(tool(f"self.tool_{i}") for i in range(5))
+    for n in range(100):
+        join(stack, n, tools)
+    assert stack.registry.verdicts_made == 5 + 5  # the fleet's, and the configured device's
+    refused = {t.spec.name for t in stack.registry.get(lamp).tools.values() if t.refusal}
+    others = [t for d in stack.registry.devices() if d.device_id != lamp for t in d.tools.values()]
+    assert refused == {"self.tool_1"} and not any(t.refusal for t in others)
+    stack.close()
+
+
 async def test_leaving_and_coming_back_costs_nothing_in_keep_mode(tmp_path: Path) -> None:
     """A drop and a reconnect with the same tools touch no entry and announce nothing."""
     stack = Stack(make_config(tmp_path))

@@ -47,6 +47,23 @@ async def test_saves_wait_for_the_writer_and_land_in_one_transaction(tmp_path: P
     store.close()
 
 
+def test_a_name_given_to_another_tool_leaves_its_old_holder(tmp_path: Path) -> None:
+    """A name handed on, in a later batch or within one, is kept for its last holder only."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    store.save_names([NameAssignment("aa:01", "self.a", "lamp", "lamp_a"),
+                      NameAssignment("aa:01", "self.b", "lamp", "lamp_b")])  # fmt: skip
+    store.flush()
+    store.save_names([NameAssignment("aa:02", "self.a", "lamp", "lamp_a")])  # a later batch
+    store.save_names([NameAssignment("aa:03", "self.b", "lamp", "lamp_c"),
+                      NameAssignment("aa:04", "self.b", "lamp", "lamp_c")])  # fmt: skip
+    store.flush()
+    names = {(n.device_id, n.tool): n.name for n in store.load().names}
+    assert names == {("aa:01", "self.b"): "lamp_b", ("aa:02", "self.a"): "lamp_a",
+                     ("aa:04", "self.b"): "lamp_c"}  # fmt: skip
+    store.close()
+
+
 class BusyThreads(concurrent.futures.ThreadPoolExecutor):
     """A loaded machine: every worker thread is busy, so jobs wait until ``run_queued``."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from mcp import Client
 
 from tests.conftest import gateway
-from tests.e2e.helpers import RawDevice, aliases, serving
+from tests.e2e.helpers import RawDevice, aliases, listed_device, serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -272,3 +273,18 @@ async def test_identical_devices_over_the_budget_share_one_tool_with_a_device_ar
     assert [d.alias for d in devices if d.calls] == ["shelf-07"]
     assert unknown.is_error
     assert "'shelf-99'" in text_of(unknown) and "lamp_set_level" in text_of(unknown)
+
+
+async def test_devices_of_one_firmware_share_a_catalogue_found_by_their_raw_pages(
+    tmp_path: Path,
+) -> None:
+    """Simulated devices frame their replies as stock firmware does: their catalogue is judged
+    once, and found for the others by the digest of the raw pages, with no entry serialised
+    again to hash it (the RawDevices above, spaced otherwise, take that slower way)."""
+    async with gateway(tmp_path) as run, AsyncExitStack() as stack:
+        for n in range(1, 4):
+            await stack.enter_async_context(listed_device(run, f"02:00:00:00:00:0{n}"))
+        catalogues = run.gateway.registry._catalogues
+        devices = run.gateway.registry.devices()
+        assert len(devices) == 3 and len({id(d.catalogue) for d in devices}) == 1
+        assert (catalogues.judged, catalogues.digests) == (1, 0)

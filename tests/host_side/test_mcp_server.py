@@ -185,10 +185,10 @@ async def test_user_only_tools_hidden_unless_configured(tmp_path: Path) -> None:
     )
     online(shown, "aa:03", [tool("self.x"), reboot])
     hidden_names = [t.name for t in hidden.registry.exposed_tools()]
-    shown_tools = {t.name: t for t in shown.frontend.tools()[0]}
+    shown_tools = {t["name"]: t for t in shown.frontend.tools()[0]}
     hidden.close(), shown.close()
     assert hidden_names == ["board_aa03_x"]
-    assert shown_tools["board_aa03_reboot"].annotations.destructive_hint is True
+    assert shown_tools["board_aa03_reboot"]["annotations"]["destructiveHint"] is True
 
 
 async def test_py_xiaozhi_s_launch_and_kill_are_user_only_by_default(tmp_path: Path) -> None:

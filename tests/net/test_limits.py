@@ -32,6 +32,7 @@ pytestmark = pytest.mark.anyio
 LIMITS = ListenerLimits(
     name="test", max_connections=100, per_address=100, handshake_timeout=0.2, auth_timeout=10.0
 )
+READ_NOW = asyncio.Event()
 PARTIAL = b"GET / HTTP/1.1\r\nHost: x\r\n"  # the headers never end
 REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -48,8 +49,11 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "websocket.close"})
         return
     await send({"type": "websocket.accept"})
-    while (await receive())["type"] != "websocket.disconnect":
-        pass
+    if scope["path"] == "/later":  # reads nothing until the client says so over HTTP
+        await READ_NOW.wait()
+    while (message := await receive())["type"] != "websocket.disconnect":
+        if scope["path"] in ("/echo", "/later"):
+            await send({"type": "websocket.send", "text": message["text"]})
 
 
 class WatchedGuard(Guard):
@@ -262,3 +266,34 @@ def test_throttled_log_logs_each_kind_once_per_interval(caplog: pytest.LogCaptur
         "other kind",
         "event 1000 (and 999 more like it in the last 10 s)",
     ]
+
+
+async def test_a_websocket_stops_reading_only_when_its_app_falls_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An app that keeps up never makes the socket stop and start reading (two epoll changes a
+    message in uvicorn); an app that falls behind still does, and loses nothing."""
+    pauses: list[object] = []
+    paused = asyncio.Event()
+    pause = asyncio.selector_events._SelectorSocketTransport.pause_reading  # type: ignore[attr-defined]
+
+    def counted(transport: asyncio.Transport) -> None:
+        pauses.append(transport)
+        paused.set()
+        pause(transport)
+
+    monkeypatch.setattr(asyncio.selector_events._SelectorSocketTransport, "pause_reading", counted)  # type: ignore[attr-defined]
+    READ_NOW.clear()
+    async with serving(LIMITS) as (port, _):
+        async with connect(f"ws://127.0.0.1:{port}/echo") as ws, asyncio.timeout(bound(5)):
+            for n in range(20):
+                await ws.send(f"m{n}")
+                assert await ws.recv() == f"m{n}"
+        assert pauses == []
+        async with connect(f"ws://127.0.0.1:{port}/later") as ws, asyncio.timeout(bound(5)):
+            for n in range(20):
+                await ws.send(f"m{n}")
+            await paused.wait()  # the app reads nothing yet: the server stops reading
+            READ_NOW.set()
+            assert [await ws.recv() for _ in range(20)] == [f"m{n}" for n in range(20)]
+        assert len(pauses) >= 1

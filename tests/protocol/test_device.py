@@ -941,3 +941,33 @@ def test_events_and_frames_are_drained() -> None:
     assert protocol.events_received() == []
     assert len(protocol.data_to_send()) == 2
     assert protocol.data_to_send() == []
+
+
+def stock_reply(protocol: DeviceProtocol, session_id: str, request_id: int, result: str) -> None:
+    """A reply framed as stock firmware frames it: compact, session id first."""
+    head = f'{{"session_id":"{session_id}","type":"mcp","payload":{{"jsonrpc":"2.0","id":'
+    protocol.receive_text(f'{head}{request_id},"result":{result}}}}}')
+
+
+def test_stock_framed_pages_name_their_catalogue_whatever_the_session() -> None:
+    """Two sessions listing the same stock-framed pages get one digest (the device layer then
+    hashes nothing); a reply framed otherwise leaves the digest to the device layer."""
+    page = json.dumps({"tools": [TOOL_A, TOOL_B]}, separators=(",", ":"))
+    digests = []
+    for session_id in ("one", "two"):
+        protocol = DeviceProtocol("dev-1", session_id=session_id)
+        protocol.receive_text(json.dumps(HELLO))
+        stock_reply(protocol, session_id, 1, json.dumps(INIT_RESULT))
+        protocol.events_received()
+        stock_reply(protocol, session_id, 2, page)
+        [listed] = protocol.events_received()
+        assert isinstance(listed, ToolsListed) and listed.tools == (TOOL_A, TOOL_B)
+        digests.append(listed.digest)
+    assert digests[0] == digests[1] is not None
+    protocol = make()
+    protocol.receive_text(json.dumps(HELLO))
+    reply(protocol, 1, INIT_RESULT)
+    protocol.events_received()
+    reply(protocol, 2, {"tools": [TOOL_A, TOOL_B]})  # json.dumps's spacing, not stock's
+    [listed] = protocol.events_received()
+    assert isinstance(listed, ToolsListed) and listed.digest is None

@@ -16,6 +16,7 @@ from gateway.protocol.envelope import (
     encode,
     mcp_envelope,
     new_session_id,
+    result_text,
     salvage_error_reply,
     server_hello,
     utf8_length,
@@ -192,3 +193,33 @@ def test_new_session_id_is_plain_and_unique() -> None:
     assert len(ids) == 100
     assert all(re.fullmatch(r"[A-Za-z0-9-]+", i) for i in ids)
     assert all(check_session_id(i) == i for i in ids)
+
+
+STOCK_HEAD = '{"session_id":"s-1","type":"mcp","payload":{"jsonrpc":"2.0","id":7,"result":'
+
+
+def test_result_text_is_the_raw_result_of_a_stock_framed_reply() -> None:
+    """The text after the fixed head of a stock reply decides its result alone."""
+    result = '{"tools":[{"name":"a"}],"nextCursor":"x"}'
+    assert result_text(STOCK_HEAD + result + "}}", "s-1", 7) == result
+    empty = '{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":7,"result":{}}}'
+    assert result_text(empty, "", 7) == "{}"  # replies before any hello carry ""
+
+
+@pytest.mark.parametrize(
+    ("text", "session_id", "request_id"),
+    [
+        (STOCK_HEAD + "{}}}", "s-2", 7),  # another session's head
+        (STOCK_HEAD + "{}}}", "s-1", 8),  # another request's
+        (STOCK_HEAD + "{}}}", "s-1", True),  # a bool is no request id
+        (STOCK_HEAD + "{}}}", "s-1", "7"),
+        (STOCK_HEAD + "{}}}", None, 7),
+        (STOCK_HEAD.replace("s-1", 's\\"1') + "{}}}", 's"1', 7),  # would need escaping
+        (STOCK_HEAD.replace(",", ", ") + "{}}}", "s-1", 7),  # other spacing
+        (STOCK_HEAD + "{}} ", "s-1", 7),  # trailing text
+    ],
+)
+def test_result_text_refuses_any_other_framing(
+    text: str, session_id: object, request_id: object
+) -> None:
+    assert result_text(text, session_id, request_id) is None

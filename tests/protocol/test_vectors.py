@@ -19,7 +19,7 @@ GATEWAY_VECTORS = sorted(
 
 
 def _event_as_json(event: Event) -> dict[str, Any]:
-    fields = json.loads(json.dumps(dataclasses.asdict(event)))
+    fields = json.loads(json.dumps(dataclasses.asdict(event), default=list))  # Entries: a list
     return {"event": type(event).__name__, **fields}
 
 
