@@ -99,6 +99,7 @@ class DeviceProtocol:
         discovery_timeout: float = 15.0,
         max_calls_in_flight: int = 4,
         max_calls_queued: int = 32,
+        request_ids: range | None = None,
         clock: Callable[[], float] = time.monotonic,
         logger: Logger | None = None,
     ) -> None:
@@ -117,6 +118,8 @@ class DeviceProtocol:
             discovery_timeout: seconds a discovery or listing may take, from its start.
             max_calls_in_flight: the most calls sent to the device and not yet answered (≥ 1).
             max_calls_queued: the most calls waiting for one of those slots (≥ 0).
+            request_ids: the ids this session's requests take (a cluster replica's slice);
+                all of 1..``MAX_REQUEST_ID`` when None.
             clock: the time in seconds, for deadlines (the I/O layer's timer clock).
             logger: where to log; ``getLogger(__name__)`` when None.
 
@@ -138,7 +141,7 @@ class DeviceProtocol:
         self._clock = clock
         self._deadline: float | None = clock() + hello_timeout
         self._state = State.CONNECTED
-        self._pending = Pending(max_calls_in_flight, max_calls_queued)
+        self._pending = Pending(max_calls_in_flight, max_calls_queued, request_ids)
         self._catalog: ToolCatalog | None = None  # only while listing: entries weigh a lot
         self._server_info: JsonObject | None = None
         self._relist = False

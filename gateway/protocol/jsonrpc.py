@@ -235,15 +235,28 @@ def classify(payload: object) -> Message:
 
 
 class IdAllocator:
-    """Hands out request ids 1, 2, ... ``MAX_REQUEST_ID``, then wraps to 1, skipping ids in use."""
+    """Hands out request ids ``first``, ``first + 1``, ... up to the top of ``ids``, then wraps
+    to its bottom, skipping ids in use.
 
-    def __init__(self, first: int = 1) -> None:
-        """Start at ``first``.
+    ``ids`` defaults to 1 .. ``MAX_REQUEST_ID``; a cluster replica narrows it to its own slice
+    (``replica_no << 24`` onwards), so that a device's reply names the replica that asked while
+    the id stays an int32, which stock firmware's cJSON ``valueint`` reads.
+    """
+
+    def __init__(self, first: int | None = None, ids: range | None = None) -> None:
+        """Start at ``first`` (the bottom of ``ids`` when None).
 
         Raises:
-            LocalProtocolError: ``first`` is outside ``1..MAX_REQUEST_ID``.
+            LocalProtocolError: ``ids`` is empty or leaves ``1..MAX_REQUEST_ID``, or ``first``
+                is outside ``ids``.
         """
-        self._next = _check_request_id(first)
+        ids = range(1, MAX_REQUEST_ID + 1) if ids is None else ids
+        if ids.step != 1 or not ids or ids[0] < 1 or ids[-1] > MAX_REQUEST_ID:
+            raise LocalProtocolError(f"request ids must lie in 1..{MAX_REQUEST_ID}: {ids}")
+        self._low, self._high = ids[0], ids[-1]
+        self._next = _check_request_id(ids[0] if first is None else first)
+        if self._next not in ids:
+            raise LocalProtocolError(f"the first request id {first} is outside {ids}")
 
     def allocate(self, in_use: Collection[int] = ()) -> int:
         """Return the next id that is not in ``in_use``.
@@ -254,7 +267,7 @@ class IdAllocator:
         # At most len(in_use) candidates can be taken, so this many tries always find a free one.
         for _ in range(len(in_use) + 1):
             candidate = self._next
-            self._next = 1 if candidate == MAX_REQUEST_ID else candidate + 1
+            self._next = self._low if candidate == self._high else candidate + 1
             if candidate not in in_use:
                 return candidate
         raise LocalProtocolError("no free request id")

@@ -31,11 +31,14 @@ class Purpose(enum.Enum):
 class Pending:
     """The requests of one session awaiting replies, and the calls awaiting a free slot."""
 
-    def __init__(self, max_in_flight: int, max_queued: int) -> None:
-        """Bound the calls: ``max_in_flight`` sent and unanswered (≥ 1), ``max_queued`` waiting."""
+    def __init__(self, max_in_flight: int, max_queued: int, ids: range | None = None) -> None:
+        """Bound the calls: ``max_in_flight`` sent and unanswered (≥ 1), ``max_queued`` waiting.
+
+        Request ids come from ``ids`` (all of 1..``MAX_REQUEST_ID`` when None).
+        """
         self.max_in_flight = max_in_flight
         self.max_queued = max_queued
-        self._ids = IdAllocator(FIRST_REQUEST_ID)
+        self._ids = IdAllocator(FIRST_REQUEST_ID if ids is None else None, ids)
         self._sent: dict[int, Purpose] = {}
         self._waiting: dict[int, str] = {}  # call id -> its frame, oldest first
 

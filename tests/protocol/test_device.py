@@ -928,3 +928,17 @@ def test_events_and_frames_are_drained() -> None:
     assert protocol.events_received() == []
     assert len(protocol.data_to_send()) == 2
     assert protocol.data_to_send() == []
+
+
+def test_a_replica_slice_tags_every_request_and_ignores_other_replicas_replies() -> None:
+    """In a cluster, ids carry the replica (replica_no << 24 | n): a reply to another
+    replica's request, which every replica hears over MQTT, settles nothing here."""
+    base = 5 << 24
+    protocol = make(request_ids=range(base + 1, (6 << 24)))
+    protocol.receive_text(json.dumps(HELLO))
+    init = sent(protocol)[-1]["payload"]
+    assert init["method"] == "initialize" and init["id"] == base + 1
+    reply(protocol, (7 << 24) + 1, INIT_RESULT)  # another replica's initialize
+    assert protocol.state is State.INITIALIZING
+    reply(protocol, base + 1, INIT_RESULT)
+    assert payloads(protocol)[-1]["id"] == base + 2

@@ -250,3 +250,22 @@ def test_id_allocator_gives_up_when_every_tried_id_is_in_use() -> None:
     """An in_use collection that holds every candidate raises instead of looping forever."""
     with pytest.raises(LocalProtocolError):
         IdAllocator().allocate(_Everything())
+
+
+def test_id_allocator_keeps_to_its_slice() -> None:
+    """A cluster replica's slice: ids wrap within it, so every reply names the replica."""
+    ids = IdAllocator(ids=range(3 << 24 | 1, 4 << 24))
+    assert ids.allocate() == 3 << 24 | 1
+    ids = IdAllocator((4 << 24) - 1, range(3 << 24 | 1, 4 << 24))
+    assert [ids.allocate(), ids.allocate()] == [(4 << 24) - 1, 3 << 24 | 1]
+
+
+@pytest.mark.parametrize(
+    ("first", "ids"),
+    [(None, range(0, 5)), (None, range(5, 5)), (None, range(1, 9, 2)),
+     (None, range(1, MAX_REQUEST_ID + 2)), (9, range(1, 5))],
+)  # fmt: skip
+def test_id_allocator_rejects_bad_slices(first: int | None, ids: range) -> None:
+    """A slice must be int32, non-empty and contiguous, and hold the first id."""
+    with pytest.raises(LocalProtocolError):
+        IdAllocator(first, ids)
