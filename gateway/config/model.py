@@ -84,6 +84,14 @@ class Config:
     vision_enabled: bool = True
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024
+    # [cluster]: replicas on an MQTT broker cluster (gateway/cluster, docs/cluster.md); off
+    # while broker is None
+    cluster_broker: str | None = None
+    cluster_name: str = "esp-mcp-cluster"
+    cluster_replica: str | None = None
+    cluster_username: str | None = None
+    cluster_password: str | None = None
+    cluster_ca_file: Path | None = None
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:
