@@ -16,6 +16,7 @@ from gateway.devices.broadcast import Broadcast
 from gateway.devices.catalogue import Catalogue, Catalogues
 from gateway.devices.device import Device, DeviceTool
 from gateway.devices.exposure import Changes, Exposure
+from gateway.devices.fleet_naming import FleetNames
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.store import DeviceRecord, Store
 
@@ -38,8 +39,12 @@ class KnownDevices:
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
         # Told how long each discovery took (seconds from connecting to a listed catalogue).
         self.discovery_watchers: list[Callable[[float], None]] = []
+        # cluster: told of each record saved (the device id and its record) or forgotten (None)
+        self.record_watchers: list[Callable[[str, DeviceRecord | None], None]] = []
         stored = store.load()
-        self._names = NameMap(stored.names)
+        # cluster: names by the fleet rule, which needs no history (fleet_naming.py)
+        self._fleet_names = FleetNames() if config.cluster_broker else None
+        self._names: NameMap | FleetNames = self._fleet_names or NameMap(stored.names)
         catalogues = self._catalogues.load(stored.catalogues)
         for record in stored.devices:
             configured = config.device(record.device_id).name
@@ -143,6 +148,8 @@ class KnownDevices:
         if configured:
             return clean_alias(configured)
         alias = base = derive_alias(device_id, board)
+        if self._fleet_names is not None:
+            return alias  # cluster: no numbering by arrival; the fleet rule tells tools apart
         number = 1
         while (holder := self._by_alias.get(alias)) is not None and holder.device_id != device_id:
             number += 1
@@ -156,18 +163,30 @@ class KnownDevices:
         device.catalogue = catalogue
         device.tools = {}
         new_names = []
-        for spec in catalogue.tools if catalogue is not None else ():
+        specs = catalogue.tools if catalogue is not None else ()
+        if self._fleet_names is not None:  # tools no longer listed free their names
+            self._fleet_names.release(device.device_id, {spec.name for spec in specs})
+        for spec in specs:
             entry, is_new = self._names.assign(device.device_id, device.alias, spec.name)
             if is_new:
                 new_names.append(entry)
             device.tools[spec.name] = DeviceTool.decide(device, spec, entry.name, options)
         self._store.save_names(new_names)
         self._show(device)
+        self._decide_displaced()
+
+    def _decide_displaced(self) -> None:
+        """cluster: name again the devices whose names the fleet rule now decides otherwise."""
+        for device_id in self._fleet_names.displaced() if self._fleet_names is not None else ():
+            if (other := self._devices.get(device_id)) is not None:
+                self._use(other, other.catalogue)
 
     def _save(self, record: DeviceRecord) -> None:
         """Queue the record's write, and tell whoever watches devices that one changed."""
         self._store.save_device(record)
         self._device_changes.publish(None)
+        for watcher in self.record_watchers:
+            watcher(record.device_id, record)
 
     def _shows_tools_of(self, device: Device) -> bool:
         if not device.approved:

@@ -1,0 +1,1 @@
+"""Replicas of the gateway on an MQTT broker cluster (docs/cluster.md)."""
