@@ -24,6 +24,8 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.cluster import Cluster
+from gateway.cluster.bridge import BridgedLink
 from gateway.config import Config, ListenAddress, env_name, is_loopback_host
 from gateway.device_side.broker import (
     GATEWAY_LOGIN,
@@ -86,6 +88,8 @@ class Gateway:
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
+        # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
+        self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
         self.broker = (
             EmbeddedBroker(
                 config.mqtt_listen,
@@ -94,7 +98,9 @@ class Gateway:
                 max_packet_bytes=config.limits_mqtt_max_packet_bytes,
                 limits=listener_limits(config, "mqtt"),
             )
-            if config.mqtt_broker == "embedded" and config.mqtt_listen is not None
+            if config.mqtt_broker == "embedded"
+            and config.mqtt_listen is not None
+            and self.cluster is None
             else None
         )
         self.mqtt: MqttTransport | None = None
@@ -114,7 +120,10 @@ class Gateway:
         self.host_app, self._manager = build_host_app(
             config, self.frontend, self.registry, self.router, self.enroll, self.photos,
             dashboard=self.dashboard, metrics=self.metrics,
+            trouble=self.cluster.health if self.cluster else None,
         )  # fmt: skip
+        if self.cluster is not None:  # cluster: records and series say which replica
+            self.audit.replica = self.metrics.replica = self.cluster.replica
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Gateway:
@@ -137,6 +146,8 @@ class Gateway:
         self._stack.callback(self.frontend.notifier.listen_handler.close)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
+        if self.cluster is not None:
+            await self._stack.enter_async_context(self.cluster)
         await self._start_mqtt()
         return self
 
@@ -166,15 +177,21 @@ class Gateway:
             discovery_timeout=self.config.discovery_timeout,
             max_calls_in_flight=self.config.call_max_in_flight,
             max_calls_queued=self.config.call_max_queued,
+            request_ids=self.cluster.ids if self.cluster else None,  # cluster: this replica's
             vision=vision,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
+        bridged: BridgedLink | None = None
+        if self.cluster is not None and not mqtt:  # cluster: the other replicas reach it too
+            link = bridged = self.cluster.bridged(link, identity.device_id, protocol.session_id)
         try:
             await DeviceConnection(link, identity, self.registry, protocol).run()
         finally:
             if self.vision is not None and vision is not None:
                 self.vision.revoke(identity.device_id, vision["token"])
+            if self.cluster is not None and bridged is not None:
+                self.cluster.ended(bridged)
 
     def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
         """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
@@ -275,6 +292,8 @@ class Gateway:
             login = BrokerLogin(broker.client_host, broker.port, GATEWAY_LOGIN,
                                 broker.gateway_password)  # fmt: skip
             presence = self.broker.presence()
+        elif self.cluster is not None and config.mqtt_broker is not None:
+            login, presence = self.cluster.login, None  # cluster: devices on the cluster broker
         elif config.mqtt_broker == "external":
             login = BrokerLogin(
                 config.mqtt_host,
@@ -327,6 +346,9 @@ class Gateway:
 
     def _build_device_app(self) -> Starlette:
         async def health(request: object) -> JSONResponse:
+            trouble = self.cluster.health() if self.cluster else None
+            if trouble is not None:  # cluster: cut from the broker, a balancer sends none here
+                return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
             return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
         routes = device_websocket_routes(self.admit_websocket, self.serve_device)

@@ -146,7 +146,9 @@ def test_cluster_table_from_file_and_environment(tmp_path: Path) -> None:
     env = {"GATEWAY_DATA_DIR": str(tmp_path)}
     assert load_config(None, env=env).cluster_broker is None
     path = tmp_path / "gateway.toml"
-    path.write_text('[cluster]\nbroker = "mqtts://emqx:8883"\nname = "fleet"\nca_file = "/ca.pem"\n')
+    path.write_text(
+        '[cluster]\nbroker = "mqtts://emqx:8883"\nname = "fleet"\nca_file = "/ca.pem"\n'
+    )
     config = load_config(path, env={**env, "GATEWAY_CLUSTER_REPLICA": "gw-1"})
     assert (config.cluster_broker, config.cluster_name) == ("mqtts://emqx:8883", "fleet")
     assert config.cluster_replica == "gw-1" and config.cluster_ca_file == Path("/ca.pem")

@@ -178,7 +178,9 @@ def optional_broker_url(key: str, value: object) -> str | None:
     try:
         parts.port  # noqa: B018 (raises on a port that is not a number)
     except ValueError:
-        raise ConfigError(key, f"expected mqtt://host:port or mqtts://host:port: {text!r}") from None
+        raise ConfigError(
+            key, f"expected mqtt://host:port or mqtts://host:port: {text!r}"
+        ) from None
     if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname or parts.path not in ("", "/"):
         raise ConfigError(key, f"expected mqtt://host:port or mqtts://host:port: {text!r}")
     if parts.username or parts.password:

@@ -63,8 +63,11 @@ async def test_a_cluster_registry_renames_the_first_device_when_a_second_takes_i
     """In cluster mode the registry follows the rule: hosts see both devices under hashed names,
     and the first gets its plain names back when the second is forgotten."""
     kitchen = DeviceOptions(name="kitchen")
-    config = make_config(tmp_path, cluster_broker="mqtt://127.0.0.1:1",
-                         devices={"aa:bb:cc:dd:ee:01": kitchen, "aa:bb:cc:dd:ee:02": kitchen})
+    config = make_config(
+        tmp_path,
+        cluster_broker="mqtt://127.0.0.1:1",
+        devices={"aa:bb:cc:dd:ee:01": kitchen, "aa:bb:cc:dd:ee:02": kitchen},
+    )
     stack = Stack(config)
     registry: DeviceRegistry = stack.registry
     for device_id in ("aa:bb:cc:dd:ee:01", "aa:bb:cc:dd:ee:02"):
