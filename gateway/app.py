@@ -292,7 +292,7 @@ class Gateway:
             login = BrokerLogin(broker.client_host, broker.port, GATEWAY_LOGIN,
                                 broker.gateway_password)  # fmt: skip
             presence = self.broker.presence()
-        elif self.cluster is not None and config.mqtt_broker is not None:
+        elif self.cluster is not None and config.mqtt_mode != "off":
             login, presence = self.cluster.login, None  # cluster: devices on the cluster broker
         elif config.mqtt_broker == "external":
             login = BrokerLogin(

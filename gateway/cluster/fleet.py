@@ -148,6 +148,8 @@ class Fleet:
         if self._changed.get(device_id, 0.0) > record.at:
             return  # changed here since (while cut off): ours is published on rejoining
         self._records[device_id] = record
+        logger.debug("%s: device record %s from %s: %s", self.replica, device_id, record.by,
+                     record.facts)  # fmt: skip
         self._applying = True
         try:
             self._apply(record)
@@ -180,6 +182,8 @@ class Fleet:
         if device.session is not None and not isinstance(device.session, RemoteSession):
             return  # a session here lists its tools itself
         entries = self._catalogues.get(record.catalogue)
+        logger.debug("%s: catalogue %s for %s: %s", self.replica, record.catalogue[:8],
+                     device.device_id, "known" if entries else "awaited")  # fmt: skip
         if entries is None:
             self._waiting.setdefault(record.catalogue, set()).add(device.device_id)
             return

@@ -145,8 +145,8 @@ class DeviceRegistry(DeviceAdmin):
             self._learn_board(device, board)
         record.server_info = server_info
         record.last_seen = self._clock()
-        record.catalogue = catalogue.digest  # before _save: its watchers read it (cluster)
-        self._save(record)
+        record.catalogue = catalogue.digest
         logger.info("device %s lists %d tools", record.alias, len(catalogue.tools))
         if catalogue is not device.catalogue:
             self._use(device, catalogue)
+        self._save(record)  # after _use: its watchers see the catalogue in use (cluster)

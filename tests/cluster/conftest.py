@@ -1,0 +1,50 @@
+"""Replicas of one cluster on a real mosquitto 2, in this process (real uvicorn each)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from gateway.app import Running
+from gateway.devices.registry import DeviceRegistry
+from tests.conftest import bound, gateway
+
+PREFIX = "fleet"
+
+
+def cluster_options(broker_port: int, replica: str, **overrides: Any) -> dict[str, Any]:
+    """The config of one replica: the cluster broker; MQTT devices come through it too."""
+    return {
+        "cluster_broker": f"mqtt://127.0.0.1:{broker_port}",
+        "cluster_name": PREFIX,
+        "cluster_replica": replica,
+        "mqtt_keepalive_interval": None,
+        **overrides,
+    }
+
+
+@asynccontextmanager
+async def replicas(
+    tmp_path: Path, broker_port: int, count: int = 3, **overrides: Any
+) -> AsyncIterator[list[Running]]:
+    """``count`` replicas, each with its own data dir, started one after the other."""
+    async with AsyncExitStack() as stack:
+        runs = []
+        for n in range(1, count + 1):
+            options = cluster_options(broker_port, f"gw-{n}", **overrides)
+            runs.append(await stack.enter_async_context(gateway(tmp_path / f"gw-{n}", **options)))
+        yield runs
+
+
+async def eventually(runs: list[Running], check: Callable[[DeviceRegistry], bool]) -> None:
+    """Wait on each replica's device changes until ``check`` holds for its registry."""
+    for run in runs:
+        registry = run.gateway.registry
+        with anyio.fail_after(bound(10)):
+            async with registry.device_changes() as changes:
+                while not check(registry):
+                    await anext(changes)

@@ -1,0 +1,113 @@
+"""Three replicas on one mosquitto 2: one fleet, the same names everywhere, every call path.
+
+Real replicas (uvicorn each, port 0), a real broker, real devices: a WebSocket device on one
+replica, an MQTT device on the broker; MCP hosts are the SDK's client over streamable HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp import Client
+
+from gateway.app import Running
+from gateway.cluster.remote import RemoteSession
+from gateway.devices.registry import PENDING, DeviceRegistry
+from tests.cluster.conftest import eventually, replicas
+from tests.conftest import DEVICE_TOKEN
+from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
+from tests.e2e.helpers import listed_device
+from tests.mqtt_helpers import Mosquitto, MqttDevice
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+WS_DEVICE = "02:00:00:00:00:01"
+MQTT_DEVICE = "aa:bb:cc:dd:ee:02"
+STOCK = STOCK_BODY["mac_address"]
+
+
+def lists(device_id: str) -> object:
+    """A check: the device is online with its tools shown to hosts."""
+
+    def check(registry: DeviceRegistry) -> bool:
+        device = registry.get(device_id)
+        return device is not None and device.online and device.exposed
+
+    return check
+
+
+def names(run: Running) -> set[str]:
+    return {tool.name for tool in run.gateway.registry.exposed_tools()}
+
+
+def mcp_name(run: Running, device_id: str, tool: str) -> str:
+    [name] = [t.name for t in run.gateway.registry.exposed_tools()
+              if t.device.device_id == device_id and t.spec.name == tool]  # fmt: skip
+    return name
+
+
+async def call(run: Running, name: str, arguments: dict[str, object]) -> str:
+    async with Client(run.mcp_url, mode="legacy") as client:
+        result = await client.call_tool(name, arguments)
+    assert not result.is_error, result
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert isinstance(text, str)
+    return text
+
+
+async def test_three_replicas_one_fleet_every_call_path(tmp_path: Path) -> None:
+    """A WebSocket device on replica 1 and an MQTT device on the broker: every replica lists
+    both under the same names and calls both (local, across replicas, over MQTT)."""
+    async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port) as runs:
+        first, second, third = runs
+        assert len({run.gateway.cluster.no for run in runs if run.gateway.cluster}) == 3
+        mqtt = MqttDevice("127.0.0.1", broker.port, MQTT_DEVICE, DEVICE_TOKEN, stock=False)
+        async with mqtt, listed_device(first, WS_DEVICE) as ws_device:
+            await eventually(runs, lists(WS_DEVICE))
+            await eventually(runs, lists(MQTT_DEVICE))
+            assert names(first) == names(second) == names(third)
+            session = second.gateway.registry.get(WS_DEVICE).session  # type: ignore[union-attr]
+            assert isinstance(session, RemoteSession) and session.replica == "gw-1"
+            lamp = mcp_name(first, WS_DEVICE, "self.lamp.turn_on")
+            assert await call(first, lamp, {}) == "true"  # local
+            state = mcp_name(second, WS_DEVICE, "self.lamp.get_state")
+            assert json.loads(await call(second, state, {}))["power"] is True  # across
+            assert json.loads(await call(third, state, {}))["power"] is True
+            over_mqtt = mcp_name(third, MQTT_DEVICE, "self.lamp.turn_on")
+            assert await call(third, over_mqtt, {}) == "true"  # to an MQTT device
+            assert mqtt.calls == ["self.lamp.turn_on"]  # once: no other replica answered
+            assert ws_device is not None
+        await eventually(runs, lambda r: not r.get(WS_DEVICE).online)  # type: ignore[union-attr]
+
+
+async def test_approval_rename_and_forget_on_one_replica_reach_the_others(
+    tmp_path: Path,
+) -> None:
+    """A stock device checks in on replica 1 (pending); replica 2 sees it pending, replica 3
+    approves it, renames it and forgets it, and every replica follows."""
+    async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port) as runs:
+        first, _, third = runs
+        url = f"http://127.0.0.1:{first.device_port}/xiaozhi/ota/"
+        async with httpx2.AsyncClient() as http:
+            response = await http.post(url, headers=STOCK_HEADERS, json=STOCK_BODY)
+        assert response.status_code == 200
+
+        def state_is(state: str) -> object:
+            def check(registry: DeviceRegistry) -> bool:
+                device = registry.get(STOCK)
+                return device is not None and device.record.state == state
+
+            return check
+
+        await eventually(runs, state_is(PENDING))  # type: ignore[arg-type]
+        device = third.gateway.registry.get(STOCK)
+        assert device is not None
+        third.gateway.registry.approve(device)
+        await eventually(runs, state_is("approved"))  # type: ignore[arg-type]
+        third.gateway.registry.rename(device, "porch")
+        await eventually(runs, lambda r: r.find("porch") is not None)
+        third.gateway.registry.forget(device)
+        await eventually(runs, lambda r: r.get(STOCK) is None)
