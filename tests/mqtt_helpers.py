@@ -49,12 +49,22 @@ class Mosquitto:
     """A real mosquitto on loopback, started and killed by the test."""
 
     def __init__(
-        self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False
+        self,
+        workdir: Path,
+        users: dict[str, str] | None = None,
+        tls: bool = False,
+        *,
+        acl: str | None = None,
+        persistence: bool = False,
     ) -> None:
+        """``acl``: the text of an ``acl_file``; ``persistence``: keep retained messages and
+        sessions in the workdir across a restart."""
         self.program = program("mosquitto")
         self.port = free_port()
         self._dir = workdir
         self._users = users
+        self._acl = acl
+        self._persistence = persistence
         self.tls = tls
         self._proc: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -78,7 +88,14 @@ class Mosquitto:
         self._dir.mkdir(parents=True, exist_ok=True)
         if self.tls and not self.cert.exists():
             self._make_cert()
-        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "log_dest stderr"]
+        lines = [f"listener {self.port} 127.0.0.1", "log_dest stderr"]
+        if self._persistence:
+            lines += ["persistence true", f"persistence_location {self._dir}/"]
+        else:
+            lines.append("persistence false")
+        if self._acl is not None:
+            (self._dir / "acl").write_text(self._acl)
+            lines.append(f"acl_file {self._dir / 'acl'}")
         if self.tls:
             lines += [f"certfile {self.cert}", f"keyfile {self._dir / 'key.pem'}"]
         if os.geteuid() == 0:
@@ -116,6 +133,15 @@ class Mosquitto:
     async def _read_rest(self, stream: asyncio.StreamReader) -> None:
         while line := await stream.readline():
             self.log.append(line.decode())
+
+    async def stop(self) -> None:
+        """SIGTERM: mosquitto writes its persistence file, then exits."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            await self._proc.wait()
+        if self._drain is not None:
+            await self._drain
+            self._drain = None
 
     async def kill(self) -> None:
         """SIGKILL: no goodbye to anyone, no last wills kept (persistence is off)."""
