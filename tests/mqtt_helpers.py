@@ -197,6 +197,7 @@ class MqttDevice:
         self.hellos: asyncio.Queue[JsonObject] = asyncio.Queue()
         self.received: list[JsonObject] = []
         self.calls: list[str] = []
+        self.called = asyncio.Event()  # set at each tools/call
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self.refused: BaseException | None = None
@@ -272,6 +273,7 @@ class MqttDevice:
             request = message["payload"]
             if request.get("method") == "tools/call":
                 self.calls.append(request["params"]["name"])
+                self.called.set()
             reply = await self.mcp.handle(request)
             if reply is not None:
                 await self.send({"session_id": self.session_id, "type": "mcp", "payload": reply})

@@ -61,7 +61,7 @@ async def test_a_replica_cut_from_the_broker_fails_health_and_calls_then_rejoins
         two = gateway(tmp_path / "gw-2", **cluster_options(broker.port, "gw-2"))
         async with one as first, two as second:
             runs = [first, second]
-            async with listed_device(first, ON_ONE), listed_device(second, ON_TWO):
+            async with listed_device(first, ON_ONE) as one, listed_device(second, ON_TWO) as two:
                 await eventually(runs, online(ON_ONE))
                 await eventually(runs, online(ON_TWO))
                 assert first.gateway.cluster is not None
@@ -75,7 +75,8 @@ async def test_a_replica_cut_from_the_broker_fails_health_and_calls_then_rejoins
                 )
                 across = asyncio.create_task(call_text(first, slow_two, wait))
                 back = asyncio.create_task(call_text(second, slow_one, wait))
-                await until_in_flight(first, second)
+                await one.wait_for_call("self.slow.wait", bound(10))  # both calls arrived
+                await two.wait_for_call("self.slow.wait", bound(10))
                 proxy.cut()
                 async with asyncio.timeout(bound(5)):  # long before the 30 s the tool takes
                     error, text = await across
@@ -97,13 +98,6 @@ async def test_a_replica_cut_from_the_broker_fails_health_and_calls_then_rejoins
                 assert (await health(first))[:2] == (200, 200)
                 lamp = tool(first, ON_TWO, "self.lamp.turn_on")
                 assert await call_text(first, lamp, {}) == (False, "true")
-
-
-async def until_in_flight(*runs: Running) -> None:
-    """Wait until each replica has its remote call in flight (sent over the broker)."""
-    async with asyncio.timeout(bound(10)):
-        while not all(r.gateway.cluster and r.gateway.cluster.remote.in_flight for r in runs):
-            await asyncio.sleep(0.01)
 
 
 async def test_a_broker_restart_loses_no_approval_or_alias(tmp_path: Path) -> None:
