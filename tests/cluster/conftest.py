@@ -16,6 +16,8 @@ from tests.conftest import bound, gateway
 
 PREFIX = "fleet"
 
+Check = Callable[[DeviceRegistry], bool]
+
 
 def cluster_options(broker_port: int, replica: str, **overrides: Any) -> dict[str, Any]:
     """The config of one replica: the cluster broker; MQTT devices come through it too."""
@@ -41,7 +43,7 @@ async def replicas(
         yield runs
 
 
-async def eventually(runs: list[Running], check: Callable[[DeviceRegistry], bool]) -> None:
+async def eventually(runs: list[Running], check: Check) -> None:
     """Wait on each replica's device changes until ``check`` holds for its registry."""
     for run in runs:
         registry = run.gateway.registry

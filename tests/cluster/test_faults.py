@@ -14,7 +14,7 @@ from mcp import Client
 
 from gateway.app import Running
 from gateway.devices.registry import DeviceRegistry
-from tests.cluster.conftest import Proxy, cluster_options, eventually, replicas
+from tests.cluster.conftest import Check, Proxy, cluster_options, eventually, replicas
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
 from tests.mqtt_helpers import Mosquitto
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 ON_ONE, ON_TWO = "02:00:00:00:00:01", "02:00:00:00:00:02"
 
 
-def online(device_id: str, state: bool = True) -> object:
+def online(device_id: str, state: bool = True) -> Check:
     def check(registry: DeviceRegistry) -> bool:
         device = registry.get(device_id)
         return device is not None and device.online == state and (device.exposed or not state)
@@ -57,9 +57,9 @@ async def test_a_replica_cut_from_the_broker_fails_health_and_calls_then_rejoins
     """Cut gw-1 off: its call through the broker fails at once with a clear error, as does
     gw-2's call to gw-1's device; gw-1's /healthz fails. Healed, it rejoins: all callable."""
     async with Mosquitto(tmp_path / "broker") as broker, Proxy(broker.port) as proxy:
-        one = gateway(tmp_path / "gw-1", **cluster_options(proxy.port, "gw-1"))
-        two = gateway(tmp_path / "gw-2", **cluster_options(broker.port, "gw-2"))
-        async with one as first, two as second:
+        cut = gateway(tmp_path / "gw-1", **cluster_options(proxy.port, "gw-1"))
+        direct = gateway(tmp_path / "gw-2", **cluster_options(broker.port, "gw-2"))
+        async with cut as first, direct as second:
             runs = [first, second]
             async with listed_device(first, ON_ONE) as one, listed_device(second, ON_TWO) as two:
                 await eventually(runs, online(ON_ONE))
@@ -68,7 +68,7 @@ async def test_a_replica_cut_from_the_broker_fails_health_and_calls_then_rejoins
                 async with asyncio.timeout(bound(5)):
                     await first.gateway.cluster.client.connected.wait()
                 assert (await health(first))[:2] == (200, 200)
-                wait = {"seconds": 30}
+                wait: dict[str, object] = {"seconds": 30}
                 slow_two, slow_one = (
                     tool(first, ON_TWO, "self.slow.wait"),
                     tool(second, ON_ONE, "self.slow.wait"),

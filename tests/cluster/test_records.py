@@ -13,7 +13,7 @@ import pytest
 from gateway.cluster.records import BadRecord, ClusterTopics, FleetRecord, Presence, ReplicaRecord
 from gateway.devices.catalogue import digest_of
 from gateway.devices.registry import DeviceRegistry
-from tests.cluster.conftest import PREFIX, eventually, replicas
+from tests.cluster.conftest import PREFIX, Check, eventually, replicas
 from tests.fakes import tool
 from tests.mqtt_helpers import Mosquitto
 
@@ -39,7 +39,7 @@ def record(**fields: object) -> bytes:
     return json.dumps({**base, **fields}).encode()
 
 
-def knows(device_id: str, tools: int) -> object:
+def knows(device_id: str, tools: int) -> Check:
     def check(registry: DeviceRegistry) -> bool:
         device = registry.get(device_id)
         return device is not None and device.catalogue is not None and len(device.tools) == tools
@@ -65,7 +65,7 @@ async def test_bad_records_are_refused_one_by_one_and_the_rest_is_taken(
             await raw.publish(topics.replica("ghost"), b'{"no": 400, "at": 1}')
             await raw.publish(topics.catalogue(digest), json.dumps(TOOLS).encode(), retain=True)
             await raw.publish(topics.device(GOOD), record(catalogue=digest), retain=True)
-            await eventually(runs, knows(GOOD, 1))  # type: ignore[arg-type]
+            await eventually(runs, knows(GOOD, 1))
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert any("aa:bb:cc:dd:ee:11 refused: not JSON" in m for m in refused)
     assert any("aa:bb:cc:dd:ee:12 refused: state is not one of" in m for m in refused)

@@ -16,7 +16,7 @@ from mcp import Client
 from gateway.app import Running
 from gateway.cluster.remote import RemoteSession
 from gateway.devices.registry import PENDING, DeviceRegistry
-from tests.cluster.conftest import eventually, replicas
+from tests.cluster.conftest import Check, eventually, replicas
 from tests.conftest import DEVICE_TOKEN
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import listed_device
@@ -26,10 +26,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 WS_DEVICE = "02:00:00:00:00:01"
 MQTT_DEVICE = "aa:bb:cc:dd:ee:02"
-STOCK = STOCK_BODY["mac_address"]
+STOCK = str(STOCK_BODY["mac_address"])
 
 
-def lists(device_id: str) -> object:
+def lists(device_id: str) -> Check:
     """A check: the device is online with its tools shown to hosts."""
 
     def check(registry: DeviceRegistry) -> bool:
@@ -79,6 +79,7 @@ async def test_three_replicas_one_fleet_every_call_path(tmp_path: Path) -> None:
             over_mqtt = mcp_name(third, MQTT_DEVICE, "self.lamp.turn_on")
             assert await call(third, over_mqtt, {}) == "true"  # to an MQTT device
             assert mqtt.calls == ["self.lamp.turn_on"]  # once: no other replica answered
+            await audit_and_metrics_say_which_replica(second)
             assert ws_device is not None
         await eventually(runs, lambda r: not r.get(WS_DEVICE).online)  # type: ignore[union-attr]
 
@@ -95,19 +96,32 @@ async def test_approval_rename_and_forget_on_one_replica_reach_the_others(
             response = await http.post(url, headers=STOCK_HEADERS, json=STOCK_BODY)
         assert response.status_code == 200
 
-        def state_is(state: str) -> object:
+        def state_is(state: str) -> Check:
             def check(registry: DeviceRegistry) -> bool:
                 device = registry.get(STOCK)
                 return device is not None and device.record.state == state
 
             return check
 
-        await eventually(runs, state_is(PENDING))  # type: ignore[arg-type]
+        await eventually(runs, state_is(PENDING))
         device = third.gateway.registry.get(STOCK)
         assert device is not None
         third.gateway.registry.approve(device)
-        await eventually(runs, state_is("approved"))  # type: ignore[arg-type]
+        await eventually(runs, state_is("approved"))
         third.gateway.registry.rename(device, "porch")
         await eventually(runs, lambda r: r.find("porch") is not None)
         third.gateway.registry.forget(device)
         await eventually(runs, lambda r: r.get(STOCK) is None)
+
+
+async def audit_and_metrics_say_which_replica(run: Running) -> None:
+    """The audit log stays per replica, each record tagged; every /metrics series labelled."""
+    audit = run.gateway.audit.path
+    assert audit is not None
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert records and all(r["replica"] == "gw-2" for r in records)
+    async with httpx2.AsyncClient() as http:
+        metrics = await http.get(f"http://127.0.0.1:{run.host_port}/metrics")
+    samples = [line for line in metrics.text.splitlines() if line and not line.startswith("#")]
+    assert samples and all('replica="gw-2"' in line for line in samples)
+    assert 'gateway_calls_total{replica="gw-2",outcome="ok"} 1.0' in samples
