@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -17,9 +18,9 @@ from gateway.app import Running
 from gateway.cluster.remote import RemoteSession
 from gateway.devices.registry import PENDING, DeviceRegistry
 from tests.cluster.conftest import Check, eventually, replicas
-from tests.conftest import DEVICE_TOKEN
+from tests.conftest import DEVICE_TOKEN, bound
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
-from tests.e2e.helpers import listed_device
+from tests.e2e.helpers import Inbox, listed_device
 from tests.mqtt_helpers import Mosquitto, MqttDevice
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -125,3 +126,27 @@ async def audit_and_metrics_say_which_replica(run: Running) -> None:
     samples = [line for line in metrics.text.splitlines() if line and not line.startswith("#")]
     assert samples and all('replica="gw-2"' in line for line in samples)
     assert 'gateway_calls_total{replica="gw-2",outcome="ok"} 1.0' in samples
+
+
+async def test_list_changed_reaches_hosts_on_every_replica(tmp_path: Path) -> None:
+    """A host on replica 3 is told the tool list changed when a device joins replica 1 (then
+    lists its tools and calls one), and again when it is renamed there."""
+    async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port) as runs:
+        first, _, third = runs
+        inbox = Inbox()
+        async with Client(third.mcp_url, mode="legacy", message_handler=inbox) as client:
+            with anyio.fail_after(bound(5)):
+                await third.gateway.frontend.notifier.wait_for_sessions(1)
+            async with listed_device(first, WS_DEVICE):
+                await inbox.next_change()
+                await eventually([third], lists(WS_DEVICE))
+                listed = {tool.name for tool in (await client.list_tools()).tools}
+                lamp = mcp_name(third, WS_DEVICE, "self.lamp.turn_on")
+                assert lamp in listed
+                assert not (await client.call_tool(lamp, {})).is_error
+                device = first.gateway.registry.get(WS_DEVICE)
+                assert device is not None
+                first.gateway.registry.rename(device, "hall")  # it changes: new names
+                await inbox.next_change()
+                listed = {tool.name for tool in (await client.list_tools()).tools}
+                assert "hall_lamp_turn_on" in listed and lamp not in listed
