@@ -41,8 +41,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from gateway.app import bind, running
+from gateway.app import running
 from gateway.config import Config, ListenAddress
+from gateway.net.listeners import bind
 from gateway.simulator import SimulatedDevice
 
 WARMUP = 50  # calls per target before timing

@@ -35,6 +35,7 @@ class Device:
         self.network = None  # optional coroutine function run before each connect (Wi-Fi)
         self.connected = False
         self.sessions = 0
+        self.last_error = None  # why the last connection attempt failed (for the simulator)
         self._tasks = []
         server.listener = self.notify
 
@@ -47,6 +48,7 @@ class Device:
                     await self.network()
                 await self.link.open()
             except Exception as exc:
+                self.last_error = exc
                 compat.log(compat.WARNING, "%s: cannot connect: %r", self.tag, exc)
             else:
                 attempt = 0

@@ -25,6 +25,7 @@ class Device:
     network: Callable[[], Awaitable[None]] | None
     connected: bool
     sessions: int
+    last_error: Exception | None
     def __init__(
         self,
         server: McpServer,

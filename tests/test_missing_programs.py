@@ -38,6 +38,7 @@ def run_pytest(test: str, empty_path: Path, *, no_skips: bool) -> subprocess.Com
     # beside its python, as they are on a fresh clone's .venv.
     env = {k: v for k, v in os.environ.items() if k != "GATEWAY_TESTS_NO_SKIPS"}
     env["PATH"] = str(empty_path)
+    env["GATEWAY_TESTS_SKIPPED_FOR"] = str(empty_path / "skipped-for")  # as scripts/test sets
     if no_skips:
         env["GATEWAY_TESTS_NO_SKIPS"] = "1"
     return subprocess.run(
@@ -50,11 +51,15 @@ def run_pytest(test: str, empty_path: Path, *, no_skips: bool) -> subprocess.Com
 def test_a_missing_program_skips_with_the_apt_package_to_install(
     test: str, message: str, tmp_path: Path
 ) -> None:
-    """The skip names the Debian package (never pip) and the run passes."""
+    """The skip names the Debian package (never pip) and the run passes.
+
+    scripts/test's coverage gate learns which program the skip wanted.
+    """
     done = run_pytest(test, tmp_path, no_skips=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 skipped" in done.stdout and message in done.stdout
     assert "pip install" not in done.stdout and "AssertionError" not in done.stdout
+    assert (tmp_path / "skipped-for").read_text() == f"{message.split()[0]}\n"
 
 
 @pytest.mark.parametrize(("test", "message"), NEEDS)

@@ -84,10 +84,16 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", parents=[common], help="find what keeps devices or MCP hosts from connecting"
     )
     add_board_parsers(sub, common)
-    simulate = sub.add_parser("simulate", help="run simulated devices against a gateway")
-    simulate.add_argument("--url", default="ws://127.0.0.1:8765/xiaozhi/v1/")
-    simulate.add_argument("--token", required=True, help="device token (esp-mcp-gateway token)")
+    simulate = sub.add_parser(
+        "simulate", parents=[common], help="run simulated devices against a gateway"
+    )
+    simulate.add_argument(
+        "--url", help="the gateway's device WebSocket (default: from --device-listen)"
+    )
+    simulate.add_argument("--token", help="device token (default: `esp-mcp-gateway token`'s)")
     simulate.add_argument("--count", type=int, default=1, help="how many devices")
+    simulate.add_argument("--give-up", type=float, default=30.0, metavar="SECONDS",
+                          help="stop when no device could connect in this time")  # fmt: skip
     simulate.add_argument(
         "--board",
         choices=("stock", "firmware"),
@@ -175,12 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from gateway.cli import commands
 
-    if args.command == "simulate":
-        _setup_logging("info")
-        return _run(commands.simulate(args.url, args.token, args.count, args.board, args.camera))
     if args.command == "monitor":
         return run_board_command(args, None)
     config = _load(args)
+    if args.command == "simulate":
+        _setup_logging("info")
+        return _run(commands.simulate(config, args.url, args.token, args.count, args.board,
+                                      args.camera, args.give_up))  # fmt: skip
     if args.command in BOARD_COMMANDS:
         return run_board_command(args, config)
     _setup_logging(config.log_level if args.command in ("serve", "stdio") else "warning")

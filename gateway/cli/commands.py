@@ -142,14 +142,34 @@ def _innermost(exc: BaseException) -> BaseException:
 
 
 async def simulate(
-    url: str, token: str, count: int, board: str = "stock", camera: bool = False
+    config: Config,
+    url: str | None,
+    token: str | None,
+    count: int,
+    board: str = "stock",
+    camera: bool = False,
+    give_up: float = 30.0,
 ) -> int:
-    """Run ``count`` simulated devices against the gateway at ``url``."""
-    from gateway.simulator import simulate as run_devices
+    """Run ``count`` simulated devices against the gateway of ``config`` (or at ``url``).
 
-    await run_devices(
-        url, token, count, board="firmware" if board == "firmware" else "stock", camera=camera
-    )
+    The URL and token come from the same settings as ``serve`` (GATEWAY_DEVICE_LISTEN, the
+    data dir's device token), so that on one machine it needs no option at all.
+    """
+    from gateway.simulator import SimulatorError
+    from gateway.simulator import simulate as run_devices
+    from gateway.simulator.fleet import BoardKind
+
+    url = url or Addresses.of(config).local_device_url
+    token = token or device_tokens(config)[0]
+    kind: BoardKind = "firmware" if board == "firmware" else "stock"
+    try:
+        await run_devices(url, token, count, board=kind, camera=camera, give_up=give_up)
+    except ExceptionGroup as group:  # the fleet's task group gave up
+        error = _innermost(group)
+        if not isinstance(error, SimulatorError):
+            raise
+        hint = "is `serve` running there (the same --device-listen or GATEWAY_DEVICE_LISTEN)?"
+        raise GatewayError(f"{error}; {hint}") from None
     return 0
 
 

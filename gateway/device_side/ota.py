@@ -1,11 +1,14 @@
 """The OTA endpoint ``/xiaozhi/ota/``: how a stock xiaozhi device learns where the gateway is.
 
 At every boot a stock device POSTs its identity (docs/protocol.md §3) to its OTA URL and
-configures itself from the reply: ``server_time``, then exactly one of ``mqtt`` (per-device
-credentials and topic; the default, since MQTT keeps the device reachable from boot) or
-``websocket`` (URL and the device's own token), ``firmware`` only when configured, never
-``activation``. A device that checks in is pending until the user approves it, and a device id
-bound to another Client-Id gets no credentials at all (``DeviceRegistry.admit``).
+configures itself from the reply: ``server_time``; ``mqtt`` (per-device credentials and topic;
+the default, since MQTT keeps the device reachable from boot) unless MQTT is off or
+``ota.transport`` is ``websocket``; ``websocket`` (URL and the device's own token) always, for
+clients that speak only WebSocket (py-xiaozhi ``--protocol websocket``; stock firmware takes MQTT
+whenever ``mqtt`` is present, so it costs stock devices nothing); ``firmware`` only when
+configured, never ``activation``. A device that checks in is pending until the user approves
+it, and a device id bound to another Client-Id gets no credentials at all
+(``DeviceRegistry.admit``).
 The device writes every key and value of those blocks to NVS, where a key over 15 characters
 or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards every reply.
 """
@@ -92,8 +95,8 @@ def check_reply(reply: Mapping[str, Any]) -> list[str]:
     if "activation" in reply:
         problems.append("activation must never be sent (the device would loop on it)")
     sections = [name for name in _NVS_SECTIONS if name in reply]
-    if len(sections) != 1:
-        problems.append(f"exactly one of mqtt/websocket must be sent, got {sections}")
+    if "websocket" not in sections:  # a WebSocket-only client would wait forever without it
+        problems.append(f"websocket must be sent (beside mqtt or alone), got {sections}")
     for name in sections:
         block = reply[name]
         for key, value in block.items() if isinstance(block, dict) else []:
@@ -180,7 +183,10 @@ class OtaEndpoint:
         reply = self.reply(check_in, host_header)
         problems = check_reply(reply)
         if problems:  # a 500 makes the device retry later; a bad reply could brick it
-            logger.error("not sending an unsafe OTA reply: %s", "; ".join(problems))
+            logger.error(
+                "not sending an unsafe OTA reply to %s (%s): it gets no transport until this is "
+                "fixed: %s", check_in.device_id, client, "; ".join(problems),
+            )  # fmt: skip
             return JSONResponse({"error": "gateway misconfigured"}, status_code=500)
         self._registry.register(
             check_in.device_id,
@@ -189,7 +195,8 @@ class OtaEndpoint:
             client_id=check_in.client_id,
             transport=self.transport,
         )
-        logger.info("OTA: told %s (%s) to use %s", check_in.device_id, client, self.transport)
+        offered = " and ".join(name for name in _NVS_SECTIONS if name in reply)
+        logger.info("OTA: offered %s %s (%s)", check_in.device_id, offered, client)
         return JSONResponse(reply)
 
     def reply(self, check_in: CheckIn, host_header: str | None = None) -> dict[str, Any]:
@@ -218,14 +225,13 @@ class OtaEndpoint:
                 "publish_topic": self._topics.up(device_id),
                 "keepalive": KEEPALIVE,
             }
-        else:
-            reply["websocket"] = {
-                "url": self._public.websocket_url(host_header),
-                # Its own credential, not the shared device token: a token would make whoever
-                # checks in a trusted device; this one admits this device id, pending approval.
-                "token": self._credentials.password_for(device_id, check_in.client_id),
-                "version": 1,
-            }
+        reply["websocket"] = {
+            "url": self._public.websocket_url(host_header),
+            # Its own credential, not the shared device token: a token would make whoever
+            # checks in a trusted device; this one admits this device id, pending approval.
+            "token": self._credentials.password_for(device_id, check_in.client_id),
+            "version": 1,
+        }
         return reply
 
     def _remember(self, host_header: str | None) -> None:

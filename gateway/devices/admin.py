@@ -50,8 +50,9 @@ class DeviceAdmin(KnownDevices):
             if trusted or self._config.adoption == "auto" or self._clock() < self.pairing_until:
                 self.approve(device)
             else:
-                logger.warning("device %s (%s) is waiting for approval: esp-mcp-gateway devices "
-                               "approve %s", device.alias, device_id, device.alias)  # fmt: skip
+                logger.warning("device %s is waiting for approval: esp-mcp-gateway devices "
+                               "approve %s", device.label,
+                               device.alias if device.named else device_id)  # fmt: skip
             return None
         record = device.record
         if record.state == REJECTED:
@@ -72,7 +73,7 @@ class DeviceAdmin(KnownDevices):
         record.state = APPROVED
         record.binding = record.binding or record.client_id
         self._save(record)
-        logger.info("device %s (%s) approved", device.alias, device.device_id)
+        logger.info("device %s approved", device.label)
         self._show(device)
 
     def reject(self, device: Device) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from gateway.config import DeviceOptions
 from gateway.devices.catalogue import Catalogue, Rejection, ToolSpec
+from gateway.devices.naming import derive_alias
 from gateway.devices.policy import Hints, refusal, tool_hints
 from gateway.devices.store import DeviceRecord
 
@@ -61,6 +62,20 @@ class Device:
     def alias(self) -> str:
         """The short name its tools are prefixed with."""
         return self.record.alias
+
+    @property
+    def named(self) -> bool:
+        """False until its name is settled: a device that connected without a board (a
+        WebSocket handshake carries none) is named after the board of its first listing."""
+        record = self.record
+        return (record.board is not None or record.catalogue is not None
+                or record.alias != derive_alias(record.device_id, None))  # fmt: skip
+
+    @property
+    def label(self) -> str:
+        """How logs name the device: ``alias (id)``, or its id alone until it is named, so a
+        log never shows one device under two names."""
+        return f"{self.alias} ({self.device_id})" if self.named else self.device_id
 
     @property
     def online(self) -> bool:

@@ -8,6 +8,7 @@ once per catalogue. What changes them lives on top of it: the user's decisions i
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -21,6 +22,9 @@ from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.store import DeviceRecord, Store
 
 __all__ = ["KnownDevices"]
+
+
+logger = logging.getLogger(__name__)
 
 
 class KnownDevices:
@@ -132,12 +136,13 @@ class KnownDevices:
         of its tools has a name.
         """
         record = device.record
-        if record.board is not None:
-            return  # the OTA check-in's board (its board.type) says it better than serverInfo
+        if device.named:  # by its board, the config, an enrollment or a past run
+            # The OTA check-in's board (its board.type) says it better than serverInfo.
+            record.board = record.board or board
+            return
         record.board = board
-        if record.catalogue is not None or record.alias != derive_alias(record.device_id, None):
-            return  # named already, by its board, the config, an enrollment or a past run
         alias = self._alias(record.device_id, board)
+        logger.info("device %s is named %s, after its board", record.device_id, alias)
         if self._by_alias.get(record.alias) is device:
             del self._by_alias[record.alias]
         record.alias = alias

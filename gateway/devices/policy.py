@@ -2,8 +2,10 @@
 
 User-only tools (``annotations.audience == ["user"]``: reboot, firmware upgrade, ...) belong to
 the person at the dashboard, not the model, so they stay hidden unless the device's config names
-them in ``user_tools``. ``allow``/``deny`` globs narrow what is left. Globs match the device's own
-tool name (``self.lamp.*``) or the same name without ``self.`` (``lamp.*``).
+them in ``user_tools``. Known tools of third-party device software that act on the computer it
+runs on (``HOST_ACTING``) are user-only too, whatever the device claims. ``allow``/``deny`` globs
+narrow what is left. Globs match the device's own tool name (``self.lamp.*``) or the same name
+without ``self.`` (``lamp.*``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,22 @@ from typing import NamedTuple
 
 from gateway.config import DeviceOptions
 
-__all__ = ["Hints", "refusal", "tool_hints"]
+__all__ = ["HOST_ACTING", "Hints", "is_user_only", "refusal", "tool_hints"]
 
 _READ_ONLY = re.compile(r"(^|[._])(get|read|list|status|info|query|describe)([._]|$)")
 _DESTRUCTIVE = re.compile(r"(^|[._])(reboot|restart|reset|upgrade|erase|format|factory|delete)")
+
+
+# Tools that act on the host computer of the device software, not on a board: py-xiaozhi (a
+# desktop client of the xiaozhi protocol) starts and kills programs of the machine it runs on.
+# A model reaching them through the gateway could run anything there, so only the person at the
+# dashboard or CLI may, unless the device's ``user_tools`` names them (docs/security.md).
+HOST_ACTING = frozenset({"self.application.launch", "self.application.kill"})
+
+
+def is_user_only(name: str, claimed: bool) -> bool:
+    """Is ``name`` for the user only: the device says so (``claimed``), or it acts on a host."""
+    return claimed or name in HOST_ACTING
 
 
 def _matches(tool_name: str, patterns: tuple[str, ...]) -> bool:
@@ -34,8 +48,9 @@ def refusal(
     ``annotations.audience == ["user"]``); ``user`` is True for the person at the CLI or
     dashboard, who may use those.
     """
-    if user_only and not user and not _matches(name, options.user_tools):
-        return f"{name} is a user-only tool (name it in the device's user_tools to allow it)"
+    if is_user_only(name, user_only) and not user and not _matches(name, options.user_tools):
+        why = "" if user_only else " (it acts on the computer the device software runs on)"
+        return f"{name} is a user-only tool{why} (name it in the device's user_tools to allow it)"
     if not _matches(name, options.allow) or _matches(name, options.deny):
         return f"{name} is not allowed by the device's allow/deny policy"
     return None

@@ -78,7 +78,7 @@ class DeviceRegistry(DeviceAdmin):
         if device.hide_timer is not None:
             device.hide_timer.cancel()
             device.hide_timer = None
-        logger.info("device %s (%s) online over %s", device.alias, device.device_id, transport)
+        logger.info("device %s online over %s", device.label, transport)
         self._show(device)
         return replaced
 
@@ -91,7 +91,7 @@ class DeviceRegistry(DeviceAdmin):
         self.online_count -= 1
         device.record.last_seen = self._clock()
         self._save(device.record)
-        logger.info("device %s (%s) offline", device.alias, device.device_id)
+        logger.info("device %s offline", device.label)
         if self._config.offline_tools == "hide":
             grace = self._config.offline_grace
             loop = asyncio.get_running_loop()
@@ -146,7 +146,7 @@ class DeviceRegistry(DeviceAdmin):
         record.server_info = server_info
         record.last_seen = self._clock()
         record.catalogue = catalogue.digest
-        logger.info("device %s lists %d tools", record.alias, len(catalogue.tools))
+        logger.info("device %s lists %d tools", device.label, len(catalogue.tools))
         if catalogue is not device.catalogue:
             self._use(device, catalogue)
         self._save(record)  # after _use: its watchers see the catalogue in use (cluster)

@@ -223,7 +223,15 @@ class Store:
             await asyncio.sleep(delay)  # gather a batch: one transaction per interval, not event
             batch = self._take()
             rows = [r.row() for r in batch.devices.values()]  # the records' state now
-            error = await asyncio.to_thread(self._write, batch, rows)
+            write = asyncio.ensure_future(asyncio.to_thread(self._write, batch, rows))
+            try:
+                error = await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # Shutdown while this batch is out of the queue: finish writing it. Cancelling
+                # the thread's job before a worker picked it up (a loaded machine) would drop
+                # the batch, and a device that joined just before a restart would be unknown.
+                self._settle(batch, await write)
+                raise
             delay = interval if self._settle(batch, error) else min(delay * 2, 30.0)
 
     def _take(self) -> _Batch:

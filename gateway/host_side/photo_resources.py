@@ -29,6 +29,10 @@ from gateway.devices.registry import DeviceRegistry
 __all__ = ["PhotoResources", "photo_routes"]
 
 PAGE_SIZE = 500
+# A photo is served as exactly the type its magic bytes proved (image/jpeg or image/png, no
+# charset), and browsers may not sniff it into something else: an upload that is a valid PNG
+# with a script appended must never run as a page on the host listener's origin.
+_NO_SNIFF = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 _RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource
 
 TEMPLATE = types.ResourceTemplate(
@@ -119,18 +123,19 @@ def photo_routes(
                     "url": url,
                 }
             )
-        return JSONResponse({"photos": entries})
+        return JSONResponse({"photos": entries}, headers=_NO_SNIFF)
 
     async def latest(request: Request) -> Response:
         device_id = str(request.path_params["device"]).lower()
         photo = photos.latest(device_id)
         if photo is None:
-            return JSONResponse({"error": f"device {device_id!r} has no photo"}, 404)
+            return JSONResponse({"error": f"device {device_id!r} has no photo"}, 404, _NO_SNIFF)
         try:
             data = await asyncio.to_thread(photo.read)
         except OSError as exc:
-            return JSONResponse({"error": f"the photo cannot be read: {exc.strerror}"}, 404)
-        return Response(data, media_type=photo.mime, headers={"Cache-Control": "no-store"})
+            error = {"error": f"the photo cannot be read: {exc.strerror}"}
+            return JSONResponse(error, 404, _NO_SNIFF)
+        return Response(data, media_type=photo.mime, headers=_NO_SNIFF)
 
     return [
         Route("/api/photos", endpoint=guard(_View(listing)), methods=["GET"]),

@@ -1,4 +1,4 @@
-"""Where clients connect: addresses, listener limits, descriptors, request rates.
+"""Where clients connect: addresses, listener limits, descriptors, request rates, listeners.
 
 Shared by both listeners; imports only the foundation (errors, config).
 """

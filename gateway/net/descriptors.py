@@ -54,10 +54,13 @@ async def accept_errors_throttled(interval: float = 10.0) -> AsyncIterator[None]
             loop.set_exception_handler(previous)
 
 
-def raise_fd_limit(needed: int = 0) -> int:
+def raise_fd_limit(needed: int = 0, *, chosen: bool = True) -> int:
     """Raise the soft open-file limit to the hard one; return the soft limit now in force.
 
-    Warns when it is still below ``needed`` (the listeners' connection caps).
+    Warns when it is still below ``needed`` (the listeners' connection caps) and the user
+    ``chosen`` those caps. Below the default caps it only notes it (debug): a first run cannot
+    act on it, and it matters only once that many devices connect, when the throttled accept
+    error (``accept_errors_throttled``) says what to do.
     """
     if sys.platform == "win32":
         return needed
@@ -77,7 +80,8 @@ def raise_fd_limit(needed: int = 0) -> int:
         break
     logger.debug("open-file limit: %s (hard limit %s)", soft, hard)
     if soft != resource.RLIM_INFINITY and soft < needed:
-        logger.warning(
+        logger.log(
+            logging.WARNING if chosen else logging.DEBUG,
             "the open-file limit is %d, below the %d connections [limits] allows: raise it "
             "(ulimit -n, or LimitNOFILE= in a systemd unit) or lower the limits",
             soft,

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from websockets.asyncio.client import connect
 
 from gateway.config import ListenAddress, load_config
 from gateway.device_side.broker import DeviceCredentials
@@ -17,6 +18,7 @@ from gateway.device_side.ota import MAX_KEY, CheckIn, OtaEndpoint, check_reply, 
 from gateway.errors import ConfigError
 from gateway.net.public import PublicAddress
 from tests.conftest import gateway, make_config
+from tests.e2e.helpers import STOCK_HELLO, receive_json
 from tests.fakes import Stack
 
 DEVICE = "aa:bb:cc:dd:ee:ff"
@@ -38,6 +40,7 @@ STOCK_BODY = {
 SAFE: dict[str, Any] = {
     "server_time": {"timestamp": 1754640000000, "timezone_offset": 480},
     "mqtt": {"endpoint": "h:1883", "client_id": DEVICE, "keepalive": 240},
+    "websocket": {"url": "ws://h:8765/xiaozhi/v1/", "token": "t", "version": 1},
 }
 
 
@@ -79,7 +82,8 @@ def test_check_reply_fails_on_a_non_numeric_firmware_version(version: object) ->
     "reply",
     [
         {"server_time": SAFE["server_time"]},  # neither transport
-        {**SAFE, "websocket": {"url": "ws://h/", "token": "t"}},  # both
+        {"server_time": SAFE["server_time"], "mqtt": SAFE["mqtt"]},  # nothing for WebSocket-only
+        {**SAFE, "websocket": {"url": "ws://h/", "token": "t" * 300}},  # an overlong token
         {**SAFE, "mqtt": {"password": "x" * 300}},  # an overlong value
         {**SAFE, "mqtt": {"nested": {"a": 1}}},  # not a string or number
         {**SAFE, "server_time": {"timestamp": "now"}},
@@ -92,11 +96,14 @@ def test_check_reply_fails_on_anything_else_a_device_cannot_take(reply: dict[str
 
 
 def test_default_reply_is_mqtt_with_per_device_credentials(tmp_path: Path) -> None:
-    """The default: server_time and an mqtt block, no firmware, no activation, short keys."""
+    """The default: server_time, mqtt and websocket blocks, no firmware, no activation."""
     ota, stack = endpoint(tmp_path, mqtt_listen=ListenAddress("127.0.0.1", 0))
     reply = ota.reply(CHECK_IN, "192.168.1.20:8765")
     stack.close()
-    assert set(reply) == {"server_time", "mqtt"} and check_reply(reply) == []
+    assert set(reply) == {"server_time", "mqtt", "websocket"} and check_reply(reply) == []
+    # Stock firmware takes mqtt when present; a WebSocket-only client still finds its URL.
+    assert reply["websocket"]["url"] == "ws://192.168.1.20:8765/xiaozhi/v1/"
+    assert reply["websocket"]["token"] == reply["mqtt"]["password"]
     assert reply["mqtt"] == {
         "endpoint": "192.168.1.20:1883",
         "client_id": DEVICE,
@@ -282,4 +289,29 @@ async def test_unsafe_reply_is_never_sent(tmp_path: Path, caplog: pytest.LogCapt
         async with httpx2.AsyncClient() as http:
             response = await http.post(url, headers=STOCK_HEADERS, json=STOCK_BODY)
         assert response.status_code == 500
-        assert "unsafe OTA reply" in caplog.text
+        assert f"unsafe OTA reply to {DEVICE}" in caplog.text  # which device, and why
+        assert "gets no transport until this is fixed: mqtt.publish_topic" in caplog.text
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_a_websocket_only_client_finds_its_url_in_the_default_reply(tmp_path: Path) -> None:
+    """py-xiaozhi ``--protocol websocket``: it reads websocket.url/token and is answered there."""
+    async with gateway(tmp_path, mqtt_listen=ListenAddress("127.0.0.1", 0)) as run:
+        url = f"http://127.0.0.1:{run.device_port}/xiaozhi/ota/"
+        async with httpx2.AsyncClient() as http:
+            reply = (await http.post(url, headers=STOCK_HEADERS, json=STOCK_BODY)).json()
+        assert "mqtt" in reply  # stock firmware keeps choosing MQTT
+        offered = reply["websocket"]
+        headers = {
+            "Authorization": f"Bearer {offered['token']}",
+            "Protocol-Version": str(offered["version"]),
+            "Device-Id": DEVICE,
+            "Client-Id": STOCK_HEADERS["Client-Id"],
+        }
+        async with connect(offered["url"], additional_headers=headers) as ws:
+            await ws.send(json.dumps(STOCK_HELLO))
+            hello = await receive_json(ws)
+        assert hello["type"] == "hello" and hello["transport"] == "websocket"
+        device = run.gateway.registry.find(DEVICE)
+        assert device is not None and not device.approved  # its own token: pending approval

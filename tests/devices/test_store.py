@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from gateway.devices.naming import NameAssignment
 from gateway.devices.store import DeviceRecord, Store
-from tests.conftest import make_config
+from tests.conftest import bound, make_config
 from tests.fakes import Stack, tool
 
 pytestmark = pytest.mark.anyio
@@ -38,6 +43,46 @@ async def test_saves_wait_for_the_writer_and_land_in_one_transaction(tmp_path: P
     assert (store.rows_written, store.transactions) == (101, 1)
     assert rows(path, "devices") == 100 and rows(path, "tool_names") == 1
     store.close()
+
+
+class BusyThreads(concurrent.futures.ThreadPoolExecutor):
+    """A loaded machine: every worker thread is busy, so jobs wait until ``run_queued``."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.queued: list[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = []
+        self.submitted = asyncio.Event()  # submit() runs on the event loop (run_in_executor)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.queued.append((future, lambda: fn(*args, **kwargs)))
+        self.submitted.set()
+        return future
+
+    def run_queued(self) -> None:
+        for future, job in self.queued:
+            if future.set_running_or_notify_cancel():  # False: the job was cancelled unstarted
+                future.set_result(job())
+
+
+async def test_a_batch_being_written_at_shutdown_is_written(tmp_path: Path) -> None:
+    """Stopping while a batch waits for a worker thread still writes it (nothing is dropped)."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    busy = BusyThreads()
+    asyncio.get_running_loop().set_default_executor(busy)
+    writer = store.writer(interval=0)
+    await writer.__aenter__()
+    store.save_device(record(1))
+    with anyio.fail_after(bound(5)):  # the writer took the batch and handed it to a thread
+        await busy.submitted.wait()
+    stopping = asyncio.ensure_future(writer.__aexit__(None, None, None))
+    for _ in range(5):  # let the shutdown cancel the writer task (no clock involved)
+        await asyncio.sleep(0)
+    busy.run_queued()
+    await stopping
+    store.close()
+    assert rows(path, "devices") == 1
 
 
 def test_a_failed_write_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

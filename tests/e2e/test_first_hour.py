@@ -6,11 +6,13 @@ real ones on free ports.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -18,7 +20,9 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 
+from gateway.app import Running
 from gateway.config import ListenAddress
+from gateway.devices.device import Device
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import until
 from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
@@ -107,6 +111,21 @@ async def test_serve_with_a_loopback_host_listener_prints_a_loopback_mcp_url(
     assert f"MCP hosts connect to http://127.0.0.1:{host}/mcp" in "\n".join(lines)
 
 
+async def simulate_until(
+    run: Running, condition: Callable[[Device], bool], *args: str, env: dict[str, str]
+) -> int:
+    """Run `simulate ARGS` until a device of ``run`` meets ``condition``; its exit status."""
+    command = [sys.executable, "-m", "gateway", "simulate", *args]
+    process = await anyio.open_process(command, env=env)
+    try:
+        registry = run.gateway.registry
+        async with registry.device_changes() as changes:
+            await until(changes, lambda: any(condition(d) for d in registry.devices()))
+    finally:
+        code = await stop(process)
+    return code
+
+
 # --- item 1: a device token beginning with "-" --------------------------------------------------
 
 
@@ -114,16 +133,8 @@ async def test_simulate_takes_a_token_that_begins_with_a_dash(tmp_path: Path) ->
     """`simulate --token "$(esp-mcp-gateway token)"` with a token an older version made."""
     token = "-Jc5vJq1F2ZFQ0nTnx1Y8cS0f3Ke2vX9"
     async with gateway(tmp_path / "gw", device_tokens=(token,)) as run:
-        args = ["simulate", "--url", run.device_url, "--token", token]
-        process = await anyio.open_process(
-            [sys.executable, "-m", "gateway", *args], env=cli_env(tmp_path / "cli")
-        )
-        try:
-            registry = run.gateway.registry
-            async with registry.device_changes() as changes:
-                await until(changes, lambda: any(d.online for d in registry.devices()))
-        finally:
-            code = await stop(process)
+        args = ["--url", run.device_url, "--token", token]
+        code = await simulate_until(run, lambda d: d.online, *args, env=cli_env(tmp_path / "cli"))
     assert code == 0
 
 
@@ -264,3 +275,35 @@ async def test_a_short_host_token_is_refused(tmp_path: Path) -> None:
     said = only_one_message(err)
     assert code == 2 and "GATEWAY_HOST_TOKEN: the host token has 3 characters" in said
     assert "16 or more" in said and "secrets.token_hex" in said
+
+
+# --- issue 21, item 7: `simulate` on the settings of the other commands --------------------------
+
+
+async def test_simulate_finds_the_gateway_from_the_same_settings_under_one_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GATEWAY_DEVICE_LISTEN and the data dir's token, as `serve` reads them: no option needed.
+
+    The gateway's log names the device one way only: its id until it is named after its
+    board, then ``sim-esp32_0001 (id)``, never the provisional ``esp32_0001``.
+    """
+    caplog.set_level(logging.INFO, "gateway.devices.registry")
+    async with gateway(tmp_path, device_tokens=()) as run:  # the data dir's generated token
+        env = cli_env(tmp_path, GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{run.device_port}")
+        code = await simulate_until(run, lambda d: bool(d.tools), env=env)
+    assert code == 0
+    said = [r.getMessage() for r in caplog.records if "02:00:00:00:00:01" in r.getMessage()]
+    assert any("sim-esp32_0001 (02:00:00:00:00:01) lists" in line for line in said), said
+    assert not any(re.search(r"(?<!sim-)esp32_0001", line) for line in said), said
+
+
+async def test_simulate_gives_up_on_a_wrong_url_saying_why(tmp_path: Path) -> None:
+    """Nothing listens there: after --give-up seconds, one line naming the URL and the cause."""
+    url = f"ws://127.0.0.1:{free_port()}/xiaozhi/v1/"
+    code, _, err = await cli("simulate", "--url", url, "--token", "t", "--give-up", "1",
+                             env=cli_env(tmp_path))  # fmt: skip
+    assert code == 1
+    said = only_one_message(err)
+    assert f"no simulated device could connect to {url} in 1 s" in said
+    assert "Connect call failed" in said and "GATEWAY_DEVICE_LISTEN" in said

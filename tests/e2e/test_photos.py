@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp.types as types
 import pytest
 from mcp import Client
@@ -82,6 +83,26 @@ async def test_a_stock_camera_s_photo_reaches_the_host_over_http(tmp_path: Path)
         # Outside a call, even the right token has nothing to upload to.
         status, body = await cam.upload("unasked")
         assert status == 409 and "no call of this device is waiting" in body
+
+
+async def test_a_png_with_a_script_appended_is_served_as_a_png_never_sniffed(
+    tmp_path: Path,
+) -> None:
+    """/api/photos serves exactly image/png with nosniff: the browser never runs the script."""
+    png = b"\x89PNG\r\n\x1a\n" + bytes(64) + b"<html><script>alert(document.cookie)</script>"
+    cam = camera(photo=png)
+    async with cameras(tmp_path, cam) as run, Client(run.mcp_url) as client:
+        assert not (await take_photo(client, cam)).is_error
+        url = f"http://127.0.0.1:{run.host_port}/api/photos"
+        async with httpx2.AsyncClient(timeout=bound(10)) as http:
+            served = await http.get(f"{url}/{cam.device_id}/latest")
+            listing = await http.get(url)
+            missing = await http.get(f"{url}/nosuch/latest")
+    assert served.status_code == 200 and served.content == png
+    assert served.headers["content-type"] == "image/png"  # no charset, nothing else
+    for response in (served, listing, missing):
+        assert response.headers["x-content-type-options"] == "nosniff"
+    assert missing.status_code == 404
 
 
 async def test_call_save_writes_the_photo_to_a_file(tmp_path: Path) -> None:

@@ -191,6 +191,45 @@ async def test_user_only_tools_hidden_unless_configured(tmp_path: Path) -> None:
     assert shown_tools["board_aa03_reboot"].annotations.destructive_hint is True
 
 
+async def test_py_xiaozhi_s_launch_and_kill_are_user_only_by_default(tmp_path: Path) -> None:
+    """py-xiaozhi's application.launch/kill act on its computer: the model gets neither.
+
+    They are not listed, call_device_tool refuses them saying why, the person at the dashboard
+    may still call them, and the device's user_tools hands them to the model.
+    """
+    from gateway.config import DeviceOptions
+
+    app = {"type": "string"}
+    acting = [
+        tool("self.application.launch", app=app),
+        tool("self.application.kill", app=app),
+        tool("self.music.play"),
+    ]
+    default = Stack(make_config(tmp_path / "a"))
+    online(default, "aa:04", acting, ScriptedSession())
+    opted_in = Stack(
+        make_config(tmp_path / "b", devices={"aa:04": DeviceOptions(user_tools=("application.*",))})
+    )
+    online(opted_in, "aa:04", acting)
+    async with Client(default.frontend.server, mode="legacy") as client:
+        listed = [t.name for t in (await client.list_tools()).tools]
+        arguments = {"app": "bash"}
+        call = {"device": "board_aa04", "tool": "self.application.launch", "arguments": arguments}
+        refused = await client.call_tool("call_device_tool", call)
+    device = default.registry.find("board_aa04")
+    assert device is not None
+    launch = device.tools["self.application.launch"]
+    opted_names = [t.name for t in opted_in.registry.exposed_tools()]
+    default.close(), opted_in.close()
+    assert "board_aa04_music_play" in listed
+    assert not any("application" in name for name in listed)
+    said = refused.content[0]
+    assert isinstance(said, types.TextContent) and refused.is_error
+    assert "acts on the computer the device software runs on" in said.text
+    assert launch.refused(user=True) is None  # the dashboard's user may
+    assert {"board_aa04_application_launch", "board_aa04_application_kill"} <= set(opted_names)
+
+
 def test_stock_image_content_becomes_a_standard_image() -> None:
     """The stock firmware's image item (a JSON string under "image") becomes ImageContent."""
     stock = {"type": "image", "image": json.dumps({"type": "image", "mimeType": "image/png",

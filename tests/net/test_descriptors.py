@@ -7,11 +7,13 @@ import logging
 import os
 import resource
 import socket
+from pathlib import Path
 
 import pytest
 
+from gateway.config import ListenAddress
 from gateway.net.descriptors import accept_errors_throttled, raise_fd_limit
-from tests.conftest import bound
+from tests.conftest import bound, gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +95,26 @@ def test_raise_fd_limit_lifts_the_soft_limit_to_the_hard_one(
         assert "below the" in caplog.text
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "gateway.net.descriptors" and r.levelno >= logging.WARNING]  # fmt: skip
+
+
+async def test_a_default_first_run_has_no_open_file_warning_and_raised_caps_do(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Default [limits] above the machine's open-file limit: nothing the user must act on.
+
+    Caps the user raised past it are a choice that cannot be met: that warns, saying what to do.
+    """
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    broker = ListenAddress("127.0.0.1", 0)
+    async with gateway(tmp_path / "a", mqtt_listen=broker):  # the embedded broker, as default
+        assert warnings_of(caplog) == []
+    if hard == resource.RLIM_INFINITY:
+        return  # no cap can exceed it
+    async with gateway(tmp_path / "b", limits_device_connections=hard + 1):
+        (said,) = warnings_of(caplog)
+    assert "raise it (ulimit -n" in said and "or lower the limits" in said

@@ -15,7 +15,6 @@ import pytest
 import uvicorn
 from websockets.asyncio.client import connect
 
-from gateway.app import _Listener
 from gateway.net.limits import (
     Guard,
     ListenerLimits,
@@ -25,6 +24,7 @@ from gateway.net.limits import (
     networks,
     protocol_classes,
 )
+from gateway.net.listeners import Listener
 from tests.conftest import bound, make_config
 
 pytestmark = pytest.mark.anyio
@@ -83,7 +83,7 @@ async def serving(limits: ListenerLimits) -> AsyncIterator[tuple[int, WatchedGua
     http, ws = protocol_classes(guard)
     config = uvicorn.Config(app, http=http, ws=ws, lifespan="off", log_config=None,
                             log_level="warning", timeout_graceful_shutdown=1)  # fmt: skip
-    server = _Listener(config)
+    server = Listener(config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)

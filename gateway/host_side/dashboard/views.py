@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.config import Config, is_loopback_host
 from gateway.devices.calls import format_time
+from gateway.devices.policy import is_user_only
 from gateway.devices.registry import APPROVED, Device
 from gateway.net.public import OTA_PATH, PublicAddress
 
@@ -55,7 +56,7 @@ def device_tools(device: Device) -> list[JsonObject]:
             "mcp_name": tool.name,
             "description": tool.spec.description,
             "inputSchema": tool.spec.input_schema,
-            "user_only": tool.spec.user_only,
+            "user_only": is_user_only(tool.spec.name, tool.spec.user_only),
             "model_refusal": tool.refusal,
             "user_refusal": tool.refused(user=True),
         }

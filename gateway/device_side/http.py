@@ -1,0 +1,39 @@
+"""The device listener's Starlette app: the device WebSocket, OTA, camera uploads, /healthz."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from gateway.config import Config
+from gateway.device_side.admission import Admission
+from gateway.device_side.ota import OtaEndpoint
+from gateway.device_side.sessions import DeviceSessions
+from gateway.device_side.transports.websocket import device_websocket_routes
+from gateway.device_side.vision import VisionEndpoint, VisionTokens
+from gateway.devices.photos import PhotoStore
+
+__all__ = ["build_device_app"]
+
+
+def build_device_app(
+    config: Config,
+    admission: Admission,
+    sessions: DeviceSessions,
+    ota: OtaEndpoint,
+    vision: VisionTokens | None,
+    photos: PhotoStore,
+) -> Starlette:
+    """The app the device listener serves; OTA and uploads only where enabled."""
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
+
+    routes = device_websocket_routes(admission.websocket, sessions.serve)
+    if config.ota_enabled:
+        routes += ota.routes()
+    if vision is not None:
+        routes += VisionEndpoint(vision, photos, config.vision_max_photo_bytes).routes()
+    return Starlette(routes=[*routes, Route("/healthz", health)])

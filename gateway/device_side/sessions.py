@@ -1,0 +1,116 @@
+"""Serving devices: a ``DeviceProtocol`` and a ``DeviceConnection`` per link, any transport.
+
+The WebSocket route hands each accepted link to ``serve``; ``serve_mqtt`` does the same for every
+link the MQTT transport opens, each in a task of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Any
+
+from gateway.config import Config, is_loopback_host
+from gateway.device_side.transports.mqtt import MqttLink, MqttTransport
+from gateway.device_side.vision import VISION_PATH, VisionTokens
+from gateway.devices.connection import DeviceConnection
+from gateway.devices.link import DeviceIdentity, DeviceLink
+from gateway.devices.registry import DeviceRegistry
+from gateway.net.addresses import host_port, url_host
+from gateway.net.public import PublicAddress
+from gateway.protocol import DeviceProtocol
+
+__all__ = ["DeviceSessions"]
+
+logger = logging.getLogger(__name__)
+
+
+class DeviceSessions:
+    """Runs each device's session over its link until the link closes."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: DeviceRegistry,
+        public: PublicAddress,
+        vision: VisionTokens | None,
+    ) -> None:
+        self._config = config
+        self._registry = registry
+        self._public = public
+        self._vision = vision
+
+    async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
+        """Run one device connection until its link closes."""
+        log = logging.LoggerAdapter(
+            logging.getLogger("gateway.device"), {"device": identity.device_id}
+        )
+        mqtt = identity.transport == "mqtt"
+        vision = self._vision_for(identity)
+        protocol = DeviceProtocol(
+            identity.device_id,
+            transport="udp" if mqtt else identity.transport,
+            udp=self._udp_block() if mqtt else None,
+            max_message_bytes=self._config.max_message_bytes,
+            # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
+            # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
+            hello_timeout=0.0 if mqtt else self._config.hello_timeout,
+            discovery_timeout=self._config.discovery_timeout,
+            max_calls_in_flight=self._config.call_max_in_flight,
+            max_calls_queued=self._config.call_max_queued,
+            vision=vision,
+            clock=asyncio.get_running_loop().time,
+            logger=log,
+        )
+        try:
+            await DeviceConnection(link, identity, self._registry, protocol).run()
+        finally:
+            if self._vision is not None and vision is not None:
+                self._vision.revoke(identity.device_id, vision["token"])
+
+    def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
+        """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
+        if self._vision is None:
+            return None
+        scheme, host, port = self._public.device_base(identity.host)
+        if is_loopback_host(host) and not self._config.device_listen.is_loopback:
+            # Nothing better known (an MQTT device that never checked in through OTA): the
+            # URL lives only in the device's RAM for this session, so the LAN address is worth
+            # a try where loopback could never work.
+            host = self._public.addresses.lan_host(self._config.device_listen)
+        default = 443 if scheme == "https" else 80
+        url = f"{scheme}://{host_port(host, port) if port != default else url_host(host)}"
+        url += VISION_PATH
+        return {"url": url, "token": self._vision.issue(identity.device_id)}
+
+    def _udp_block(self) -> dict[str, Any]:
+        # docs/protocol.md §2: stock firmware ignores a hello reply without a valid udp
+        # block. No audio server listens there (audio is out of scope, docs/mqtt.md): the block
+        # only lets the device accept the reply; MCP never needed it.
+        _, host, port = self._public.device_base()
+        key, nonce = secrets.token_hex(16), "01" + secrets.token_hex(15)
+        return {"server": host, "port": port, "key": key, "nonce": nonce}
+
+    async def serve_mqtt(self, transport: MqttTransport) -> None:
+        """Serve every device link the MQTT transport opens, each in its own task."""
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            async for link, identity in transport.links():
+                task = asyncio.create_task(
+                    self._serve_mqtt_device(link, identity),
+                    name=f"gateway.mqtt.device[{identity.device_id}]",
+                )
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _serve_mqtt_device(self, link: MqttLink, identity: DeviceIdentity) -> None:
+        try:
+            await self.serve(link, identity)
+        except Exception:  # one device's failure must not end the others' sessions
+            logger.exception("MQTT device %s: session failed", identity.device_id)
+            link.close()

@@ -1,0 +1,152 @@
+"""The gateway's one MQTT client (aiomqtt, on the event loop) and the broker it logs in to.
+
+``BrokerClient.run()`` connects, subscribes, hands every message on, and reconnects with
+backoff for as long as it runs; losing the broker is told to the transport at once, so its links
+close now (pending calls fail now, not at their timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiomqtt
+
+from gateway.devices.link import LinkClosed
+
+__all__ = ["BrokerClient", "BrokerLogin", "honour_cancellation"]
+
+logger = logging.getLogger(__package__)  # one logger for the whole transport
+
+_KEEPALIVE = 30  # seconds: the gateway notices a dead broker within about 1.5 of these
+_PENDING_PUBLISHES_WARNING = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerLogin:
+    """Where the gateway's MQTT client connects, and how it logs in."""
+
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: Path | None = None
+
+
+class BrokerClient:
+    """The client on the loop: connected, it hands each message to ``on_message``."""
+
+    def __init__(
+        self,
+        login: BrokerLogin,
+        subscriptions: Sequence[tuple[str, int]],
+        *,
+        on_connected: Callable[[], None],
+        on_disconnected: Callable[[], None],
+        on_message: Callable[[str, object], None],
+        retry: tuple[float, float],
+    ) -> None:
+        self.login = login
+        self.client_id = f"esp-mcp-gateway-{secrets.token_hex(4)}"
+        self.connected = asyncio.Event()
+        self._subscriptions = subscriptions
+        self._on_connected = on_connected
+        self._on_disconnected = on_disconnected
+        self._on_message = on_message
+        self._retry = retry
+        self._client: aiomqtt.Client | None = None
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        """Publish ``payload`` on ``topic`` (QoS 1).
+
+        Raises:
+            LinkClosed: the gateway is not connected to the broker, or the publish failed.
+        """
+        client = self._client
+        if client is None:
+            raise LinkClosed("not connected to the MQTT broker")
+        try:
+            await client.publish(topic, payload, qos=1)
+        except aiomqtt.MqttError as exc:
+            raise LinkClosed(f"MQTT publish failed: {exc}") from None
+
+    def _client_for(self) -> aiomqtt.Client:
+        login = self.login
+        context = None
+        if login.tls:
+            cafile = str(login.ca_file) if login.ca_file else None
+            context = ssl.create_default_context(cafile=cafile)
+        client = aiomqtt.Client(
+            login.host,
+            login.port,
+            username=login.username,
+            password=login.password,
+            identifier=self.client_id,
+            keepalive=_KEEPALIVE,
+            timeout=10,
+            clean_session=True,
+            tls_context=context,
+        )
+        # aiomqtt warns past 10 publishes awaiting their PUBACK; a storm of devices being
+        # discovered has a few per device in flight, so warn only when the broker really lags.
+        client.pending_calls_threshold = _PENDING_PUBLISHES_WARNING
+        return client
+
+    async def run(self) -> None:
+        """Stay connected (forever): subscribe, hand messages on, reconnect with backoff."""
+        delay, longest = self._retry
+        where = f"{self.login.host}:{self.login.port}"
+        failure = ""
+        while True:
+            client = self._client_for()
+            try:
+                async with client:
+                    honour_cancellation()
+                    for topic, qos in self._subscriptions:
+                        await client.subscribe(topic, qos=qos)
+                    honour_cancellation()
+                    logger.info("connected to the MQTT broker at %s", where)
+                    failure, delay = "", self._retry[0]
+                    self._client = client
+                    self.connected.set()
+                    self._on_connected()
+                    async for message in client.messages:
+                        self._on_message(message.topic.value, message.payload)
+            except aiomqtt.MqttError as exc:
+                if str(exc) != failure:  # say it once, not at every retry
+                    failure = str(exc)
+                    logger.warning("MQTT broker at %s: %s; retrying", where, failure or "lost")
+            finally:
+                self._client = None
+                self.connected.clear()
+                self._on_disconnected()
+                _consume_disconnect(client)
+            honour_cancellation()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+
+
+def honour_cancellation() -> None:
+    """Raise ``CancelledError`` if the current task was cancelled but carries on anyway.
+
+    Python 3.11's ``asyncio.wait_for`` (which aiomqtt awaits on connect, subscribe and publish)
+    swallows a cancellation that arrives just as its future completes (fixed in 3.12); the task
+    still counts it, so a reconnect loop checks here, or it would never stop.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def _consume_disconnect(client: aiomqtt.Client) -> None:
+    # aiomqtt leaves the error of a connection lost outside message iteration (say, during a
+    # subscribe) unretrieved in a private future; asyncio would log it when collected.
+    future = getattr(client, "_disconnected", None)
+    if isinstance(future, asyncio.Future) and future.done() and not future.cancelled():
+        future.exception()
