@@ -15,28 +15,11 @@ import logging
 from collections.abc import AsyncIterator
 from types import TracebackType
 
-<<<<<<< HEAD
-import uvicorn
-from starlette.applications import Starlette
-from starlette.responses import JSONResponse
-from starlette.routing import Route
-
 from gateway.cluster import Cluster
-from gateway.cluster.bridge import BridgedLink
-from gateway.config import Config, ListenAddress, env_name, is_loopback_host
-from gateway.device_side.broker import (
-    GATEWAY_LOGIN,
-    DeviceCredentials,
-    EmbeddedBroker,
-    Topics,
-    is_device_id,
-)
-=======
 from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
 from gateway.device_side.http import build_device_app
->>>>>>> main
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
@@ -85,15 +68,12 @@ class Gateway:
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
-<<<<<<< HEAD
         # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
         self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
-=======
         self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.admission = Admission(config, self.registry, self.enrollment, self.credentials,
                                    self.device_tokens, self.public, self.ota)  # fmt: skip
->>>>>>> main
         self.broker = (
             EmbeddedBroker(
                 config.mqtt_listen,
@@ -129,6 +109,7 @@ class Gateway:
         )  # fmt: skip
         if self.cluster is not None:  # cluster: records and series say which replica
             self.audit.replica = self.metrics.replica = self.cluster.replica
+            self.sessions.bridge, self.sessions.trouble = self.cluster.bridged, self.cluster.health
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Gateway:
@@ -151,8 +132,9 @@ class Gateway:
         self._stack.callback(self.frontend.notifier.listen_handler.close)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
-        if self.cluster is not None:
+        if self.cluster is not None:  # joined: its number claimed, the fleet known
             await self._stack.enter_async_context(self.cluster)
+            self.sessions.request_ids = self.cluster.ids
         await self._start_mqtt()
         return self
 
@@ -164,69 +146,6 @@ class Gateway:
     ) -> None:
         await self._stack.aclose()
 
-<<<<<<< HEAD
-    async def serve_device(self, link: DeviceLink, identity: DeviceIdentity) -> None:
-        """Run one device connection until its link closes."""
-        log = logging.LoggerAdapter(
-            logging.getLogger("gateway.device"), {"device": identity.device_id}
-        )
-        mqtt = identity.transport == "mqtt"
-        vision = self._vision_for(identity)
-        protocol = DeviceProtocol(
-            identity.device_id,
-            transport="udp" if mqtt else identity.transport,
-            udp=self._udp_block() if mqtt else None,
-            max_message_bytes=self.config.max_message_bytes,
-            # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
-            # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
-            hello_timeout=0.0 if mqtt else self.config.hello_timeout,
-            discovery_timeout=self.config.discovery_timeout,
-            max_calls_in_flight=self.config.call_max_in_flight,
-            max_calls_queued=self.config.call_max_queued,
-            request_ids=self.cluster.ids if self.cluster else None,  # cluster: this replica's
-            vision=vision,
-            clock=asyncio.get_running_loop().time,
-            logger=log,
-        )
-        bridged: BridgedLink | None = None
-        if self.cluster is not None and not mqtt:  # cluster: the other replicas reach it too
-            link = bridged = self.cluster.bridged(link, identity.device_id, protocol.session_id)
-        try:
-            await DeviceConnection(link, identity, self.registry, protocol).run()
-        finally:
-            if self.vision is not None and vision is not None:
-                self.vision.revoke(identity.device_id, vision["token"])
-            if self.cluster is not None and bridged is not None:
-                self.cluster.ended(bridged)
-
-    def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
-        """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
-        if self.vision is None:
-            return None
-        scheme, host, port = self.public.device_base(identity.host)
-        if is_loopback_host(host) and not self.config.device_listen.is_loopback:
-            # Nothing better known (an MQTT device that never checked in through OTA): the
-            # URL lives only in the device's RAM for this session, so the LAN address is worth
-            # a try where loopback could never work.
-            host = self.public.addresses.lan_host(self.config.device_listen)
-        default = 443 if scheme == "https" else 80
-        url = f"{scheme}://{host_port(host, port) if port != default else url_host(host)}"
-        url += VISION_PATH
-        return {"url": url, "token": self.vision.issue(identity.device_id)}
-
-    def admits(self, device_id: str, password: str) -> bool:
-        """May ``device_id`` log in to the embedded broker with ``password``?"""
-        refused = self.admission(device_id, password, client_id=None, transport="mqtt")
-        return self.metrics.admitted(refused, "mqtt")
-
-    def admit_websocket(self, identity: DeviceIdentity, token: str) -> str | None:
-        """None when a device WebSocket may be accepted, else why not."""
-        refused = self.admission(identity.device_id, token, identity.client_id, "websocket")
-        self.metrics.admitted(refused, "websocket")
-        return refused
-
-=======
->>>>>>> main
     def guard(self, listener: str) -> Guard:
         """The connection guard of the ``device`` or ``host`` listener, counted in /metrics."""
         limits = listener_limits(self.config, listener)
@@ -274,51 +193,6 @@ class Gateway:
     def _mqtt_devices(self) -> list[str]:
         return [d.device_id for d in self.registry.devices() if d.record.transport == "mqtt"]
 
-<<<<<<< HEAD
-    async def _serve_mqtt(self, transport: MqttTransport) -> None:
-        """Serve every device link the MQTT transport opens, each in its own task."""
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            async for link, identity in transport.links():
-                task = asyncio.create_task(
-                    self._serve_mqtt_device(link, identity),
-                    name=f"gateway.mqtt.device[{identity.device_id}]",
-                )
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _serve_mqtt_device(self, link: MqttLink, identity: DeviceIdentity) -> None:
-        try:
-            await self.serve_device(link, identity)
-        except Exception:  # one device's failure must not end the others' sessions
-            logger.exception("MQTT device %s: session failed", identity.device_id)
-            link.close()
-
-    def _build_device_app(self) -> Starlette:
-        async def health(request: object) -> JSONResponse:
-            trouble = self.cluster.health() if self.cluster else None
-            if trouble is not None:  # cluster: cut from the broker, a balancer sends none here
-                return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
-            return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
-
-        routes = device_websocket_routes(self.admit_websocket, self.serve_device)
-        if self.config.ota_enabled:
-            routes += self.ota.routes()
-        if self.vision is not None:
-            limit = self.config.vision_max_photo_bytes
-            routes += VisionEndpoint(self.vision, self.photos, limit).routes()
-        return Starlette(routes=[*routes, Route("/healthz", health)])
-
-
-def _loopback_url(url: str) -> bool:
-    return is_loopback_host(urllib.parse.urlsplit(url).hostname or "")
-
-=======
->>>>>>> main
 
 async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()

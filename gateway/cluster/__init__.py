@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from gateway.cluster.bridge import Bridge, BridgedLink
@@ -92,12 +93,15 @@ class Cluster:
             return None
         return f"replica {self.replica} is cut from the cluster broker at {self.client.where}"
 
-    def bridged(self, link: DeviceLink, device_id: str, session: str) -> BridgedLink:
-        """Bridge a local WebSocket device onto the broker for the other replicas."""
-        return self.bridge.wrap(link, device_id, session)
+    def bridged(
+        self, link: DeviceLink, device_id: str, session: str
+    ) -> tuple[DeviceLink, Callable[[], None]]:
+        """Bridge a local WebSocket device onto the broker for the other replicas; the link to
+        serve, and what to call when it ends."""
+        bridged = self.bridge.wrap(link, device_id, session)
+        return bridged, lambda: self._ended(bridged)
 
-    def ended(self, link: BridgedLink) -> None:
-        """A bridged device's link ended here."""
+    def _ended(self, link: BridgedLink) -> None:
         self.bridge.release(link)
         self.fleet.local_ended(link.device_id)
 

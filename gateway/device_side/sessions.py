@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from gateway.config import Config, is_loopback_host
@@ -25,6 +26,9 @@ __all__ = ["DeviceSessions"]
 
 logger = logging.getLogger(__name__)
 
+# cluster: (link, device id, session id) -> (the link to serve, what to call when it ends)
+Bridge = Callable[[DeviceLink, str, str], tuple[DeviceLink, Callable[[], None]]]
+
 
 class DeviceSessions:
     """Runs each device's session over its link until the link closes."""
@@ -40,6 +44,12 @@ class DeviceSessions:
         self._registry = registry
         self._public = public
         self._vision = vision
+        # cluster (gateway/cluster, set by app): this replica's slice of request ids, the
+        # bridge that lets other replicas reach a WebSocket device (it returns the link to
+        # serve and what to call when it ends), and why /healthz must fail
+        self.request_ids: range | None = None
+        self.bridge: Bridge | None = None
+        self.trouble: Callable[[], str | None] | None = None
 
     async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
@@ -59,15 +69,21 @@ class DeviceSessions:
             discovery_timeout=self._config.discovery_timeout,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
+            request_ids=self.request_ids,
             vision=vision,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
+        ended = None
+        if self.bridge is not None and not mqtt:
+            link, ended = self.bridge(link, identity.device_id, protocol.session_id)
         try:
             await DeviceConnection(link, identity, self._registry, protocol).run()
         finally:
             if self._vision is not None and vision is not None:
                 self._vision.revoke(identity.device_id, vision["token"])
+            if ended is not None:
+                ended()
 
     def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
         """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
