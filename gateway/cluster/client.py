@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -164,6 +165,9 @@ class ClusterClient:
             clean_session=True,
             tls_context=context,
             will=will,
+            # A call across replicas is a few small frames each way: Nagle would hold each one
+            # back for the peer's delayed ACK (tens of ms); paho does not set this itself.
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
         )
         client.pending_calls_threshold = 5000
         return client
