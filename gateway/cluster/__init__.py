@@ -34,6 +34,8 @@ __all__ = ["Cluster"]
 
 logger = logging.getLogger(__name__)
 
+_RECORDS_IN_FLIGHT = 256  # records published and not yet acknowledged by the broker
+
 
 class Cluster:
     """This replica's part in the cluster; ``async with`` joins it."""
@@ -158,11 +160,29 @@ class Cluster:
                     await self.client.publish(self.topics.replica(name), b"", retain=True)
 
     async def _pump(self) -> None:
-        """Publish the fleet's records in order; while cut off they wait for ``rejoined``."""
-        while True:
-            topic, payload, retain = await self.fleet.outbox.get()
-            with contextlib.suppress(Exception):
+        """Publish the fleet's records in order, many at once: a join storm is thousands of
+        records, and one broker round trip each, in turn, would take minutes. A record lost
+        while cut off is published again by ``rejoined`` (the broker never echoed it)."""
+        slots = asyncio.Semaphore(_RECORDS_IN_FLIGHT)
+        sending: set[asyncio.Task[None]] = set()
+
+        async def send(topic: str, payload: bytes, retain: bool) -> None:
+            try:
                 await self.client.publish(topic, payload, retain=retain)
+            finally:
+                slots.release()
+
+        try:
+            while True:
+                topic, payload, retain = await self.fleet.outbox.get()
+                await slots.acquire()
+                # Tasks start in creation order, so the client sends the records in order.
+                task = asyncio.create_task(send(topic, payload, retain))
+                sending.add(task)
+                task.add_done_callback(sending.discard)
+        finally:
+            for task in sending:
+                task.cancel()
 
     async def _publish(self, topic: str, payload: bytes) -> bool:
         return await self.client.publish(topic, payload, retain=False)

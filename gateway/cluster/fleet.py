@@ -55,6 +55,7 @@ class Fleet:
         self._bridge = bridge
         self._records: dict[str, FleetRecord] = {}  # the latest known, ours included
         self._changed: dict[str, float] = {}  # local changes: when (newer wins on rejoin)
+        self._echoed: dict[str, float] = {}  # our own records the broker sent back: when
         self._catalogues: dict[str, list[object]] = {}  # by content digest
         self._contents: dict[str, str] = {}  # a local catalogue's digest -> its content digest
         self._waiting: dict[str, set[str]] = {}  # catalogue digest -> devices waiting for it
@@ -114,13 +115,20 @@ class Fleet:
     def rejoined(self) -> None:
         """After (re)joining: tell the broker what it lacks or what changed here meanwhile."""
         for device in self._registry.devices():
-            known = self._records.get(device.device_id)
-            if known is None or self._changed.get(device.device_id, 0.0) > known.at:
+            if self._unsaid(device.device_id):
                 mine = self._record_of(device.record, time.time())
                 self._records[device.device_id] = mine
                 self._tell(mine)
         for device_id, session in self._bridge.held().items():
             self._bridge.announce(device_id, session)
+
+    def _unsaid(self, device_id: str) -> bool:
+        """Does the broker lack this replica's latest word on the device?"""
+        known = self._records.get(device_id)
+        if known is None:
+            return True  # the fleet never heard of it (a device from this data dir's past)
+        changed, echoed = self._changed.get(device_id, 0.0), self._echoed.get(device_id, 0.0)
+        return known.by == self.replica and changed > echoed  # ours, never came back
 
     # --- in --------------------------------------------------------------------------------
 
@@ -142,6 +150,8 @@ class Fleet:
         if not payload:
             return
         record = FleetRecord.read(device_id, payload)
+        if record.by == self.replica:  # the broker has it: nothing to publish again
+            self._echoed[device_id] = max(record.at, self._echoed.get(device_id, 0.0))
         known = self._records.get(device_id)
         if known is not None and (record.at, record.by) <= (known.at, known.by):
             return  # ours coming back, or older than what we know

@@ -84,10 +84,13 @@ class RemoteCalls:
         frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
         try:
             if not await self._publish(self._topics.bridge(device_id, "down"), frame.encode()):
-                raise DeviceUnavailable(device_id, "this replica is cut from the cluster broker")
+                future.set_exception(
+                    DeviceUnavailable(device_id, "this replica is cut from the cluster broker")
+                )
             return await future
         finally:
-            if self._calls.pop(call_id, None) is not None and not future.done():
+            self._calls.pop(call_id, None)
+            if future.cancelled() or not future.done():  # the caller gave up: timeout, or left
                 self._cancel(device_id, session, call_id)
 
     def _cancel(self, device_id: str, session: str, call_id: int) -> None:
