@@ -53,6 +53,7 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
+    "cluster": [{"records", "replica"}, {"client", "remote", "bridge"}, {"fleet"}],
     "device_side": [
         {"broker", "vision"},
         {"ota", "transports"},

@@ -17,8 +17,8 @@ from mcp import Client
 from gateway.app import Running
 from gateway.cluster.remote import RemoteSession
 from gateway.devices.registry import PENDING, DeviceRegistry
-from tests.cluster.conftest import Check, eventually, replicas
-from tests.conftest import DEVICE_TOKEN, bound
+from tests.cluster.conftest import Check, cluster_options, eventually, replicas
+from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import Inbox, listed_device
 from tests.mqtt_helpers import Mosquitto, MqttDevice
@@ -81,6 +81,12 @@ async def test_three_replicas_one_fleet_every_call_path(tmp_path: Path) -> None:
             assert await call(third, over_mqtt, {}) == "true"  # to an MQTT device
             assert mqtt.calls == ["self.lamp.turn_on"]  # once: no other replica answered
             await audit_and_metrics_say_which_replica(second)
+            cold = gateway(tmp_path / "cold", **cluster_options(broker.port, "gw-cold"))
+            async with cold as late:  # an empty data dir: the broker tells it the whole fleet
+                assert late.gateway.registry.devices()  # known before it serves anything
+                await eventually([late], lists(WS_DEVICE))
+                await eventually([late], lists(MQTT_DEVICE))
+                assert names(late) == names(first)
             assert ws_device is not None
         await eventually(runs, lambda r: not r.get(WS_DEVICE).online)  # type: ignore[union-attr]
 
