@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.conftest import bound
+from tests.conftest import bound, program
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -53,3 +53,20 @@ async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
         assert first["tools"] == first["unique"] == listed["expected_tools"]
         assert len(listed[target]["later_s"]) == 1
     assert listed["same_names"]
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_cluster_benchmark_runs_at_tiny_scale() -> None:
+    """`bench/cluster.py --json`: three replicas on mosquitto against one gateway."""
+    program("mosquitto")  # skips, saying what to install, where it is missing
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "cluster.py"), "--count", "6", "--calls", "4", "--json"],
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    figures = json.loads(done.stdout)
+    assert figures["cluster"]["listed"] == figures["single"]["listed"] == 6
+    assert figures["calls"]["across"]["broker_publishes_per_call"] >= 2
+    assert len(figures["rss_kb"]["replicas"]) == 3
