@@ -101,10 +101,13 @@ def _storm(pool: Pool, group: str, targets: list[tuple[Gateway, list[str]]],
     listed_s = time.monotonic() - start
     visible_s = []
     for gateway in watch:
-        while not wanted <= _online(gateway).keys():
+        while not wanted <= (online := _online(gateway).keys()):
             if time.monotonic() - start > seconds:
-                raise RunBroken(f"not every device became visible within {seconds:g} s")
-            time.sleep(0.2)
+                lines = gateway.log.read_text(errors="replace").splitlines()
+                said = [line for line in lines if "WARNING" in line or "ERROR" in line][-5:]
+                raise RunBroken(f"{len(wanted - online)} devices not visible on {gateway.log.stem}"
+                                f" within {seconds:g} s; " + " | ".join(said))  # fmt: skip
+            time.sleep(0.5)
         visible_s.append(time.monotonic() - start)
     return {"devices": len(wanted), "listed": listed, "failed": failed,
             "listed_s": listed_s, "visible_everywhere_s": max(visible_s),
