@@ -56,7 +56,8 @@ class Broker:
         self.port = _free_port()
         conf = workdir / "mosquitto.conf"
         conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                        "persistence false\nlog_dest none\nset_tcp_nodelay true\n")  # fmt: skip
+                        "persistence false\nlog_dest none\nset_tcp_nodelay true\n"
+                        "max_queued_messages 1000000\n")  # fmt: skip
         self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdin=subprocess.DEVNULL)
         CHILDREN.append(self.process)
         time.sleep(0.3)

@@ -33,6 +33,7 @@ __all__ = ["Cluster"]
 
 logger = logging.getLogger(__name__)
 
+_RESYNC_BEATS = 30  # heartbeats between two readings of every retained record (5 minutes)
 _RECORDS_IN_FLIGHT = 256  # records published and not yet acknowledged by the broker
 
 
@@ -151,12 +152,16 @@ class Cluster:
         await self.client.publish(self.topics.replica(self.replica), record.encode(), retain=True)
 
     async def _heartbeat(self) -> None:
+        beats = 0
         while True:
             await asyncio.sleep(HEARTBEAT)
             if self.client.connected.is_set():
                 await self._say_alive()
                 for name in self.fleet.expire():
                     await self.client.publish(self.topics.replica(name), b"", retain=True)
+                beats += 1
+                if beats % _RESYNC_BEATS == 0:  # records the broker may have dropped for us
+                    await self.client.resubscribe()
 
     async def _pump(self) -> None:
         """Publish the fleet's records in order, many at once: a join storm is thousands of

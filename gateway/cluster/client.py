@@ -136,6 +136,23 @@ class ClusterClient:
         await self.publish(self.topics.sync(self.replica), token.encode(), retain=False)
         await future
 
+    async def resubscribe(self) -> bool:
+        """Subscribe again to the retained records: the broker sends them all once more.
+
+        A broker drops what it queues for a client past its limit (mosquitto's
+        ``max_queued_messages``, EMQX's ``max_mqueue_len``: 1000 by default), so a replica that
+        fell behind in a storm may have missed records; this heals it.
+        """
+        client = self._client
+        if client is None:
+            return False
+        try:
+            for topic in self.topics.retained():
+                await client.subscribe(topic, qos=1)
+        except aiomqtt.MqttError:
+            return False
+        return True
+
     async def publish(self, topic: str, payload: bytes, *, retain: bool, qos: int = 1) -> bool:
         """Publish now; False when the broker is not there (the caller publishes again later)."""
         client = self._client

@@ -71,11 +71,15 @@ class ClusterTopics:
     def sync(self, name: str) -> str:
         return f"{self.prefix}/sync/{name}"
 
+    def retained(self) -> list[str]:
+        """The topics of the retained records (what a replica must know of the fleet)."""
+        p = self.prefix
+        return [f"{p}/replica/+", f"{p}/device/+", f"{p}/catalogue/+", f"{p}/presence/+"]
+
     def subscriptions(self, name: str) -> list[str]:
         """What every replica subscribes to (with mosquitto, every bridge ``up`` reaches all)."""
         p = self.prefix
-        return [f"{p}/replica/+", f"{p}/device/+", f"{p}/catalogue/+", f"{p}/presence/+",
-                f"{p}/bridge/+/up", f"{p}/bridge/+/down", self.sync(name)]  # fmt: skip
+        return [*self.retained(), f"{p}/bridge/+/up", f"{p}/bridge/+/down", self.sync(name)]
 
     def parse(self, topic: str) -> tuple[str, str, str] | None:
         """``(kind, key, direction)`` of a cluster topic; None for anything else."""

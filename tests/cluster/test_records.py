@@ -66,6 +66,9 @@ async def test_bad_records_are_refused_one_by_one_and_the_rest_is_taken(
             await raw.publish(topics.catalogue(digest), json.dumps(TOOLS).encode(), retain=True)
             await raw.publish(topics.device(GOOD), record(catalogue=digest), retain=True)
             await eventually(runs, knows(GOOD, 1))
+            cluster = runs[0].gateway.cluster
+            assert cluster is not None and await cluster.client.resubscribe()  # all again: same
+            await cluster.client.sync()
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert any("aa:bb:cc:dd:ee:11 refused: not JSON" in m for m in refused)
     assert any("aa:bb:cc:dd:ee:12 refused: state is not one of" in m for m in refused)
