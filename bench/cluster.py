@@ -113,7 +113,8 @@ def _storm(pool: Pool, group: str, targets: list[tuple[Gateway, list[str]]],
         visible_s.append(time.monotonic() - start)
     spent = [g.cpu_s() - c for g, c in zip(watch, cpu, strict=True)]
     for gateway in watch:  # and each with its tools, checked once, untimed
-        missing = [i for i in wanted if not _online(gateway).get(i, {}).get("tools")]
+        online = _online(gateway)
+        missing = [i for i in wanted if not online.get(i, {}).get("tools")]
         if missing:
             raise RunBroken(f"{len(missing)} devices without tools on {gateway.log.stem}")
     return {"devices": len(wanted), "listed": listed, "failed": failed,

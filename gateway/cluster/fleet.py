@@ -258,12 +258,15 @@ class Fleet:
     def lost(self) -> None:
         """This replica lost the broker: what it reached through it is unreachable now."""
         why = "this replica is cut from the cluster broker"
+        in_flight = self._remote.in_flight
         for device_id in list(self._presence):
             self._detach(device_id, why)
         self._presence.clear()
         self.live.clear()
         self._heard.clear()
         self._remote.fail(why)
+        logger.warning("%s: lost the cluster broker; %d calls through it failed", self.replica,
+                       in_flight)  # fmt: skip
 
     # --- remote devices --------------------------------------------------------------------
 
