@@ -92,22 +92,28 @@ class ClusterClient:
                     finally:
                         reader.cancel()
                         ready.cancel()
+                        # Now, not after aiomqtt's goodbye, which may wait out its timeout.
+                        self._lost()
             except aiomqtt.MqttError as exc:
                 if str(exc) != failure:
                     failure = str(exc)
                     logger.warning("cluster broker at %s: %s; retrying", self.where, failure)
             finally:
-                was = self._client is not None
-                self._client = None
-                self.connected.clear()
-                for future in self._sync.values():
-                    future.cancel()
-                self._sync.clear()
-                if was:
-                    self._on_lost()
+                self._lost()
             honour_cancellation()
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RETRY[1])
+
+    def _lost(self) -> None:
+        """The broker is gone (idempotent): say so once."""
+        was = self._client is not None
+        self._client = None
+        self.connected.clear()
+        for future in self._sync.values():
+            future.cancel()
+        self._sync.clear()
+        if was:
+            self._on_lost()
 
     async def _ready(self) -> None:
         await self.sync()
