@@ -6,11 +6,17 @@
 #   3. the image's own ENTRYPOINT + CMD run by buildah, its own HEALTHCHECK run until it passes,
 #      MCP listed from outside with the host token, a simulated device connected and called,
 #      and `esp-mcp-gateway doctor` run inside the image against the running gateway.
+# For another architecture (IMAGE_ARCH=arm64: a Raspberry Pi 4/5), steps 1 and 2 are the same,
+# run under qemu's user-mode emulation (binfmt_misc), and step 3 is `esp-mcp-gateway --version`
+# in the image: the interpreter, the venv and every dependency load on that architecture.
 #
-# Usage, as root:  deploy/test-image.sh
-# Needs: apt-get install buildah podman debootstrap (python3-venv: .venv is made if absent).
+# Usage, as root:  deploy/test-image.sh             (this machine's architecture)
+#                  IMAGE_ARCH=arm64 deploy/test-image.sh
+# Needs: apt-get install buildah podman debootstrap (python3-venv: .venv is made if absent);
+#        for a foreign IMAGE_ARCH also qemu-user-static binfmt-support (binfmt_misc mounted).
 # Environment: IMAGE_CACHE  where the base rootfs is kept (default /var/tmp/esp-mcp-gateway-image)
 #              DEBIAN_MIRROR  the mirror for debootstrap (default: the one apt here uses)
+#              IMAGE_ARCH  the image's Debian architecture (default: this machine's)
 # Every step is bounded in time; any failure exits 1 with one line saying what failed, after
 # printing the logs that explain it. Everything started here is stopped on exit.
 set -euo pipefail
@@ -19,7 +25,14 @@ cd "$(dirname "$0")/.."
 readonly SUITE=bookworm
 readonly PACKAGES=python3,python3-venv,python3-pip,ca-certificates
 readonly CACHE=${IMAGE_CACHE:-/var/tmp/esp-mcp-gateway-image}
-readonly IMAGE=localhost/esp-mcp-gateway:test
+NATIVE=$(dpkg --print-architecture)
+readonly NATIVE
+readonly ARCH=${IMAGE_ARCH:-$NATIVE}
+if [[ $ARCH == "$NATIVE" ]]; then
+    readonly IMAGE=localhost/esp-mcp-gateway:test
+else
+    readonly IMAGE=localhost/esp-mcp-gateway:test-$ARCH
+fi
 readonly CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 readonly PY=.venv/bin/python
 readonly STARTED=$SECONDS
@@ -98,6 +111,17 @@ for tool in buildah podman debootstrap python3 ps; do
     command -v "$tool" >/dev/null \
         || fail "$tool is missing: apt-get install buildah podman debootstrap python3-venv procps"
 done
+if [[ $ARCH != "$NATIVE" ]]; then # emulation: the kernel hands $ARCH binaries to qemu
+    qemu=$(case $ARCH in arm64) echo aarch64 ;; armhf) echo arm ;; *) echo "$ARCH" ;; esac)
+    [[ -e /proc/sys/fs/binfmt_misc/status ]] \
+        || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc \
+        || fail "binfmt_misc is not mounted and cannot be (this kernel cannot run $ARCH binaries)"
+    if ! grep -qs enabled "/proc/sys/fs/binfmt_misc/qemu-$qemu"; then # installed before the mount
+        update-binfmts --enable "qemu-$qemu" >/dev/null 2>&1 || true
+    fi
+    grep -qs enabled "/proc/sys/fs/binfmt_misc/qemu-$qemu" \
+        || fail "no qemu-$qemu in binfmt_misc: apt-get install qemu-user-static binfmt-support"
+fi
 if [[ ! -x $PY ]]; then # the host side (MCP client, simulator) runs from the project's venv
     say "host: making .venv"
     timeout 600 python3 -m venv .venv
@@ -122,15 +146,16 @@ mirror() {
 }
 
 key=$(printf '%s %s' "$SUITE" "$PACKAGES" | sha256sum | cut -c1-12)
-rootfs=$CACHE/$SUITE-minbase-$key.tar
+rootfs=$CACHE/$SUITE-minbase-$ARCH-$key.tar
 if [[ -s $rootfs ]]; then
     say "base: cached rootfs $rootfs"
 else
     mkdir -p "$CACHE"
     partial=$CACHE/rootfs.partial.$$
     rm -rf "$partial"
-    say "base: debootstrap $SUITE from $(mirror) (about a minute)"
-    if ! timeout 900 debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$partial" \
+    say "base: debootstrap $SUITE ($ARCH) from $(mirror) (a minute; several under emulation)"
+    if ! timeout 1200 debootstrap --arch="$ARCH" --variant=minbase --include="$PACKAGES" \
+        "$SUITE" "$partial" \
         "$(mirror)" >"$work/debootstrap.log" 2>&1; then
         show "$work/debootstrap.log"
         rm -rf "$partial"
@@ -145,14 +170,14 @@ fi
 
 # The base image is tagged by the rootfs and this machine's CA bundle: a new bundle, a new base.
 certs=$(sha256sum "$CA_BUNDLE" | cut -c1-12)
-base=localhost/esp-mcp-gateway-base:$SUITE-$key-$certs
+base=localhost/esp-mcp-gateway-base:$SUITE-$ARCH-$key-$certs
 if buildah inspect --type image "$base" >/dev/null 2>&1; then
     say "base: $base (already imported)"
 else
     say "base: importing as $base"
     raw=localhost/esp-mcp-gateway-base:raw-$$
-    timeout 300 podman import --quiet "$rootfs" "$raw" >/dev/null
-    ctr=$(buildah from --quiet "$raw")
+    timeout 300 podman import --quiet --arch "$ARCH" "$rootfs" "$raw" >/dev/null
+    ctr=$(buildah from --quiet --arch "$ARCH" "$raw")
     # pip in the build must trust whatever TLS this network presents: the host's bundle has it.
     # Only the cert is needed: PyPI itself is reachable; the host's extra local indexes are not.
     printf '[global]\ncert = %s\n' "$CA_BUNDLE" >"$work/pip.conf"
@@ -168,10 +193,10 @@ fi
 
 # --- 2. the image ---------------------------------------------------------------------------------
 
-say "build: buildah bud Dockerfile (BASE_IMAGE=$base)"
+say "build: buildah bud Dockerfile ($ARCH, BASE_IMAGE=$base)"
 previous=$(buildah inspect --type image --format '{{.FromImageID}}' "$IMAGE" 2>/dev/null || true)
 # --format docker: OCI image configs have no HEALTHCHECK. --layers: reuse unchanged steps.
-if ! timeout 900 buildah bud --isolation chroot --layers --format docker \
+if ! timeout 1800 buildah bud --isolation chroot --layers --format docker --arch "$ARCH" \
     --build-arg "BASE_IMAGE=$base" --tag "$IMAGE" --file Dockerfile . >"$work/build.log" 2>&1; then
     show "$work/build.log" 60
     fail "buildah could not build the Dockerfile"
@@ -181,6 +206,8 @@ if [[ -n $previous && $previous != "$current" ]]; then
     buildah rmi "$previous" >/dev/null 2>&1 || true # our last test image, not the layer cache
 fi
 say "build: $IMAGE $(buildah images --format '{{.Size}}' "$IMAGE" | head -n 1)"
+built_arch=$(buildah inspect --type image --format '{{.OCIv1.Architecture}}' "$IMAGE")
+[[ $built_arch == "$ARCH" ]] || fail "the image is for $built_arch, not $ARCH"
 
 # What the image says about itself, checked, and its entrypoint and health check as argv lists.
 buildah inspect --type image "$IMAGE" >"$work/image.json"
@@ -214,6 +241,21 @@ EOF
 mapfile -d '' -t entrypoint <"$work/entrypoint"
 mapfile -d '' -t healthcheck <"$work/healthcheck"
 say "image: runs ${entrypoint[*]}; health check: ${healthcheck[*]}"
+
+if [[ $ARCH != "$NATIVE" ]]; then # under emulation: the program starts and knows its version
+    container=$(buildah from --quiet --arch "$ARCH" --name "esp-mcp-gateway-test-$$" "$IMAGE")
+    expected=$("$PY" -c 'import gateway; print(gateway.__version__)')
+    began=$SECONDS
+    version=$(timeout 300 buildah run --isolation chroot "$container" -- \
+        "${entrypoint[0]}" --version 2>"$work/version.log" </dev/null) \
+        || { show "$work/version.log"; fail "esp-mcp-gateway --version failed on $ARCH"; }
+    machine=$(timeout 120 buildah run --isolation chroot "$container" -- \
+        /opt/esp-mcp-gateway/bin/python -c 'import platform; print(platform.machine())' </dev/null)
+    [[ $version == *"$expected"* ]] || fail "--version on $ARCH says '$version', not $expected"
+    say "run: '${entrypoint[0]} --version' on $machine (emulated): $version, $((SECONDS - began)) s"
+    say "all checks passed"
+    exit 0
+fi
 
 # --- 3. run it ------------------------------------------------------------------------------------
 
@@ -307,4 +349,53 @@ if tail -n "+$((served + 1))" "$work/server.log" | grep -q Traceback; then
     fail "the gateway logged a traceback while stopping"
 fi
 say "stop: the gateway stopped cleanly on SIGTERM in $((SECONDS - stopped)) s"
+
+# --- 4. the Home Assistant add-on: this image plus run.py ----------------------------------------
+
+addon=localhost/esp-mcp-gateway-addon:test
+say "add-on: buildah bud home-assistant/esp_mcp_gateway (BUILD_FROM=$IMAGE)"
+if ! timeout 300 buildah bud --isolation chroot --layers --format docker \
+    --build-arg "BUILD_FROM=$IMAGE" --tag "$addon" home-assistant/esp_mcp_gateway \
+    >"$work/addon-build.log" 2>&1; then
+    show "$work/addon-build.log"
+    fail "buildah could not build the add-on"
+fi
+# /data as Home Assistant mounts it: root's, holding the options the user set. (Copied in:
+# buildah run puts an image VOLUME over any bind mount of the same path.)
+printf '{"host_token": "%s", "mqtt_mode": "off", "log_level": "info"}\n' "$host_token" \
+    >"$work/options.json"
+buildah rm "$container" >/dev/null
+container=$(buildah from --quiet --name "esp-mcp-gateway-addon-test-$$" "$addon")
+buildah copy --quiet "$container" "$work/options.json" /data/options.json >/dev/null
+timeout 60 "${run[@]}" "$container" -- chown -R 0:0 /data </dev/null
+say "add-on: run.py with options.json (device :$device_port, host :$host_port)"
+setsid "${run[@]}" "${ports[@]}" "$container" -- \
+    /opt/esp-mcp-gateway/bin/python /opt/esp-mcp-gateway/ha-run.py \
+    >"$work/server.log" 2>&1 </dev/null &
+server_pid=$!
+"$PY" - "$host_port" "$host_token" <<'EOF_PY' || fail "the add-on's gateway did not answer"
+import sys, time, urllib.request
+port, token = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 60
+while True:  # /healthz with the host token: the gateway runs with the add-on's options
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/healthz",
+                                     headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            if "devices" in answer.read().decode():
+                break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit(1)
+    time.sleep(0.2)
+EOF_PY
+grep -q "MCP hosts connect to" "$work/server.log" || fail "the add-on does not say its MCP URL"
+stop "$server_pid"
+server_pid=""
+# Made by the gateway after run.py dropped root: its owner is the process's user.
+owner=$(timeout 60 "${run[@]}" "$container" -- stat -c %u:%U /data /data/registry.sqlite3 \
+    </dev/null | sort -u | tr '\n' ' ')
+[[ $owner == "10001:gateway " ]] || fail "the add-on's /data belongs to $owner, not gateway (10001)"
+say "add-on: serves with the options' host token, as uid 10001 on /data; says its MCP URL"
 say "all checks passed"

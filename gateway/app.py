@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from types import TracebackType
+from typing import Any
 
 from gateway.cluster import Cluster
 from gateway.config import Config
@@ -23,6 +24,9 @@ from gateway.device_side.http import build_device_app
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
+from gateway.device_side.upstream.conversation import Conversations
+from gateway.device_side.upstream.proxy import VoiceProxy
+from gateway.device_side.upstream.vision import VisionForwarder
 from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
@@ -62,7 +66,7 @@ class Gateway:
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
         self.registry = DeviceRegistry(config, self.store)
-        self.photos = PhotoStore(config.data_dir / "photos")
+        self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
         self.credentials = DeviceCredentials(config.data_dir)
@@ -70,7 +74,9 @@ class Gateway:
         self.topics = Topics(config.mqtt_topic_prefix)
         # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
         self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
-        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public)
+        # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
+        self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
+        self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public, self.proxy)
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.admission = Admission(config, self.registry, self.enrollment, self.credentials,
                                    self.device_tokens, self.public, self.ota)  # fmt: skip
@@ -90,8 +96,10 @@ class Gateway:
         self.mqtt: MqttTransport | None = None
         self.vision = VisionTokens() if config.vision_enabled else None
         self.sessions = DeviceSessions(config, self.registry, self.public, self.vision)
-        self.device_app = build_device_app(config, self.admission, self.sessions, self.ota,
-                                           self.vision, self.photos)  # fmt: skip
+        self.device_app = build_device_app(
+            config, self.admission, self.sessions, self.ota, self.vision, self.photos,
+            **self._proxy_parts(),
+        )  # fmt: skip
         self.metrics = GatewayMetrics(
             self.registry,
             self.audit,
@@ -112,6 +120,15 @@ class Gateway:
             self.sessions.bridge, self.sessions.trouble = self.cluster.bridged, self.cluster.health
         self._stack = contextlib.AsyncExitStack()
 
+    def _proxy_parts(self) -> dict[str, Any]:
+        """The device app's parts that proxy devices to their voice servers (none without)."""
+        if self.proxy is None:
+            return {}
+        conversations = Conversations(self.proxy, self.registry, self.sessions.serve_tapped,
+                                      vision_for=self.sessions.vision_for,
+                                      max_message_bytes=self.config.max_message_bytes)  # fmt: skip
+        return {"proxied": conversations, "elsewhere": VisionForwarder(self.proxy)}
+
     async def __aenter__(self) -> Gateway:
         try:
             return await self._start()
@@ -130,6 +147,8 @@ class Gateway:
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
         self._stack.callback(self.frontend.notifier.listen_handler.close)
+        if self.proxy is not None:
+            self._stack.push_async_callback(self.proxy.aclose)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
         if self.cluster is not None:  # joined: its number claimed, the fleet known

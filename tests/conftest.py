@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +13,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+import uvicorn
+from starlette.types import ASGIApp
 
 from gateway.app import Running, running
 from gateway.config import Config, ListenAddress
@@ -74,6 +78,26 @@ async def gateway(data_dir: Path, **overrides: Any) -> AsyncIterator[Running]:
     """A real gateway with both uvicorn listeners, stopped on exit."""
     async with running(make_config(data_dir, **overrides)) as run:
         yield run
+
+
+@asynccontextmanager
+async def asgi_server(app: ASGIApp, name: str) -> AsyncIterator[str]:
+    """``app`` on uvicorn, on a loopback socket bound before it starts (so connections wait in
+    the backlog rather than the test waiting for startup); yields its base URL. Open streams
+    (an SSE feed) are cut on exit."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]), name=name)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        await asyncio.wait_for(serving, bound(10))
+        sock.close()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -31,6 +31,9 @@ DEBIAN = {
     "openssl": "openssl",
     "chromium": "chromium",
 }
+# Programs .ci/run may ask for beyond the suite's (``install EXTRA``) whose package is named
+# otherwise: the arm64 image is built and run under qemu's user-mode emulation.
+EXTRA_PACKAGES = {"qemu-aarch64-static": "qemu-user-static", "update-binfmts": "binfmt-support"}
 MCPB = "mcpb"  # npm's @anthropic-ai/mcpb CLI: validates the Claude Desktop extension
 MCPB_PACKAGE = "@anthropic-ai/mcpb@2"
 MCPB_PREFIX = ".ci/node"
@@ -108,7 +111,7 @@ def install(
     lacking = missing([*DEBIAN, *extra], path)
     problems = []
     if lacking:
-        packages = sorted({DEBIAN.get(p, p) for p in lacking})
+        packages = sorted({DEBIAN.get(p, EXTRA_PACKAGES.get(p, p)) for p in lacking})
         prefix = apt_prefix(euid, sudo)
         command = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q"]
         if prefix is None:

@@ -70,3 +70,22 @@ async def test_cluster_benchmark_runs_at_tiny_scale() -> None:
     assert figures["cluster"]["listed"] == figures["single"]["listed"] == 6
     assert figures["calls"]["across"]["broker_publishes_per_call"] >= 2
     assert len(figures["rss_kb"]["replicas"]) == 3
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_voice_proxy_benchmark_runs_and_reports_every_target() -> None:
+    """`bench/voice_proxy.py --json` times frames direct, relayed and through the gateway."""
+    tiny = ["--frames", "20", "--conversations", "3", "--seconds", "1", "--json",
+            "--timeout", str(bound(100))]  # fmt: skip
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "voice_proxy.py"), *tiny], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    figures = json.loads(done.stdout)
+    assert figures["latency"]["frames"] == 20
+    for target in ("direct", "relay", "gateway"):
+        assert 0 < figures["latency"][target]["p50_ms"] <= figures["latency"][target]["p99_ms"]
+    assert figures["cpu"]["conversations"] == 3 and figures["cpu"]["gateway_core_pct"] > 0
+    assert figures["gateway_log"]["errors"] == 0

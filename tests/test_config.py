@@ -157,3 +157,32 @@ def test_cluster_table_from_file_and_environment(tmp_path: Path) -> None:
             load_config(None, env={**env, "GATEWAY_CLUSTER_BROKER": bad})
     with pytest.raises(ConfigError, match="CLUSTER_REPLICA"):
         load_config(None, env={**env, "GATEWAY_CLUSTER_REPLICA": "gw/1"})
+
+
+def test_upstream_from_file_per_device_and_environment(tmp_path: Path) -> None:
+    """[upstream] ota_url applies to every device; a device's own `upstream` wins, "off" too."""
+    path = write(
+        tmp_path,
+        '[upstream]\nota_url = "https://api.tenclass.net/xiaozhi/ota/"\ntimeout = 4\n'
+        '[devices."AA:BB:CC:DD:EE:01"]\nupstream = "http://10.0.0.2:8002/xiaozhi/ota/"\n'
+        '[devices."aa:bb:cc:dd:ee:02"]\nupstream = "off"\n',
+    )
+    config = load_config(path, env={"GATEWAY_DATA_DIR": str(tmp_path)})
+    assert config.upstream_timeout == 4 and config.upstream_enabled
+    assert config.upstream_for("aa:bb:cc:dd:ee:01") == "http://10.0.0.2:8002/xiaozhi/ota/"
+    assert config.upstream_for("aa:bb:cc:dd:ee:02") is None
+    assert config.upstream_for("aa:bb:cc:dd:ee:03") == "https://api.tenclass.net/xiaozhi/ota/"
+    env = {"GATEWAY_DATA_DIR": str(tmp_path), "GATEWAY_UPSTREAM_OTA_URL": "off"}
+    assert load_config(path, env=env).upstream_for("aa:bb:cc:dd:ee:03") is None
+    assert not load_config(None, env={"GATEWAY_DATA_DIR": str(tmp_path)}).upstream_enabled
+
+
+@pytest.mark.parametrize("url", ["ftp://x/ota/", "api.tenclass.net/xiaozhi/ota/", "http://:1/",
+                                 "http://h:99999/"])  # fmt: skip
+def test_an_upstream_that_is_no_ota_url_names_its_key(tmp_path: Path, url: str) -> None:
+    env = {"GATEWAY_DATA_DIR": str(tmp_path), "GATEWAY_UPSTREAM_OTA_URL": url}
+    with pytest.raises(ConfigError, match="GATEWAY_UPSTREAM_OTA_URL.*OTA URL"):
+        load_config(None, env=env)
+    path = write(tmp_path, f'[devices."aa:bb:cc:dd:ee:01"]\nupstream = "{url}"\n')
+    with pytest.raises(ConfigError, match=r'devices\."aa:bb:cc:dd:ee:01"\.upstream'):
+        load_config(path, env={"GATEWAY_DATA_DIR": str(tmp_path)})

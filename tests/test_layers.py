@@ -56,19 +56,24 @@ INNER: dict[str, list[set[str]]] = {
     "cluster": [{"records", "replica"}, {"client", "remote", "bridge"}, {"fleet"}],
     "device_side": [
         {"broker", "vision"},
+        {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards
         {"ota", "transports"},
         {"admission", "sessions"},
         {"http"},
     ],
     "host_side": [
-        {"tool_listing", "device_listing", "photo_resources", "relay"},
+        {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"http"},
     ],
     "cli": [{"flashing", "doctor"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
-    "cli/doctor": [{"probes"}, {"findings"}, {"listeners", "broker", "data_dir", "config_file"}],
+    "cli/doctor": [
+        {"probes"},
+        {"findings"},
+        {"listeners", "broker", "data_dir", "upstream", "config_file"},
+    ],
     "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}

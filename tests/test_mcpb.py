@@ -23,6 +23,7 @@ from mcp import Client, StdioServerParameters
 from tests import programs
 from tests.conftest import bound, missing_program
 from tests.e2e.test_stdio_and_cli import free_port
+from tests.test_icons import png_size
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,6 +71,7 @@ def test_the_bundle_validates_with_the_mcpb_cli(unpacked: Path) -> None:
         "GATEWAY_PUBLIC_URL": "${user_config.public_url}",
         "GATEWAY_HOST_TOKEN": "${user_config.host_token}",
     }
+    assert png_size(unpacked / manifest["icon"]) == (256, 256)  # what Claude Desktop shows
     # The server alone: no board tools in the extension's environment.
     assert "esptool" not in (unpacked / "pyproject.toml").read_text()
 

@@ -53,6 +53,15 @@ def test_with_passwordless_sudo_apt_get_runs_under_sudo(tmp_path: Path) -> None:
     assert "shellcheck" in run.commands[1]  # .ci/run's extra programs join the same install
 
 
+def test_extra_programs_are_installed_by_their_package(tmp_path: Path) -> None:
+    """qemu-aarch64-static comes in qemu-user-static, update-binfmts in binfmt-support."""
+    run = Recorder()
+    install(["qemu-aarch64-static", "update-binfmts"], run=run, euid=0, sudo=lambda: False,
+            path=bare_path(tmp_path))  # fmt: skip
+    assert {"qemu-user-static", "binfmt-support"} <= set(run.commands[1])
+    assert "qemu-aarch64-static" not in run.commands[1]
+
+
 def test_without_root_or_sudo_or_npm_it_says_what_to_run_and_installs_nothing(
     tmp_path: Path,
 ) -> None:

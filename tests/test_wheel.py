@@ -83,6 +83,15 @@ def test_serve_runs_from_the_server_install(server_only: Path, tmp_path: Path) -
         process.communicate(timeout=bound(10))
 
 
+def test_the_installed_package_serves_the_devices_panel(server_only: Path) -> None:
+    """The MCP Apps panel is built from files the wheel must carry (fleet_panel/, the
+    dashboard's stylesheet and forms)."""
+    code = "from gateway.host_side.fleet_app import panel_html; print(len(panel_html()))"
+    done = run(server_only / "python", "-c", code)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 10_000
+
+
 @pytest.mark.parametrize("command", ["flash", "image", "provision"])
 def test_a_board_command_names_the_boards_extra(
     server_only: Path, tmp_path: Path, command: str

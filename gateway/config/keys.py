@@ -33,6 +33,7 @@ from gateway.config.values import (
     string,
     string_list,
     topic_prefix,
+    upstream_url,
 )
 
 ENV_PREFIX = "GATEWAY_"
@@ -84,6 +85,9 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("ota", "firmware_url", "ota_firmware_url", optional_string),
     ("vision", "enabled", "vision_enabled", boolean),
     ("vision", "max_photo_bytes", "vision_max_photo_bytes", integer),
+    ("vision", "photo_history", "vision_photo_history", integer),
+    ("upstream", "ota_url", "upstream_ota_url", upstream_url),
+    ("upstream", "timeout", "upstream_timeout", positive_number),
     ("limits", "device_connections", "limits_device_connections", integer),
     ("limits", "host_connections", "limits_host_connections", integer),
     ("limits", "per_address", "limits_per_address", integer),

@@ -13,7 +13,7 @@ import platformdirs
 from gateway.config.keys import FIELDS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.unknown_keys import check_unknown_keys, unknown_key
-from gateway.config.values import positive_number, string, string_list
+from gateway.config.values import positive_number, string, string_list, upstream_url
 from gateway.errors import ConfigError
 
 
@@ -103,4 +103,7 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
         user_tools=string_list(f"{prefix}.user_tools", options.get("user_tools", [])),
         read_only=string_list(f"{prefix}.read_only", options.get("read_only", [])),
         destructive=string_list(f"{prefix}.destructive", options.get("destructive", [])),
+        upstream=upstream_url(f"{prefix}.upstream", options["upstream"])
+        if "upstream" in options
+        else "default",
     )

@@ -23,6 +23,8 @@ class DeviceOptions:
     # Globs of tools hosts are told are read-only / destructive where the device says nothing.
     read_only: tuple[str, ...] = ()
     destructive: tuple[str, ...] = ()
+    # Its voice server's OTA URL, over [upstream] ota_url; "off" (None here) keeps it out.
+    upstream: str | None | Literal["default"] = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,10 @@ class Config:
     vision_enabled: bool = True
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024
+    vision_photo_history: int = 5  # photos kept per device, its latest included
+    # [upstream]: the voice server stock devices keep (docs/voice-proxy.md); None: no proxy
+    upstream_ota_url: str | None = None
+    upstream_timeout: float = 10.0
     # [cluster]: replicas on an MQTT broker cluster (gateway/cluster, docs/cluster.md); off
     # while broker is None
     cluster_broker: str | None = None
@@ -105,6 +111,18 @@ class Config:
         if self.mqtt_mode == "embedded" and self.mqtt_listen is not None:
             return "embedded"
         return None
+
+    def upstream_for(self, device_id: str) -> str | None:
+        """The OTA URL of ``device_id``'s voice server, or None when it is not proxied."""
+        chosen = self.device(device_id).upstream
+        return self.upstream_ota_url if chosen == "default" else chosen
+
+    @property
+    def upstream_enabled(self) -> bool:
+        """True when some device may be proxied to a voice server."""
+        return self.upstream_ota_url is not None or any(
+            options.upstream not in (None, "default") for options in self.devices.values()
+        )
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""

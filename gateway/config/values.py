@@ -194,3 +194,19 @@ def optional_replica_name(key: str, value: object) -> str | None:
     if text is not None and _REPLICA_NAME.fullmatch(text) is None:
         raise ConfigError(key, f"expected letters, digits, '_', '.' or '-' (≤ 64): {text!r}")
     return text
+
+
+def upstream_url(key: str, value: object) -> str | None:
+    """A voice server's OTA URL (``http://`` or ``https://``), or None for ``""`` / ``off``."""
+    text = optional_string(key, value)
+    if text is None or text.lower() == "off":
+        return None
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        example = "https://api.tenclass.net/xiaozhi/ota/"
+        raise ConfigError(key, f"expected the device's OTA URL, like {example}, got {text!r}")
+    return text

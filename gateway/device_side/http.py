@@ -11,8 +11,8 @@ from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
-from gateway.device_side.transports.websocket import device_websocket_routes
-from gateway.device_side.vision import VisionEndpoint, VisionTokens
+from gateway.device_side.transports.websocket import Proxied, device_websocket_routes
+from gateway.device_side.vision import Elsewhere, VisionEndpoint, VisionTokens
 from gateway.devices.photos import PhotoStore
 
 __all__ = ["build_device_app"]
@@ -25,8 +25,16 @@ def build_device_app(
     ota: OtaEndpoint,
     vision: VisionTokens | None,
     photos: PhotoStore,
+    *,
+    proxied: Proxied | None = None,
+    elsewhere: Elsewhere | None = None,
 ) -> Starlette:
-    """The app the device listener serves; OTA and uploads only where enabled."""
+    """The app the device listener serves; OTA and uploads only where enabled.
+
+    Beside voice servers (docs/voice-proxy.md), ``proxied`` takes over the WebSocket sessions
+    of the devices it proxies and ``elsewhere`` forwards the camera uploads the gateway did
+    not ask for.
+    """
 
     async def health(request: Request) -> JSONResponse:
         trouble = sessions.trouble() if sessions.trouble is not None else None
@@ -34,9 +42,10 @@ def build_device_app(
             return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
         return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
-    routes = device_websocket_routes(admission.websocket, sessions.serve)
+    routes = device_websocket_routes(admission.websocket, sessions.serve, proxied)
     if config.ota_enabled:
         routes += ota.routes()
     if vision is not None:
-        routes += VisionEndpoint(vision, photos, config.vision_max_photo_bytes).routes()
+        limit = config.vision_max_photo_bytes
+        routes += VisionEndpoint(vision, photos, limit, elsewhere).routes()
     return Starlette(routes=[*routes, Route("/healthz", health)])

@@ -28,6 +28,10 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.broker import DeviceCredentials, Topics, is_device_id
+from gateway.device_side.upstream.forwarder import UpstreamUnavailable
+from gateway.device_side.upstream.ota_reply import ProxiedReply, proxied_reply
+from gateway.device_side.upstream.proxy import VoiceProxy
+from gateway.device_side.upstream.settings import UpstreamSettingsError, server_of
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError
 from gateway.net.public import OTA_PATH, PublicAddress, split_host
@@ -97,15 +101,7 @@ def check_reply(reply: Mapping[str, Any]) -> list[str]:
     sections = [name for name in _NVS_SECTIONS if name in reply]
     if "websocket" not in sections:  # a WebSocket-only client would wait forever without it
         problems.append(f"websocket must be sent (beside mqtt or alone), got {sections}")
-    for name in sections:
-        block = reply[name]
-        for key, value in block.items() if isinstance(block, dict) else []:
-            if len(key) > MAX_KEY:
-                problems.append(f"{name}.{key}: key longer than {MAX_KEY} characters")
-            if isinstance(value, str) and len(value.encode()) > MAX_VALUE:
-                problems.append(f"{name}.{key}: value longer than {MAX_VALUE} bytes")
-            if not isinstance(value, str | int) or isinstance(value, bool):
-                problems.append(f"{name}.{key}: only strings and numbers are stored")
+    problems += check_sections(reply)
     firmware = reply.get("firmware")
     if firmware is not None:
         version = firmware.get("version") if isinstance(firmware, dict) else None
@@ -120,6 +116,21 @@ def check_reply(reply: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def check_sections(reply: Mapping[str, Any]) -> list[str]:
+    """What in the ``mqtt``/``websocket`` sections would break the device's NVS (§7.1)."""
+    problems = []
+    for name in (name for name in _NVS_SECTIONS if name in reply):
+        block = reply[name]
+        for key, value in block.items() if isinstance(block, dict) else []:
+            if len(key) > MAX_KEY:
+                problems.append(f"{name}.{key}: key longer than {MAX_KEY} characters")
+            if isinstance(value, str) and len(value.encode()) > MAX_VALUE:
+                problems.append(f"{name}.{key}: value longer than {MAX_VALUE} bytes")
+            if not isinstance(value, str | int) or isinstance(value, bool):
+                problems.append(f"{name}.{key}: only strings and numbers are stored")
+    return problems
+
+
 class OtaEndpoint:
     """Answers OTA requests and registers the devices that make them."""
 
@@ -129,8 +140,9 @@ class OtaEndpoint:
         registry: DeviceRegistry,
         credentials: DeviceCredentials,
         public: PublicAddress,
+        proxy: VoiceProxy | None = None,
     ) -> None:
-        """Check the OTA settings now.
+        """Check the OTA settings now; with ``proxy``, devices it names keep their voice server.
 
         Raises:
             ConfigError: only one of ``ota.firmware_version`` and ``ota.firmware_url`` is set.
@@ -141,6 +153,7 @@ class OtaEndpoint:
         self._registry = registry
         self._credentials = credentials
         self._public = public
+        self._proxy = proxy
         self._topics = Topics(config.mqtt_topic_prefix)
         self.broker_port: int | None = None  # the embedded broker's port, once it listens
         self._warned_loopback = False
@@ -156,10 +169,15 @@ class OtaEndpoint:
         methods = ["GET", "POST"]
         limiter = configured_limiter(self._config, "ota")  # [limits] ota_per_minute, ota_burst
         endpoint = rate_limited(self.endpoint, limiter, "OTA check-ins")
-        return [
+        routes: list[BaseRoute] = [
             Route(OTA_PATH, endpoint, methods=methods),
             Route(OTA_PATH.rstrip("/"), endpoint, methods=methods),
         ]
+        if self._proxy is not None:  # <ota_url>activate: a proxied device's first activation
+            activate = rate_limited(self.activate, configured_limiter(self._config, "ota"),
+                                    "activation attempts")  # fmt: skip
+            routes.append(Route(OTA_PATH + "activate", activate, methods=["POST"]))
+        return routes
 
     async def endpoint(self, request: Request) -> Response:
         """Answer one OTA request."""
@@ -180,6 +198,9 @@ class OtaEndpoint:
             return JSONResponse({"error": refusal}, status_code=403)
         host_header = request.headers.get("host")
         self._remember(host_header)
+        ota_url = self._proxy.ota_url(check_in.device_id) if self._proxy is not None else None
+        if ota_url is not None:
+            return await self._proxied(request, body, check_in, host_header, ota_url)
         reply = self.reply(check_in, host_header)
         problems = check_reply(reply)
         if problems:  # a 500 makes the device retry later; a bad reply could brick it
@@ -215,24 +236,104 @@ class OtaEndpoint:
                 "version": config.ota_firmware_version,
                 "url": config.ota_firmware_url,
             }
-        device_id = check_in.device_id
         if self.transport == "mqtt":
-            reply["mqtt"] = {
-                "endpoint": self._public.mqtt_endpoint(self.broker_port, host_header),
-                "client_id": device_id,
-                "username": device_id,
-                "password": self._credentials.password_for(device_id, check_in.client_id),
-                "publish_topic": self._topics.up(device_id),
-                "keepalive": KEEPALIVE,
-            }
-        reply["websocket"] = {
+            reply["mqtt"] = self._own_mqtt(check_in, host_header)
+        reply["websocket"] = self._own_websocket(check_in, host_header)
+        return reply
+
+    def _own_mqtt(self, check_in: CheckIn, host_header: str | None) -> dict[str, Any]:
+        device_id = check_in.device_id
+        return {
+            "endpoint": self._public.mqtt_endpoint(self.broker_port, host_header),
+            "client_id": device_id,
+            "username": device_id,
+            "password": self._credentials.password_for(device_id, check_in.client_id),
+            "publish_topic": self._topics.up(device_id),
+            "keepalive": KEEPALIVE,
+        }
+
+    def _own_websocket(self, check_in: CheckIn, host_header: str | None) -> dict[str, Any]:
+        return {
             "url": self._public.websocket_url(host_header),
             # Its own credential, not the shared device token: a token would make whoever
             # checks in a trusted device; this one admits this device id, pending approval.
-            "token": self._credentials.password_for(device_id, check_in.client_id),
+            "token": self._credentials.password_for(check_in.device_id, check_in.client_id),
             "version": 1,
         }
-        return reply
+
+    # --- beside a voice server (docs/voice-proxy.md) -----------------------------------------
+
+    async def _proxied(
+        self,
+        request: Request,
+        body: bytes,
+        check_in: CheckIn,
+        host_header: str | None,
+        ota_url: str,
+    ) -> Response:
+        """Forward the check-in to the device's voice server; hand on its reply, rewritten."""
+        assert self._proxy is not None
+        proxy, device_id, server = self._proxy, check_in.device_id, server_of(ota_url)
+        mqtt = self.transport == "mqtt"  # [ota] transport = "websocket" keeps devices off MQTT
+        own_mqtt = self._own_mqtt(check_in, host_header) if mqtt else None
+        try:
+            theirs = await proxy.forwarder.check_in(ota_url, request.method, request.headers, body)
+            proxied = proxied_reply(theirs, self._own_websocket(check_in, host_header),
+                                    own_mqtt, proxy.mqtt)  # fmt: skip
+        except (UpstreamUnavailable, UpstreamSettingsError) as exc:
+            return self._upstream_failed(device_id, server, exc)
+        problems = check_sections(proxied.reply)
+        if problems:
+            return self._upstream_failed(device_id, server, UpstreamSettingsError(problems[0]))
+        self._keep(device_id, proxied)
+        self._registry.register(
+            device_id,
+            board=check_in.board,
+            firmware=check_in.firmware,
+            client_id=check_in.client_id,
+            transport=proxied.transport,
+        )
+        activating = " (activation pending)" if "activation" in proxied.reply else ""
+        self._registry.set_upstream(device_id, server, "checked in" + activating)
+        logger.info("OTA: %s checked in with its voice server %s%s; told to use %s through "
+                    "the gateway", device_id, server, activating, proxied.transport)  # fmt: skip
+        return JSONResponse(proxied.reply)
+
+    def _keep(self, device_id: str, proxied: ProxiedReply) -> None:
+        assert self._proxy is not None
+        self._proxy.websockets.put(device_id, proxied.websocket)
+        if self._proxy.mqtt is not None:
+            self._proxy.mqtt.keep(device_id, proxied.mqtt)
+
+    def _upstream_failed(self, device_id: str, server: str, exc: Exception) -> Response:
+        # 5xx: the device retries at its next boot and keeps the settings it has (its voice
+        # server's, through the gateway): no settings of the gateway's own that would cut it
+        # off from its server once that is back.
+        status = exc.status if isinstance(exc, UpstreamUnavailable) else 502
+        why = f"the voice server {server} failed the check-in: {exc}"
+        logger.warning("OTA: %s: %s", device_id, why)
+        self._registry.set_upstream(device_id, server, f"check-in failed: {exc}")
+        return JSONResponse({"error": why}, status_code=status)
+
+    async def activate(self, request: Request) -> Response:
+        """Forward ``<ota>/activate`` to the device's voice server; hand on its answer as is."""
+        assert self._proxy is not None
+        body = await request.body()
+        if len(body) > _MAX_BODY:
+            return PlainTextResponse("request body too large\n", status_code=413)
+        device_id = (request.headers.get("device-id") or "").lower()
+        ota_url = self._proxy.ota_url(device_id) if is_device_id(device_id) else None
+        if ota_url is None:
+            return JSONResponse({"error": "this device has no voice server here"}, 404)
+        server = server_of(ota_url)
+        try:
+            passed = await self._proxy.forwarder.activate(ota_url, request.headers, body)
+        except UpstreamUnavailable as exc:
+            return self._upstream_failed(device_id, server, exc)
+        if passed.status == 200:
+            logger.info("OTA: %s activated by its voice server %s", device_id, server)
+            self._registry.set_upstream(device_id, server, "activated")
+        return Response(passed.body, passed.status, media_type=passed.content_type)
 
     def _remember(self, host_header: str | None) -> None:
         if not host_header:

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.transports.mqtt import MqttLink, MqttTransport
+from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
 from gateway.devices.link import DeviceIdentity, DeviceLink
@@ -53,15 +54,41 @@ class DeviceSessions:
 
     async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
+        vision = self.vision_for(identity)
+        try:
+            await self._run(link, identity, vision)
+        finally:
+            self.revoke(identity, vision)
+
+    async def serve_tapped(
+        self, link: DeviceLink, identity: DeviceIdentity, vision: dict[str, str] | None
+    ) -> None:
+        """Run the gateway's session of a proxied device, beside its voice server.
+
+        The voice server answers the hello; the gateway's requests keep to the ids the tap
+        keeps for it; ``vision`` is what the tap gives the device in the server's place.
+        """
+        try:
+            await self._run(link, identity, vision, proxied=True)
+        finally:
+            self.revoke(identity, vision)
+
+    async def _run(
+        self,
+        link: DeviceLink,
+        identity: DeviceIdentity,
+        vision: dict[str, str] | None,
+        *,
+        proxied: bool = False,
+    ) -> None:
         log = logging.LoggerAdapter(
             logging.getLogger("gateway.device"), {"device": identity.device_id}
         )
         mqtt = identity.transport == "mqtt"
-        vision = self._vision_for(identity)
         protocol = DeviceProtocol(
             identity.device_id,
             transport="udp" if mqtt else identity.transport,
-            udp=self._udp_block() if mqtt else None,
+            udp=self._udp_block() if mqtt and not proxied else None,
             max_message_bytes=self._config.max_message_bytes,
             # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
             # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
@@ -69,23 +96,27 @@ class DeviceSessions:
             discovery_timeout=self._config.discovery_timeout,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
-            request_ids=self.request_ids,
+            request_ids=GATEWAY_IDS if proxied else self.request_ids,
+            answer_hello=not proxied,
             vision=vision,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
         ended = None
-        if self.bridge is not None and not mqtt:
-            link, ended = self.bridge(link, identity.device_id, protocol.session_id)
+        if self.bridge is not None and not mqtt and not proxied:  # beside a voice server: not
+            link, ended = self.bridge(link, identity.device_id, protocol.session_id)  # bridged
         try:
             await DeviceConnection(link, identity, self._registry, protocol).run()
         finally:
-            if self._vision is not None and vision is not None:
-                self._vision.revoke(identity.device_id, vision["token"])
             if ended is not None:
                 ended()
 
-    def _vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
+    def revoke(self, identity: DeviceIdentity, vision: dict[str, str] | None) -> None:
+        """The session given ``vision`` ended: its upload token stops working."""
+        if self._vision is not None and vision is not None:
+            self._vision.revoke(identity.device_id, vision["token"])
+
+    def vision_for(self, identity: DeviceIdentity) -> dict[str, str] | None:
         """Where this device uploads camera photos (``initialize``'s ``capabilities.vision``)."""
         if self._vision is None:
             return None

@@ -18,7 +18,7 @@ import hmac
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from gateway.devices.photos import PhotoStore, image_type
 
-__all__ = ["VISION_PATH", "VisionEndpoint", "VisionTokens"]
+__all__ = ["VISION_PATH", "Elsewhere", "Forward", "VisionEndpoint", "VisionTokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +65,27 @@ class _TooLarge(Exception):
     pass
 
 
+Forward = Callable[[Mapping[str, str], bytes], Awaitable[Response]]
+"""Hands an upload (its headers and body) on, and answers the device with what came back."""
+Elsewhere = Callable[[str], Forward | None]
+"""Where an upload that no call of the device waits for goes instead (by device id), if anywhere:
+a proxied device's voice server asked for it (docs/voice-proxy.md)."""
+
+
 class VisionEndpoint:
     """``POST /vision/explain``: check, keep and hand on one photo."""
 
-    def __init__(self, tokens: VisionTokens, photos: PhotoStore, max_photo_bytes: int) -> None:
+    def __init__(
+        self,
+        tokens: VisionTokens,
+        photos: PhotoStore,
+        max_photo_bytes: int,
+        elsewhere: Elsewhere | None = None,
+    ) -> None:
         self._tokens = tokens
         self._photos = photos
         self._max_bytes = max_photo_bytes
+        self._elsewhere = elsewhere
 
     def routes(self) -> list[Route]:
         """The endpoint's route on the device listener."""
@@ -85,6 +99,9 @@ class VisionEndpoint:
             # Said to the uploader only: a stranger's upload must not reach any device's call.
             return _answer(401, "refused: this upload token is not the one given to that device")
         if not self._photos.waiting(device_id):
+            forward = self._elsewhere(device_id) if self._elsewhere is not None else None
+            if forward is not None:
+                return await self._hand_on(request, forward)
             return _answer(409, "refused: no call of this device is waiting for a photo")
         try:
             question, data = await self._read_form(request)
@@ -106,6 +123,17 @@ class VisionEndpoint:
         if question:
             text += f": look at it to answer {question[:200]!r}"
         return _answer(200, text + ".", success=True)
+
+    async def _hand_on(self, request: Request, forward: Forward) -> Response:
+        """An upload the device's voice server asked for: the whole body, handed on as is."""
+        try:
+            limit = self._max_bytes + _FORM_OVERHEAD
+            body = b"".join([chunk async for chunk in _capped(request.stream(), limit)])
+        except _TooLarge:
+            return _answer(413, f"refused: the photo is larger than {self._limit_text()}")
+        except ClientDisconnect:
+            return _answer(400, "refused: the upload was cut off before the photo arrived")
+        return await forward(request.headers, body)
 
     async def _read_form(self, request: Request) -> tuple[str, bytes | None]:
         length = request.headers.get("content-length", "")

@@ -18,7 +18,15 @@ from gateway.devices.naming import derive_alias
 from gateway.devices.policy import Hints, refusal, tool_hints
 from gateway.devices.store import DeviceRecord
 
-__all__ = ["APPROVED", "PENDING", "REJECTED", "Device", "DeviceSession", "DeviceTool"]
+__all__ = [
+    "APPROVED",
+    "PENDING",
+    "REJECTED",
+    "Device",
+    "DeviceSession",
+    "DeviceTool",
+    "UpstreamStatus",
+]
 
 APPROVED, PENDING, REJECTED = "approved", "pending", "rejected"
 
@@ -40,6 +48,14 @@ class DeviceSession(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamStatus:
+    """A proxied device's voice server (docs/voice-proxy.md) and how it last stood."""
+
+    server: str  # scheme://host[:port] of its OTA URL: never a token
+    state: str  # "checked in", "in conversation", "unreachable: ..." (one short sentence)
+
+
 @dataclass(eq=False, slots=True)
 class Device:
     """A known device; ``session`` is set while it is connected."""
@@ -52,6 +68,7 @@ class Device:
     hide_timer: asyncio.TimerHandle | None = None
     conflict: str | None = None  # the last attempt to claim its id with another identity
     connected_at: float | None = None  # monotonic time of a connection still discovering tools
+    upstream: UpstreamStatus | None = None  # proxied to its voice server (in memory only)
 
     @property
     def device_id(self) -> str:

@@ -5,8 +5,10 @@ the vision URL given in ``initialize``, then returns the upload's answer as its 
 call in flight on that device *catches* what arrives meanwhile (``catching``): the photo, or why
 the gateway refused one, so the call's result can carry the picture itself or say what went
 wrong. The latest photo of each device is kept in the data dir (``photos/``, private), where
-hosts read it as a resource and the dashboard shows it; only its metadata stays in memory, so
-ten thousand devices with a photo each cost a few megabytes.
+hosts read it as a resource and the dashboard shows it, and so are the few before it (``history``
+photos a device, ``[vision] photo_history``): ``<device>.jpg`` is the latest, ``<device>@<id>.jpg``
+an older one. Only their metadata stays in memory, so ten thousand devices with a photo each
+cost a few megabytes.
 
 A photo that cannot be written (a full disk) is still handed to the calls waiting for it and
 kept in memory as the device's latest until the next one, up to a budget for the whole fleet
@@ -24,14 +26,14 @@ import os
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.datadir import private_dir
 
 __all__ = ["PHOTO_URI_PREFIX", "Catch", "Photo", "PhotoStore", "alias_of", "image_type",
-           "photo_uri"]  # fmt: skip
+           "photo_ref", "photo_uri"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -41,20 +43,29 @@ _MEMORY_BUDGET = 32 * 1024 * 1024  # photos held in memory while the disk refuse
 
 
 PHOTO_URI_PREFIX = "device://"
-_PHOTO_URI_SUFFIX = "/photo/latest"
+LATEST = "latest"
+_HISTORY_MARK = "@"  # never in a file stem: device ids are percent-quoted
 
 
-def photo_uri(alias: str) -> str:
-    """The MCP resource URI of a device's latest photo."""
-    return f"{PHOTO_URI_PREFIX}{alias}{_PHOTO_URI_SUFFIX}"
+def photo_uri(alias: str, photo_id: str = LATEST) -> str:
+    """The MCP resource URI of a device's latest photo, or of the one called ``photo_id``."""
+    return f"{PHOTO_URI_PREFIX}{alias}/photo/{photo_id}"
+
+
+def photo_ref(uri: str) -> tuple[str, str] | None:
+    """The device alias and photo (``latest`` or a photo's id) a photo URI names, else None."""
+    if not uri.startswith(PHOTO_URI_PREFIX):
+        return None
+    alias, sep, which = uri[len(PHOTO_URI_PREFIX) :].partition("/photo/")
+    if not sep or not alias or "/" in alias or not (which == LATEST or which.isdigit()):
+        return None
+    return alias, which
 
 
 def alias_of(uri: str) -> str | None:
-    """The device alias a latest-photo URI names, or None if it names none."""
-    if uri.startswith(PHOTO_URI_PREFIX) and uri.endswith(_PHOTO_URI_SUFFIX):
-        alias = uri[len(PHOTO_URI_PREFIX) : -len(_PHOTO_URI_SUFFIX)]
-        return alias if alias and "/" not in alias else None
-    return None
+    """The device alias a photo URI names, or None if it names none."""
+    ref = photo_ref(uri)
+    return ref[0] if ref is not None else None
 
 
 def image_type(data: bytes) -> str | None:
@@ -77,6 +88,11 @@ class Photo:
     question: str  # what the photo was taken to answer (stock firmware sends it along)
     path: Path | None  # None when it could not be written: then ``data`` holds it
     data: bytes | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> str:
+        """Its name among the device's photos, stable while it is kept: when it was taken (ms)."""
+        return str(round(self.taken_at * 1000))
 
     def read(self) -> bytes:
         """The photo's bytes.
@@ -109,12 +125,21 @@ class Catch:
     refusals: list[str] = field(default_factory=list)
 
 
-class PhotoStore:
-    """Each device's latest photo, on disk under ``directory`` (None: in memory only)."""
+Arrived = Callable[[Photo], Awaitable[None]]
 
-    def __init__(self, directory: Path | None) -> None:
+
+class PhotoStore:
+    """Each device's last ``history`` photos under ``directory`` (None: in memory only, the
+    latest alone)."""
+
+    def __init__(self, directory: Path | None, history: int = 1) -> None:
+        if history < 1:
+            raise ValueError("a device keeps at least its latest photo")
         self._directory = directory
+        self._history_size = history
         self._latest: dict[str, Photo] = {}
+        self._older: dict[str, list[Photo]] = {}  # newest first, each on disk
+        self.arrived: list[Arrived] = []  # awaited with each new photo (MCP notifications)
         self._catches: dict[str, list[Catch]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._in_memory = 0  # bytes of the photos kept in memory only
@@ -125,6 +150,17 @@ class PhotoStore:
     def latest(self, device_id: str) -> Photo | None:
         """The device's latest photo, if it has taken one."""
         return self._latest.get(device_id)
+
+    def history(self, device_id: str) -> list[Photo]:
+        """The device's photos kept, newest (its latest) first."""
+        latest = self._latest.get(device_id)
+        return [latest, *self._older.get(device_id, ())] if latest is not None else []
+
+    def find(self, device_id: str, photo_id: str) -> Photo | None:
+        """The device's kept photo called ``photo_id`` (or ``latest``)."""
+        if photo_id == LATEST:
+            return self.latest(device_id)
+        return next((p for p in self.history(device_id) if p.id == photo_id), None)
 
     def photos(self) -> list[Photo]:
         """Every device's latest photo, newest first."""
@@ -161,8 +197,14 @@ class PhotoStore:
         for catch in self._catches.get(device_id, ()):
             catch.photos.append(dataclasses.replace(photo, data=data))
         async with self._lock(device_id):  # one device's uploads are written one at a time
+            latest = self._latest.get(device_id)
+            if latest is not None and photo.taken_at < latest.taken_at + 0.002:
+                photo = dataclasses.replace(photo, taken_at=latest.taken_at + 0.002)  # new id
             if self._directory is not None:
                 try:
+                    kept = list(self._older.get(device_id, ()))
+                    older = await asyncio.to_thread(self._retire, device_id, latest, kept)
+                    self._older[device_id] = older  # set here, not in the worker thread
                     photo = await asyncio.to_thread(self._write, photo, data)
                 except OSError as exc:
                     logger.warning(
@@ -177,7 +219,26 @@ class PhotoStore:
                 photo = dataclasses.replace(photo, data=data)
                 self._in_memory += len(data)
             self._latest[device_id] = photo
+        for arrived in self.arrived:
+            await arrived(photo)
         return photo
+
+    def _retire(self, device_id: str, latest: Photo | None, older: list[Photo]) -> list[Photo]:
+        """The older photos once ``latest`` joins them (its files renamed), those past
+        ``history`` dropped (their files deleted)."""
+        assert self._directory is not None
+        if latest is not None and latest.path is not None and self._history_size > 1:
+            paths = _paths(self._directory, device_id, latest.id)
+            with contextlib.suppress(OSError):  # lost from the history, never from the latest
+                os.replace(latest.path, paths[latest.mime])
+                _write_private(paths["meta"], json.dumps(latest.as_json()).encode())
+                older.insert(0, dataclasses.replace(latest, path=paths[latest.mime]))
+        while len(older) > self._history_size - 1:
+            gone = older.pop()
+            for path in _paths(self._directory, device_id, gone.id).values():
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return older
 
     def _lock(self, device_id: str) -> asyncio.Lock:
         return self._locks.setdefault(device_id, asyncio.Lock())
@@ -187,10 +248,12 @@ class PhotoStore:
         photo = self._latest.pop(device_id, None)
         if photo is not None and photo.data is not None:
             self._in_memory -= photo.size
+        older = self._older.pop(device_id, [])
         if self._directory is not None:
-            for path in _paths(self._directory, device_id).values():
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            for photo_id in (None, *(p.id for p in older)):
+                for path in _paths(self._directory, device_id, photo_id).values():
+                    with contextlib.suppress(OSError):
+                        path.unlink()
 
     def _write(self, photo: Photo, data: bytes) -> Photo:
         assert self._directory is not None
@@ -220,17 +283,27 @@ class PhotoStore:
             except (OSError, ValueError, KeyError, TypeError):
                 logger.warning("photo record %s cannot be read; skipped", meta.name)
                 continue
-            if photo.path is not None and photo.path.exists():
+            if _HISTORY_MARK in meta.stem:
+                paths = _paths(directory, photo.device_id, photo.id)
+                photo = dataclasses.replace(photo, path=paths[mime])
+                if photo.path is not None and photo.path.exists():
+                    self._older.setdefault(photo.device_id, []).append(photo)
+            elif photo.path is not None and photo.path.exists():
                 self._latest[photo.device_id] = photo
+        for older in self._older.values():
+            older.sort(key=lambda p: p.taken_at, reverse=True)
 
 
-def _paths(directory: Path, device_id: str) -> dict[str, Path]:
-    """The device's files by MIME type, and its record (``meta``).
+def _paths(directory: Path, device_id: str, photo_id: str | None = None) -> dict[str, Path]:
+    """The device's files by MIME type, and its record (``meta``): of its latest photo, or of
+    the older one called ``photo_id``.
 
     Named by appending to the quoted id, never with ``with_suffix``: an id may hold dots, and
     ``a.b`` must not share ``a``'s files.
     """
     stem = urllib.parse.quote(device_id, safe="")
+    if photo_id is not None:
+        stem += _HISTORY_MARK + photo_id
     named = {mime: directory / (stem + suffix) for mime, suffix in _SUFFIXES.items()}
     return {**named, "meta": directory / (stem + ".json")}
 

@@ -25,6 +25,7 @@ from gateway.devices.device import (
     Device,
     DeviceSession,
     DeviceTool,
+    UpstreamStatus,
 )
 from gateway.devices.exposure import Changes
 
@@ -38,6 +39,7 @@ __all__ = [
     "DeviceRegistry",
     "DeviceSession",
     "DeviceTool",
+    "UpstreamStatus",
 ]
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,14 @@ class DeviceRegistry(DeviceAdmin):
         self._save(record)
         logger.info("device %s (%s) checked in: %s %s", record.alias, device_id, board, firmware)
         return device
+
+    def set_upstream(self, device_id: str, server: str, state: str) -> None:
+        """Note how a proxied device's voice server stands (shown by list_devices, dashboard)."""
+        device = self._devices.get(device_id.lower())
+        status = UpstreamStatus(server, state)
+        if device is not None and device.upstream != status:
+            device.upstream = status
+            self._device_changes.publish(None)
 
     def set_catalogue(
         self, device_id: str, entries: Sequence[object], server_info: JsonObject | None

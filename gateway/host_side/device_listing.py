@@ -109,6 +109,8 @@ def describe_device(device: Device, *, schemas: bool = True) -> JsonObject:
         described["schemas_omitted"] = True
     if device.conflict is not None:
         described["conflict"] = device.conflict
+    if device.upstream is not None:  # proxied: its voice server, and how that stands
+        described["upstream"] = {"server": device.upstream.server, "state": device.upstream.state}
     return described
 
 

@@ -14,7 +14,11 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthenticatedUser,
+    BearerAuthBackend,
+    RequireAuthMiddleware,
+)
 from mcp.server.auth.provider import AccessToken
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -182,7 +186,7 @@ class _Api:
         if isinstance(tool, str):
             return JSONResponse({"error": tool}, 400)
         try:
-            result = await self.router.call(tool, arguments, caller="api", user=True)
+            result = await self.router.call(tool, arguments, caller=_api_caller(request), user=True)
         except CallRejected as exc:
             return JSONResponse({"error": str(exc)}, 400)
         except DeviceError as exc:
@@ -308,6 +312,19 @@ def build_host_app(
             Middleware(AuthenticationMiddleware, backend=backend, on_error=_auth_refused)
         )
     return Starlette(routes=routes, middleware=middleware), manager
+
+
+def _api_caller(request: Request) -> str:
+    """Who called through the JSON API, as the audit log says it: ``dashboard`` or ``api``.
+
+    The dashboard is a signed-in session (its user is ``dashboard``) or, with no host token, a
+    page of this gateway: a browser's request, with an Origin the guard let through. The CLI
+    and scripts (a bearer token, or no token and no Origin) are ``api``.
+    """
+    user = request.scope.get("user")
+    if isinstance(user, AuthenticatedUser):
+        return "dashboard" if user.access_token.client_id == "dashboard" else "api"
+    return "dashboard" if request.headers.get("origin") else "api"
 
 
 def _auth_refused(conn: HTTPConnection, exc: AuthenticationError) -> Response:

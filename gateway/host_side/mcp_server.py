@@ -8,8 +8,6 @@ result with a clear text: SDK 2.x turns any other exception into an opaque -3260
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
 import logging
@@ -22,20 +20,27 @@ from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
 from gateway.config import Config
 from gateway.devices.calls import CallRouter
-from gateway.devices.photos import PhotoStore, alias_of
+from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
+from gateway.host_side.call_results import text_content, to_call_result
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
-from gateway.host_side.photo_resources import PhotoResources
+from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
+from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
 from gateway.host_side.tool_listing import ToolGroup, ToolLister
 
-__all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend", "resolve_tool"]
+__all__ = ["ChangeNotifier", "GatewayServer", "McpFrontend", "resolve_tool", "to_call_result"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,16 +91,13 @@ CALL_DEVICE_TOOL = types.Tool(
 )
 
 
-def _text(text: str) -> types.TextContent:
-    return types.TextContent(type="text", text=text)
-
-
 def _error(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[_text(text)], is_error=True)
+    return types.CallToolResult(content=[text_content(text)], is_error=True)
 
 
 class GatewayServer(Server[Any]):
-    """A ``Server`` that advertises ``tools.listChanged`` on every handshake-era transport.
+    """A ``Server`` that advertises ``tools.listChanged`` and ``resources.listChanged`` on every
+    handshake-era transport.
 
     The streamable-HTTP manager calls ``serve_loop()`` without init options, which would default
     to ``listChanged=false`` (reference/mcp-sdk-2x.md §2.3).
@@ -107,16 +109,16 @@ class GatewayServer(Server[Any]):
         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
-        """Default to ``tools_changed=True``."""
+        """Default to ``tools_changed=True`` and ``resources_changed=True``."""
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True),
+            notification_options or NotificationOptions(tools_changed=True, resources_changed=True),
             experimental_capabilities,
             extensions,
         )
 
 
 class ChangeNotifier:
-    """Tells every connected MCP session that the tool list changed.
+    """Tells every connected MCP session that the tool (or resource) list changed.
 
     Handshake-era sessions get ``notifications/tools/list_changed`` on their standalone channel;
     2026-era clients get it on their ``subscriptions/listen`` stream. SDK 2.x builds a new
@@ -176,6 +178,13 @@ class ChangeNotifier:
                 await session.send_tool_list_changed()
         await self.bus.publish(ToolsListChanged())
 
+    async def resources_changed(self) -> None:
+        """``notifications/resources/list_changed`` to every session (a photo arrived)."""
+        for session in list(self._legacy.values()):
+            with contextlib.suppress(Exception):
+                await session.send_resource_list_changed()
+        await self.bus.publish(ResourcesListChanged())
+
 
 class McpFrontend:
     """The gateway's MCP face: builds the ``Server`` and answers its requests."""
@@ -195,7 +204,10 @@ class McpFrontend:
         self._router = router
         self.notifier = ChangeNotifier()
         self.lister = ToolLister(config, registry)
-        resources = PhotoResources(registry, photos) if photos is not None else None
+        self.app = FleetApp(photos)
+        self._photo_resources = PhotoResources(registry, photos) if photos is not None else None
+        if photos is not None:
+            photos.arrived.append(lambda photo: self.notifier.resources_changed())
         self.server = GatewayServer(
             "esp-mcp-gateway",
             version=__version__,
@@ -203,11 +215,14 @@ class McpFrontend:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self.notifier.listen_handler,
-            **(_resource_handlers(resources) if resources is not None else {}),
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_templates,
+            on_read_resource=self._read_resource,
             # 2026-era clients may reuse a list this long; tools/list_changed says when sooner.
             cache_hints={"tools/list": CacheHint(ttl_ms=60_000, scope="private")},
         )
         self.server.middleware.append(self.notifier)
+        self.server.extensions.update(advertised())
 
     async def forward_changes(self) -> None:
         """Push registry changes to every MCP session (runs for the gateway's life).
@@ -232,6 +247,8 @@ class McpFrontend:
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         tools, following = self.tools(params.cursor if params is not None else None)
+        if tools and tools[0] is LIST_DEVICES and self.app.negotiated(ctx):
+            tools = [self.app.with_panel(LIST_DEVICES), *tools[1:]]
         return types.ListToolsResult(tools=tools, next_cursor=following)
 
     async def _call_tool(
@@ -243,7 +260,12 @@ class McpFrontend:
                 answer = list_devices(self._registry, DeviceQuery(arguments))
             except ValueError as exc:
                 return _error(f"list_devices: {exc}")
-            return types.CallToolResult(content=[_text(json.dumps(answer))])
+            text: list[types.ContentBlock] = [text_content(json.dumps(answer))]
+            if self.app.negotiated(ctx):  # the panel's copy; other hosts get just the text
+                return types.CallToolResult(
+                    content=text, structured_content=self.app.structured(answer)
+                )
+            return types.CallToolResult(content=text)
         if params.name == CALL_DEVICE_TOOL.name:
             return await self._call_by_reference(ctx, arguments)
         group = self.lister.group(params.name)
@@ -292,28 +314,33 @@ class McpFrontend:
             return _error(str(exc))
         return to_call_result(result)
 
-
-def _resource_handlers(resources: PhotoResources) -> dict[str, Any]:
-    async def list_resources(
-        ctx: Context, params: types.PaginatedRequestParams | None
+    async def _list_resources(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        return resources.list(params.cursor if params is not None else None)
+        cursor = params.cursor if params is not None else None
+        panel = [PANEL] if cursor is None and self.app.negotiated(ctx) else []
+        if self._photo_resources is None:
+            return types.ListResourcesResult(resources=panel)
+        page = self._photo_resources.list(cursor)
+        return page.model_copy(update={"resources": [*panel, *page.resources]})
 
-    async def list_templates(
-        ctx: Context, params: types.PaginatedRequestParams | None
+    async def _list_templates(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        return resources.templates()
+        if self._photo_resources is None:
+            return types.ListResourceTemplatesResult(resource_templates=[])
+        return self._photo_resources.templates()
 
-    async def read_resource(
-        ctx: Context, params: types.ReadResourceRequestParams
+    async def _read_resource(
+        self, ctx: Context, params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        return await resources.read(str(params.uri))
-
-    return {
-        "on_list_resources": list_resources,
-        "on_list_resource_templates": list_templates,
-        "on_read_resource": read_resource,
-    }
+        uri = str(params.uri)
+        panel = self.app.read(uri)
+        if panel is not None:
+            return panel
+        if self._photo_resources is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}")
+        return await self._photo_resources.read(uri)
 
 
 def resolve_tool(registry: DeviceRegistry, device: Device, ref: str) -> DeviceTool | str:
@@ -339,49 +366,3 @@ def _caller(ctx: Context) -> str:
     where = f"http:{client.host}" if client is not None else "stdio"
     params = ctx.session.client_params
     return f"{where} {params.client_info.name}" if params is not None else where
-
-
-def to_call_result(result: JsonObject) -> types.CallToolResult:
-    """Turn a device's ``tools/call`` result into the MCP result hosts get."""
-    items = result.get("content")
-    content = [_content(item) for item in items] if isinstance(items, list) else []
-    structured = result.get("structuredContent")
-    return types.CallToolResult(
-        content=content,
-        structured_content=structured if isinstance(structured, dict) else None,
-        is_error=result.get("isError") is True,
-    )
-
-
-def _content(item: object) -> types.ContentBlock:
-    if isinstance(item, dict):
-        if item.get("type") == "text" and isinstance(item.get("text"), str):
-            return _text(item["text"])
-        if item.get("type") == "image":
-            image = _image(item)
-            if image is not None:
-                return image
-        # Links to the gateway's own resources (a photo); a device's link elsewhere stays text.
-        if item.get("type") == "resource_link" and alias_of(str(item.get("uri"))) is not None:
-            with contextlib.suppress(ValueError):  # pydantic's ValidationError is a ValueError
-                return types.ResourceLink.model_validate(item)
-    return _text(json.dumps(item, ensure_ascii=False))
-
-
-def _image(item: JsonObject) -> types.ImageContent | None:
-    # docs/protocol.md §4: stock firmware's image content nests a JSON *string* under "image".
-    if isinstance(item.get("image"), str):
-        try:
-            item = json.loads(item["image"])
-        except ValueError:
-            return None
-        if not isinstance(item, dict):
-            return None
-    data, mime = item.get("data"), item.get("mimeType", "image/jpeg")
-    if not isinstance(data, str) or not isinstance(mime, str):
-        return None
-    try:
-        base64.b64decode(data, validate=True)
-    except binascii.Error:
-        return None
-    return types.ImageContent(type="image", data=data, mime_type=mime)

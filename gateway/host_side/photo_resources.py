@@ -1,9 +1,11 @@
 """Each device's latest photo as hosts see it: an MCP resource, and the JSON API's photos.
 
-The MCP resource is ``device://<device name>/photo/latest``: ``resources/list`` pages through the
-devices that have a photo (by name, the cursor is the last name of a page, so photos arriving
-meanwhile never shift a page); ``resources/read`` returns the image as a blob. A call that took a
-photo links to the same URI. The JSON API (``photo_routes``, host listener, for the dashboard and
+The MCP resource is ``device://<device name>/photo/latest``, and ``device://<name>/photo/<id>``
+for each older photo the device keeps (``[vision] photo_history``; the id is when it was taken,
+in ms, so it names the same photo while it is kept): ``resources/list`` pages through the devices
+that have a photo (by name, the cursor is the last name of a page, so photos arriving meanwhile
+never shift a page); ``resources/read`` returns the image as a blob. A call that took a photo
+links to its latest URI. The JSON API (``photo_routes``, host listener, for the dashboard and
 scripts) lists the photos at ``/api/photos`` and serves each at ``/api/photos/<device id>/latest``.
 """
 
@@ -23,23 +25,24 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.devices.calls import format_time
-from gateway.devices.photos import Photo, PhotoStore, alias_of, photo_uri
+from gateway.devices.photos import LATEST, Photo, PhotoStore, photo_ref, photo_uri
 from gateway.devices.registry import DeviceRegistry
 
-__all__ = ["PhotoResources", "photo_routes"]
+__all__ = ["RESOURCE_NOT_FOUND", "PhotoResources", "photo_routes"]
 
 PAGE_SIZE = 500
 # A photo is served as exactly the type its magic bytes proved (image/jpeg or image/png, no
 # charset), and browsers may not sniff it into something else: an upload that is a valid PNG
 # with a script appended must never run as a page on the host listener's origin.
 _NO_SNIFF = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
-_RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource
+RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource
 
 TEMPLATE = types.ResourceTemplate(
     name="device-photo",
     title="A device's latest photo",
     uri_template=photo_uri("{device}"),
-    description="The last photo a device's camera took (its take_photo tool), by device name.",
+    description="The last photo a device's camera took (its take_photo tool), by device name. "
+    "Older ones it keeps are listed as device://{device}/photo/{id}.",
 )
 
 
@@ -59,11 +62,16 @@ class PhotoResources:
         )
         if cursor:
             named = [(alias, photo) for alias, photo in named if alias > cursor]
-        page = named[:PAGE_SIZE]
-        following = page[-1][0] if len(named) > PAGE_SIZE else None
-        return types.ListResourcesResult(
-            resources=[_resource(alias, photo) for alias, photo in page], next_cursor=following
-        )
+        resources: list[types.Resource] = []
+        for index, (alias, photo) in enumerate(named):
+            kept = self._photos.history(photo.device_id)
+            if resources and len(resources) + len(kept) > PAGE_SIZE:
+                return types.ListResourcesResult(
+                    resources=resources, next_cursor=named[index - 1][0]
+                )
+            resources.append(_resource(alias, photo, LATEST))
+            resources += [_resource(alias, older, older.id) for older in kept[1:]]
+        return types.ListResourcesResult(resources=resources)
 
     def templates(self) -> types.ListResourceTemplatesResult:
         """The one template: a device's latest photo by its name."""
@@ -75,30 +83,36 @@ class PhotoResources:
         Raises:
             MCPError: no such device, or it has no photo (or it cannot be read).
         """
-        alias = alias_of(uri)
-        device = self._registry.find(alias) if alias is not None else None
-        photo = self._photos.latest(device.device_id) if device is not None else None
+        alias, which = photo_ref(uri) or ("", LATEST)
+        device = self._registry.find(alias) if alias else None
+        photo = self._photos.find(device.device_id, which) if device is not None else None
         if device is None or photo is None:
-            what = f"device {alias!r} has no photo" if alias else "not a device photo URI"
-            raise MCPError(_RESOURCE_NOT_FOUND, f"Resource not found: {uri} ({what})")
+            which = "" if which == LATEST else f" {which} (kept: [vision] photo_history)"
+            what = f"device {alias!r} has no photo{which}" if alias else "not a device photo URI"
+            raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri} ({what})")
         try:
             data = await asyncio.to_thread(photo.read)
         except OSError as exc:
             message = f"the photo of {device.alias} cannot be read: {exc.strerror or exc}"
-            raise MCPError(_RESOURCE_NOT_FOUND, message) from None
+            raise MCPError(RESOURCE_NOT_FOUND, message) from None
         blob = base64.b64encode(data).decode("ascii")
         contents = types.BlobResourceContents(uri=uri, mime_type=photo.mime, blob=blob)
         return types.ReadResourceResult(contents=[contents])
 
 
-def _resource(alias: str, photo: Photo) -> types.Resource:
-    about = f"Latest photo of {alias}, taken {format_time(photo.taken_at)}"
+def _resource(alias: str, photo: Photo, which: str) -> types.Resource:
+    latest = which == LATEST
+    about = (
+        f"{'Latest photo' if latest else 'Photo'} of {alias}, taken {format_time(photo.taken_at)}"
+    )
     if photo.question:
         about += f" to answer {photo.question[:200]!r}"
     return types.Resource(
-        uri=photo_uri(alias),
-        name=f"{alias}-photo",
-        title=f"{alias}: latest photo",
+        uri=photo_uri(alias, which),
+        name=f"{alias}-photo" if latest else f"{alias}-photo-{which}",
+        title=f"{alias}: latest photo"
+        if latest
+        else f"{alias}: photo of {format_time(photo.taken_at)}",
         description=about,
         mime_type=photo.mime,
         size=photo.size,

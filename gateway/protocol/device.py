@@ -100,6 +100,7 @@ class DeviceProtocol:
         max_calls_in_flight: int = 4,
         max_calls_queued: int = 32,
         request_ids: range | None = None,
+        answer_hello: bool = True,
         clock: Callable[[], float] = time.monotonic,
         logger: Logger | None = None,
     ) -> None:
@@ -118,8 +119,10 @@ class DeviceProtocol:
             discovery_timeout: seconds a discovery or listing may take, from its start.
             max_calls_in_flight: the most calls sent to the device and not yet answered (≥ 1).
             max_calls_queued: the most calls waiting for one of those slots (≥ 0).
-            request_ids: the ids this session's requests take (a cluster replica's slice);
-                all of 1..``MAX_REQUEST_ID`` when None.
+            request_ids: the ids of our requests (1 up when None); beside a voice server,
+                the range the MCP tap keeps for the gateway (docs/protocol.md §8).
+            answer_hello: False when another server answers the device's hello (a proxied
+                device's voice server): a hello then only starts discovery.
             clock: the time in seconds, for deadlines (the I/O layer's timer clock).
             logger: where to log; ``getLogger(__name__)`` when None.
 
@@ -142,6 +145,7 @@ class DeviceProtocol:
         self._deadline: float | None = clock() + hello_timeout
         self._state = State.CONNECTED
         self._pending = Pending(max_calls_in_flight, max_calls_queued, request_ids)
+        self._answer_hello = answer_hello
         self._catalog: ToolCatalog | None = None  # only while listing: entries weigh a lot
         self._server_info: JsonObject | None = None
         self._relist = False
@@ -309,7 +313,8 @@ class DeviceProtocol:
     def _on_hello(self, hello: JsonObject) -> None:
         # docs/protocol.md §1: the device waits 10 s for our hello, and says hello again for
         # every conversation; each gets an answer, but only the first starts discovery.
-        self._out.frame(envelope.encode(self._hello))
+        if self._answer_hello:
+            self._out.frame(envelope.encode(self._hello))
         self._out.events.append(HelloReceived(hello))
         self.start_discovery()
 

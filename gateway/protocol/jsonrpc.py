@@ -29,6 +29,7 @@ __all__ = [
     "Request",
     "RequestId",
     "Response",
+    "as_integer",
     "classify",
     "make_error",
     "make_notification",
@@ -161,7 +162,8 @@ def make_error(request_id: RequestId | None, code: int, message: str) -> JsonObj
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
 
 
-def _as_integer(value: object) -> int | None:
+def as_integer(value: object) -> int | None:
+    """``value`` as an integer id or code (``3.0`` counts, as the device reads it), else None."""
     # bool is an int subclass; float ids come from senders that store every number as a double.
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -173,7 +175,7 @@ def _as_integer(value: object) -> int | None:
 def _parse_id(value: object) -> RequestId:
     if isinstance(value, str):
         return value
-    number = _as_integer(value)
+    number = as_integer(value)
     if number is None:
         raise MalformedMessage(f"invalid id: {value!r}")
     return number
@@ -199,7 +201,7 @@ def _parse_error(payload: JsonObject) -> ErrorResponse:
     message = error.get("message")
     if not isinstance(message, str) or not message:
         message = DEFAULT_ERROR_MESSAGE
-    return ErrorResponse(request_id, message, _as_integer(error.get("code")), error.get("data"))
+    return ErrorResponse(request_id, message, as_integer(error.get("code")), error.get("data"))
 
 
 def classify(payload: object) -> Message:
@@ -235,28 +237,23 @@ def classify(payload: object) -> Message:
 
 
 class IdAllocator:
-    """Hands out request ids ``first``, ``first + 1``, ... up to the top of ``ids``, then wraps
-    to its bottom, skipping ids in use.
+    """Hands out request ids 1, 2, ... ``MAX_REQUEST_ID``, then wraps to 1, skipping ids in use;
+    or the ids of a range of its own."""
 
-    ``ids`` defaults to 1 .. ``MAX_REQUEST_ID``; a cluster replica narrows it to its own slice
-    (``replica_no << 24`` onwards), so that a device's reply names the replica that asked while
-    the id stays an int32, which stock firmware's cJSON ``valueint`` reads.
-    """
-
-    def __init__(self, first: int | None = None, ids: range | None = None) -> None:
-        """Start at ``first`` (the bottom of ``ids`` when None).
+    def __init__(self, first: int | None = None, *, ids: range | None = None) -> None:
+        """Hand out the ids of ``ids`` (1 ... ``MAX_REQUEST_ID`` by default) from ``first``.
 
         Raises:
             LocalProtocolError: ``ids`` is empty or leaves ``1..MAX_REQUEST_ID``, or ``first``
                 is outside ``ids``.
         """
         ids = range(1, MAX_REQUEST_ID + 1) if ids is None else ids
-        if ids.step != 1 or not ids or ids[0] < 1 or ids[-1] > MAX_REQUEST_ID:
-            raise LocalProtocolError(f"request ids must lie in 1..{MAX_REQUEST_ID}: {ids}")
-        self._low, self._high = ids[0], ids[-1]
+        if not ids or ids.step != 1:
+            raise LocalProtocolError(f"not a range of request ids: {ids}")
+        self._first, self._last = _check_request_id(ids[0]), _check_request_id(ids[-1])
         self._next = _check_request_id(ids[0] if first is None else first)
         if self._next not in ids:
-            raise LocalProtocolError(f"the first request id {first} is outside {ids}")
+            raise LocalProtocolError(f"the first id {first} is outside {ids}")
 
     def allocate(self, in_use: Collection[int] = ()) -> int:
         """Return the next id that is not in ``in_use``.
@@ -267,7 +264,7 @@ class IdAllocator:
         # At most len(in_use) candidates can be taken, so this many tries always find a free one.
         for _ in range(len(in_use) + 1):
             candidate = self._next
-            self._next = self._low if candidate == self._high else candidate + 1
+            self._next = self._first if candidate == self._last else candidate + 1
             if candidate not in in_use:
                 return candidate
         raise LocalProtocolError("no free request id")

@@ -34,11 +34,12 @@ class Pending:
     def __init__(self, max_in_flight: int, max_queued: int, ids: range | None = None) -> None:
         """Bound the calls: ``max_in_flight`` sent and unanswered (≥ 1), ``max_queued`` waiting.
 
-        Request ids come from ``ids`` (all of 1..``MAX_REQUEST_ID`` when None).
+        ``ids`` are the request ids to use (``FIRST_REQUEST_ID`` up, by default); a session
+        that shares its device with another MCP client keeps to a range of its own.
         """
         self.max_in_flight = max_in_flight
         self.max_queued = max_queued
-        self._ids = IdAllocator(FIRST_REQUEST_ID if ids is None else None, ids)
+        self._ids = IdAllocator(ids=ids) if ids else IdAllocator(FIRST_REQUEST_ID)
         self._sent: dict[int, Purpose] = {}
         self._waiting: dict[int, str] = {}  # call id -> its frame, oldest first
 

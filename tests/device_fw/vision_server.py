@@ -6,13 +6,10 @@ like a vision service; each path answers differently (see :func:`vision_server`)
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -20,7 +17,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from device_fw.fw_http import MAX_ANSWER
-from tests.conftest import bound
+from tests.conftest import asgi_server
 
 ANSWER = '{"success": true, "result": "An orange square."}'
 
@@ -45,8 +42,7 @@ class Upload:
 
 @asynccontextmanager
 async def vision_server() -> AsyncIterator[tuple[str, list[Upload]]]:
-    """A Starlette app on uvicorn, on a socket bound before it starts (so connections wait in
-    the backlog rather than the test waiting for startup); yields its base URL and uploads.
+    """A Starlette app on uvicorn (``asgi_server``); yields its base URL and uploads.
 
     ``/vision/explain`` answers ANSWER, ``/chunked`` a chunked answer, ``/refused`` 401 with
     a reason, ``/too-long`` an answer over the firmware's limit.
@@ -94,15 +90,5 @@ async def vision_server() -> AsyncIterator[tuple[str, list[Upload]]]:
     routes = [("/vision/explain", explain), ("/chunked", chunked), ("/refused", refused),
               ("/too-long", too_long)]  # fmt: skip
     app = Starlette(routes=[Route(path, view, methods=["POST"]) for path, view in routes])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning")
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve(sockets=[sock]), name="test.vision_server")
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", uploads
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, bound(10))
-        sock.close()
+    async with asgi_server(app, "test.vision_server") as url:
+        yield url, uploads

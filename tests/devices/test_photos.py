@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.devices.photos import PhotoStore, alias_of, image_type, photo_uri
+from gateway.devices.photos import PhotoStore, alias_of, image_type, photo_ref, photo_uri
 
 pytestmark = pytest.mark.anyio
 
@@ -27,6 +27,8 @@ def test_photo_uris_name_a_device() -> None:
     assert alias_of(photo_uri("kitchen")) == "kitchen"
     assert alias_of("device://a/b/photo/latest") is None
     assert alias_of("file:///etc/passwd") is None and alias_of("device:///photo/latest") is None
+    assert photo_ref(photo_uri("kitchen", "1764000000000")) == ("kitchen", "1764000000000")
+    assert photo_ref("device://kitchen/photo/../x") is None
 
 
 async def test_only_calls_running_while_a_photo_arrives_get_it(tmp_path: Path) -> None:
@@ -125,3 +127,52 @@ async def test_photos_held_in_memory_for_a_full_disk_have_a_budget(
     store.forget("dev1")  # frees its share: the next photo fits again
     await store.keep("dev3", JPEG, "image/jpeg", "")
     assert store.latest("dev3").read() == JPEG  # type: ignore[union-attr]
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+async def test_history_keeps_the_last_photos_and_forget_removes_them_all(tmp_path: Path) -> None:
+    """history = 2: the latest and the one before (a PNG after JPEGs too); each has its own id,
+    found again after a restart; ``forget`` leaves no file behind."""
+    store = PhotoStore(tmp_path, history=2)
+    arrived: list[str] = []
+
+    async def note(photo: object) -> None:
+        arrived.append(photo.id)
+
+    store.arrived.append(note)
+    for data, mime in ((JPEG, "image/jpeg"), (JPEG + b"2", "image/jpeg"), (PNG, "image/png")):
+        await store.keep("aa", data, mime, "")
+    kept = store.history("aa")
+    assert [p.mime for p in kept] == ["image/png", "image/jpeg"] and kept[0].id == arrived[-1]
+    assert len(set(arrived)) == 3 and kept[1].read() == JPEG + b"2"
+    assert names(tmp_path) == sorted(
+        ["aa.png", "aa.json", f"aa@{kept[1].id}.jpg", f"aa@{kept[1].id}.json"]
+    )
+    again = PhotoStore(tmp_path, history=2)
+    assert [p.id for p in again.history("aa")] == [p.id for p in kept]
+    assert again.find("aa", kept[1].id) is not None and again.find("aa", arrived[0]) is None
+    again.forget("aa")
+    assert names(tmp_path) == [] and again.history("aa") == []
+
+
+async def test_history_of_one_is_the_latest_alone(tmp_path: Path) -> None:
+    store = PhotoStore(tmp_path)
+    await store.keep("aa", JPEG, "image/jpeg", "")
+    await store.keep("aa", JPEG + b"2", "image/jpeg", "")
+    assert len(store.history("aa")) == 1 and names(tmp_path) == ["aa.jpg", "aa.json"]
+    with pytest.raises(ValueError, match="at least its latest"):
+        PhotoStore(tmp_path, history=0)
+
+
+async def test_photos_arriving_together_keep_distinct_ids(tmp_path: Path) -> None:
+    """Three uploads at once (often within one millisecond): three photos, three files."""
+    store = PhotoStore(tmp_path, history=3)
+    async with anyio.create_task_group() as group:
+        for n in range(3):
+            group.start_soon(store.keep, "aa", JPEG + bytes([n]), "image/jpeg", "")
+    kept = store.history("aa")
+    assert len({p.id for p in kept}) == 3
+    assert sorted(p.read() for p in kept) == [JPEG + bytes([n]) for n in range(3)]

@@ -53,14 +53,15 @@ async def receive_json(ws: ClientConnection) -> dict[str, object]:
 
 
 class Inbox:
-    """An MCP ``message_handler`` that records ``tools/list_changed`` pushes."""
+    """An MCP ``message_handler`` that records ``tools/list_changed`` pushes (or ``kind``'s)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: type[Any] = types.ToolListChangedNotification) -> None:
+        self.kind = kind
         self.count = 0
         self._event = anyio.Event()
 
     async def __call__(self, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
+        if isinstance(message, self.kind):
             self.count += 1
             self._event.set()
 

@@ -25,6 +25,7 @@ from gateway.simulator import SimulatedDevice
 from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway, program
 from tests.e2e.helpers import Inbox, has_tools, listed_device, until
+from tests.e2e.ingress import ingress
 from tests.e2e.test_device_trust import EMBEDDED, check_in, listed_but_pending
 from tests.e2e.test_mqtt import STOCK, stock_device, tool_name
 
@@ -134,6 +135,8 @@ async def test_set_volume_form_then_read_back_audit_and_metrics(tmp_path: Path) 
         await page.wait_for_selector("#audit tbody tr")
         tools = await page.locator("#audit tbody tr td:nth-child(4)").all_inner_texts()
         assert tools == ["self.get_device_status", "self.audio_speaker.set_volume"]
+        callers = await page.locator("#audit tbody tr td:nth-child(2)").all_inner_texts()
+        assert callers == ["dashboard", "dashboard"]  # not "api": the CLI's calls are
         await page.select_option('#audit-filter select[name="outcome"]', "failed")
         await page.click("#audit-filter button[type=submit]")
         await page.wait_for_selector("#audit-empty:not([hidden])")
@@ -363,3 +366,47 @@ async def test_sign_in_from_the_lan_address_with_other_cookies_around(tmp_path: 
                     async for _ in lines:
                         pass
                 assert listening.cancelled_caught, "the feed closed at the auth deadline"
+
+
+async def test_calls_are_audited_as_the_dashboard_or_the_api(tmp_path: Path) -> None:
+    """With a host token: a signed-in dashboard session's call is the dashboard's in the audit
+    log, a bearer token's (the CLI, scripts) is the API's."""
+    async with gateway(tmp_path, host_token=HOST_TOKEN) as run, listed_device(run, SIM):
+        base = f"http://127.0.0.1:{run.host_port}"
+        call = {"device": SIM, "tool": "self.get_device_status"}
+        async with httpx2.AsyncClient() as browser:
+            assert (await browser.post(base + "/login", json={"token": HOST_TOKEN})).is_success
+            csrf = (await browser.get(base + "/api/session")).json()["csrf"]
+            signed_in = await browser.post(base + "/api/call", json=call,
+                                           headers={"X-CSRF-Token": csrf})  # fmt: skip
+            bearer = {"Authorization": f"Bearer {HOST_TOKEN}"}
+            scripted = await browser.post(base + "/api/call", json=call, headers=bearer)
+        assert signed_in.status_code == scripted.status_code == 200
+        records = run.gateway.audit.page()["records"]
+    assert [r["caller"] for r in records] == ["api", "dashboard"]
+
+
+async def test_the_dashboard_works_behind_a_path_prefix(tmp_path: Path) -> None:
+    """As Home Assistant's ingress serves it, under /api/hassio_ingress/<token>/ (a proxy that
+    strips the prefix and passes redirects back as they are): sign-in, the live device list and
+    a tool's call all work, every URL the pages use being relative."""
+    prefix = "/api/hassio_ingress/abc123"
+    async with gateway(tmp_path, host_token=HOST_TOKEN) as run, chromium() as browser:
+        async with ingress(f"http://127.0.0.1:{run.host_port}", prefix) as proxy:
+            context = await browser.new_context()
+            page = await context.new_page()
+            page.set_default_timeout(ms(10))
+            missing: list[str] = []
+            page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+            await page.goto(proxy + prefix + "/")
+            await page.wait_for_url(proxy + prefix + "/login")
+            await page.fill("#token", HOST_TOKEN)
+            await page.click("#login button[type=submit]")
+            await page.wait_for_url(proxy + prefix + "/")
+            await page.wait_for_selector("#live.on")
+            async with listed_device(run, SIM) as dev:
+                await page.click(f"{row(SIM, 'online')} .alias button")
+                await call_from_form(page, "self.get_device_status")
+                assert [name for name, _ in dev.calls] == ["self.get_device_status"]
+            await context.close()
+    assert missing == []

@@ -137,6 +137,35 @@ async def test_the_last_photo_survives_a_restart(tmp_path: Path) -> None:
             await client.read_resource(photo_uri("nosuch"))
 
 
+async def test_a_device_keeps_its_last_photos_and_hosts_hear_of_each(tmp_path: Path) -> None:
+    """With photo_history = 3, four photos leave the last three as resources (the latest and
+    two older ones, each under its own URI), the first one gone from the disk; each photo
+    pushes notifications/resources/list_changed; the history survives a restart."""
+    cam = camera()
+    inbox = Inbox(types.ResourceListChangedNotification)
+    async with (
+        cameras(tmp_path, cam, vision_photo_history=3) as run,
+        Client(run.mcp_url, mode="legacy", message_handler=inbox) as client,
+    ):
+        assert client.server_capabilities.resources.list_changed is True  # type: ignore[union-attr]
+        for _ in range(4):
+            await take_photo(client, cam)
+            await inbox.next_change()
+        uris = [str(r.uri) for r in (await client.list_resources()).resources]
+        kept = run.gateway.photos.history(cam.device_id)
+    assert inbox.count == 4
+    assert len(kept) == 3 and uris == [photo_uri("cam1")] + [
+        photo_uri("cam1", photo.id) for photo in kept[1:]
+    ]
+    assert len(list((tmp_path / "photos").glob("*.jpg"))) == 3
+    async with gateway(tmp_path, devices=aliases(cam), vision_photo_history=3) as run:
+        async with Client(run.mcp_url) as client:
+            oldest = await client.read_resource(uris[-1])
+            assert base64.b64decode(oldest.contents[0].blob) == cam.photo  # type: ignore[union-attr]
+            with pytest.raises(Exception, match="has no photo 1 "):
+                await client.read_resource(photo_uri("cam1", "1"))
+
+
 FIRMWARE_ID = "02:00:00:00:0c:01"
 
 

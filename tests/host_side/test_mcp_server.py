@@ -13,7 +13,7 @@ import pytest
 from mcp import Client, MCPError
 
 from gateway.errors import DeviceToolError
-from gateway.host_side.mcp_server import to_call_result
+from gateway.host_side.call_results import to_call_result
 from tests.conftest import bound, make_config
 from tests.fakes import ScriptedSession, Stack, tool
 

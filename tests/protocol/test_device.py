@@ -152,6 +152,19 @@ def test_hello_is_answered_at_once_then_initialize_is_sent() -> None:
     assert protocol.state is State.INITIALIZING
 
 
+def test_beside_a_voice_server_hello_is_not_answered_and_ids_keep_to_their_range() -> None:
+    """A proxied device's voice server answers its hello; the gateway's ids are its own."""
+    protocol = make(answer_hello=False, request_ids=range(0x4000_0000, 0x6000_0000))
+    protocol.receive_text(json.dumps(HELLO))
+    frames = sent(protocol)
+    assert [f["payload"]["method"] for f in frames] == ["initialize"]
+    assert frames[0]["payload"]["id"] == 0x4000_0000
+    assert protocol.events_received() == [HelloReceived(HELLO)]
+    reply = {"jsonrpc": "2.0", "id": 0x4000_0000, "result": {}}
+    protocol.receive_text(json.dumps({"type": "mcp", "payload": reply}))
+    assert sent(protocol)[0]["payload"]["id"] == 0x4000_0001  # tools/list
+
+
 def test_hello_reply_carries_the_configured_transport_as_a_string() -> None:
     """Over MQTT the hello answers with transport "udp" (a string, or a stock device crashes)."""
     protocol = make(transport="udp")

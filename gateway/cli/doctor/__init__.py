@@ -11,7 +11,8 @@ bounded by a short timeout and aimed only at addresses the configuration names.
 The modules: ``probes`` (the machine: ports, the data dir, containers), ``findings`` (what a
 check reports), then the checks of the configuration, in the order ``diagnose()`` runs them:
 ``listeners`` (device and host listeners, the public URL, ports), ``broker`` (MQTT),
-``data_dir``, ``config_file`` (file settings the environment outvotes). ``commands.doctor``
+``data_dir``, ``upstream`` (voice servers), ``config_file`` (file settings the environment
+outvotes). ``commands.doctor``
 prints the report.
 """
 
@@ -40,6 +41,7 @@ from gateway.cli.doctor.probes import (
     tcp_probe,
     writable_probe,
 )
+from gateway.cli.doctor.upstream import check_upstream
 from gateway.config import Config
 
 __all__ = [
@@ -86,6 +88,7 @@ def diagnose(
     check_broker_endpoint(ctx)
     check_data_dir(ctx)
     check_data_dir_private(ctx)
+    check_upstream(ctx)
     if file_only is not None:
         check_overridden(ctx, file_only, os.environ if env is None else env)
     return ctx.findings

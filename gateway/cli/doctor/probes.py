@@ -91,6 +91,27 @@ def exposed_probe(path: Path) -> list[str]:
     return found
 
 
+def upstream_probe(url: str, timeout: float) -> str:
+    """What a voice server's OTA URL answers to a plain GET (``HTTP 200``), or why nothing does.
+
+    A GET, never a check-in: a check-in in a made-up device's name would register it there.
+    Any HTTP answer means the server is there (xiaozhi-esp32-server says it runs; others may
+    refuse a GET); the gateway forwards check-ins the same way, proxies from the environment
+    included.
+    """
+    request = urllib.request.Request(url, headers={"User-Agent": "esp-mcp-gateway-doctor"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        raise OSError(getattr(reason, "strerror", None) or str(reason)) from None
+    except (TimeoutError, http.client.HTTPException) as exc:
+        raise OSError(str(exc) or f"no answer within {timeout:g} s") from None
+
+
 _CGROUP_HINTS = ("docker", "kubepods", "containerd", "libpod", "lxc")
 
 
@@ -116,4 +137,5 @@ class Probes:
     listener: Callable[[str, int, float], Listener] = listener_probe
     writable: Callable[[Path], str | None] = writable_probe
     exposed: Callable[[Path], list[str]] = exposed_probe
+    upstream: Callable[[str, float], str] = upstream_probe  # raises OSError: no answer
     timeout: float = 2.0

@@ -17,7 +17,7 @@ from gateway.device_side.broker.topics import is_device_id
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
 
-__all__ = ["StarletteLink", "authenticate", "device_websocket_routes"]
+__all__ = ["Proxied", "StarletteLink", "authenticate", "device_websocket_routes"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +92,15 @@ def authenticate(
     return identity if refusal is None else refusal
 
 
+Proxied = Callable[[DeviceIdentity], Callable[[WebSocket], Awaitable[None]] | None]
+"""``proxied(identity)``: the conversation that takes a proxied device's WebSocket over (it
+accepts or refuses it itself), or None when the gateway serves the device alone."""
+
+
 def device_websocket_routes(
     admit: Admit,
     serve: Callable[[StarletteLink, DeviceIdentity], Awaitable[None]],
+    proxied: Proxied | None = None,
 ) -> list[BaseRoute]:
     """The device WebSocket routes; ``serve`` runs a connection for an authenticated device."""
 
@@ -105,6 +111,10 @@ def device_websocket_routes(
         if isinstance(identity, str):
             logger.warning("refused device WebSocket from %s: %s", remote, identity)
             await websocket.close(code=1008)  # before accept(): the client gets HTTP 403
+            return
+        conversation = proxied(identity) if proxied is not None else None
+        if conversation is not None:  # beside its voice server (docs/voice-proxy.md)
+            await conversation(websocket)
             return
         await websocket.accept()
         await serve(StarletteLink(websocket), identity)

@@ -97,13 +97,13 @@ class Dashboard:
     async def index(self, request: Request) -> Response:
         """The dashboard, or the sign-in page for a browser that has not signed in."""
         if self.sessions.required and self.sessions.get(request.cookies.get(COOKIE)) is None:
-            return RedirectResponse("/login", 303)
+            return RedirectResponse("login", 303)  # relative: it works behind a path prefix
         return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
 
     async def login_page(self, request: Request) -> Response:
         """The sign-in form (nothing to sign in to without a host token)."""
         if not self.sessions.required:
-            return RedirectResponse("/", 303)
+            return RedirectResponse("./", 303)
         return FileResponse(STATIC / "login.html", headers=PAGE_HEADERS)
 
     async def login(self, request: Request) -> Response:

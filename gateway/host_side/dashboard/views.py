@@ -45,6 +45,8 @@ def device_summary(device: Device) -> JsonObject:
     }
     if device.conflict is not None:
         summary["conflict"] = device.conflict
+    if device.upstream is not None:  # proxied to its voice server: where, and how that stands
+        summary["upstream"] = {"server": device.upstream.server, "state": device.upstream.state}
     return summary
 
 
@@ -80,6 +82,7 @@ def setup_facts(
         "ota_url": f"{scheme}://{where}:{port}{OTA_PATH}" if config.ota_enabled else None,
         "mcp_url": mcp_url,
         "host_token_required": bool(config.host_token),
+        "voice_proxy": _voice_proxy(config),
         "configs": host_configs(mcp_url, bool(config.host_token)),
     }
 
@@ -103,6 +106,17 @@ def host_configs(mcp_url: str, token: bool) -> dict[str, str]:
         "claude_desktop": json.dumps({"mcpServers": {SERVER_NAME: desktop}}, indent=2),
         "claude_code": code,
         "vscode": json.dumps({"servers": {SERVER_NAME: vscode}}, indent=2),
+    }
+
+
+def _voice_proxy(config: Config) -> JsonObject | None:
+    """The voice proxy's state on the setup page (docs/voice-proxy.md); None when it is off."""
+    if not config.upstream_enabled:
+        return None
+    own = {d: o.upstream for d, o in config.devices.items() if o.upstream != "default"}
+    return {
+        "ota_url": config.upstream_ota_url,  # every stock device that checks in
+        "devices": {d: url or "off" for d, url in sorted(own.items())},  # their own choice
     }
 
 

@@ -12,7 +12,7 @@ async function api(path, body) {
   };
   const response = await fetch(path, options);
   if (response.status === 401) {
-    location.href = "/login";
+    location.href = "login";
     throw new Error("sign in first");
   }
   const answer = await response.json().catch(() => ({}));
@@ -43,7 +43,7 @@ function showPage() {
 
 function watchDevices() {
   const live = document.getElementById("live");
-  const events = new EventSource("/api/events");
+  const events = new EventSource("api/events");
   events.addEventListener("devices", (event) => {
     state.devices = JSON.parse(event.data);
     renderDevices();
@@ -76,18 +76,19 @@ function deviceRow(device) {
     actions.append(button);
   };
   if (device.status === "pending") {
-    action("Approve", () => api("/api/devices/approve", {device: device.id}));
-    action("Reject", () => api("/api/devices/reject", {device: device.id}));
+    action("Approve", () => api("api/devices/approve", {device: device.id}));
+    action("Reject", () => api("api/devices/reject", {device: device.id}));
   }
   action("Rename", async () => startRename(row, device));
   action("Forget", async () => {
     if (confirm(`Forget ${device.device}? Its names go; if it comes back it is a new device.`)) {
-      await api("/api/devices/forget", {device: device.id});
+      await api("api/devices/forget", {device: device.id});
     }
   });
   const status = el("span", {class: `status ${device.status}`, text: device.status});
   const notes = el("td", {}, status);
   if (device.conflict) notes.append(el("small", {class: "error", text: device.conflict}));
+  if (device.upstream) notes.append(el("small", {class: "upstream", text: `voice: ${device.upstream.state}`}));
   const rejected = device.rejected.length ? ` (${device.rejected.length} rejected)` : "";
   row.append(el("td", {class: "alias"}, name), notes, el("td", {text: device.board || ""}),
     el("td", {text: device.firmware || ""}), el("td", {text: device.transport || ""}),
@@ -102,14 +103,14 @@ function startRename(row, device) {
   const form = el("form", {class: "rename"}, input, save);
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    api("/api/devices/rename", {device: device.id, name: input.value}).catch(showError);
+    api("api/devices/rename", {device: device.id, name: input.value}).catch(showError);
   });
   cell.replaceChildren(form);
   input.focus();
 }
 
 async function openDevice(id) {
-  const {device, tools} = await api(`/api/dashboard/tools?device=${encodeURIComponent(id)}`);
+  const {device, tools} = await api(`api/dashboard/tools?device=${encodeURIComponent(id)}`);
   state.selected = id;
   state.shown = summaryKey(device);
   const panel = document.getElementById("device");
@@ -142,14 +143,14 @@ function toolCard(device, tool) {
   if (tool.description) card.append(el("p", {class: "description", text: tool.description}));
   if (tool.user_refusal) card.append(el("p", {class: "note", text: tool.user_refusal}));
   card.append(Forms.build(tool, async (args) => {
-    const answer = await api("/api/call", {device: device.id, tool: tool.tool, arguments: args});
+    const answer = await api("api/call", {device: device.id, tool: tool.tool, arguments: args});
     return answer.result;
   }));
   return card;
 }
 
 async function pair() {
-  const answer = await api("/api/devices/pair", {seconds: 120});
+  const answer = await api("api/devices/pair", {seconds: 120});
   document.getElementById("pairing").textContent = `New devices are approved as they arrive until ${answer.until}.`;
 }
 
@@ -160,7 +161,7 @@ async function loadAudit(more) {
   const query = new URLSearchParams({limit: "50"});
   for (const key of ["device", "outcome"]) if (filter.get(key)) query.set(key, filter.get(key));
   if (more && state.auditCursor) query.set("cursor", state.auditCursor);
-  const page = await api(`/api/audit?${query}`);
+  const page = await api(`api/audit?${query}`);
   const body = document.querySelector("#audit tbody");
   const rows = page.records.map((r) => el("tr", {"data-outcome": r.outcome},
     el("td", {text: r.time}), el("td", {text: r.caller}), el("td", {text: r.device || r.device_id || ""}),
@@ -179,7 +180,7 @@ async function loadAudit(more) {
 
 async function loadPhotos() {
   const box = document.getElementById("photos");
-  const response = await fetch("/api/photos");
+  const response = await fetch("api/photos");
   const photos = response.ok ? (await response.json()).photos || [] : [];
   box.replaceChildren(...photos.map((p) => el("figure", {class: "photo"},
     el("img", {src: p.url, alt: p.question || `photo from ${p.alias}`, loading: "lazy"}),
@@ -209,7 +210,7 @@ function fact(list, label, value, note) {
 }
 
 async function loadSetup() {
-  const setup = await api("/api/setup");
+  const setup = await api("api/setup");
   state.websocketUrl = setup.websocket_url;
   const list = document.getElementById("setup-devices");
   list.replaceChildren();
@@ -218,6 +219,12 @@ async function loadSetup() {
   fact(list, "OTA URL (stock xiaozhi firmware)", setup.ota_url,
     "set it as the board's OTA address: it checks in, then waits for your approval here");
   fact(list, "MCP URL", setup.mcp_url, setup.host_token_required ? "with the host token as a Bearer token" : "");
+  const proxy = setup.voice_proxy;
+  if (proxy) {
+    fact(list, "Voice server (stock devices keep their assistant)", proxy.ota_url || "per device",
+      "their check-ins and conversations go on to it through the gateway (docs/voice-proxy.md)");
+    for (const [device, url] of Object.entries(proxy.devices)) fact(list, `Voice server of ${device}`, url);
+  }
   const names = {claude_desktop: "Claude Desktop (claude_desktop_config.json)", claude_code: "Claude Code",
     vscode: "VS Code (.vscode/mcp.json)"};
   document.getElementById("host-configs").replaceChildren(...Object.entries(setup.configs).map(([key, text]) =>
@@ -227,7 +234,7 @@ async function loadSetup() {
 async function enroll(event) {
   event.preventDefault();
   const name = new FormData(event.target).get("name");
-  const issued = await api("/api/enroll", {name});
+  const issued = await api("api/enroll", {name});
   const out = document.getElementById("enrolled");
   const gateway = ` --gateway ${issued.urls.ws || state.websocketUrl || "ws://<this machine>:8765/xiaozhi/v1/"}`;
   out.textContent = `token: ${issued.token}\n\nflash the board with it:\n  esp-mcp-gateway flash --port /dev/ttyUSB0 --firmware <MicroPython .bin> \\\n    --name ${name} --token ${issued.token}${gateway} --wifi <SSID> --wifi-password <password>`;
@@ -237,11 +244,11 @@ async function enroll(event) {
 // --- start -----------------------------------------------------------------------------------
 
 async function start() {
-  const session = await api("/api/session");
+  const session = await api("api/session");
   state.csrf = session.csrf;
   const logout = document.getElementById("logout");
   logout.hidden = !session.sign_in;
-  logout.addEventListener("click", () => api("/api/logout", {}).then(() => { location.href = "/login"; }, showError));
+  logout.addEventListener("click", () => api("api/logout", {}).then(() => { location.href = "login"; }, showError));
   document.getElementById("pair").addEventListener("click", () => pair().catch(showError));
   document.getElementById("audit-filter").addEventListener("submit", (event) => {
     event.preventDefault();

@@ -114,7 +114,10 @@ const Forms = (() => {
     const button = el("button", {type: "submit", text: "Call"});
     form.append(structured, raw, el("div", {class: "actions"}, button,
       el("label", {class: "inline"}, rawToggle, " raw JSON")), result);
-    form.addEventListener("submit", async (event) => {
+    // The button's click, not the form's submit: a sandboxed frame without allow-forms (the
+    // MCP Apps panel in a host) never fires submit. Enter in a field clicks it too.
+    form.addEventListener("submit", (event) => event.preventDefault());
+    button.addEventListener("click", async (event) => {
       event.preventDefault();
       result.replaceChildren();
       let args;

@@ -3,13 +3,13 @@
 document.getElementById("login").addEventListener("submit", async (event) => {
   event.preventDefault();
   const error = document.getElementById("error");
-  const response = await fetch("/login", {
+  const response = await fetch("login", {
     method: "POST",
     headers: {"Content-Type": "application/json"},
     body: JSON.stringify({token: document.getElementById("token").value}),
   });
   if (response.ok) {
-    location.href = "/";
+    location.href = "./";
     return;
   }
   const body = await response.json().catch(() => ({}));

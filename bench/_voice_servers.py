@@ -1,0 +1,120 @@
+"""The processes of ``voice_proxy.py`` besides the gateway: a voice server and a bare relay.
+
+* ``upstream_main``: a voice server as stock devices know it (uvicorn, Starlette): ``POST
+  /xiaozhi/ota/`` answers ``websocket{url, token}``; ``/xiaozhi/v1/`` answers the hello and
+  sends every binary frame straight back (the "audio" a device hears is what it said).
+* ``relay_main``: the simplest relay there is, the CPU baseline: a ``websockets`` server that
+  opens the same upstream WebSocket for each device (with the device's headers) and copies
+  frames both ways, nothing else.
+
+Each sends its port through the pipe once it listens and serves until the pipe closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from multiprocessing.connection import Connection
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+UPSTREAM_TOKEN = "bench-upstream-token"
+_RELAYED = ("Authorization", "Device-Id", "Client-Id", "Protocol-Version")
+
+
+async def _wait_closed(conn: Connection) -> None:
+    with contextlib.suppress(EOFError):
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+
+
+async def _upstream(conn: Connection) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+
+    async def ota(request: Request) -> JSONResponse:
+        url = f"ws://127.0.0.1:{port}/xiaozhi/v1/"
+        return JSONResponse({"server_time": {"timestamp": 0, "timezone_offset": 0},
+                             "websocket": {"url": url, "token": UPSTREAM_TOKEN}})  # fmt: skip
+
+    async def voice(websocket: WebSocket) -> None:
+        if websocket.headers.get("authorization") != f"Bearer {UPSTREAM_TOKEN}":
+            await websocket.close(code=1008)
+            return
+        await websocket.accept()
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if message.get("bytes") is not None:
+                    await websocket.send_bytes(message["bytes"])
+                elif '"hello"' in (message.get("text") or ""):
+                    hello = {"type": "hello", "transport": "websocket", "session_id": "bench"}
+                    await websocket.send_text(json.dumps(hello))
+        except (WebSocketDisconnect, RuntimeError):
+            return
+
+    app = Starlette(routes=[Route("/xiaozhi/ota/", ota, methods=["POST"]),
+                            WebSocketRoute("/xiaozhi/v1/", voice)])  # fmt: skip
+    config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
+                            ws="websockets-sansio", backlog=1024)  # fmt: skip
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    conn.send(port)  # bound and listening already: early connections wait in the backlog
+    await _wait_closed(conn)
+    server.should_exit = True
+    await serving
+
+
+async def _pump(source: ServerConnection | ClientConnection,
+                sink: ServerConnection | ClientConnection) -> None:  # fmt: skip
+    with contextlib.suppress(ConnectionClosed):
+        async for frame in source:
+            await sink.send(frame)
+
+
+async def _relay(conn: Connection, upstream_url: str) -> None:
+    async def session(device: ServerConnection) -> None:
+        assert device.request is not None
+        headers = {name: device.request.headers[name] for name in _RELAYED
+                   if name in device.request.headers}  # fmt: skip
+        async with connect(upstream_url, additional_headers=headers, compression=None,
+                           proxy=None) as upstream:  # fmt: skip
+            pumps = [asyncio.create_task(_pump(device, upstream)),
+                     asyncio.create_task(_pump(upstream, device))]  # fmt: skip
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            for pump in pumps:
+                pump.cancel()
+
+    async with serve(session, "127.0.0.1", 0, compression=None, backlog=1024) as server:
+        conn.send(next(iter(server.sockets)).getsockname()[1])
+        await _wait_closed(conn)
+
+
+def upstream_main(conn: Connection) -> None:
+    """Entry point of the voice server process."""
+    try:
+        asyncio.run(_upstream(conn))
+    finally:
+        os._exit(0)
+
+
+def relay_main(conn: Connection, upstream_url: str) -> None:
+    """Entry point of the bare relay process."""
+    try:
+        asyncio.run(_relay(conn, upstream_url))
+    finally:
+        os._exit(0)

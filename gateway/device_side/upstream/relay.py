@@ -1,0 +1,270 @@
+"""The WebSocket relay: a proxied device's conversation, carried to its voice server and back.
+
+When a proxied device opens its session on ``/xiaozhi/v1/``, ``relay()`` opens the upstream
+WebSocket at once (the device allows 10 s for the handshake and 10 s more for the hello,
+docs/protocol.md §8.2), with the headers the upstream checks its token against, and only then
+accepts the device: an upstream that refuses or cannot be reached refuses the device's
+handshake, as its own server would have. Then, in both directions and in order:
+
+- binary frames (audio, protocol version 1, 2 or 3) are forwarded as received, never decoded;
+- text frames that are not MCP (``hello``, ``listen``, ``tts``, ``goodbye``, ...) likewise;
+- MCP messages go through the session's ``McpTap``: the upstream's reach the device with their
+  ids, the device's replies reach whoever asked, and the gateway's own ``DeviceConnection``
+  runs on a ``TappedLink``. A frame the tap did not change is forwarded as the very text
+  received.
+
+No frame waits for another: each is sent as it arrives, and each direction holds at most what
+the WebSocket libraries buffer (``max_queue`` frames, ``write_limit`` bytes): a slow side
+pauses the reading of the other (backpressure), it never grows memory. Either side closing
+closes the other; the gateway's own session then ends, failing its pending calls at once. The
+gateway going quiet (its discovery timing out, a replaced session) never ends the voice
+conversation: ``TappedLink.aclose()`` only detaches the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from gateway.device_side.upstream.settings import UpstreamWebSocket
+from gateway.device_side.upstream.tap import McpTap
+from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
+from gateway.protocol import MalformedMessage, decode, encode, salvage_error_reply
+
+__all__ = ["TappedLink", "UpstreamRefused", "open_upstream", "relay"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+Serve = Callable[[DeviceLink, DeviceIdentity], Coroutine[Any, Any, None]]
+_GATEWAY_QUEUE = 16  # text frames for the gateway's session; the device waits beyond that
+_CLOSED = (WebSocketDisconnect, RuntimeError, OSError)  # a Starlette WebSocket gone
+
+
+class UpstreamRefused(Exception):
+    """The upstream WebSocket could not be opened; the text says why, for the log."""
+
+
+class TappedLink:
+    """The gateway's ``DeviceLink`` to a proxied device: what the tap routes to the gateway."""
+
+    def __init__(self, device: WebSocket) -> None:
+        self._device = device
+        self._frames: asyncio.Queue[str | None] = asyncio.Queue()  # bounded by feed()
+        self._room = asyncio.Event()
+        self._detached = False
+        self.hello: str | None = None
+        """The device's hello, until its voice server's answer has gone to the device."""
+
+    async def send(self, text: str) -> None:
+        """Send one of the gateway's frames to the device."""
+        if self._detached:
+            raise LinkClosed("the gateway's session on this proxied device ended")
+        try:
+            await self._device.send_text(text)
+        except _CLOSED as exc:
+            raise LinkClosed(str(exc)) from None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        """The device's frames meant for the gateway, until the conversation ends."""
+        while (text := await self._frames.get()) is not None:
+            self._room.set()
+            yield text
+
+    async def aclose(self) -> None:
+        """Detach the gateway: the voice conversation goes on without its session."""
+        self._detached = True
+        self._room.set()
+        self.end()
+
+    async def feed(self, text: str) -> None:
+        """Hand the gateway a device frame; waits while the gateway is that far behind."""
+        while self._frames.qsize() >= _GATEWAY_QUEUE and not self._detached:
+            self._room.clear()
+            await self._room.wait()
+        if not self._detached:
+            self._frames.put_nowait(text)
+
+    def end(self) -> None:
+        """The conversation ended: the gateway's iteration stops after what it has."""
+        self._frames.put_nowait(None)
+
+
+async def open_upstream(
+    upstream: UpstreamWebSocket,
+    identity: DeviceIdentity,
+    device_headers: Mapping[str, str],
+    *,
+    open_timeout: float,
+    max_size: int,
+) -> ClientConnection:
+    """Open the device's upstream WebSocket with the headers its token is bound to.
+
+    Raises:
+        UpstreamRefused: unreachable, too slow, or the handshake was refused.
+    """
+    token = upstream.token or ""
+    headers = {  # as stock firmware sends them (docs/protocol.md §1)
+        "Authorization": token if " " in token else f"Bearer {token}",
+        "Protocol-Version": device_headers.get("protocol-version") or str(upstream.version),
+        "Device-Id": device_headers.get("device-id") or identity.device_id,
+        "Client-Id": device_headers.get("client-id") or identity.client_id or "",
+    }
+    try:
+        return await connect(
+            upstream.url,
+            additional_headers=headers,
+            open_timeout=open_timeout,
+            max_size=max_size,
+            compression=None,  # frames go on byte for byte; the device does not deflate either
+            proxy=None,  # the device would not use one: reach the server as it would
+            user_agent_header=None,
+            close_timeout=2,  # a stalled server must not hold the end of a conversation long
+        )
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        raise UpstreamRefused(f"it refused the session (HTTP {status}); if it keeps refusing, "
+                              "reboot the device so that it checks in again") from None  # fmt: skip
+    except (OSError, TimeoutError, InvalidHandshake) as exc:
+        raise UpstreamRefused(f"it cannot be reached ({exc or type(exc).__name__})") from None
+
+
+async def relay(
+    device: WebSocket,
+    upstream: ClientConnection,
+    identity: DeviceIdentity,
+    tap: McpTap,
+    serve: Serve,
+    *,
+    max_message_bytes: int,
+) -> str:
+    """Carry one accepted device conversation to ``upstream`` and back; return how it ended."""
+    link = TappedLink(device)
+    gateway = asyncio.create_task(
+        serve(link, identity), name=f"gateway.upstream[{identity.device_id}]"
+    )
+    pumps = [
+        asyncio.create_task(_device_to_upstream(device, upstream, tap, link, max_message_bytes)),
+        asyncio.create_task(_upstream_to_device(upstream, device, tap, link, max_message_bytes)),
+    ]
+    try:
+        done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        ended = next(iter(done)).result()
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        link.end()
+        await _close_both(device, upstream)
+        await asyncio.gather(gateway, return_exceptions=True)
+    return ended
+
+
+async def _device_to_upstream(
+    device: WebSocket, upstream: ClientConnection, tap: McpTap, link: TappedLink, limit: int
+) -> str:
+    try:
+        while True:
+            message = await device.receive()
+            if message["type"] == "websocket.disconnect":
+                return "the device closed the conversation"
+            data = message.get("bytes")
+            if data is not None:
+                await upstream.send(data)
+                continue
+            text = message.get("text")
+            if text is None:
+                continue
+            mcp = _mcp(text, limit)
+            if mcp is None:
+                await upstream.send(text)
+                if _is_hello(text, limit):
+                    link.hello = text  # for the gateway once the voice server has answered it
+                continue
+            route = tap.from_device(mcp["payload"])
+            if route.to_upstream is not None:
+                await upstream.send(_reframe(text, mcp, route.to_upstream))
+            if route.to_gateway is not None:
+                await link.feed(text)
+    except ConnectionClosed:
+        return _closed_by_upstream(upstream)
+    except _CLOSED:
+        return "the device went away"
+
+
+async def _upstream_to_device(
+    upstream: ClientConnection, device: WebSocket, tap: McpTap, link: TappedLink, limit: int
+) -> str:
+    try:
+        async for frame in upstream:
+            if isinstance(frame, bytes):
+                await device.send_bytes(frame)
+                continue
+            mcp = _mcp(frame, limit)
+            if mcp is None:
+                await device.send_text(frame)  # garbage too: the device judges it as it would
+                if link.hello is not None and _is_hello(frame, limit):
+                    # The gateway's discovery starts now, after the server's hello: nothing of
+                    # the gateway's reaches the device before it (it leaves the answer to the
+                    # voice server, DeviceProtocol(answer_hello=False)).
+                    hello, link.hello = link.hello, None
+                    await link.feed(hello)
+                continue
+            route = tap.from_upstream(mcp["payload"])
+            if route.to_device is not None:
+                await device.send_text(_reframe(frame, mcp, route.to_device))
+            if route.to_upstream is not None:  # the gateway answered for the device
+                await upstream.send(encode({**mcp, "payload": route.to_upstream}))
+    except ConnectionClosed:
+        pass
+    except _CLOSED:
+        return "the device went away"
+    return _closed_by_upstream(upstream)
+
+
+def _closed_by_upstream(upstream: ClientConnection) -> str:
+    # The close frame the server sent, or else ours: a frame over the limit is closed by us.
+    frame = upstream.protocol.close_rcvd or upstream.protocol.close_sent
+    if frame is None:
+        return "the voice server closed the conversation"
+    reason = f" ({frame.reason})" if frame.reason else ""
+    return f"the voice server closed the conversation with code {frame.code}{reason}"
+
+
+async def _close_both(device: WebSocket, upstream: ClientConnection) -> None:
+    with contextlib.suppress(*_CLOSED):
+        await device.close()
+    await upstream.close()
+
+
+def _mcp(text: str, limit: int) -> JsonObject | None:
+    """``text``'s message if it is MCP, else None (audio control, hello, garbage)."""
+    if '"mcp"' not in text:  # most frames: no parse at all
+        return None
+    message: JsonObject | None
+    try:
+        message = decode(text, limit)
+    except MalformedMessage:
+        message = salvage_error_reply(text)  # stock firmware's unescaped error replies
+    return message if message is not None and message["type"] == "mcp" else None
+
+
+def _is_hello(text: str, limit: int) -> bool:
+    if '"hello"' not in text:  # most frames: no parse at all
+        return False
+    try:
+        return bool(decode(text, limit)["type"] == "hello")
+    except MalformedMessage:
+        return False
+
+
+def _reframe(text: str, message: JsonObject, payload: object) -> str:
+    """The frame to send on: ``text`` itself when the tap left the payload as it was."""
+    return text if payload is message["payload"] else encode({**message, "payload": payload})

@@ -1,0 +1,73 @@
+"""A device's ``tools/call`` result turned into the MCP result hosts get.
+
+Text stays text; images become image content (stock firmware's nested form too, docs/protocol.md
+§4); a link to one of the gateway's own resources (a photo) stays a link; anything else is shown
+as its JSON, so nothing a device says is lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+from typing import Any
+
+import mcp.types as types
+
+from gateway.devices.photos import alias_of
+
+__all__ = ["text_content", "to_call_result"]
+
+JsonObject = dict[str, Any]
+
+
+def text_content(text: str) -> types.TextContent:
+    """A text block."""
+    return types.TextContent(type="text", text=text)
+
+
+def to_call_result(result: JsonObject) -> types.CallToolResult:
+    """Turn a device's ``tools/call`` result into the MCP result hosts get."""
+    items = result.get("content")
+    content = [_content(item) for item in items] if isinstance(items, list) else []
+    structured = result.get("structuredContent")
+    return types.CallToolResult(
+        content=content,
+        structured_content=structured if isinstance(structured, dict) else None,
+        is_error=result.get("isError") is True,
+    )
+
+
+def _content(item: object) -> types.ContentBlock:
+    if isinstance(item, dict):
+        if item.get("type") == "text" and isinstance(item.get("text"), str):
+            return text_content(item["text"])
+        if item.get("type") == "image":
+            image = _image(item)
+            if image is not None:
+                return image
+        # Links to the gateway's own resources (a photo); a device's link elsewhere stays text.
+        if item.get("type") == "resource_link" and alias_of(str(item.get("uri"))) is not None:
+            with contextlib.suppress(ValueError):  # pydantic's ValidationError is a ValueError
+                return types.ResourceLink.model_validate(item)
+    return text_content(json.dumps(item, ensure_ascii=False))
+
+
+def _image(item: JsonObject) -> types.ImageContent | None:
+    # docs/protocol.md §4: stock firmware's image content nests a JSON *string* under "image".
+    if isinstance(item.get("image"), str):
+        try:
+            item = json.loads(item["image"])
+        except ValueError:
+            return None
+        if not isinstance(item, dict):
+            return None
+    data, mime = item.get("data"), item.get("mimeType", "image/jpeg")
+    if not isinstance(data, str) or not isinstance(mime, str):
+        return None
+    try:
+        base64.b64decode(data, validate=True)
+    except binascii.Error:
+        return None
+    return types.ImageContent(type="image", data=data, mime_type=mime)

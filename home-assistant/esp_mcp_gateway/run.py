@@ -1,0 +1,98 @@
+"""The add-on's entry point: Home Assistant's options become the gateway's settings.
+
+Home Assistant writes what the user set on the add-on's Configuration tab to
+/data/options.json. Each option maps to one ``GATEWAY_*`` variable (``ENVIRONMENT``); the rest
+comes from the image (both listeners on every interface, the data dir on /data). Run as root,
+this makes /data the gateway user's, then becomes that user and runs ``esp-mcp-gateway serve``.
+A missing host token stops it with a message saying where to set it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+OPTIONS = Path("/data/options.json")
+DATA = Path("/data")
+GATEWAY_UID = 10001  # the image's gateway user (Dockerfile: ARG UID)
+HOST_PORT = 8766
+
+# option -> environment variable; options left empty keep the gateway's defaults.
+ENVIRONMENT = {
+    "host_token": "GATEWAY_HOST_TOKEN",
+    "public_url": "GATEWAY_PUBLIC_URL",
+    "mqtt_mode": "GATEWAY_MQTT_MODE",
+    "mqtt_host": "GATEWAY_MQTT_HOST",
+    "mqtt_port": "GATEWAY_MQTT_PORT",
+    "mqtt_username": "GATEWAY_MQTT_USERNAME",
+    "mqtt_password": "GATEWAY_MQTT_PASSWORD",
+    "mqtt_public_endpoint": "GATEWAY_MQTT_PUBLIC_ENDPOINT",
+    "upstream_ota_url": "GATEWAY_UPSTREAM_OTA_URL",
+    "log_level": "GATEWAY_LOG_LEVEL",
+}
+
+
+class OptionsError(Exception):
+    """The options cannot run the gateway; the message says what to change, and where."""
+
+
+def environment(options: dict[str, Any]) -> dict[str, str]:
+    """The ``GATEWAY_*`` variables for ``options``.
+
+    Raises:
+        OptionsError: the host token is missing, or an option is not one the add-on knows.
+    """
+    unknown = sorted(set(options) - set(ENVIRONMENT))
+    if unknown:
+        raise OptionsError(f"unknown option(s) {', '.join(unknown)}")
+    if not str(options.get("host_token") or "").strip():
+        raise OptionsError(
+            "set host_token on the add-on's Configuration tab (MCP hosts send it as a bearer "
+            "token; make one with: python3 -c 'import secrets; print(secrets.token_hex(32))')"
+        )
+    env = {
+        ENVIRONMENT[key]: str(value).strip()
+        for key, value in options.items()
+        if value is not None and str(value).strip() != ""
+    }
+    if env.get("GATEWAY_MQTT_MODE") != "embedded":
+        env["GATEWAY_MQTT_LISTEN"] = "off"  # no broker in the add-on unless asked for
+    return env
+
+
+def mcp_url(options: dict[str, Any]) -> str:
+    """Where MCP hosts reach the add-on: the public URL's host on the host listener's port."""
+    host = urllib.parse.urlsplit(str(options.get("public_url") or "")).hostname
+    return f"http://{host or '<Home Assistant address>'}:{HOST_PORT}/mcp"
+
+
+def own_data_dir(root: Path, uid: int) -> None:
+    """Make ``root`` and all in it the gateway user's (Home Assistant mounts it as root's)."""
+    for path in [root, *root.rglob("*")]:
+        if path.name != "options.json":  # Home Assistant's, kept as it is
+            os.chown(path, uid, uid, follow_symlinks=False)
+
+
+def main() -> None:
+    try:
+        options = json.loads(OPTIONS.read_text(encoding="utf-8"))
+        env = environment(options)
+    except (OSError, ValueError, OptionsError) as exc:
+        print(f"esp-mcp-gateway add-on: cannot start: {exc}", file=sys.stderr)
+        sys.exit(1)
+    print(f"esp-mcp-gateway add-on: MCP hosts connect to {mcp_url(options)} "
+          "with the host token as 'Authorization: Bearer'", file=sys.stderr)  # fmt: skip
+    if os.getuid() == 0:
+        own_data_dir(DATA, GATEWAY_UID)
+        os.setgroups([])
+        os.setgid(GATEWAY_UID)
+        os.setuid(GATEWAY_UID)
+    os.execvpe("esp-mcp-gateway", ["esp-mcp-gateway", "serve"], {**os.environ, **env})
+
+
+if __name__ == "__main__":
+    main()

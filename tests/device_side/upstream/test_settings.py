@@ -1,0 +1,140 @@
+"""The upstream's connection settings: read strictly, kept per device in a private file."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.device_side.upstream.ota_reply import proxied_reply
+from gateway.device_side.upstream.settings import (
+    UpstreamSettingsError,
+    UpstreamWebSocket,
+    WebSocketUpstreams,
+    parse_upstream_websocket,
+    server_of,
+)
+
+DEVICE = "aa:bb:cc:dd:ee:10"
+OWN = {"url": "ws://192.168.1.5:8765/xiaozhi/v1/", "token": "gateway-credential", "version": 1}
+
+
+def test_a_websocket_section_is_read_as_the_device_reads_it() -> None:
+    section = {"url": "wss://api.tenclass.net/xiaozhi/v1/", "token": "test-token", "version": 3}
+    upstream = parse_upstream_websocket(section)
+    assert upstream == UpstreamWebSocket("wss://api.tenclass.net/xiaozhi/v1/", "test-token", 3)
+    assert upstream.where == "wss://api.tenclass.net" and "test-token" not in repr(upstream)
+    assert parse_upstream_websocket({"url": "ws://h/x"}) == UpstreamWebSocket("ws://h/x", None)
+    assert server_of("https://user:pw@h:8443/ota/?k=v") == "https://h:8443"
+
+
+@pytest.mark.parametrize(
+    ("section", "why"),
+    [
+        ([], "not a JSON object"),
+        ({}, "url is missing"),
+        ({"url": "x" * 2000}, "url is missing"),
+        ({"url": "http://h/x"}, "not ws://"),
+        ({"url": "ws:///x"}, "not ws://"),
+        ({"url": "ws://h:99999/"}, "malformed"),
+        ({"url": "ws://h/", "token": 5}, "token"),
+        ({"url": "ws://h/", "version": 4}, "version"),
+        ({"url": "ws://h/", "version": "1"}, "version"),
+    ],
+)
+def test_an_unusable_websocket_section_says_why(section: Any, why: str) -> None:
+    with pytest.raises(UpstreamSettingsError, match=why):
+        parse_upstream_websocket(section)
+
+
+def test_settings_survive_a_restart_in_a_private_file(tmp_path: Path) -> None:
+    store = WebSocketUpstreams(tmp_path)
+    upstream = UpstreamWebSocket("wss://api.tenclass.net/xiaozhi/v1/", "t", 1)
+    store.put(DEVICE.upper(), upstream)
+    path = tmp_path / "upstream_websocket.json"
+    assert path.stat().st_mode & 0o777 == 0o600
+    written = path.stat().st_mtime_ns
+    store.put(DEVICE, upstream)  # every boot checks in: nothing changed, nothing written
+    assert path.stat().st_mtime_ns == written
+    assert WebSocketUpstreams(tmp_path).get(DEVICE) == upstream
+    store.put(DEVICE, None)
+    assert WebSocketUpstreams(tmp_path).get(DEVICE) is None
+
+
+def test_an_unreadable_file_is_said_and_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "upstream_websocket.json"
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        assert WebSocketUpstreams(tmp_path).get(DEVICE) is None
+    path.write_text(json.dumps({DEVICE: {"url": "ftp://x"}, "b": {"url": "ws://h/"}}))
+    with caplog.at_level(logging.WARNING):
+        store = WebSocketUpstreams(tmp_path)
+    assert store.get(DEVICE) is None and store.get("b") == UpstreamWebSocket("ws://h/", None)
+    assert "unreadable" in caplog.text and "unusable" in caplog.text
+
+
+class _Mqtt:
+    """The MQTT half as the OTA endpoint sees it: the device's section, and what is kept."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Any] = {}
+
+    def device_section(self, theirs: Any, own: Any) -> dict[str, Any]:
+        if "endpoint" not in theirs:
+            raise UpstreamSettingsError("no endpoint")
+        return dict(own)
+
+    def keep(self, device_id: str, theirs: Any) -> None:
+        self.kept[device_id] = theirs
+
+
+XIAOZHI_ME = {
+    "server_time": {"timestamp": 1, "timezone_offset": 480},
+    "firmware": {"version": "2.4.2", "url": ""},
+    "activation": {"code": "123456", "message": "xiaozhi.me", "challenge": "c"},
+    "mqtt": {"endpoint": "mqtt.xiaozhi.me", "client_id": "GID_test@@@aa_bb@@@u",
+             "username": "u", "password": "p", "publish_topic": "device-server",
+             "subscribe_topic": "null"},
+    "websocket": {"url": "wss://api.tenclass.net/xiaozhi/v1/", "token": "test-token"},
+    "future": {"kept": True},
+}  # fmt: skip
+
+
+def test_the_reply_keeps_the_upstreams_parts_and_names_the_gateway() -> None:
+    proxied = proxied_reply(XIAOZHI_ME, OWN)
+    reply = proxied.reply
+    for kept in ("server_time", "firmware", "activation", "future"):
+        assert reply[kept] == XIAOZHI_ME[kept]
+    assert reply["websocket"] == {"url": OWN["url"], "token": OWN["token"]}  # no version added
+    assert "mqtt" not in reply and proxied.transport == "websocket" and proxied.mqtt is None
+    assert proxied.websocket == UpstreamWebSocket(XIAOZHI_ME["websocket"]["url"], "test-token")
+    versioned = {**XIAOZHI_ME, "websocket": {**XIAOZHI_ME["websocket"], "version": 3}}
+    assert proxied_reply(versioned, OWN).reply["websocket"]["version"] == 3  # frames as before
+
+
+def test_with_the_mqtt_half_the_device_gets_the_gateways_broker() -> None:
+    own_mqtt = {"endpoint": "192.168.1.5:1883", "client_id": DEVICE}
+    proxied = proxied_reply(XIAOZHI_ME, OWN, own_mqtt, _Mqtt())
+    assert proxied.reply["mqtt"] == own_mqtt and proxied.transport == "mqtt"
+    assert proxied.mqtt == XIAOZHI_ME["mqtt"]
+    only_mqtt = {k: v for k, v in XIAOZHI_ME.items() if k != "websocket"}
+    assert proxied_reply(only_mqtt, OWN, own_mqtt, _Mqtt()).websocket is None
+    with pytest.raises(UpstreamSettingsError, match="no endpoint"):
+        proxied_reply({**only_mqtt, "mqtt": {}}, OWN, own_mqtt, _Mqtt())
+    with pytest.raises(UpstreamSettingsError, match="mqtt section is not a JSON object"):
+        proxied_reply({**only_mqtt, "mqtt": "x"}, OWN, own_mqtt, _Mqtt())
+
+
+def test_a_reply_the_gateway_cannot_proxy_says_why() -> None:
+    only_mqtt = {k: v for k, v in XIAOZHI_ME.items() if k != "websocket"}
+    with pytest.raises(UpstreamSettingsError, match="only mqtt.*MQTT broker"):
+        proxied_reply(only_mqtt, OWN)
+    with pytest.raises(UpstreamSettingsError, match="neither websocket nor mqtt"):
+        proxied_reply({"server_time": {}}, OWN)
+    with pytest.raises(UpstreamSettingsError, match="websocket.url"):
+        proxied_reply({"websocket": {"url": 3}}, OWN)

@@ -1,0 +1,424 @@
+"""A stock device keeps its voice server through the gateway, and hosts call its tools meanwhile.
+
+Real components: the test voice server (tests/upstream_server.py, like xiaozhi-esp32-server) on
+uvicorn, the gateway on uvicorn, a stock device emulator (tests/voice_device.py) on a websockets
+client, and an MCP SDK client for the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from gateway.app import Running
+from gateway.config import DeviceOptions
+from gateway.device_side.upstream.settings import WebSocketUpstreams
+from gateway.device_side.upstream.tap import GATEWAY_IDS
+from tests.conftest import bound, gateway, program
+from tests.e2e.helpers import RawDevice, exposes, until
+from tests.e2e.test_dashboard import dashboard, row
+from tests.upstream_server import (
+    ACTIVATION_CODE,
+    VISION_ANSWER,
+    VISION_TOKEN,
+    UpstreamServer,
+    UpstreamSession,
+)
+from tests.voice_device import LAMP_TOOLS, Conversation, VoiceDevice
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+@asynccontextmanager
+async def proxied(
+    tmp_path: Path, upstream: UpstreamServer, **overrides: Any
+) -> AsyncIterator[Running]:
+    """The voice server and a gateway that proxies every device to it."""
+    async with upstream.running(), gateway(tmp_path, upstream_ota_url=upstream.ota_url,
+                                           **overrides) as run:  # fmt: skip
+        yield run
+
+
+@asynccontextmanager
+async def talking(
+    run: Running, upstream: UpstreamServer, device: VoiceDevice
+) -> AsyncIterator[tuple[Conversation, UpstreamSession]]:
+    """The device checked in and talking, its server done listing its tools."""
+    await device.check_in(ota_url(run))
+    async with device.conversation() as talk:
+        session = await upstream.session(device_id=device.device_id)
+        async with asyncio.timeout(bound(10)):
+            await session.listed.wait()
+        yield talk, session
+
+
+def ota_url(run: Running) -> str:
+    return run.device_url.replace("ws", "http", 1).replace("/xiaozhi/v1/", "/xiaozhi/ota/")
+
+
+async def listed(run: Running, device: VoiceDevice) -> dict[str, Any]:
+    async with Client(run.mcp_url, mode="legacy") as client:
+        [text] = (await client.call_tool("list_devices", {})).content
+    [entry] = [d for d in json.loads(text.text)["devices"] if d["id"] == device.device_id]
+    return entry
+
+
+async def test_check_in_and_activation_go_to_the_voice_server(tmp_path: Path) -> None:
+    """The device's own headers and body reach its server; activation completes (202, 200)."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        response = await device.check_in(ota_url(run))
+        assert response.status_code == 200
+        reply = device.settings
+        assert reply["activation"]["code"] == ACTIVATION_CODE  # passed through unchanged
+        assert reply["firmware"] == {"version": "1.0.0", "url": ""}
+        assert reply["server_time"]["timezone_offset"] == 480
+        assert reply["websocket"]["url"] == run.device_url  # the gateway, not the server
+        assert "mqtt" not in reply and "upstream-secret" not in response.text
+        headers, body = upstream.ota_requests[0]
+        assert body == device.system_info()
+        for name, value in device.ota_headers().items():
+            assert headers[name.lower()] == value
+        assert await device.activate(ota_url(run)) == [202, 200]
+        assert upstream.activated == {device.device_id}
+        assert upstream.activations[0][0]["serial-number"] == "SN-0042"
+        await device.check_in(ota_url(run))  # its next boot: activated, no code to show
+        assert "activation" not in device.settings
+        stored = (tmp_path / "upstream_websocket.json").stat().st_mode & 0o777
+        assert stored == 0o600  # the server's token for the device is kept private
+
+
+async def test_a_conversation_is_relayed_while_hosts_call_the_device(tmp_path: Path) -> None:
+    """Audio both ways byte for byte, the server's MCP and a host's calls on one device."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    names = {device.device_id: DeviceOptions(name="lamp")}
+    async with proxied(tmp_path, upstream, adoption="auto", devices=names) as run:
+        await device.check_in(ota_url(run))
+        async with run.gateway.registry.changes() as changes, device.conversation() as talk:
+            assert talk.hello["session_id"] == "upstream-session"  # the server's own hello
+            session = await upstream.session()
+            assert (session.device_id, session.client_id) == (device.device_id, device.client_id)
+            async with asyncio.timeout(bound(10)):
+                await session.listed.wait()
+            assert [t["name"] for t in session.tools] == [t["name"] for t in device.board.tools]
+            assert session.initialize_reply is not None and session.initialize_reply["id"] == 1
+            await until(changes, exposes(run, device.device_id, "lamp_lamp_turn_on"))
+            uplink = [bytes([n % 256]) * (20 + n) for n in range(200)]
+            await talk.send_audio(uplink)
+            assert await session.wait_audio(len(uplink)) == uplink
+            downlink = [os.urandom(60 + n) for n in range(50)]
+            for frame in downlink:
+                await session.websocket.send_bytes(frame)
+            async with Client(run.mcp_url, mode="legacy") as host:
+                results = await asyncio.gather(
+                    *(
+                        session.call("self.audio_speaker.set_volume", {"volume": n})
+                        for n in range(5)
+                    ),
+                    *(host.call_tool("lamp_lamp_turn_on", {}) for _ in range(5)),
+                )
+            for n, reply in enumerate(results[:5]):
+                assert reply["id"] == n + 1 and "result" in reply  # its own ids, each answered
+            assert all(not r.is_error for r in results[5:])
+            assert session.unexpected == []  # no reply to the gateway's ids leaked upstream
+            assert await talk.wait_audio(len(downlink)) == downlink
+        gateway_ids = [p["id"] for p in talk.mcp if p["id"] >= GATEWAY_IDS.start]
+        assert gateway_ids and all(i in GATEWAY_IDS for i in gateway_ids)
+        vision = [p for p in talk.mcp if p.get("method") == "initialize"]
+        assert {v["params"]["capabilities"]["vision"]["url"] for v in vision} == {
+            run.device_url.replace("ws", "http", 1).replace("/xiaozhi/v1/", "/vision/explain")
+        }  # the server's initialize too: the gateway takes the camera's uploads
+        async with asyncio.timeout(bound(10)):
+            await session.closed.wait()  # the device hung up: so did the server's side
+        assert (await listed(run, device))["upstream"]["state"].startswith("idle")
+
+
+async def test_a_pending_device_keeps_its_voice_but_hosts_wait(tmp_path: Path) -> None:
+    """Approval gates what hosts see, never the device's own voice server."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (_, session):
+        reply = await session.call("self.lamp.turn_on")
+        assert "result" in reply
+        entry = await listed(run, device)
+        assert entry["state"] == "pending" and entry["tools"] == []
+        assert entry["upstream"] == {"server": upstream.base_url, "state": "in conversation"}
+
+
+async def test_a_photo_the_gateway_did_not_ask_for_goes_to_the_voice_server(
+    tmp_path: Path,
+) -> None:
+    """The camera uploads with the gateway's token; the server's flow gets it with its own."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (talk, _):
+        initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+        response = await upload(initialize["params"]["capabilities"]["vision"], device)
+    assert response.status_code == 200
+    assert response.json() == {"success": True, "result": VISION_ANSWER}
+    [(headers, body)] = upstream.uploads
+    assert headers["authorization"] == f"Bearer {VISION_TOKEN}"
+    assert headers["device-id"] == device.device_id and b"what is it?" in body
+
+
+@pytest.mark.parametrize("fault", ["garbage", "oversize", "500", "hang", "unreachable"])
+async def test_a_failing_voice_server_gets_the_device_a_retry_not_settings(
+    tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unreachable, slow, garbage, too large: a 5xx the device retries, and a clear log line."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.ota_fault = fault
+    async with upstream.running():
+        url = "http://127.0.0.1:9/xiaozhi/ota/" if fault == "unreachable" else upstream.ota_url
+        async with gateway(tmp_path, upstream_ota_url=url, upstream_timeout=1.0) as run:
+            with caplog.at_level(logging.WARNING, logger="gateway.device_side.ota"):
+                response = await device.check_in(ota_url(run))
+            assert response.status_code == (504 if fault == "hang" else 502)
+            assert "websocket" not in response.text and "mqtt" not in response.text
+            assert "voice server" in response.json()["error"]
+            assert any(device.device_id in r.getMessage() and "failed the check-in" in
+                       r.getMessage() for r in caplog.records)  # fmt: skip
+            entry = await listed(run, device)
+            assert entry["upstream"]["state"].startswith("check-in failed")
+
+
+async def test_the_voice_server_closing_closes_the_device_cleanly(tmp_path: Path) -> None:
+    """The server hangs up after the hello: the device's socket closes; it stays listed."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.session_fault = "close_after_hello"
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        with pytest.raises(ConnectionClosed):  # no server hello: the firmware gives up too
+            async with device.conversation():
+                pass
+        session = await upstream.session()
+        async with asyncio.timeout(bound(10)):
+            await session.closed.wait()
+        entry = await listed(run, device)
+        assert "closed the conversation" in entry["upstream"]["state"]
+
+
+async def test_a_refused_token_refuses_the_devices_session(tmp_path: Path) -> None:
+    """A token the server no longer takes: the device's handshake fails as it would have."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        upstream.secret = b"rotated"
+        with pytest.raises(InvalidStatus, match="403"):
+            async with device.conversation():
+                pass
+        assert upstream.refused == [device.device_id]
+        assert "HTTP 403" in (await listed(run, device))["upstream"]["state"]
+
+
+class SlowLamp(RawDevice):
+    """Answers ``self.lamp.turn_on`` only once ``release`` is set (never, in these tests)."""
+
+    def __init__(self) -> None:
+        super().__init__("", "lamp", LAMP_TOOLS)
+        self.release, self.called = asyncio.Event(), asyncio.Event()
+
+    async def respond(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        payload = message.get("payload") or {}
+        if payload.get("method") == "tools/call":
+            self.called.set()
+            await self.release.wait()
+        return await super().respond(message)
+
+
+async def test_the_device_going_away_fails_both_sides_calls_at_once(tmp_path: Path) -> None:
+    """Mid-call hang-up: the host's call and the server's call fail now, not at their timeout."""
+    upstream, device = UpstreamServer(), VoiceDevice(board=SlowLamp())
+    names = {device.device_id: DeviceOptions(name="lamp")}
+    async with proxied(tmp_path, upstream, adoption="auto", devices=names) as run:
+        await device.check_in(ota_url(run))
+        async with Client(run.mcp_url, mode="legacy") as host:
+            async with run.gateway.registry.changes() as changes, device.conversation() as talk:
+                session = await upstream.session()
+                await until(changes, exposes(run, device.device_id, "lamp_lamp_turn_on"))
+                host_call = asyncio.create_task(host.call_tool("lamp_lamp_turn_on", {}))
+                async with asyncio.timeout(bound(10)):
+                    await device.board.called.wait()  # type: ignore[attr-defined]
+                upstream_call = asyncio.create_task(session.call("self.lamp.turn_on"))
+                await asyncio.sleep(0)
+                await talk.ws.close()
+            async with asyncio.timeout(bound(5)):  # far below the 30 s call timeout
+                result = await host_call
+                with pytest.raises(ConnectionError):
+                    await upstream_call
+    assert result.is_error and "disconnected" in result.content[0].text  # type: ignore[union-attr]
+
+
+async def test_what_the_server_sends_reaches_the_device_as_sent(tmp_path: Path) -> None:
+    """Garbage text and ids in the gateway's range: the device judges the one, the other is
+    remapped for the device and restored for the server."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.session_fault = "garbage"
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, device) as (talk, session):
+            clash = GATEWAY_IDS.start + 7
+            params = {"name": "self.lamp.turn_on", "arguments": {}}
+            reply = await session.request(clash, "tools/call", params)
+            assert reply["id"] == clash and "result" in reply
+            seen = [p["id"] for p in talk.mcp if p.get("method") == "tools/call"]
+            assert seen and seen[-1] not in GATEWAY_IDS  # remapped on the way to the device
+        assert talk.garbage == ['this is not JSON {"hello"']
+
+
+async def test_a_frame_over_the_limit_ends_the_conversation_cleanly(tmp_path: Path) -> None:
+    """The server sends more than a device may get: both sides are closed, the device listed."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream, max_message_bytes=4096) as run:
+        await device.check_in(ota_url(run))
+        async with device.conversation() as talk:
+            session = await upstream.session()
+            await session.websocket.send_bytes(b"\0" * 5000)
+            async with asyncio.timeout(bound(10)):
+                await talk.closed.wait()
+                await session.closed.wait()
+        entry = await listed(run, device)
+        assert "closed the conversation with code 1009" in entry["upstream"]["state"]
+
+
+async def test_the_dashboard_shows_the_proxy_and_each_devices_voice(tmp_path: Path) -> None:
+    """Setup names the voice server; a proxied device's row says how its voice stands."""
+    program("chromium")
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with dashboard(run) as page:
+            await page.wait_for_selector(row(device.device_id))
+            notes = await page.inner_text(f"{row(device.device_id)} small.upstream")
+            assert notes == "voice: checked in (activation pending)"
+            await page.click('nav a[data-page="setup"]')
+            await page.wait_for_selector("#setup-devices dt")
+            facts = await page.inner_text("#setup-devices")
+            assert upstream.ota_url in facts and "Voice server" in facts
+
+
+async def upload(vision: dict[str, str], device: VoiceDevice) -> httpx2.Response:
+    """The camera's upload as stock firmware makes it, with the token ``initialize`` gave."""
+    async with httpx2.AsyncClient(timeout=bound(20)) as http:
+        files = {"file": ("photo.jpg", b"\xff\xd8\xff\xe0 jpeg", "image/jpeg")}
+        return await http.post(
+            vision["url"], files=files, data={"question": "what is it?"},
+            headers={"Authorization": f"Bearer {vision['token']}",
+                     "Device-Id": device.device_id, "Client-Id": device.client_id},
+        )  # fmt: skip
+
+
+async def test_a_vision_service_that_fails_is_said_to_the_device(tmp_path: Path) -> None:
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.vision_url = "http://127.0.0.1:9/vision/explain"
+    async with proxied(tmp_path, upstream) as run, talking(run, upstream, device) as (talk, _):
+        initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+        response = await upload(initialize["params"]["capabilities"]["vision"], device)
+    assert response.status_code == 502
+    assert "vision service http://127.0.0.1:9 failed" in response.json()["message"]
+
+
+async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Path) -> None:
+    """The server went away after the check-in: the device is refused as it would have been."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    serving = upstream.running()
+    await serving.__aenter__()
+    async with gateway(tmp_path, upstream_ota_url=upstream.ota_url) as run:
+        try:
+            await device.check_in(ota_url(run))
+        finally:
+            await serving.__aexit__(None, None, None)  # the server is gone
+        with pytest.raises(InvalidStatus, match="403"):
+            async with device.conversation():
+                pass
+        assert "cannot be reached" in (await listed(run, device))["upstream"]["state"]
+
+
+async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
+    tmp_path: Path,
+) -> None:
+    device = VoiceDevice()
+    gone = "http://127.0.0.1:9/xiaozhi/ota/"
+    devices = {device.device_id: DeviceOptions(upstream=gone)}
+    async with gateway(tmp_path, devices=devices, upstream_ota_url=None) as run:
+        assert await device.activate(ota_url(run), tries=1) == [502]
+        stranger = VoiceDevice(device_id="aa:bb:cc:dd:ee:99")
+        assert await stranger.activate(ota_url(run), tries=1) == [404]
+
+
+def _framed(version: int, timestamp: int, opus: bytes) -> bytes:
+    """An audio frame as protocol ``version`` frames it (docs/protocol.md §1)."""
+    size = len(opus).to_bytes(4 if version == 2 else 2, "big")
+    if version == 2:  # version, type, reserved, timestamp, payload size: 16 bytes
+        return (2).to_bytes(2, "big") + bytes(6) + timestamp.to_bytes(4, "big") + size + opus
+    return bytes(2) + size + opus  # 3: type, reserved, payload size: 4 bytes
+
+
+@pytest.mark.parametrize("version", [2, 3])
+async def test_binary_protocol_versions_pass_as_the_server_set_them(
+    tmp_path: Path, version: int
+) -> None:
+    """websocket.version reaches the device as the server gave it, Protocol-Version the
+    server; framed audio (16- or 4-byte headers) arrives byte for byte."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.websocket_version = version
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, device) as (talk, session):
+            assert device.settings["websocket"]["version"] == version
+            assert session.protocol_version == str(version)
+            frames = [_framed(version, n, bytes([n]) * 10) for n in range(20)]
+            await talk.send_audio(frames)
+            assert await session.wait_audio(len(frames)) == frames
+
+
+async def test_a_stalled_server_holds_up_only_its_own_device(tmp_path: Path) -> None:
+    """One conversation's server stops reading: its device is made to wait (backpressure, not
+    buffering: it gets nowhere near sending what it tries to), another talks on unhindered."""
+    upstream = UpstreamServer()
+    stuck, other = VoiceDevice(), VoiceDevice("aa:bb:cc:dd:ee:11", client_id="other-client")
+    upstream.stalled.add(stuck.device_id)
+    frame, tries = b"\x01" * 32_000, 2_000  # 64 MB: far beyond every buffer on the way
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, stuck) as (stuck_talk, stuck_session):
+            sent = 0
+
+            async def flood() -> None:
+                nonlocal sent
+                for _ in range(tries):
+                    await stuck_talk.ws.send(frame)
+                    sent += 1
+
+            flooding = asyncio.create_task(flood())
+            try:
+                async with talking(run, upstream, other) as (talk, session):
+                    frames = [bytes([n]) * 100 for n in range(100)]
+                    await talk.send_audio(frames)
+                    assert await session.wait_audio(len(frames)) == frames
+                # Unbounded buffering would have taken the 64 MB in the time the other device
+                # talked (loopback moves that in a fraction of a second); the device waits.
+                assert not flooding.done() and sent < tries // 2
+                assert len(stuck_session.audio) == 1
+            finally:
+                flooding.cancel()
+                upstream.unstall.set()
+
+
+async def test_a_server_reply_that_would_break_the_device_is_not_handed_on(
+    tmp_path: Path,
+) -> None:
+    """A key the device's NVS cannot take (over 15 characters aborts it at boot, §7.1)."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.websocket_extra = {"a_much_too_long_key": "x"}
+    async with proxied(tmp_path, upstream) as run:
+        response = await device.check_in(ota_url(run))
+        assert response.status_code == 502
+        assert "key longer than 15 characters" in response.json()["error"]
+        assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept

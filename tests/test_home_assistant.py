@@ -1,0 +1,160 @@
+"""The Home Assistant add-on repository: the layout the Supervisor reads, config.yaml valid by
+the rules it applies (tests/vectors/home-assistant), and the add-on's options reaching the
+gateway's settings through its entry point (home-assistant/esp_mcp_gateway/run.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from gateway import __version__
+from gateway.config import ListenAddress, load_config
+from gateway.config.keys import FIELDS, env_name
+
+ROOT = Path(__file__).resolve().parent.parent
+ADDON = ROOT / "home-assistant" / "esp_mcp_gateway"
+SCHEMA = json.loads((ROOT / "tests/vectors/home-assistant/addon-config.schema.json").read_text())
+IMAGE = "ghcr.io/esp-mcp-gateway/esp-mcp-gateway"
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def run_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ha_run", ADDON / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CONFIG = load(ADDON / "config.yaml")
+RUN = run_module()
+
+
+def errors(config: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(SCHEMA)
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(config)]
+
+
+def test_the_repository_has_what_the_add_on_store_reads() -> None:
+    """repository.yaml at the root; the add-on's folder with its config, docs, translations,
+    icon, logo and Dockerfile."""
+    repository = load(ROOT / "repository.yaml")
+    assert {"name", "url", "maintainer"} <= set(repository)
+    for name in ("config.yaml", "build.yaml", "Dockerfile", "run.py", "DOCS.md", "README.md",
+                 "translations/en.yaml", "icon.png", "logo.png"):  # fmt: skip
+        assert (ADDON / name).is_file(), name
+    # The Supervisor finds add-ons by their config file: this must be the repository's only one.
+    found = [p for p in ROOT.rglob("config.y*ml") if ".venv" not in p.parts and "node_modules"
+             not in p.parts and ".ci" not in p.parts]  # fmt: skip
+    assert found == [ADDON / "config.yaml"]
+
+
+def test_config_is_valid_by_the_supervisor_s_rules() -> None:
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    assert errors(CONFIG) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"arch": ["x86"]}, "'x86' is not one of"),
+        ({"ports": {"8765/tcp": 70000}}, "is not valid under any of the given schemas"),
+        ({"ports": {"8765/sctp": 8765}}, "does not match"),
+        ({"schema": {"host_token": "passwd"}}, "is not valid under any of the given schemas"),
+        ({"startup": "later"}, "'later' is not one of"),
+        ({"slug": "esp mcp"}, "does not match"),
+        ({"hostnetwork": True}, "Additional properties are not allowed"),
+    ],
+)
+def test_the_schema_refuses_what_the_supervisor_refuses(
+    change: dict[str, Any], complaint: str
+) -> None:
+    found = errors({**CONFIG, **change})
+    assert any(complaint in e for e in found), found
+
+
+def test_options_schema_translations_and_entry_point_agree() -> None:
+    """Every option has a schema entry, a translation and a GATEWAY_* variable; every port has
+    a description and a translation, and is one the image exposes."""
+    schema, options = CONFIG["schema"], CONFIG["options"]
+    # Required options have defaults; optional ones start unset (an empty url would not pass).
+    assert set(options) == {key for key, kind in schema.items() if not kind.endswith("?")}
+    assert set(schema) == set(RUN.ENVIRONMENT)
+    translations = load(ADDON / "translations/en.yaml")
+    assert set(translations["configuration"]) == set(schema)
+    assert set(translations["network"]) == set(CONFIG["ports"]) == set(CONFIG["ports_description"])
+    exposed = re.search(r"^EXPOSE (.+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert exposed is not None
+    assert {f"{port}/tcp" for port in exposed.group(1).split()} == set(CONFIG["ports"])
+    assert CONFIG["ingress_port"] == 8766 == RUN.HOST_PORT  # the dashboard: the host listener
+
+
+def test_every_variable_is_a_gateway_setting() -> None:
+    """Every variable the add-on sets is one the gateway reads (the voice server's one too)."""
+    known = {env_name(table, key) for table, key, _, _ in FIELDS}
+    assert "GATEWAY_UPSTREAM_OTA_URL" in set(RUN.ENVIRONMENT.values())
+    assert set(RUN.ENVIRONMENT.values()) <= known
+
+
+def test_the_add_on_is_built_on_the_gateway_s_image_of_its_version() -> None:
+    assert CONFIG["version"] == __version__
+    build = load(ADDON / "build.yaml")
+    assert set(build["build_from"]) == set(CONFIG["arch"])
+    assert set(build["build_from"].values()) == {f"{IMAGE}:{__version__}"}
+    dockerfile = (ADDON / "Dockerfile").read_text()
+    assert f"ARG BUILD_FROM={IMAGE}:{__version__}" in dockerfile
+
+
+def test_options_become_the_gateway_s_settings() -> None:
+    """What a user sets on the Configuration tab is what the gateway runs with."""
+    options = {"host_token": "a-host-token-of-32-characters-xx", "public_url":
+               "http://192.168.1.20:8765", "mqtt_mode": "external", "mqtt_host": "core-mosquitto",
+               "mqtt_port": 1883, "mqtt_username": "gateway", "mqtt_password": "secret",
+               "mqtt_public_endpoint": "", "log_level": "debug"}  # fmt: skip
+    env = RUN.environment(options)
+    config = load_config(env=env)
+    assert config.host_token == options["host_token"]
+    assert config.public_url == "http://192.168.1.20:8765"
+    assert (config.mqtt_mode, config.mqtt_host, config.mqtt_port) == (
+        "external",
+        "core-mosquitto",
+        1883,
+    )
+    assert (config.mqtt_username, config.mqtt_password) == ("gateway", "secret")
+    assert config.mqtt_listen is None and config.log_level == "debug"
+    assert "GATEWAY_MQTT_PUBLIC_ENDPOINT" not in env  # empty: the gateway's default
+    assert RUN.mcp_url(options) == "http://192.168.1.20:8766/mcp"
+    embedded = load_config(env=RUN.environment({**CONFIG["options"], "host_token": "x" * 32,
+                                                "mqtt_mode": "embedded"}))  # fmt: skip
+    assert embedded.mqtt_listen == ListenAddress("0.0.0.0", 1883)  # the image's, kept
+
+
+def test_the_defaults_refuse_to_start_without_a_host_token() -> None:
+    with pytest.raises(RUN.OptionsError, match="set host_token on the add-on's Configuration"):
+        RUN.environment(CONFIG["options"])
+    with pytest.raises(RUN.OptionsError, match="unknown option"):
+        RUN.environment({**CONFIG["options"], "host_token": "x" * 32, "colour": "blue"})
+    assert RUN.mcp_url(CONFIG["options"]) == "http://<Home Assistant address>:8766/mcp"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown needs root (CI runs as root)")
+def test_the_data_dir_becomes_the_gateway_user_s(tmp_path: Path) -> None:
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.jpg").write_bytes(b"x")
+    (tmp_path / "options.json").write_text("{}")
+    RUN.own_data_dir(tmp_path, 10001)
+    assert {p.stat().st_uid for p in [tmp_path, *tmp_path.glob("**/*")]
+            if p.name != "options.json"} == {10001}  # fmt: skip
+    assert (tmp_path / "options.json").stat().st_uid == 0
