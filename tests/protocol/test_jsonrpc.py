@@ -262,4 +262,3 @@ def test_id_allocator_gives_up_when_every_tried_id_is_in_use() -> None:
     """An in_use collection that holds every candidate raises instead of looping forever."""
     with pytest.raises(LocalProtocolError):
         IdAllocator().allocate(_Everything())
-
