@@ -14,7 +14,6 @@ import asyncio
 import logging
 import secrets
 import socket
-import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -172,10 +171,6 @@ class ClusterClient:
 
     def _client_for(self) -> aiomqtt.Client:
         login = self.login
-        context = None
-        if login.tls:
-            cafile = str(login.ca_file) if login.ca_file else None
-            context = ssl.create_default_context(cafile=cafile)
         will = aiomqtt.Will(self.topics.replica(self.replica), b"", qos=1, retain=True)
         client = aiomqtt.Client(
             login.host,
@@ -186,7 +181,7 @@ class ClusterClient:
             keepalive=_KEEPALIVE,
             timeout=10,
             clean_session=True,
-            tls_context=context,
+            tls_context=login.ssl_context(),
             will=will,
             # A call across replicas is a few small frames each way: Nagle would hold each one
             # back for the peer's delayed ACK (tens of ms); paho does not set this itself.

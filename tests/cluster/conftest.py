@@ -21,8 +21,9 @@ Check = Callable[[DeviceRegistry], bool]
 
 def cluster_options(broker_port: int, replica: str, **overrides: Any) -> dict[str, Any]:
     """The config of one replica: the cluster broker; MQTT devices come through it too."""
+    scheme = "mqtts" if overrides.get("cluster_ca_file") else "mqtt"
     return {
-        "cluster_broker": f"mqtt://127.0.0.1:{broker_port}",
+        "cluster_broker": f"{scheme}://127.0.0.1:{broker_port}",
         "cluster_name": PREFIX,
         "cluster_replica": replica,
         "mqtt_keepalive_interval": None,

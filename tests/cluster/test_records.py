@@ -115,3 +115,15 @@ async def test_device_logins_cannot_write_the_cluster_topics(tmp_path: Path) -> 
                 await replica.publish(topics.device("aabbccddee21"), record(), qos=1)
             await eventually(runs, lambda r: r.get("aabbccddee21") is not None)
             assert registry.get("aabbccddee20") is None  # the broker dropped the forgery
+
+
+async def test_a_replica_joins_over_mqtts_with_the_brokers_ca(tmp_path: Path) -> None:
+    """mqtts:// with [cluster] ca_file: the replica joins over TLS, with a password login."""
+    users = {"replica": "replica-secret"}
+    async with Mosquitto(tmp_path / "broker", users, tls=True) as broker:
+        options = {"cluster_username": "replica", "cluster_password": "replica-secret",
+                   "cluster_ca_file": broker.cert, "mqtt_mode": "off"}  # fmt: skip
+        async with replicas(tmp_path, broker.port, 1, **options) as runs:
+            cluster = runs[0].gateway.cluster
+            assert cluster is not None and cluster.health() is None
+            assert cluster.login.tls and cluster.login.port == broker.port
