@@ -26,6 +26,7 @@ from tests.mqtt_helpers import Mosquitto, MqttDevice
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 WS_DEVICE = "02:00:00:00:00:01"
+WS_ON_THIRD = "02:00:00:00:00:03"
 MQTT_DEVICE = "aa:bb:cc:dd:ee:02"
 STOCK = str(STOCK_BODY["mac_address"])
 
@@ -60,14 +61,15 @@ async def call(run: Running, name: str, arguments: dict[str, object]) -> str:
 
 
 async def test_three_replicas_one_fleet_every_call_path(tmp_path: Path) -> None:
-    """A WebSocket device on replica 1 and an MQTT device on the broker: every replica lists
-    both under the same names and calls both (local, across replicas, over MQTT)."""
+    """WebSocket devices on replicas 1 and 3 and an MQTT device on the broker: every replica
+    lists them under the same names and calls them (local, across replicas, over MQTT)."""
     async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port) as runs:
         first, second, third = runs
         assert len({run.gateway.cluster.no for run in runs if run.gateway.cluster}) == 3
         mqtt = MqttDevice("127.0.0.1", broker.port, MQTT_DEVICE, DEVICE_TOKEN, stock=False)
-        async with mqtt, listed_device(first, WS_DEVICE) as ws_device:
+        async with mqtt, listed_device(first, WS_DEVICE), listed_device(third, WS_ON_THIRD):
             await eventually(runs, lists(WS_DEVICE))
+            await eventually(runs, lists(WS_ON_THIRD))
             await eventually(runs, lists(MQTT_DEVICE))
             assert names(first) == names(second) == names(third)
             session = second.gateway.registry.get(WS_DEVICE).session  # type: ignore[union-attr]
@@ -79,6 +81,8 @@ async def test_three_replicas_one_fleet_every_call_path(tmp_path: Path) -> None:
             assert json.loads(await call(third, state, {}))["power"] is True
             over_mqtt = mcp_name(third, MQTT_DEVICE, "self.lamp.turn_on")
             assert await call(third, over_mqtt, {}) == "true"  # to an MQTT device
+            far = mcp_name(first, WS_ON_THIRD, "self.lamp.turn_on")
+            assert await call(first, far, {}) == "true"  # across, the other way
             assert mqtt.calls == ["self.lamp.turn_on"]  # once: no other replica answered
             await audit_and_metrics_say_which_replica(second)
             cold = gateway(tmp_path / "cold", **cluster_options(broker.port, "gw-cold"))
@@ -87,7 +91,6 @@ async def test_three_replicas_one_fleet_every_call_path(tmp_path: Path) -> None:
                 await eventually([late], lists(WS_DEVICE))
                 await eventually([late], lists(MQTT_DEVICE))
                 assert names(late) == names(first)
-            assert ws_device is not None
         await eventually(runs, lambda r: not r.get(WS_DEVICE).online)  # type: ignore[union-attr]
 
 
