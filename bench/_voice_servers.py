@@ -7,7 +7,12 @@
   opens the same upstream WebSocket for each device (with the device's headers) and copies
   frames both ways, nothing else.
 
+* ``mqtt_upstream_main``: the MQTT side of a voice server (``voice_mqtt.py``): an OTA answering
+  an ``mqtt`` section that names a broker, and a client on ``device-server`` of that broker that
+  publishes every message straight back to the topic the message names (``bench_reply``).
+
 Each sends its port through the pipe once it listens and serves until the pipe closes.
+``percentiles`` and ``run_bench`` are the voice benchmarks' shared figures and run.
 """
 
 from __future__ import annotations
@@ -17,8 +22,15 @@ import contextlib
 import json
 import os
 import socket
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
 
+import aiomqtt
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,6 +42,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 UPSTREAM_TOKEN = "bench-upstream-token"
+MQTT_SERVER_TOPIC = "device-server"
 _RELAYED = ("Authorization", "Device-Id", "Client-Id", "Protocol-Version")
 
 
@@ -118,3 +131,66 @@ def relay_main(conn: Connection, upstream_url: str) -> None:
         asyncio.run(_relay(conn, upstream_url))
     finally:
         os._exit(0)
+
+
+def _p2p(device_id: str) -> str:
+    return "devices/p2p/" + device_id.replace(":", "_")
+
+
+async def _mqtt_upstream(conn: Connection, broker_port: int) -> None:
+    async def ota(request: Request) -> JSONResponse:
+        device_id = request.headers.get("device-id", "")
+        mqtt = {"endpoint": f"127.0.0.1:{broker_port}", "client_id": f"GID_bench@@@{device_id}",
+                "username": "bench", "password": "bench", "publish_topic": MQTT_SERVER_TOPIC,
+                "subscribe_topic": _p2p(device_id)}  # fmt: skip
+        return JSONResponse({"server_time": {"timestamp": 0, "timezone_offset": 0}, "mqtt": mqtt})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    app = Starlette(routes=[Route("/xiaozhi/ota/", ota, methods=["POST"])])
+    config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning")
+    serving = asyncio.create_task(uvicorn.Server(config).serve(sockets=[sock]))
+    async with aiomqtt.Client("127.0.0.1", broker_port, identifier="bench-server") as client:
+        await client.subscribe(MQTT_SERVER_TOPIC)
+        conn.send(sock.getsockname()[1])  # listening already: a check-in waits in the backlog
+        async for message in client.messages:  # every message straight back where it says
+            payload = message.payload
+            assert isinstance(payload, bytes)
+            await client.publish(json.loads(payload)["bench_reply"], payload)
+    serving.cancel()
+
+
+def mqtt_upstream_main(conn: Connection, broker_port: int) -> None:
+    """Entry point of the MQTT voice server process."""
+    try:
+        asyncio.run(_mqtt_upstream(conn, broker_port))
+    finally:
+        os._exit(0)
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    """p50 and p99 of ``samples`` (seconds), in milliseconds."""
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"p50_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000}
+
+
+def run_bench(
+    name: str,
+    measure: Callable[[Path], Coroutine[Any, Any, dict[str, Any]]],
+    timeout: float,
+    cleanup: Callable[[], None],
+) -> dict[str, Any] | None:
+    """``measure(workdir)`` in a fresh directory within ``timeout`` seconds; its figures, or
+    None once stderr says why the run broke (the figures themselves decide nothing)."""
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"{name}-") as workdir:
+            return asyncio.run(asyncio.wait_for(measure(Path(workdir)), timeout))
+    except TimeoutError:
+        print(f"{name}: did not finish within {timeout:g} s", file=sys.stderr)
+    except Exception as exc:  # a broken run
+        print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        cleanup()
+    return None

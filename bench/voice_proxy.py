@@ -34,9 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import statistics
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -45,7 +43,7 @@ from typing import Any
 
 import httpx2
 from _fleet_processes import Gateway, RunBroken, _ChildServer, kill_children
-from _voice_servers import UPSTREAM_TOKEN, relay_main, upstream_main
+from _voice_servers import UPSTREAM_TOKEN, percentiles, relay_main, run_bench, upstream_main
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -130,12 +128,6 @@ async def round_trip(talk: Talk, index: int) -> float:
     return elapsed
 
 
-def _ms(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"p50_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000}
-
-
 async def latency(targets: dict[str, tuple[str, str]], frames: int) -> dict[str, Any]:
     """Round trips per target, in alternating blocks."""
     samples: dict[str, list[float]] = {name: [] for name in targets}
@@ -153,7 +145,7 @@ async def latency(targets: dict[str, tuple[str, str]], frames: int) -> dict[str,
             for name, talk in talks.items():
                 samples[name] += [await round_trip(talk, done + i) for i in range(block)]
             done += block
-    figures: dict[str, Any] = {name: _ms(values) for name, values in samples.items()}
+    figures: dict[str, Any] = {name: percentiles(values) for name, values in samples.items()}
     figures["frames"] = frames
     for key in ("p50_ms", "p99_ms"):
         figures[f"added_{key}"] = figures["gateway"][key] - figures["direct"][key]
@@ -258,18 +250,14 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on the whole run, s")
     args = parser.parse_args()
-    try:
-        with tempfile.TemporaryDirectory(prefix="voice-bench-") as workdir:
-            run = measure(Path(workdir), max(args.frames, 2), args.conversations, args.seconds)
-            figures = asyncio.run(asyncio.wait_for(run, args.timeout))
-    except TimeoutError:
-        print(f"voice_proxy: did not finish within {args.timeout:g} s", file=sys.stderr)
+    figures = run_bench(
+        "voice_proxy",
+        lambda workdir: measure(workdir, max(args.frames, 2), args.conversations, args.seconds),
+        args.timeout,
+        kill_children,
+    )
+    if figures is None:
         return 1
-    except Exception as exc:  # a broken run; the figures themselves decide nothing
-        print(f"voice_proxy: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        kill_children()
     print(json.dumps(figures, indent=2) if args.json else _table(figures))
     return 0
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -25,6 +25,9 @@ from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
 from gateway.device_side.upstream.conversation import Conversations
+from gateway.device_side.upstream.fleet import FleetTools
+from gateway.device_side.upstream.mqtt_relay import MqttProxies
+from gateway.device_side.upstream.mqtt_settings import MqttUpstreams
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.vision import VisionForwarder
 from gateway.device_side.vision import VisionTokens
@@ -65,7 +68,7 @@ class Gateway:
         self.device_tokens = device_tokens(config)
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
-        self.registry = DeviceRegistry(config, self.store)
+        self.registry = DeviceRegistry(config, self.store, audit=self.audit)
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
@@ -87,6 +90,7 @@ class Gateway:
                 self.admission.mqtt,
                 max_packet_bytes=config.limits_mqtt_max_packet_bytes,
                 limits=listener_limits(config, "mqtt"),
+                settle=self.admission.settle,
             )
             if config.mqtt_broker == "embedded"
             and config.mqtt_listen is not None
@@ -95,7 +99,8 @@ class Gateway:
         )
         self.mqtt: MqttTransport | None = None
         self.vision = VisionTokens() if config.vision_enabled else None
-        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision)
+        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
+                                       mqtt_proxies=self._mqtt_proxies())  # fmt: skip
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
             **self._proxy_parts(),
@@ -126,8 +131,37 @@ class Gateway:
             return {}
         conversations = Conversations(self.proxy, self.registry, self.sessions.serve_tapped,
                                       vision_for=self.sessions.vision_for,
-                                      max_message_bytes=self.config.max_message_bytes)  # fmt: skip
+                                      max_message_bytes=self.config.max_message_bytes,
+                                      fleet=self._fleet_tools())  # fmt: skip
         return {"proxied": conversations, "elsewhere": VisionForwarder(self.proxy)}
+
+    def _fleet_tools(self) -> Callable[[str, str], FleetTools] | None:
+        """What offers a proxied device's voice server the fleet ([upstream] fleet_tools)."""
+        if not self.config.upstream_fleet_tools:
+            return None
+
+        def fleet(device_id: str, server: str) -> FleetTools:
+            # The audit log names the voice server as the caller of what it asks for.
+            return FleetTools(self.registry, self.router, device_id, f"upstream {server}")
+
+        return fleet
+
+    def _mqtt_proxies(self) -> MqttProxies | None:
+        """Relays for the MQTT devices that keep their voice server (docs/voice-proxy.md)."""
+        config = self.config
+        if self.proxy is None or config.mqtt_broker is None:
+            return None  # no broker: the OTA reply leaves the upstream's mqtt section out
+        self.proxy.mqtt = upstreams = MqttUpstreams(config.data_dir)
+        return MqttProxies(
+            upstreams,
+            proxied=lambda device_id: (
+                self.proxy is not None and bool(self.proxy.ota_url(device_id))
+            ),
+            fleet=self._fleet_tools(),
+            taps=self.proxy.taps,
+            status=self.registry.set_upstream,
+            max_message_bytes=config.max_message_bytes,
+        )
 
     async def __aenter__(self) -> Gateway:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,8 @@ class Stack:
     def __init__(self, config: Config, clock: Callable[[], float] | None = None) -> None:
         self.config = config
         self.store = Store(config.data_dir / "registry.sqlite3")
-        self.registry = (
-            DeviceRegistry(config, self.store, clock)
-            if clock
-            else DeviceRegistry(config, self.store)
-        )
         self.audit = AuditLog(config.data_dir / "audit.log")
+        self.registry = DeviceRegistry(config, self.store, clock or time.time, audit=self.audit)
         self.router = CallRouter(config, self.audit)
         self.frontend = McpFrontend(config, self.registry, self.router)
 

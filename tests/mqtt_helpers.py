@@ -49,22 +49,20 @@ class Mosquitto:
     """A real mosquitto on loopback, started and killed by the test."""
 
     def __init__(
-        self,
-        workdir: Path,
-        users: dict[str, str] | None = None,
-        tls: bool = False,
-        *,
-        acl: str | None = None,
-        persistence: bool = False,
-    ) -> None:
-        """``acl``: the text of an ``acl_file``; ``persistence``: keep retained messages and
-        sessions in the workdir across a restart."""
+        self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False,
+        acl: str | None = None, *, username_as_clientid: bool = True, persistence: bool = False,
+    ) -> None:  # fmt: skip
+        """``acl``: an ACL file's text; with it the client id is forced to the user name, as
+        docs/mqtt.md configures mosquitto for devices (unless ``username_as_clientid`` is
+        False: replicas share one login, docs/cluster.md). ``persistence``: retained messages
+        and sessions kept in the workdir across a restart (``stop``, then ``start``)."""
         self.program = program("mosquitto")
+        self._acl = acl
+        self._username_as_clientid = username_as_clientid
+        self._persistence = persistence
         self.port = free_port()
         self._dir = workdir
         self._users = users
-        self._acl = acl
-        self._persistence = persistence
         self.tls = tls
         self._proc: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -93,9 +91,6 @@ class Mosquitto:
             lines += ["persistence true", f"persistence_location {self._dir}/"]
         else:
             lines.append("persistence false")
-        if self._acl is not None:
-            (self._dir / "acl").write_text(self._acl)
-            lines.append(f"acl_file {self._dir / 'acl'}")
         if self.tls:
             lines += [f"certfile {self.cert}", f"keyfile {self._dir / 'key.pem'}"]
         if os.geteuid() == 0:
@@ -110,6 +105,12 @@ class Mosquitto:
             lines += ["allow_anonymous false", f"password_file {passwd}"]
         else:
             lines.append("allow_anonymous true")
+        if self._acl is not None:
+            acl = self._dir / "acl"
+            acl.write_text(self._acl)
+            lines.append(f"acl_file {acl}")
+            if self._username_as_clientid:
+                lines.append("use_username_as_clientid true")
         conf = self._dir / "mosquitto.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf
@@ -133,6 +134,11 @@ class Mosquitto:
     async def _read_rest(self, stream: asyncio.StreamReader) -> None:
         while line := await stream.readline():
             self.log.append(line.decode())
+
+    @property
+    def pid(self) -> int | None:
+        """The running broker's process id (None when it is not running)."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
     async def stop(self) -> None:
         """SIGTERM: mosquitto writes its persistence file, then exits."""
@@ -196,6 +202,7 @@ class MqttDevice:
         self.connected = asyncio.Event()
         self.hellos: asyncio.Queue[JsonObject] = asyncio.Queue()
         self.received: list[JsonObject] = []
+        self.raw: list[bytes] = []  # every message as it arrived, byte for byte
         self.calls: list[str] = []
         self.called = asyncio.Event()  # set at each tools/call
         self._client: aiomqtt.Client | None = None
@@ -264,6 +271,7 @@ class MqttDevice:
 
     async def _on_message(self, payload: object) -> None:
         assert isinstance(payload, bytes)
+        self.raw.append(payload)
         message = json.loads(payload)
         self.received.append(message)
         if message.get("type") == "hello":

@@ -89,3 +89,21 @@ async def test_voice_proxy_benchmark_runs_and_reports_every_target() -> None:
         assert 0 < figures["latency"][target]["p50_ms"] <= figures["latency"][target]["p99_ms"]
     assert figures["cpu"]["conversations"] == 3 and figures["cpu"]["gateway_core_pct"] > 0
     assert figures["gateway_log"]["errors"] == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_voice_mqtt_benchmark_runs_and_reports_both_targets() -> None:
+    """`bench/voice_mqtt.py --json` times messages direct and through the gateway's MQTT relay."""
+    program("mosquitto")
+    tiny = ["--messages", "10", "--json", "--timeout", str(bound(100))]
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "voice_mqtt.py"), *tiny], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    figures = json.loads(done.stdout)
+    assert figures["messages"] == 10
+    for target in ("direct", "gateway"):
+        assert 0 < figures[target]["p50_ms"] <= figures[target]["p99_ms"]
+    assert figures["gateway_log"]["errors"] == 0

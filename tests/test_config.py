@@ -164,11 +164,13 @@ def test_upstream_from_file_per_device_and_environment(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         '[upstream]\nota_url = "https://api.tenclass.net/xiaozhi/ota/"\ntimeout = 4\n'
+        "fleet_tools = true\n"
         '[devices."AA:BB:CC:DD:EE:01"]\nupstream = "http://10.0.0.2:8002/xiaozhi/ota/"\n'
         '[devices."aa:bb:cc:dd:ee:02"]\nupstream = "off"\n',
     )
     config = load_config(path, env={"GATEWAY_DATA_DIR": str(tmp_path)})
     assert config.upstream_timeout == 4 and config.upstream_enabled
+    assert config.upstream_fleet_tools
     assert config.upstream_for("aa:bb:cc:dd:ee:01") == "http://10.0.0.2:8002/xiaozhi/ota/"
     assert config.upstream_for("aa:bb:cc:dd:ee:02") is None
     assert config.upstream_for("aa:bb:cc:dd:ee:03") == "https://api.tenclass.net/xiaozhi/ota/"

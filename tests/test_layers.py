@@ -44,7 +44,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
-        {"store", "fleet_naming"},
+        {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
         {"exposure"},  # what hosts see
         {"known"},  # the registry's core: load, queries, new devices, catalogues

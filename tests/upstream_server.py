@@ -142,6 +142,7 @@ class UpstreamServer:
         self.stalled: set[str] = set()  # devices whose sessions stop reading after one frame
         self.unstall = asyncio.Event()
         self.new_session = asyncio.Event()
+        self.mqtt_endpoint = "127.0.0.1:1883"  # its MQTT broker (tests/upstream_mqtt.py)
         self._stopping = asyncio.Event()
 
     @property
@@ -217,7 +218,7 @@ class UpstreamServer:
         if self.offer in ("mqtt", "both"):
             mac = device_id.replace(":", "_")
             reply["mqtt"] = {
-                "endpoint": "127.0.0.1:1883",
+                "endpoint": self.mqtt_endpoint,
                 "client_id": f"GID_test@@@{mac}@@@{client_id}",
                 "username": base64.b64encode(b'{"ip":"1.2.3.4"}').decode(),
                 "password": "upstream-mqtt-password",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config, settings
+from gateway.devices.audit import CLI_AGENT
 from gateway.devices.tokens import device_tokens
 from gateway.errors import GatewayError, PortTaken
 from gateway.net.addresses import Addresses
@@ -180,7 +181,7 @@ def _host_url(config: Config, url: str | None) -> str:
 def _request(config: Config, url: str | None, token: str | None, path: str,
              body: dict[str, Any] | None = None) -> tuple[int, Any]:  # fmt: skip
     target = _host_url(config, url) + path
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", "User-Agent": CLI_AGENT}
     token = token or config.host_token
     if token:
         headers["Authorization"] = f"Bearer {token}"

@@ -45,6 +45,8 @@ class Config:
     discovery_timeout: float = 15.0
     hello_timeout: float = 3.0
     adoption: str = "manual"
+    max_pending: int = 500  # devices waiting for approval; new ones past it are refused
+    pending_expiry: float = 7 * 24 * 3600.0  # a pending device unseen this long is dropped
     max_message_bytes: int = 65536
     tools_mode: str = "auto"
     tools_budget: int = 128
@@ -90,6 +92,8 @@ class Config:
     # [upstream]: the voice server stock devices keep (docs/voice-proxy.md); None: no proxy
     upstream_ota_url: str | None = None
     upstream_timeout: float = 10.0
+    # The upstream's model may also use the other devices' tools (docs/voice-proxy.md); opt-in
+    upstream_fleet_tools: bool = False
     # [cluster]: replicas on an MQTT broker cluster (gateway/cluster, docs/cluster.md); off
     # while broker is None
     cluster_broker: str | None = None

@@ -1,7 +1,25 @@
-"""Who may connect as a device, and the tokens issued to boards about to be flashed.
+"""Who may connect as a device, on every way in, and the tokens issued to boards to be flashed.
 
 One decision for both transports: the embedded broker asks at each MQTT login, the WebSocket
-route before it accepts. Each decision is told to the ``watchers`` (``/metrics`` counts refusals).
+route before it accepts (the OTA endpoint asks the registry the same question). Each decision
+is told to the ``watchers`` (``/metrics`` counts refusals); refusals go to the audit log.
+
+A login presents a device id and a secret: a shared device token or a per-board token
+(``flash``), which admit the device as trusted (approved), or a stock device's OTA-issued
+credential, which admits it as the registry has it (pending until the user approves it).
+Whatever the secret, the login also presents an *identity*, and a device is bound to the
+identity it was approved with (``DeviceAdmin.admit``); another one is refused as a conflict:
+
+- a WebSocket presents its ``Client-Id`` header;
+- an MQTT login with the OTA credential presents the Client-Id the credential was issued for
+  (the credential is an HMAC of the device id and that Client-Id: nobody else can produce it);
+- an MQTT login with a token presents no Client-Id at all, only the token: it is bound to that
+  token (``token_binding``). A stock device, bound to its Client-Id, therefore never accepts
+  the shared token or a fresh per-board token over MQTT: that was a takeover of the device with
+  a secret that every board running our firmware holds.
+
+A per-board token is bound to its device id only once the login it came with is admitted, so
+a refused attempt does not use up a fresh token.
 """
 
 from __future__ import annotations
@@ -14,15 +32,19 @@ from typing import Any
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.broker import DeviceCredentials, is_device_id
 from gateway.device_side.ota import OtaEndpoint
+from gateway.devices.audit import Actor
 from gateway.devices.enrollment import Enrollment
 from gateway.devices.link import DeviceIdentity
+from gateway.devices.logins import REFUSED
 from gateway.devices.registry import DeviceRegistry
-from gateway.devices.tokens import token_matches
+from gateway.devices.tokens import token_binding, token_matches
 from gateway.net.public import PublicAddress
 
 __all__ = ["Admission"]
 
 logger = logging.getLogger(__name__)
+
+INVALID = "missing or invalid device token"
 
 
 class Admission:
@@ -47,15 +69,23 @@ class Admission:
         self._public = public
         self._ota = ota
 
-    def mqtt(self, device_id: str, password: str) -> bool:
-        """May ``device_id`` log in to the embedded broker with ``password``?"""
-        return self._told(self.check(device_id, password, client_id=None, transport="mqtt"), "mqtt")
+    def mqtt(self, device_id: str, password: str, peer: str | None = None) -> bool:
+        """May ``device_id`` log in to the embedded broker with ``password`` (from ``peer``)?"""
+        refused = self.check(device_id, password, client_id=None, transport="mqtt", peer=peer)
+        return self._told(refused, "mqtt")
 
-    def websocket(self, identity: DeviceIdentity, token: str) -> str | None:
+    def websocket(
+        self, identity: DeviceIdentity, token: str, peer: str | None = None
+    ) -> str | None:
         """None when a device WebSocket may be accepted, else why not."""
-        refused = self.check(identity.device_id, token, identity.client_id, "websocket")
+        refused = self.check(identity.device_id, token, client_id=identity.client_id,
+                             transport="websocket", peer=peer)  # fmt: skip
         self._told(refused, "websocket")
         return refused
+
+    async def settle(self) -> None:
+        """Return once what admitted logins decided (approvals, bindings) is on disk."""
+        await self._registry.commit_decisions()
 
     def _told(self, refused: str | None, transport: str) -> bool:
         for watcher in self.watchers:
@@ -63,39 +93,54 @@ class Admission:
         return refused is None
 
     def check(
-        self, device_id: str, secret: str, client_id: str | None, transport: str
+        self,
+        device_id: str,
+        secret: str,
+        *,
+        client_id: str | None,
+        transport: str,
+        peer: str | None = None,
     ) -> str | None:
-        """None when ``device_id`` may connect with ``secret``, else why not.
+        """None when ``device_id`` may connect with ``secret``, else why not (also audited).
 
-        A shared device token or a token issued for this board (``flash``) admits it as trusted:
-        approved. A stock device's OTA-issued credential admits it as it stands in the registry
-        (pending until the user approves it); that credential is bound to the Client-Id the
-        device checked in with, so another party's check-in cannot produce it.
+        ``client_id``: the WebSocket's Client-Id header (None over MQTT); ``peer``: the address
+        the login came from.
         """
         device_id = device_id.lower()
         if not is_device_id(device_id):
-            return "malformed device id"
+            return self._refused(device_id, transport, peer, "malformed device id")
+        issued = None
         trusted = token_matches(secret, self._device_tokens)
         if not trusted:
-            issued = self._enrollment.admit(secret, device_id)
-            if issued is not None:
-                self._registry.adopt(device_id, issued.name)
-                trusted = True
-        if not trusted:
+            issued = self._enrollment.check(secret, device_id)
+            trusted = issued is not None
+        mqtt = transport == "mqtt"
+        presented = client_id
+        if trusted and mqtt:
+            presented = token_binding(secret)
+        elif not trusted:
             device = self._registry.get(device_id)  # it must have checked in through OTA
             if device is None:
-                return "missing or invalid device token"
-            presented = device.record.binding or device.record.client_id
-            if not self._credentials.admits(device_id, presented, secret):
-                return "missing or invalid device token"
-        # Over MQTT the credential itself carries the Client-Id; a WebSocket presents it.
-        return self._registry.admit(
-            device_id,
-            trusted=trusted,
-            client_id=client_id,
-            transport=transport,
-            check_binding=transport != "mqtt",
-        )
+                return self._refused(device_id, transport, peer, INVALID)
+            issued_for = device.record.binding or device.record.client_id
+            if not self._credentials.admits(device_id, issued_for, secret):
+                return self._refused(device_id, transport, peer, INVALID)
+            if mqtt:
+                presented = issued_for
+        if issued is not None and self._registry.get(device_id) is None:
+            self._registry.adopt(device_id, issued.name)  # named as it was enrolled
+        refusal = self._registry.admit(device_id, trusted=trusted, client_id=presented,
+                                       transport=transport, peer=peer)  # fmt: skip
+        if refusal is None and issued is not None:
+            self._enrollment.admit(secret, device_id)  # the token is this device's from now on
+        return refusal
+
+    def _refused(self, device_id: str, transport: str, peer: str | None, why: str) -> str:
+        known = self._registry.get(device_id)
+        self._registry.logins.note(REFUSED, Actor(transport, peer), device_id=device_id,
+                                   alias=known.alias if known else None, known=known is not None,
+                                   reason=why)  # fmt: skip
+        return why
 
     def enroll(self, name: str) -> dict[str, Any]:
         """Issue a token for a board about to be flashed, with the URLs it should use."""

@@ -42,7 +42,7 @@ def build_device_app(
             return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
         return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
-    routes = device_websocket_routes(admission.websocket, sessions.serve, proxied)
+    routes = device_websocket_routes(admission.websocket, sessions.serve, proxied, admission.settle)
     if config.ota_enabled:
         routes += ota.routes()
     if vision is not None:

@@ -192,7 +192,8 @@ class OtaEndpoint:
             logger.warning("refused OTA request from %s: %s", client, check_in)
             return JSONResponse({"error": check_in}, status_code=400)
         refusal = self._registry.admit(check_in.device_id, trusted=False, board=check_in.board,
-                                       client_id=check_in.client_id, transport="OTA")  # fmt: skip
+                                       client_id=check_in.client_id, transport="OTA",
+                                       peer=client)  # fmt: skip
         if refusal is not None:  # no credentials: a bound device is never handed to another
             logger.warning("refused OTA check-in from %s: %s", client, refusal)
             return JSONResponse({"error": refusal}, status_code=403)

@@ -10,10 +10,12 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.transports.mqtt import MqttLink, MqttTransport
+from gateway.device_side.upstream.mqtt_relay import MqttProxies, MqttRelay
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
@@ -40,7 +42,10 @@ class DeviceSessions:
         registry: DeviceRegistry,
         public: PublicAddress,
         vision: VisionTokens | None,
+        *,
+        mqtt_proxies: MqttProxies | None = None,
     ) -> None:
+        self.mqtt_proxies = mqtt_proxies  # MQTT devices that keep their voice server
         self._config = config
         self._registry = registry
         self._public = public
@@ -55,8 +60,13 @@ class DeviceSessions:
     async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
         vision = self.vision_for(identity)
+        proxies = self.mqtt_proxies if identity.transport == "mqtt" else None
+        relay = proxies.relay(link, identity.device_id, vision) if proxies else nullcontext(link)
         try:
-            await self._run(link, identity, vision)
+            async with relay as served:  # an MQTT device beside its voice server: relayed
+                await self._run(served, identity, vision, proxied=served is not link)
+                if isinstance(served, MqttRelay):  # its voice goes on until the device leaves
+                    await served.finished()
         finally:
             self.revoke(identity, vision)
 

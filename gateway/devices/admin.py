@@ -8,12 +8,18 @@ Each change is saved through the store and told to whoever watches devices.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
+from gateway.devices.audit import Actor
 from gateway.devices.device import APPROVED, PENDING, REJECTED, Device
 from gateway.devices.known import KnownDevices
+from gateway.devices.logins import CONFLICT, REFUSED
 from gateway.devices.naming import clean_alias
 from gateway.devices.store import DeviceRecord
+from gateway.devices.tokens import TOKEN_BINDING
+from gateway.errors import StorageUnavailable
 
 __all__ = ["DeviceAdmin"]
 
@@ -30,48 +36,105 @@ class DeviceAdmin(KnownDevices):
         trusted: bool,
         client_id: str | None,
         transport: str,
-        check_binding: bool = True,
         board: str | None = None,
+        peer: str | None = None,
     ) -> str | None:
         """Decide whether ``device_id`` may check in or connect; None, or why it may not.
 
         ``trusted`` is True when it presented a device token (shared or its own): it is approved
         if it was new or pending. A device without one (a stock device through OTA) is *pending*
         until the user approves it, unless ``[devices] adoption = "auto"`` or a pairing window
-        is open. Once approved, a device is bound to the Client-Id it presented: a later attempt
-        with another one is refused and kept as the device's ``conflict``, never swapped in.
+        is open; at most ``[devices] max_pending`` wait at once. Once approved, a device is
+        bound to the identity it presented (``client_id``: a Client-Id, or over MQTT what its
+        credential stands for): a later attempt with another one is refused, recorded as a
+        conflict (the device's ``conflict``, the log, the audit log), never swapped in.
+        ``peer`` is the address it came from, for the records.
         """
         device_id = device_id.lower()
+        actor = Actor(transport, peer)
         device = self._devices.get(device_id)
         if device is None:
-            device = self._device(device_id, board)
-            device.record.client_id = client_id
-            device.record.state = PENDING
-            if trusted or self._config.adoption == "auto" or self._clock() < self.pairing_until:
-                self.approve(device)
-            else:
-                logger.warning("device %s is waiting for approval: esp-mcp-gateway devices "
-                               "approve %s", device.label,
-                               device.alias if device.named else device_id)  # fmt: skip
-            return None
+            return self._first_contact(device_id, trusted, client_id, board, actor)
         record = device.record
         if record.state == REJECTED:
-            return f"device {device_id} was rejected"
-        if check_binding and record.binding is not None and client_id != record.binding:
-            device.conflict = (f"{transport} attempt with Client-Id {client_id!r} refused: "
-                               f"the device is bound to another")  # fmt: skip
-            logger.warning("refused %s for %s (%s): Client-Id %r, bound to another",
-                           transport, device.alias, device_id, client_id)  # fmt: skip
-            return f"device {device_id} is bound to another Client-Id"
+            why = f"device {device_id} was rejected"
+            self.logins.note(REFUSED, actor, device_id=device_id, alias=device.alias, reason=why)
+            return why
+        if record.binding is not None and client_id != record.binding:
+            device.conflict = (f"{transport} attempt with {_shown(client_id)} refused: "
+                               "the device is bound to another identity")  # fmt: skip
+            logger.warning("refused %s login as %s from %s: it presented %s, and the device "
+                           "is bound to another identity", transport, device.label, peer,
+                           _shown(client_id))  # fmt: skip
+            self.logins.note(CONFLICT, actor, device_id=device_id, alias=device.alias,
+                             reason=device.conflict)  # fmt: skip
+            return f"device {device_id} is bound to another identity"
         if record.state == PENDING and (trusted or self._clock() < self.pairing_until):
-            self.approve(device)
+            self.approve(device, client_id)
+        elif record.binding is None and client_id is not None and record.state == APPROVED:
+            # Approved before it ever logged in (enrolled, or known to an older version): the
+            # first login binds it, like an approval would have.
+            record.binding = client_id
+            self.decisions += 1
+            self._save(record)
         return None
 
-    def approve(self, device: Device) -> None:
-        """Let ``device`` serve tools; bind its id to the Client-Id it presented."""
+    def _first_contact(
+        self, device_id: str, trusted: bool, client_id: str | None, board: str | None,
+        actor: Actor,
+    ) -> str | None:  # fmt: skip
+        adopt = trusted or self._config.adoption == "auto" or self._clock() < self.pairing_until
+        if not adopt:
+            self.expire_pending()
+        if not adopt and not self._room_to_wait(actor, device_id):
+            return f"{self._config.max_pending} devices wait for approval already"
+        device = self._device(device_id, board)
+        token_only = client_id is not None and client_id.startswith(TOKEN_BINDING)
+        device.record.client_id = None if token_only else client_id  # a Client-Id, if it has one
+        device.record.state = PENDING
+        self.waiting[device_id] = device
+        if adopt:
+            self.approve(device, client_id)
+        else:
+            logger.warning("device %s is waiting for approval: esp-mcp-gateway devices "
+                           "approve %s", device.label,
+                           device.alias if device.named else device_id)  # fmt: skip
+        return None
+
+    def _room_to_wait(self, actor: Actor, device_id: str) -> bool:
+        """Whether one more device may wait for approval; say so when it may not."""
+        if len(self.waiting) < self._config.max_pending:
+            return True
+        self.pending_refused += 1
+        self._device_changes.publish(None)  # the dashboard shows the count
+        self._full.warning("pending", "refused new device %s from %s: %d devices wait for "
+                           "approval already ([devices] max_pending); approve, reject or forget "
+                           "some", device_id, actor.where, self._config.max_pending)  # fmt: skip
+        self.logins.note(REFUSED, actor, device_id=device_id, known=False,
+                         reason="the list of devices waiting for approval is full")  # fmt: skip
+        return False
+
+    def expire_pending(self) -> int:
+        """Drop the pending devices unseen for ``[devices] pending_expiry``; return how many."""
+        cutoff = self._clock() - self._config.pending_expiry
+        stale = [d for d in self.waiting.values() if d.record.last_seen < cutoff and not d.online]
+        for device in stale:
+            logger.info("device %s waited for approval %s, unseen: dropped", device.label,
+                        _days(self._config.pending_expiry))  # fmt: skip
+            self.forget(device)
+        return len(stale)
+
+    def approve(self, device: Device, presented: str | None = None) -> None:
+        """Let ``device`` serve tools; bind its id to the identity it presented.
+
+        ``presented``: what the login that approves it presented; else the Client-Id it was
+        last seen with (the user approves the device they saw).
+        """
         record = device.record
         record.state = APPROVED
-        record.binding = record.binding or record.client_id
+        record.binding = record.binding or presented or record.client_id
+        self.waiting.pop(device.device_id, None)
+        self.decisions += 1
         self._save(record)
         logger.info("device %s approved", device.label)
         self._show(device)
@@ -79,9 +142,54 @@ class DeviceAdmin(KnownDevices):
     def reject(self, device: Device) -> None:
         """Refuse ``device`` from now on; its tools go (the caller closes its session)."""
         device.record.state = REJECTED
+        self.waiting.pop(device.device_id, None)
         self._save(device.record)
         logger.info("device %s (%s) rejected", device.alias, device.device_id)
         self._hide(device)
+
+    async def commit_decisions(self) -> None:
+        """Return once what logins decided so far (approvals by token or pairing, first
+        bindings) is on disk; a login awaits it before it is accepted.
+
+        One commit at a time, for every login waiting (a group commit): a storm of joins costs
+        a transaction per commit's length, not one per device, and each login waits for at
+        most two. When the data dir cannot be written the device is let in all the same (the
+        store says so, and keeps trying): the decision holds in memory.
+        """
+        target = self.decisions
+        while self._committed_decisions < target:
+            if self._committing is not None:
+                await asyncio.shield(self._committing)  # then look again: it may cover ours
+                continue
+            self._committing = asyncio.get_running_loop().create_future()
+            covers = self.decisions  # the commit takes all queued from here on
+            try:
+                with contextlib.suppress(StorageUnavailable):
+                    await self._store.commit()
+            finally:
+                self._committed_decisions = max(self._committed_decisions, covers)
+                self._committing.set_result(None)
+                self._committing = None
+
+    async def settle(
+        self, action: str, device: Device | None, actor: Actor, detail: str | None = None
+    ) -> None:
+        """Commit the change the user just made, then audit it: call before saying it is done.
+
+        Raises:
+            StorageUnavailable: it could not be written (it is retried; the record says so).
+        """
+        outcome, message = "ok", detail
+        try:
+            await self._store.commit()
+        except StorageUnavailable as exc:
+            outcome, message = "not saved", str(exc)
+            raise
+        finally:
+            self.audit.event("admin", action, actor,
+                             device_id=device.device_id if device else None,
+                             alias=device.alias if device else None, outcome=outcome,
+                             message=message)  # fmt: skip
 
     def pair(self, seconds: float) -> float:
         """Approve new devices as they arrive for ``seconds``; return when that ends."""
@@ -98,6 +206,7 @@ class DeviceAdmin(KnownDevices):
         if self._devices.get(device.device_id) is not device:
             return
         del self._devices[device.device_id]
+        self.waiting.pop(device.device_id, None)
         if self._by_alias.get(device.alias) is device:
             del self._by_alias[device.alias]
         self._hide(device)
@@ -168,3 +277,16 @@ class DeviceAdmin(KnownDevices):
             return
         alias = clean_alias(name)
         self._device(device_id, None, alias if alias not in self._by_alias else None)
+
+
+def _shown(identity: str | None) -> str:
+    """An identity as the log shows it: a Client-Id, or which kind of credential it was."""
+    if identity is None:
+        return "no Client-Id"
+    if identity.startswith(TOKEN_BINDING):
+        return "a device token (no Client-Id)"
+    return f"Client-Id {identity!r}"
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:g} days" if seconds >= 86400 else f"{seconds:g} s"

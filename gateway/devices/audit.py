@@ -1,4 +1,8 @@
-"""The audit log: one JSON line per device call (who, device, tool, arguments, outcome, time).
+"""The audit log: one JSON line per device call, admin action and refused device login.
+
+Each record says who (``caller``), what (``kind``: ``call``, ``admin`` or ``login``; the tool or
+the ``action``), to which device, from where (``from``: the address it came from, when known),
+the ``outcome`` and when. A call's record also holds its arguments and how long it took.
 
 The file is private (mode 0600 in the 0700 data dir). Writing it never fails a call: when the
 disk is full or the data dir read-only the record is lost, the first failure is logged (once, not
@@ -15,13 +19,14 @@ import logging.handlers
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from io import TextIOWrapper
 from pathlib import Path
 from typing import Any
 
 from gateway.datadir import open_private, private_dir
 
-__all__ = ["AuditLog", "CallWatcher"]
+__all__ = ["CLI_AGENT", "KINDS", "Actor", "AuditLog", "CallWatcher"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +34,18 @@ _MAX_BYTES = 10 * 1024 * 1024
 _BACKUPS = 5
 _SCAN_BYTES = 4 * 1024 * 1024  # read at most this much of the log for one page
 _BLOCK = 64 * 1024
+
+CLI_AGENT = "esp-mcp-gateway-cli"  # the CLI's User-Agent: its changes are audited as the CLI's
+KINDS = ("call", "admin", "login")  # what a record is about; records before 0.x hold calls only
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who asked for a change, and from where: ``api`` (the CLI, scripts), ``dashboard``..."""
+
+    who: str
+    where: str | None = None
+
 
 # Told of every call as it ends: its outcome and how long it took (seconds); metrics count them.
 CallWatcher = Callable[[str, float], None]
@@ -105,6 +122,7 @@ class AuditLog:
             return
         entry = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "kind": "call",
             "caller": caller,
             "device_id": device_id,
             "device": alias,
@@ -118,6 +136,26 @@ class AuditLog:
             entry["replica"] = self.replica
         self._logger.info("%s", json.dumps(entry, ensure_ascii=False, default=str))
 
+    def event(
+        self, kind: str, action: str, actor: Actor, *, device_id: str | None,
+        alias: str | None = None, outcome: str = "ok", message: str | None = None,
+    ) -> None:  # fmt: skip
+        """Write the record of an admin action or a device login (``kind``); never raises."""
+        if self._handler is None:
+            return
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "kind": kind,
+            "caller": actor.who,
+            "from": actor.where,
+            "device_id": device_id,
+            "device": alias,
+            "action": action,
+            "outcome": outcome,
+            "message": message,
+        }
+        self._logger.info("%s", json.dumps(entry, ensure_ascii=False, default=str))
+
     def close(self) -> None:
         """Flush and close the file."""
         if self._handler is not None:
@@ -127,18 +165,21 @@ class AuditLog:
 
     def page(
         self, *, device: str | None = None, outcome: str | None = None,
-        cursor: str | None = None, limit: int = 50,
+        kind: str | None = None, cursor: str | None = None, limit: int = 50,
     ) -> dict[str, Any]:  # fmt: skip
-        """Records newest first, those of ``device`` (alias or id) and ``outcome`` only.
+        """Records newest first, those of ``device`` (alias or id), ``outcome`` and ``kind`` only.
 
-        ``outcome`` ``"failed"`` stands for every outcome but ``ok``. A page holds ``limit``
+        ``outcome`` ``"failed"`` stands for every outcome but ``ok``; ``kind`` is one of
+        ``KINDS``. A page holds ``limit``
         records at most and reads a few MB of the log at most; ``next_cursor`` (when more may
         follow) is where the next page starts reading, so records written meanwhile never
         shift a page.
 
         Raises:
-            ValueError: the cursor is not one this log gave out.
+            ValueError: the cursor is not one this log gave out, or ``kind`` is none of ``KINDS``.
         """
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         files = self._files()
         start = (0, files[0].stat().st_size if files else 0)
         if cursor is not None:
@@ -152,7 +193,7 @@ class AuditLog:
         for index, offset, line in _lines_backwards(files, *start):
             scanned += len(line) + 1
             entry = _parse(line)
-            if entry is not None and _matches(entry, device, outcome):
+            if entry is not None and _matches(entry, device, outcome, kind):
                 records.append(entry)
             if len(records) >= limit or scanned >= _SCAN_BYTES:
                 more = offset > 0 or index + 1 < len(files)
@@ -210,8 +251,12 @@ def _parse(line: str) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) else None
 
 
-def _matches(entry: dict[str, Any], device: str | None, outcome: str | None) -> bool:
+def _matches(
+    entry: dict[str, Any], device: str | None, outcome: str | None, kind: str | None
+) -> bool:
     if device is not None and device not in (entry.get("device"), entry.get("device_id")):
+        return False
+    if kind is not None and entry.get("kind", "call") != kind:
         return False
     if outcome == "failed":
         return entry.get("outcome") != "ok"

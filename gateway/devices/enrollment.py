@@ -88,8 +88,30 @@ class Enrollment:
             ) from None
         return token
 
+    def check(self, token: str, device_id: str) -> IssuedToken | None:
+        """The token's entry if it would admit ``device_id``, else None; binds nothing.
+
+        The caller decides first whether the device may connect at all (a device bound to
+        another identity may not), and only then ``admit``s: a refused login must not use up a
+        fresh token.
+        """
+        found = self._lookup(token, device_id)
+        return found[0] if found is not None else None
+
     def admit(self, token: str, device_id: str) -> IssuedToken | None:
         """The token's entry if it admits ``device_id`` (binding an unbound token), else None."""
+        found = self._lookup(token, device_id)
+        if found is None:
+            return None
+        issued, unbound = found
+        if unbound:
+            self._unwritten[_digest(token)] = device_id.lower()  # binds now, written or not
+        self._write_bindings()
+        return issued
+
+    def _lookup(self, token: str, device_id: str) -> tuple[IssuedToken, bool] | None:
+        """The token's entry for ``device_id`` and whether it is bound to none yet; None if it
+        is unknown or bound to another device."""
         digest = _digest(token)
         row = self._db.execute(
             "SELECT name, device_id FROM issued_tokens WHERE token_sha256 = ?", (digest,)
@@ -98,12 +120,9 @@ class Enrollment:
             return None
         name, bound = row
         bound = bound or self._unwritten.get(digest)
-        if bound is None:
-            self._unwritten[digest] = device_id.lower()  # binds now, written or not
-        elif bound != device_id.lower():
+        if bound is not None and bound != device_id.lower():
             return None
-        self._write_bindings()
-        return IssuedToken(name, device_id.lower())
+        return IssuedToken(name, device_id.lower()), bound is None
 
     def _write_bindings(self) -> None:
         """Write the bindings held in memory; on failure keep them and say so (once)."""

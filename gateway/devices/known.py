@@ -8,18 +8,22 @@ once per catalogue. What changes them lives on top of it: the user's decisions i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 
 from gateway.config import Config
+from gateway.devices.audit import AuditLog
 from gateway.devices.broadcast import Broadcast
 from gateway.devices.catalogue import Catalogue, Catalogues
-from gateway.devices.device import Device, DeviceTool
+from gateway.devices.device import PENDING, Device, DeviceTool
 from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
+from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.store import DeviceRecord, Store
+from gateway.net.limits import ThrottledLog
 
 __all__ = ["KnownDevices"]
 
@@ -30,7 +34,13 @@ logger = logging.getLogger(__name__)
 class KnownDevices:
     """Devices, catalogues and names, persisted in the data dir's SQLite store."""
 
-    def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        audit: AuditLog | None = None,
+    ) -> None:
         self._config = config
         self._store = store
         self._clock = clock
@@ -41,6 +51,15 @@ class KnownDevices:
         self._by_alias: dict[str, Device] = {}
         self.online_count = 0
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
+        # Admin actions and refused logins go to the audit log (who, what, from where).
+        self.audit = audit or AuditLog(None)
+        self.logins = LoginRecords(self.audit)
+        self.waiting: dict[str, Device] = {}  # the pending devices, at most [devices] max_pending
+        self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
+        self._committed_decisions = 0
+        self._committing: asyncio.Future[None] | None = None  # the commit of decisions running
+        self.pending_refused = 0  # new devices refused because that many waited already
+        self._full = ThrottledLog(logging.getLogger("gateway.devices.admin"))
         # Told how long each discovery took (seconds from connecting to a listed catalogue).
         self.discovery_watchers: list[Callable[[float], None]] = []
         # cluster: told of each record saved (the device id and its record) or forgotten (None)
@@ -57,6 +76,8 @@ class KnownDevices:
                 store.save_device(record)
             device = self._devices[record.device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
+            if record.state == PENDING:
+                self.waiting[record.device_id] = device
             if record.catalogue is not None and record.catalogue not in catalogues:
                 record.catalogue = None  # unreadable: the device lists its tools again anyway
                 store.save_device(record)

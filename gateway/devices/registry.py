@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.devices.admin import DeviceAdmin
+from gateway.devices.audit import Actor
 from gateway.devices.device import (
     APPROVED,
     PENDING,
@@ -28,6 +29,7 @@ from gateway.devices.device import (
     UpstreamStatus,
 )
 from gateway.devices.exposure import Changes
+from gateway.devices.logins import REPLACED
 
 # The device model and the change feed are re-exported: callers know the registry, not its parts.
 __all__ = [
@@ -71,6 +73,10 @@ class DeviceRegistry(DeviceAdmin):
         replaced, device.session = device.session, session
         if replaced is None:
             self.online_count += 1
+        else:  # the same identity again (admission refused any other): a reboot, a lost link
+            why = "a new login replaced the open session"
+            self.logins.note(REPLACED, Actor(transport or "?"), device_id=device.device_id,
+                             alias=device.alias, reason=why)  # fmt: skip
         record = device.record
         record.client_id = client_id or record.client_id
         record.transport = transport or record.transport
@@ -155,8 +161,10 @@ class DeviceRegistry(DeviceAdmin):
             self._learn_board(device, board)
         record.server_info = server_info
         record.last_seen = self._clock()
-        record.catalogue = catalogue.digest
         logger.info("device %s lists %d tools", device.label, len(catalogue.tools))
         if catalogue is not device.catalogue:
+            if record.catalogue is not None:  # its row goes once no device refers to it
+                self._store.release_catalogue(record.catalogue)
+            record.catalogue = catalogue.digest
             self._use(device, catalogue)
         self._save(record)  # after _use: its watchers see the catalogue in use (cluster)

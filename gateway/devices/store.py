@@ -1,10 +1,15 @@
 """SQLite persistence of the registry: devices, shared catalogues, and the MCP names given out.
 
-Writes are *behind* the event loop: the registry marks rows dirty (``save_*``, no I/O), and the
-``writer()`` task writes each batch in one transaction on a worker thread. A join then costs no
-disk time on the loop, a storm of joins becomes a few transactions, and a crash loses at most
-the last batch; SQLite's journal means it never corrupts what was written before. A batch that
-fails (a full disk, a read-only data dir) stays queued and is tried again; the gateway runs on.
+Device traffic is written *behind* the event loop: the registry marks rows dirty (``save_*``,
+no I/O), and the ``writer()`` task writes each batch in one transaction on a worker thread: a
+join costs no disk time on the loop, a storm of joins is a few transactions, a crash loses at
+most the last batch (SQLite's journal keeps what was written). A batch that fails (a full disk,
+a read-only data dir) stays queued and is tried again; the gateway runs on.
+
+A change the user makes (approve, reject, rename, forget) must survive a crash once the user is
+told it is done: ``commit()`` writes everything queued at once, and the caller answers only after
+it. Writes take turns (``_turn``), so a batch the writer took earlier can never land after a
+commit and put an older state back.
 
 Devices with the same firmware share one ``catalogues`` row, referenced by its digest.
 """
@@ -25,7 +30,7 @@ from typing import Any
 from gateway.datadir import create_private, tighten
 from gateway.devices.catalogue import digest_of
 from gateway.devices.naming import NameAssignment
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, StorageUnavailable
 
 __all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
 
@@ -47,6 +52,7 @@ CREATE TABLE IF NOT EXISTS devices (
     state       TEXT NOT NULL DEFAULT 'approved',
     binding     TEXT
 );
+CREATE INDEX IF NOT EXISTS devices_by_catalogue ON devices (catalogue);
 CREATE TABLE IF NOT EXISTS catalogues (
     digest TEXT PRIMARY KEY,
     tools  TEXT NOT NULL
@@ -127,16 +133,18 @@ class _Batch:
     catalogues: dict[str, str]
     names: dict[tuple[str, str], NameAssignment]
     forgotten: set[str]  # device ids whose rows go first
+    released: set[str]  # catalogue digests a device no longer uses: gone if none does
 
     def __bool__(self) -> bool:
-        return bool(self.devices or self.catalogues or self.names or self.forgotten)
+        return self.rows() > 0
 
     def rows(self) -> int:
-        return len(self.devices) + len(self.catalogues) + len(self.names) + len(self.forgotten)
+        parts = (self.devices, self.catalogues, self.names, self.forgotten, self.released)
+        return sum(len(part) for part in parts)
 
 
 def _empty() -> _Batch:
-    return _Batch({}, {}, {}, set())
+    return _Batch({}, {}, {}, set(), set())
 
 
 class Store:
@@ -149,6 +157,7 @@ class Store:
             _prepare(self._db)
         self._pending = _empty()
         self._dirty = asyncio.Event()
+        self._turn = asyncio.Lock()  # one write at a time, in the order their batches were taken
         self.rows_written = 0  # for tests and metrics: rows sent to SQLite so far
         self.transactions = 0  # ... in this many transactions
         self._failing = False
@@ -187,6 +196,12 @@ class Store:
         if entries:
             self._dirty.set()
 
+    def release_catalogue(self, digest: str) -> None:
+        """Queue the removal of a catalogue row, done if no device refers to it by then (a
+        device listing new catalogues for ever leaves none behind; ``_prepare`` sweeps too)."""
+        self._pending.released.add(digest)
+        self._dirty.set()
+
     def forget_device(self, device_id: str) -> None:
         """Queue the removal of a device's row and names (and drop its queued writes)."""
         pending = self._pending
@@ -205,6 +220,25 @@ class Store:
             self._settle(batch, self._write(batch, [r.row() for r in batch.devices.values()]))
         return batch.rows()
 
+    async def commit(self) -> None:
+        """Write everything queued now and return once it is on disk (the user's changes).
+
+        Raises:
+            StorageUnavailable: it could not be written; it stays queued and is tried again.
+        """
+        async with self._turn:
+            batch = self._take()
+            if not batch:
+                return
+            rows = [r.row() for r in batch.devices.values()]
+            error = await asyncio.to_thread(self._write, batch, rows)
+            if not self._settle(batch, error):
+                raise StorageUnavailable(
+                    f"the change is made but not saved: the gateway cannot write its data dir "
+                    f"({error}); it is saved once the data dir can be written, and lost if the "
+                    "gateway stops before"
+                )
+
     @asynccontextmanager
     async def writer(self, interval: float = 0.2) -> AsyncIterator[None]:
         """Run the write-behind task while the block runs; write the rest on exit."""
@@ -221,18 +255,20 @@ class Store:
         while True:
             await self._dirty.wait()
             await asyncio.sleep(delay)  # gather a batch: one transaction per interval, not event
-            batch = self._take()
-            rows = [r.row() for r in batch.devices.values()]  # the records' state now
-            write = asyncio.ensure_future(asyncio.to_thread(self._write, batch, rows))
-            try:
-                error = await asyncio.shield(write)
-            except asyncio.CancelledError:
-                # Shutdown while this batch is out of the queue: finish writing it. Cancelling
-                # the thread's job before a worker picked it up (a loaded machine) would drop
-                # the batch, and a device that joined just before a restart would be unknown.
-                self._settle(batch, await write)
-                raise
-            delay = interval if self._settle(batch, error) else min(delay * 2, 30.0)
+            async with self._turn:
+                batch = self._take()
+                if not batch:
+                    continue  # a commit wrote it meanwhile
+                rows = [r.row() for r in batch.devices.values()]  # the records' state now
+                write = asyncio.ensure_future(asyncio.to_thread(self._write, batch, rows))
+                try:
+                    error = await asyncio.shield(write)
+                except asyncio.CancelledError:
+                    # Shutdown while this batch is out of the queue: finish writing it (dropped,
+                    # a device that joined just before a restart would be unknown after it).
+                    self._settle(batch, await write)
+                    raise
+                delay = interval if self._settle(batch, error) else min(delay * 2, 30.0)
 
     def _take(self) -> _Batch:
         batch, self._pending = self._pending, _empty()
@@ -251,6 +287,11 @@ class Store:
                                batch.catalogues.items())  # fmt: skip
                 db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
+                db.executemany(
+                    "DELETE FROM catalogues WHERE digest = ?1 AND NOT EXISTS"
+                    " (SELECT 1 FROM devices WHERE catalogue = ?1)",
+                    [(digest,) for digest in batch.released],
+                )
                 for entry in batch.names.values():
                     db.execute(
                         "DELETE FROM tool_names WHERE name = ?"
@@ -290,6 +331,7 @@ class Store:
         for pair, entry in batch.names.items():
             pending.names.setdefault(pair, entry)
         pending.forgotten |= batch.forgotten  # deletes go first: a device back since is kept
+        pending.released |= batch.released
         self._dirty.set()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import secrets
@@ -12,9 +13,11 @@ from gateway.config import Config
 from gateway.datadir import FILE_MODE, private_dir, tighten
 
 __all__ = [
+    "TOKEN_BINDING",
     "device_tokens",
     "generated_token_path",
     "new_token",
+    "token_binding",
     "stored_secret",
     "token_matches",
 ]
@@ -68,3 +71,16 @@ def token_matches(presented: str | None, tokens: tuple[str, ...]) -> bool:
         return False
     given = presented.encode()
     return any(hmac.compare_digest(given, t.encode()) for t in tokens)
+
+
+TOKEN_BINDING = "token:"
+
+
+def token_binding(token: str) -> str:
+    """What a device that presents only ``token`` (an MQTT login) is bound to.
+
+    A login over MQTT carries no Client-Id: a device approved that way is bound to its token
+    (a digest; the token itself is never stored). A per-board token (``flash``) binds one board;
+    the shared token is the same on every board, so it binds nothing but itself.
+    """
+    return TOKEN_BINDING + hashlib.sha256(token.encode()).hexdigest()[:16]

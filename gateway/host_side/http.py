@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import (
-    AuthenticatedUser,
     BearerAuthBackend,
     RequireAuthMiddleware,
 )
@@ -45,7 +44,7 @@ from gateway.errors import (
     StorageUnavailable,
 )
 from gateway.host_side.dashboard import Dashboard
-from gateway.host_side.dashboard.session import SessionAuthBackend
+from gateway.host_side.dashboard.session import SessionAuthBackend, actor_of
 from gateway.host_side.device_listing import DeviceQuery, list_devices
 from gateway.host_side.mcp_server import McpFrontend, resolve_tool
 from gateway.host_side.metrics import GatewayMetrics
@@ -186,7 +185,9 @@ class _Api:
         if isinstance(tool, str):
             return JSONResponse({"error": tool}, 400)
         try:
-            result = await self.router.call(tool, arguments, caller=_api_caller(request), user=True)
+            result = await self.router.call(
+                tool, arguments, caller=actor_of(request).who, user=True
+            )
         except CallRejected as exc:
             return JSONResponse({"error": str(exc)}, 400)
         except DeviceError as exc:
@@ -197,7 +198,7 @@ class _Api:
 
     async def forget(self, request: Request) -> Response:
         """Remove a device and its names for good (``esp-mcp-gateway devices forget``)."""
-        return await self._device_action(request, "forgotten", self._forget, close=True)
+        return await self._device_action(request, "forget", self._forget, close=True)
 
     def _forget(self, device: Device) -> None:
         self.registry.forget(device)
@@ -206,11 +207,11 @@ class _Api:
 
     async def approve(self, request: Request) -> Response:
         """Let a pending device serve its tools (``esp-mcp-gateway devices approve``)."""
-        return await self._device_action(request, "approved", self.registry.approve)
+        return await self._device_action(request, "approve", self.registry.approve)
 
     async def reject(self, request: Request) -> Response:
         """Refuse a device from now on (``esp-mcp-gateway devices reject``)."""
-        return await self._device_action(request, "rejected", self.registry.reject, close=True)
+        return await self._device_action(request, "reject", self.registry.reject, close=True)
 
     async def pair(self, request: Request) -> Response:
         """Approve new devices as they arrive for a while (``esp-mcp-gateway devices pair``)."""
@@ -223,11 +224,14 @@ class _Api:
         ):
             return JSONResponse({"error": "seconds must be a number from 1 to 3600"}, 400)
         until = self.registry.pair(float(seconds))
+        # Pairing itself is held in memory (a restart ends it); the approvals it makes are saved.
+        await self.registry.settle("pair", None, actor_of(request), f"for {seconds:g} s")
         return JSONResponse({"pairing_for": seconds, "until": format_time(until)})
 
     async def _device_action(
-        self, request: Request, done: str, action: Callable[[Device], None], close: bool = False
+        self, request: Request, verb: str, action: Callable[[Device], None], close: bool = False
     ) -> Response:
+        """Do ``action`` to the device the body names; answer once it is saved (and audited)."""
         body = await _json_body(request)
         ref = body.get("device") if isinstance(body, dict) else None
         if not isinstance(ref, str):
@@ -239,6 +243,11 @@ class _Api:
         action(device)
         if close and session is not None:
             await session.aclose()  # if it comes back, the registry decides anew
+        try:
+            await self.registry.settle(verb, device, actor_of(request))
+        except StorageUnavailable as exc:  # done in memory, not on disk: the user must know
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
+        done = {"approve": "approved", "reject": "rejected", "forget": "forgotten"}[verb]
         return JSONResponse({done: {"device": device.alias, "id": device.device_id}})
 
     async def health(self, request: Request) -> Response:
@@ -312,19 +321,6 @@ def build_host_app(
             Middleware(AuthenticationMiddleware, backend=backend, on_error=_auth_refused)
         )
     return Starlette(routes=routes, middleware=middleware), manager
-
-
-def _api_caller(request: Request) -> str:
-    """Who called through the JSON API, as the audit log says it: ``dashboard`` or ``api``.
-
-    The dashboard is a signed-in session (its user is ``dashboard``) or, with no host token, a
-    page of this gateway: a browser's request, with an Origin the guard let through. The CLI
-    and scripts (a bearer token, or no token and no Origin) are ``api``.
-    """
-    user = request.scope.get("user")
-    if isinstance(user, AuthenticatedUser):
-        return "dashboard" if user.access_token.client_id == "dashboard" else "api"
-    return "dashboard" if request.headers.get("origin") else "api"
 
 
 def _auth_refused(conn: HTTPConnection, exc: AuthenticationError) -> Response:

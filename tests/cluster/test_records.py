@@ -102,7 +102,8 @@ async def test_device_logins_cannot_write_the_cluster_topics(tmp_path: Path) -> 
     replica, while a replica's own record does."""
     users = {"replica": "replica-secret", "aabbccddee20": "device-secret"}
     topics = ClusterTopics(PREFIX)
-    async with Mosquitto(tmp_path / "broker", users, acl=ACL) as broker:
+    broker = Mosquitto(tmp_path / "broker", users, acl=ACL, username_as_clientid=False)
+    async with broker:
         login = {"cluster_username": "replica", "cluster_password": "replica-secret"}
         async with replicas(tmp_path, broker.port, 1, **login) as runs:
             registry = runs[0].gateway.registry

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gateway.devices import audit
-from gateway.devices.audit import AuditLog
+from gateway.devices.audit import Actor, AuditLog
+from gateway.devices.logins import CONFLICT, REFUSED, LoginRecords
 
 
 def record(log: AuditLog, tool: str) -> None:
@@ -84,4 +85,51 @@ def test_page_reads_newest_first_filters_and_follows_its_cursor(tmp_path: Path) 
     assert [r["tool"] for r in log.page(outcome="failed")["records"]] == ["t4"]
     with pytest.raises(ValueError, match="cursor"):
         log.page(cursor="nonsense")
+    log.close()
+
+
+def test_admin_and_login_records_say_who_what_and_from_where(tmp_path: Path) -> None:
+    """Admin actions and logins are records beside calls; ``kind`` filters them (older
+    records, written before there were kinds, are calls)."""
+    path = tmp_path / "audit.log"
+    path.write_text(json.dumps({"device": "a", "tool": "old", "outcome": "ok"}) + "\n")
+    log = AuditLog(path)
+    log.event("admin", "approve", Actor("dashboard", "10.0.0.5"), device_id="aa:01", alias="a")
+    log.event("login", "login refused", Actor("mqtt", "10.0.0.66"), device_id="aa:01",
+              outcome="refused", message="bound to another")  # fmt: skip
+    [login] = log.page(kind="login")["records"]
+    assert (login["caller"], login["from"], login["action"], login["outcome"]) == (
+        "mqtt", "10.0.0.66", "login refused", "refused")  # fmt: skip
+    [admin] = log.page(kind="admin")["records"]
+    assert (admin["caller"], admin["from"], admin["device"]) == ("dashboard", "10.0.0.5", "a")
+    assert [r.get("tool") for r in log.page(kind="call")["records"]] == ["old"]
+    assert [r["action"] for r in log.page(device="aa:01", outcome="failed")["records"]] == [
+        "login refused"
+    ]
+    with pytest.raises(ValueError, match="kind"):
+        log.page(kind="nonsense")
+    log.close()
+
+
+def test_login_records_are_throttled_per_device_and_bounded(tmp_path: Path) -> None:
+    """A client retrying a refused login makes one record a minute, which counts the rest;
+    made-up ids are throttled by address; the table of recent records stays bounded."""
+    now = [0.0]
+    log = AuditLog(tmp_path / "audit.log")
+    logins = LoginRecords(log, interval=60, clock=lambda: now[0])
+    for _ in range(50):
+        logins.note(CONFLICT, Actor("mqtt", "10.0.0.66"), device_id="aa:01", reason="bound")
+    now[0] = 61
+    logins.note(CONFLICT, Actor("mqtt", "10.0.0.66"), device_id="aa:01", reason="bound")
+    for n in range(10_000):  # a flood of made-up ids from one address
+        logins.note(REFUSED, Actor("mqtt", "10.0.0.9"), device_id=f"aa:{n:04x}", known=False,
+                    reason="invalid token")  # fmt: skip
+    for n in range(10_000):  # ... and from many
+        logins.note(REFUSED, Actor("mqtt", f"10.1.{n // 256}.{n % 256}"), device_id=None,
+                    known=False, reason="invalid token")  # fmt: skip
+    assert len(logins) <= 4096
+    conflicts = [r["message"] for r in log.page(device="aa:01")["records"]]
+    assert conflicts == ["bound (and 49 more like it in the last 61 s)", "bound"]
+    lines = (tmp_path / "audit.log").read_text().splitlines()
+    assert sum('"10.0.0.9"' in line for line in lines) == 1
     log.close()

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.config import DeviceOptions
+from gateway.devices.audit import Actor
+from gateway.devices.store import Store
 from tests.conftest import make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
@@ -62,14 +64,18 @@ async def test_hide_mode_hides_offline_tools_after_the_grace(tmp_path: Path) -> 
 
 
 async def test_a_newer_session_is_not_undone_by_the_old_one(tmp_path: Path) -> None:
-    """The old link's late disconnect leaves a reconnected device online."""
+    """The old link's late disconnect leaves a reconnected device online; the replacement is
+    in the audit log."""
     stack = Stack(make_config(tmp_path))
     old, new = ScriptedSession(), ScriptedSession()
-    stack.registry.connect("aa:04", old)
-    assert stack.registry.connect("aa:04", new) is old
+    stack.registry.connect("aa:04", old, transport="websocket")
+    assert stack.registry.connect("aa:04", new, transport="websocket") is old
     stack.registry.disconnect("aa:04", old)
     device = stack.registry.find("aa:04")
     assert device is not None and device.online
+    [replaced] = stack.audit.page(kind="login")["records"]
+    assert (replaced["action"], replaced["caller"], replaced["outcome"]) == (
+        "session replaced", "websocket", "ok")  # fmt: skip
     stack.close()
 
 
@@ -255,3 +261,105 @@ async def test_rejected_device_is_refused_and_its_state_survives_a_restart(tmp_p
     refusal = again.registry.admit("aa:20", trusted=True, client_id="u", transport="websocket")
     assert refusal == "device aa:20 was rejected"
     again.close()
+
+
+async def test_pending_devices_are_capped_and_expire(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past max_pending a new stock device is refused (logged once, counted, audited); a
+    pending device unseen for pending_expiry makes room; a token or pairing still gets in."""
+    now = [1000.0]
+    stack = Stack(make_config(tmp_path, max_pending=3, pending_expiry=3600), lambda: now[0])
+    registry = stack.registry
+    for n in range(3):
+        assert registry.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA") is None
+    for n in range(3, 50):
+        refusal = registry.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA",
+                                 peer="10.0.0.9")  # fmt: skip
+        assert refusal == "3 devices wait for approval already"
+    assert len(registry.devices()) == 3 and registry.pending_refused == 47
+    assert caplog.text.count("devices wait for approval already ([devices] max_pending)") == 1
+    assert registry.admit("bb:01", trusted=True, client_id=None, transport="mqtt") is None
+    now[0] += 1800
+    registry.register("aa:00", board="b")  # seen again: stays
+    now[0] += 1801
+    assert registry.admit("aa:40", trusted=False, client_id="u", transport="OTA") is None
+    assert sorted(registry.waiting) == ["aa:00", "aa:40"]
+    assert registry.get("aa:01") is None and registry.get("bb:01") is not None
+    [refused] = stack.audit.page(kind="login")["records"]
+    assert (refused["from"], refused["outcome"]) == ("10.0.0.9", "refused")
+    stack.close()
+
+
+async def test_settle_commits_and_audits_a_users_change(tmp_path: Path) -> None:
+    """What the user did is on disk and in the audit log when ``settle`` returns."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    registry.admit("aa:30", trusted=False, client_id="u", transport="OTA")
+    registry.approve(registry.get("aa:30"))  # type: ignore[arg-type]
+    await registry.settle("approve", registry.get("aa:30"), Actor("cli", "127.0.0.1"))
+    again = Store(tmp_path / "registry.sqlite3")
+    [saved] = again.load().devices
+    assert (saved.state, saved.binding) == ("approved", "u")
+    again.close()
+    [entry] = stack.audit.page(kind="admin")["records"]
+    assert (entry["action"], entry["caller"], entry["device_id"]) == ("approve", "cli", "aa:30")
+    stack.close()
+
+
+async def test_an_approved_device_without_a_binding_is_bound_at_its_first_login(
+    tmp_path: Path,
+) -> None:
+    """Enrolled (named before it came) or known to an older version: the first login binds."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    registry.adopt("aa:50", "Desk")
+    assert registry.admit("aa:50", trusted=True, client_id="uuid-1", transport="websocket") is None
+    assert registry.get("aa:50").record.binding == "uuid-1"  # type: ignore[union-attr]
+    refusal = registry.admit("aa:50", trusted=True, client_id="uuid-2", transport="websocket",
+                             peer="10.0.0.66")  # fmt: skip
+    assert refusal == "device aa:50 is bound to another identity"
+    [conflict] = stack.audit.page(kind="login")["records"]
+    assert (conflict["action"], conflict["from"]) == ("login conflict", "10.0.0.66")
+    stack.close()
+
+
+async def test_logins_wait_until_their_decisions_are_on_disk_and_share_a_transaction(
+    tmp_path: Path,
+) -> None:
+    """Fifty devices let in by their token at once: one transaction writes all fifty bindings
+    before any login is accepted; a login that decided nothing writes nothing."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    for n in range(50):
+        registry.admit(f"aa:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
+    before = stack.store.transactions
+    await asyncio.gather(*(registry.commit_decisions() for _ in range(50)))
+    assert stack.store.transactions == before + 1
+    saved = Store(tmp_path / "registry.sqlite3")
+    assert sorted(r.binding or "" for r in saved.load().devices) == sorted(
+        f"u{n}" for n in range(50)
+    )
+    saved.close()
+    await registry.commit_decisions()
+    assert stack.store.transactions == before + 1
+    stack.close()
+
+
+async def test_logins_arriving_during_a_commit_share_the_next_one(tmp_path: Path) -> None:
+    """A group commit: twenty logins decided while one commit runs wait for it, then share
+    a single second transaction, and all twenty are on disk when they are let in."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    before = stack.store.transactions
+    registry.admit("bb:00", trusted=True, client_id="u", transport="websocket")
+    first = asyncio.create_task(registry.commit_decisions())
+    await asyncio.sleep(0)  # one turn of the loop: its commit has taken the batch
+    for n in range(1, 21):
+        registry.admit(f"bb:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
+    await asyncio.gather(first, *(registry.commit_decisions() for _ in range(20)))
+    assert stack.store.transactions == before + 2
+    saved = Store(tmp_path / "registry.sqlite3")
+    assert len(saved.load().devices) == 21
+    saved.close()
+    stack.close()

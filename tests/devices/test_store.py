@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import json
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from gateway.devices.naming import NameAssignment
 from gateway.devices.store import DeviceRecord, Store
+from gateway.errors import StorageUnavailable
 from tests.conftest import bound, make_config
 from tests.fakes import Stack, tool
 
@@ -112,6 +114,25 @@ def test_identical_catalogues_are_stored_once(tmp_path: Path) -> None:
     assert rows(path, "catalogues") == 1 and rows(path, "devices") == 2
 
 
+def test_a_catalogue_row_goes_when_no_device_uses_it_any_more(tmp_path: Path) -> None:
+    """A device that lists a new catalogue leaves no row behind, unless another device shares
+    the old one."""
+    stack = Stack(make_config(tmp_path))
+    path = tmp_path / "registry.sqlite3"
+    registry = stack.registry
+    for device_id in ("aa:01", "aa:02"):
+        registry.connect(device_id, object())  # type: ignore[arg-type]
+        registry.set_catalogue(device_id, (tool("self.a"),), None)
+    for n in range(20):  # aa:01 changes its tools again and again
+        registry.set_catalogue("aa:01", (tool(f"self.b{n}"),), None)
+        stack.store.flush()
+    assert rows(path, "catalogues") == 2  # aa:02's (shared before) and aa:01's latest
+    registry.set_catalogue("aa:02", (tool("self.b19"),), None)
+    stack.store.flush()
+    assert rows(path, "catalogues") == 1
+    stack.close()
+
+
 def test_first_layout_is_migrated_and_bad_tools_dropped(tmp_path: Path) -> None:
     """A registry from the first version loads: its catalogue is judged, bad tools dropped."""
     path = tmp_path / "registry.sqlite3"
@@ -132,3 +153,58 @@ def test_first_layout_is_migrated_and_bad_tools_dropped(tmp_path: Path) -> None:
     assert [r.tool for r in device.rejected] == ["self.bad"]
     assert [t.name for t in stack.registry.exposed_tools()] == ["lamp_on"]
     stack.close()
+
+
+async def test_commit_writes_at_once(tmp_path: Path) -> None:
+    """A user's change is on disk when ``commit`` returns, whatever the writer's interval."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    async with store.writer(interval=3600):
+        store.save_device(record(1))
+        await store.commit()
+        assert rows(path, "devices") == 1
+    store.close()
+
+
+async def test_a_batch_the_writer_took_earlier_never_lands_after_a_commit(tmp_path: Path) -> None:
+    """The writer took a device's old state; a commit of its new state waits its turn."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    device = record(1)
+    device.state = "pending"
+    taken, release = threading.Event(), threading.Event()
+    write = store._write
+
+    def slow_write(batch: Any, rows: list[tuple[object, ...]]) -> Exception | None:
+        if not taken.is_set():  # the writer's batch: hold it on its thread
+            taken.set()
+            release.wait(10)
+        return write(batch, rows)
+
+    store._write = slow_write  # type: ignore[method-assign]
+    async with store.writer(interval=0.0):
+        store.save_device(device)
+        await anyio.to_thread.run_sync(taken.wait, 10)
+        device.state = "approved"  # the user approves while the old state is being written
+        store.save_device(device)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(store.commit)
+            await anyio.sleep(0.05)  # the commit is waiting for its turn, not writing
+            release.set()
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT state FROM devices").fetchone()[0] == "approved"
+
+
+async def test_a_commit_that_cannot_write_says_so_and_keeps_the_change(tmp_path: Path) -> None:
+    """A full disk: the commit raises StorageUnavailable; the change is written later."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    store._db.execute("PRAGMA query_only = ON")
+    store.save_device(record(1))
+    with pytest.raises(StorageUnavailable, match="not saved"):
+        await store.commit()
+    store._db.execute("PRAGMA query_only = OFF")
+    await store.commit()
+    assert rows(path, "devices") == 1
+    store.close()

@@ -24,14 +24,16 @@ from gateway.config import ListenAddress
 from gateway.simulator import SimulatedDevice
 from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway, program
+from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import Inbox, has_tools, listed_device, until
 from tests.e2e.ingress import ingress
-from tests.e2e.test_device_trust import EMBEDDED, check_in, listed_but_pending
+from tests.e2e.test_device_trust import EMBEDDED, IMPOSTOR, check_in, listed_but_pending
 from tests.e2e.test_mqtt import STOCK, stock_device, tool_name
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 SIM = "02:00:00:00:00:01"
+STOCK_ALIAS = "bread-compact-wifi_eeff"  # the stock device's name, from its board and MAC
 HOST_TOKEN = "host-secret-for-dashboard-tests"
 
 
@@ -133,9 +135,9 @@ async def test_set_volume_form_then_read_back_audit_and_metrics(tmp_path: Path) 
 
         await page.click('nav a[data-page="audit"]')
         await page.wait_for_selector("#audit tbody tr")
-        tools = await page.locator("#audit tbody tr td:nth-child(4)").all_inner_texts()
+        tools = await page.locator("#audit tbody tr td:nth-child(6)").all_inner_texts()
         assert tools == ["self.get_device_status", "self.audio_speaker.set_volume"]
-        callers = await page.locator("#audit tbody tr td:nth-child(2)").all_inner_texts()
+        callers = await page.locator("#audit tbody tr td:nth-child(3)").all_inner_texts()
         assert callers == ["dashboard", "dashboard"]  # not "api": the CLI's calls are
         await page.select_option('#audit-filter select[name="outcome"]', "failed")
         await page.click("#audit-filter button[type=submit]")
@@ -366,6 +368,39 @@ async def test_sign_in_from_the_lan_address_with_other_cookies_around(tmp_path: 
                     async for _ in lines:
                         pass
                 assert listening.cancelled_caught, "the feed closed at the auth deadline"
+
+
+async def test_audit_page_shows_who_did_what_from_where_and_the_full_pending_list(
+    tmp_path: Path,
+) -> None:
+    """With room for one pending device, a second check-in is refused and the device page
+    says so; the approval made with a click, and the impostor's check-in after it, are on the
+    audit page with who and where, each under its own kind."""
+    async with gateway(tmp_path, **EMBEDDED, max_pending=1) as run, dashboard(run) as page:
+        assert (await check_in(run)).status_code == 200
+        other = {**STOCK_HEADERS, "Device-Id": "AA:BB:CC:00:00:99", "Client-Id": IMPOSTOR}
+        async with httpx2.AsyncClient() as http:
+            refused = await http.post(f"http://127.0.0.1:{run.device_port}/xiaozhi/ota/",
+                                      headers=other, json=STOCK_BODY)  # fmt: skip
+        assert refused.status_code == 403
+        await page.wait_for_selector("#pending-cap:not([hidden])")
+        assert "1 new devices were refused" in await page.inner_text("#pending-cap")
+        await page.click(f'{row(STOCK)} button[data-action="approve"]')
+        await page.wait_for_selector(row(STOCK, "offline"))
+        assert (await check_in(run, IMPOSTOR)).status_code == 403
+
+        await page.click('nav a[data-page="audit"]')
+        await page.select_option('#audit-filter select[name="kind"]', "admin")
+        await page.click("#audit-filter button[type=submit]")
+        await page.wait_for_selector('#audit tbody tr[data-kind="admin"]')
+        cells = await page.locator("#audit tbody tr td").all_inner_texts()
+        assert cells[1:7] == ["admin", "dashboard", "127.0.0.1", STOCK_ALIAS, "approve", ""]
+        await page.select_option('#audit-filter select[name="kind"]', "login")
+        await page.click("#audit-filter button[type=submit]")
+        await page.wait_for_selector('#audit tbody tr[data-kind="login"]')
+        whats = await page.locator("#audit tbody tr td:nth-child(6)").all_inner_texts()
+        assert whats == ["login conflict", "login refused"]
+        await screenshot(page, tmp_path, "audit-logins")
 
 
 async def test_calls_are_audited_as_the_dashboard_or_the_api(tmp_path: Path) -> None:

@@ -49,24 +49,26 @@ async def wait_listed(run: Running, device_id: str) -> None:
         await until(changes, has_tools(run, device_id))
 
 
-async def ota_check_in(run: Running) -> dict[str, Any]:
+async def ota_check_in(run: Running, headers: dict[str, str] = STOCK_HEADERS) -> dict[str, Any]:
     """What a stock device does at boot: POST to the OTA endpoint."""
     url = f"http://127.0.0.1:{run.device_port}/xiaozhi/ota/"
     async with httpx2.AsyncClient() as http:
-        response = await http.post(url, headers=STOCK_HEADERS, json=STOCK_BODY)
+        response = await http.post(url, headers=headers, json=STOCK_BODY)
     assert response.status_code == 200
     reply: dict[str, Any] = response.json()
     return reply
 
 
-def stock_device(reply: dict[str, Any], mcp: DeviceMcpServer | None = None) -> MqttDevice:
+def stock_device(
+    reply: dict[str, Any], mcp: DeviceMcpServer | None = None, device_id: str = STOCK
+) -> MqttDevice:
     """A stock-like device configured from its OTA reply only."""
     mqtt = reply["mqtt"]
     host, port = mqtt["endpoint"].rsplit(":", 1)
     return MqttDevice(
         host,
         int(port),
-        STOCK,
+        device_id,
         mqtt["password"],
         stock=True,
         username=mqtt["username"],

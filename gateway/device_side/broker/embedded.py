@@ -20,7 +20,7 @@ import asyncio
 import errno
 import logging
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -133,22 +133,27 @@ class EmbeddedBroker:
         self,
         listen: ListenAddress,
         topics: Topics,
-        admits: Callable[[str, str], bool],
+        admits: Callable[[str, str, str | None], bool],
         max_packet_bytes: int = 256 * 1024,
         limits: ListenerLimits | None = None,
+        settle: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Prepare the broker.
 
         Args:
             listen: where devices connect (port 0 picks a free port).
             topics: the device topics.
-            admits: ``admits(device_id, password)`` decides whether a device may log in.
+            admits: ``admits(device_id, password, peer)`` decides whether a device may log in
+                (``peer``: the address it came from).
             max_packet_bytes: a bigger packet closes the client's connection (packets.py).
             limits: connection caps and the CONNECT deadline (none when None).
+            settle: awaited after a device's login is admitted, before it is accepted (the
+                registry commits what the login decided).
         """
         self.listen = listen
         self.topics = topics
         self._admits = admits
+        self._settle = settle
         self.max_packet_bytes = max_packet_bytes
         self._guard = Guard(limits) if limits is not None else None
         self.gateway_password = secrets.token_urlsafe(24)
@@ -238,7 +243,10 @@ class EmbeddedBroker:
         """True for a device's login (anything but the gateway's own)."""
         return username != GATEWAY_LOGIN
 
-    def admit(self, client_id: str | None, username: str | None, password: object) -> bool:
+    def admit(
+        self, client_id: str | None, username: str | None, password: object,
+        peer: str | None = None,
+    ) -> bool:  # fmt: skip
         """Decide a CONNECT: the gateway itself, or a device with a valid password."""
         if isinstance(password, bytes):
             password = password.decode("utf-8", "replace")
@@ -254,10 +262,17 @@ class EmbeddedBroker:
                 client_id,
             )
             return False
-        if not self._admits(username, password):
-            logger.warning("refused MQTT device %s: wrong password", username)
+        if not self._admits(username, password, peer):
+            logger.warning(
+                "refused MQTT device %s from %s (the audit log says why)", username, peer
+            )
             return False
         return True
+
+    async def settle(self) -> None:
+        """Commit what an admitted device login decided (``settle``), before accepting it."""
+        if self._settle is not None:
+            await self._settle()
 
     def allows(self, username: str | None, topic: str, *, publish: bool) -> bool:
         """May ``username`` publish to (or else subscribe to / receive) ``topic``?"""

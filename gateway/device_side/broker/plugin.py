@@ -28,8 +28,14 @@ class BrokerPolicy(Protocol):
 
     topics: Topics
 
-    def admit(self, client_id: str | None, username: str | None, password: object) -> bool:
-        """Whether this login may connect."""
+    def admit(
+        self, client_id: str | None, username: str | None, password: object, peer: str | None
+    ) -> bool:
+        """Whether this login (from address ``peer``) may connect."""
+        ...
+
+    async def settle(self) -> None:
+        """Commit what an admitted login decided, before it is accepted."""
         ...
 
     def allows(self, username: str | None, topic: str, *, publish: bool) -> bool:
@@ -62,7 +68,12 @@ class GatewayAuthPlugin(BaseAuthPlugin):  # type: ignore[misc]  # amqtt is untyp
         """Ask the owner; refuse everyone before it is attached."""
         if self.owner is None:
             return False
-        return self.owner.admit(session.client_id, session.username, session.password)
+        owner = self.owner
+        peer = getattr(session, "remote_address", None)
+        admitted = owner.admit(session.client_id, session.username, session.password, peer)
+        if admitted:
+            await owner.settle()
+        return admitted
 
 
 class GatewayTopicPlugin(BaseTopicPlugin):  # type: ignore[misc]  # amqtt is untyped

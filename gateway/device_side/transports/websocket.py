@@ -64,12 +64,13 @@ def _first(*values: str | None) -> str | None:
     return next((v for v in values if v), None)
 
 
-Admit = Callable[[DeviceIdentity, str], str | None]
-"""``admit(identity, token)``: None when this device may connect with this token, else why not."""
+Admit = Callable[[DeviceIdentity, str, str | None], str | None]
+"""``admit(identity, token, peer)``: None when this device may connect with this token (from
+address ``peer``), else why not."""
 
 
 def authenticate(
-    headers: Mapping[str, str], query: Mapping[str, str], admit: Admit
+    headers: Mapping[str, str], query: Mapping[str, str], admit: Admit, peer: str | None = None
 ) -> DeviceIdentity | str:
     """The device's identity if it is admitted, else the reason to refuse it."""
     device_id = _first(headers.get("device-id"), query.get("device-id"), query.get("device_id"))
@@ -88,7 +89,7 @@ def authenticate(
     )
     if not token:
         return "missing device token"
-    refusal = admit(identity, token)
+    refusal = admit(identity, token, peer)
     return identity if refusal is None else refusal
 
 
@@ -101,17 +102,25 @@ def device_websocket_routes(
     admit: Admit,
     serve: Callable[[StarletteLink, DeviceIdentity], Awaitable[None]],
     proxied: Proxied | None = None,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> list[BaseRoute]:
-    """The device WebSocket routes; ``serve`` runs a connection for an authenticated device."""
+    """The device WebSocket routes; ``serve`` runs a connection for an authenticated device.
+
+    ``settle`` is awaited once a device is admitted, before its WebSocket is accepted (the
+    registry commits what the login decided).
+    """
 
     async def endpoint(websocket: WebSocket) -> None:
         client = websocket.client
         remote = f"{client.host}:{client.port}" if client else None
-        identity = authenticate(websocket.headers, websocket.query_params, admit)
+        peer = client.host if client else None
+        identity = authenticate(websocket.headers, websocket.query_params, admit, peer)
         if isinstance(identity, str):
             logger.warning("refused device WebSocket from %s: %s", remote, identity)
             await websocket.close(code=1008)  # before accept(): the client gets HTTP 403
             return
+        if settle is not None:  # what the login decided is on disk before it is accepted
+            await settle()
         conversation = proxied(identity) if proxied is not None else None
         if conversation is not None:  # beside its voice server (docs/voice-proxy.md)
             await conversation(websocket)

@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
+from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.relay import UpstreamRefused, open_upstream, relay
 from gateway.device_side.upstream.settings import UpstreamWebSocket, server_of
@@ -46,7 +47,9 @@ class Conversations:
         *,
         vision_for: Callable[[DeviceIdentity], Vision],
         max_message_bytes: int,
+        fleet: Callable[[str, str], FleetTools] | None = None,
     ) -> None:
+        self._fleet = fleet  # (device id, server) -> the fleet its server is offered; None: none
         self._proxy = proxy
         self._registry = registry
         self._serve = serve
@@ -86,9 +89,10 @@ class Conversations:
         logger.info("device %s: conversation relayed to its voice server %s", device_id,
                     upstream.where)  # fmt: skip
         try:
+            fleet = self._fleet(device_id, server) if self._fleet is not None else None
             ended = await relay(websocket, connection, identity, tap,
                                 lambda link, who: self._serve(link, who, vision),
-                                max_message_bytes=self._max_bytes)  # fmt: skip
+                                max_message_bytes=self._max_bytes, fleet=fleet)  # fmt: skip
         finally:
             if self._proxy.taps.get(device_id) is tap:
                 del self._proxy.taps[device_id]

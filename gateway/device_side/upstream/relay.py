@@ -33,6 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.settings import UpstreamWebSocket
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
@@ -144,23 +145,31 @@ async def relay(
     serve: Serve,
     *,
     max_message_bytes: int,
+    fleet: FleetTools | None = None,
 ) -> str:
-    """Carry one accepted device conversation to ``upstream`` and back; return how it ended."""
+    """Carry one accepted device conversation to ``upstream`` and back; return how it ended.
+
+    With ``fleet``, the server's listing also offers the fleet's tools and its calls of those
+    are the gateway's to make (``FleetTools``).
+    """
     link = TappedLink(device)
     gateway = asyncio.create_task(
         serve(link, identity), name=f"gateway.upstream[{identity.device_id}]"
     )
+    limit, fleet_calls = max_message_bytes, set[asyncio.Task[None]]()
     pumps = [
-        asyncio.create_task(_device_to_upstream(device, upstream, tap, link, max_message_bytes)),
-        asyncio.create_task(_upstream_to_device(upstream, device, tap, link, max_message_bytes)),
+        asyncio.create_task(_device_to_upstream(device, upstream, tap, link, limit, fleet)),
+        asyncio.create_task(
+            _upstream_to_device(upstream, device, tap, link, limit, (fleet, fleet_calls))
+        ),
     ]
     try:
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         ended = next(iter(done)).result()
     finally:
-        for pump in pumps:
-            pump.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        for task in (*pumps, *fleet_calls):
+            task.cancel()
+        await asyncio.gather(*pumps, *fleet_calls, return_exceptions=True)
         link.end()
         await _close_both(device, upstream)
         await asyncio.gather(gateway, return_exceptions=True)
@@ -168,7 +177,12 @@ async def relay(
 
 
 async def _device_to_upstream(
-    device: WebSocket, upstream: ClientConnection, tap: McpTap, link: TappedLink, limit: int
+    device: WebSocket,
+    upstream: ClientConnection,
+    tap: McpTap,
+    link: TappedLink,
+    limit: int,
+    fleet: FleetTools | None,
 ) -> str:
     try:
         while True:
@@ -190,7 +204,8 @@ async def _device_to_upstream(
                 continue
             route = tap.from_device(mcp["payload"])
             if route.to_upstream is not None:
-                await upstream.send(_reframe(text, mcp, route.to_upstream))
+                out = route.to_upstream if fleet is None else fleet.from_device(route.to_upstream)
+                await upstream.send(_reframe(text, mcp, out))
             if route.to_gateway is not None:
                 await link.feed(text)
     except ConnectionClosed:
@@ -200,8 +215,14 @@ async def _device_to_upstream(
 
 
 async def _upstream_to_device(
-    upstream: ClientConnection, device: WebSocket, tap: McpTap, link: TappedLink, limit: int
+    upstream: ClientConnection,
+    device: WebSocket,
+    tap: McpTap,
+    link: TappedLink,
+    limit: int,
+    fleet_calls: tuple[FleetTools | None, set[asyncio.Task[None]]],
 ) -> str:
+    fleet, calls = fleet_calls
     try:
         async for frame in upstream:
             if isinstance(frame, bytes):
@@ -217,6 +238,11 @@ async def _upstream_to_device(
                     hello, link.hello = link.hello, None
                     await link.feed(hello)
                 continue
+            if fleet is not None and fleet.from_upstream(mcp["payload"]):
+                call = asyncio.create_task(_fleet_call(fleet, mcp, upstream))
+                calls.add(call)  # the gateway calls another device: no wait here
+                call.add_done_callback(calls.discard)
+                continue
             route = tap.from_upstream(mcp["payload"])
             if route.to_device is not None:
                 await device.send_text(_reframe(frame, mcp, route.to_device))
@@ -227,6 +253,12 @@ async def _upstream_to_device(
     except _CLOSED:
         return "the device went away"
     return _closed_by_upstream(upstream)
+
+
+async def _fleet_call(fleet: FleetTools, message: JsonObject, upstream: ClientConnection) -> None:
+    reply = await fleet.call(message["payload"])
+    with contextlib.suppress(ConnectionClosed):  # the conversation ended meanwhile
+        await upstream.send(encode({**message, "payload": reply}))
 
 
 def _closed_by_upstream(upstream: ClientConnection) -> str:

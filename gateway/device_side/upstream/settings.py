@@ -13,13 +13,18 @@ import json
 import logging
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from gateway.datadir import create_private
 
 __all__ = [
+    "KeptSettings",
     "UpstreamSettingsError",
     "UpstreamWebSocket",
     "WebSocketUpstreams",
@@ -28,6 +33,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound="DataclassInstance")
 
 _MAX_TEXT = 1024  # a longer URL or token is not one the gateway will present anywhere
 _STORE_FILE = "upstream_websocket.json"
@@ -84,25 +91,30 @@ def parse_upstream_websocket(section: object) -> UpstreamWebSocket:
     return UpstreamWebSocket(url, token or None, version)
 
 
-class WebSocketUpstreams:
-    """The upstream WebSocket of every proxied device, by device id (data dir, mode 0600)."""
+class KeptSettings(Generic[T]):
+    """Settings of each proxied device, by device id, kept in a data dir file (mode 0600).
 
-    def __init__(self, data_dir: Path) -> None:
-        self._path = data_dir / _STORE_FILE
-        self._settings: dict[str, UpstreamWebSocket] = {}
+    ``parse`` reads back one stored entry (``asdict`` of the settings) and raises
+    ``UpstreamSettingsError`` or ``TypeError`` when it cannot; such an entry is skipped.
+    """
+
+    def __init__(self, path: Path, parse: Callable[[object], T]) -> None:
+        self._path = path
+        self._parse = parse
+        self._settings: dict[str, T] = {}
         self._load()
 
-    def get(self, device_id: str) -> UpstreamWebSocket | None:
-        """The upstream of ``device_id``, or None if it has none (not proxied over WebSocket)."""
+    def get(self, device_id: str) -> T | None:
+        """The settings of ``device_id``, or None if it has none (not proxied this way)."""
         return self._settings.get(device_id.lower())
 
-    def put(self, device_id: str, settings: UpstreamWebSocket | None) -> None:
-        """Keep (or, with None, forget) the upstream of ``device_id``; saved when it changed."""
+    def put(self, device_id: str, settings: T | None) -> None:
+        """Keep (or, with None, forget) the settings of ``device_id``; saved when they changed."""
         device_id = device_id.lower()
         if self._settings.get(device_id) == settings:
             return  # every boot checks in: the file is written only when something changed
         if settings is None:
-            del self._settings[device_id]
+            self._settings.pop(device_id, None)
         else:
             self._settings[device_id] = settings
         self._save()
@@ -118,8 +130,8 @@ class WebSocketUpstreams:
             return
         for device_id, raw in data.items() if isinstance(data, dict) else ():
             try:
-                self._settings[device_id] = parse_upstream_websocket(raw)
-            except UpstreamSettingsError as exc:
+                self._settings[device_id] = self._parse(raw)
+            except (UpstreamSettingsError, TypeError) as exc:
                 logger.warning("%s: the entry of %s is unusable (%s); skipped",
                                self._path, device_id, exc)  # fmt: skip
 
@@ -128,3 +140,10 @@ class WebSocketUpstreams:
         temporary = create_private(self._path.with_suffix(".tmp"))
         temporary.write_text(json.dumps(data, indent=1))
         os.replace(temporary, self._path)  # a crash mid-write leaves the old file whole
+
+
+class WebSocketUpstreams(KeptSettings[UpstreamWebSocket]):
+    """The upstream WebSocket of every proxied device, by device id (data dir, mode 0600)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir / _STORE_FILE, parse_upstream_websocket)

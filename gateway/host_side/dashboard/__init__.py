@@ -31,7 +31,14 @@ from starlette.types import ASGIApp
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.registry import DeviceRegistry
-from gateway.host_side.dashboard.session import COOKIE, LIFETIME, Sessions, cookie_value
+from gateway.errors import StorageUnavailable
+from gateway.host_side.dashboard.session import (
+    COOKIE,
+    LIFETIME,
+    Sessions,
+    actor_of,
+    cookie_value,
+)
 from gateway.host_side.dashboard.views import device_summary, device_tools, setup_facts
 from gateway.net.public import PublicAddress
 from gateway.net.rate_limit import RateLimiter, rate_limited
@@ -170,16 +177,22 @@ class Dashboard:
             alias = self.registry.rename(device, name)
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, 409)
+        try:
+            await self.registry.settle("rename", device, actor_of(request), f"to {alias}")
+        except StorageUnavailable as exc:  # renamed in memory, not on disk: the user must know
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
         return JSONResponse({"renamed": {"device": alias, "id": device.device_id}})
 
     async def audit_page(self, request: Request) -> Response:
-        """Audit records newest first; ``device``, ``outcome`` (or ``failed``), ``cursor``."""
+        """Audit records newest first; ``device``, ``outcome`` (or ``failed``), ``kind``,
+        ``cursor``."""
         query = request.query_params
         try:
             limit = min(max(int(query.get("limit", "50")), 1), 500)
             page = self.audit.page(
                 device=query.get("device") or None,
                 outcome=query.get("outcome") or None,
+                kind=query.get("kind") or None,
                 cursor=query.get("cursor") or None,
                 limit=limit,
             )
@@ -194,6 +207,12 @@ class Dashboard:
         facts = setup_facts(self.config, self.public, self.device_token(), host)
         return JSONResponse(facts, headers={"Cache-Control": "no-store"})
 
+    def _pending(self) -> dict[str, int]:
+        """How many devices wait for approval, how many may, and how many were refused."""
+        registry = self.registry
+        return {"waiting": len(registry.waiting), "max": self.config.max_pending,
+                "refused": registry.pending_refused}  # fmt: skip
+
     def _summaries(self) -> list[dict[str, Any]]:
         return [device_summary(device) for device in self.registry.devices()]
 
@@ -202,6 +221,7 @@ class Dashboard:
         async with self.registry.device_changes() as changes:
             while alive is None or alive():
                 yield f"event: devices\ndata: {json.dumps(self._summaries())}\n\n"
+                yield f"event: pending\ndata: {json.dumps(self._pending())}\n\n"
                 await asyncio.sleep(FEED_INTERVAL)
                 while True:
                     try:

@@ -28,7 +28,10 @@ from starlette.authentication import (
 )
 from starlette.requests import HTTPConnection, cookie_parser
 
-__all__ = ["COOKIE", "CSRF_HEADER", "Session", "SessionAuthBackend", "Sessions"]
+from gateway.devices.audit import CLI_AGENT, Actor
+
+__all__ = ["COOKIE", "CSRF_HEADER", "Session", "SessionAuthBackend", "Sessions",
+           "actor_of"]  # fmt: skip
 
 COOKIE = "gateway_session"
 CSRF_HEADER = "x-csrf-token"
@@ -129,3 +132,25 @@ class SessionAuthBackend(AuthenticationBackend):
                 raise AuthenticationError("missing or wrong CSRF token: reload the dashboard")
         user = AuthenticatedUser(AccessToken(token="", client_id="dashboard", scopes=[]))
         return AuthCredentials([]), user
+
+
+def actor_of(connection: HTTPConnection) -> Actor:
+    """Who made a call or a change through the JSON API, for the audit log, and from where.
+
+    ``dashboard``: a signed-in session (its user is ``dashboard``) or, with no host token, a
+    page of this gateway (a browser's request, with an Origin the guard let through). ``cli``:
+    the CLI (its User-Agent). ``api``: anything else (scripts, with a bearer token or none).
+    """
+    headers = connection.headers
+    user = connection.scope.get("user")
+    if isinstance(user, AuthenticatedUser):
+        browser = user.access_token.client_id == "dashboard"
+    else:
+        browser = bool(headers.get("origin"))
+    if browser:
+        who = "dashboard"
+    elif headers.get("user-agent", "").startswith(CLI_AGENT):
+        who = "cli"
+    else:
+        who = "api"
+    return Actor(who, connection.client.host if connection.client else None)

@@ -23,7 +23,7 @@ DEVICE = "aa:bb:cc:dd:ee:01"
 OTHER = "aa:bb:cc:dd:ee:02"
 
 
-def admits(device_id: str, password: str) -> bool:
+def admits(device_id: str, password: str, peer: str | None = None) -> bool:
     return password == TOKEN or password == f"pw-{device_id}"
 
 

@@ -77,7 +77,7 @@ async def dropped(reader: asyncio.StreamReader) -> None:
 async def broker(
     limit: int = LIMIT, limits: ListenerLimits | None = None
 ) -> AsyncIterator[EmbeddedBroker]:
-    def admits(device_id: str, password: str) -> bool:
+    def admits(device_id: str, password: str, peer: str | None = None) -> bool:
         return password == TOKEN
 
     listen = ListenAddress("127.0.0.1", 0)

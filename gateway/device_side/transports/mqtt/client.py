@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiomqtt
 
+from gateway.device_side.broker.aiomqtt_fixes import consume_disconnect, honour_cancellation
 from gateway.devices.link import LinkClosed
 
 __all__ = ["BrokerClient", "BrokerLogin", "honour_cancellation"]
@@ -128,27 +129,7 @@ class BrokerClient:
                 self._client = None
                 self.connected.clear()
                 self._on_disconnected()
-                _consume_disconnect(client)
+                consume_disconnect(client)
             honour_cancellation()
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
-
-
-def honour_cancellation() -> None:
-    """Raise ``CancelledError`` if the current task was cancelled but carries on anyway.
-
-    Python 3.11's ``asyncio.wait_for`` (which aiomqtt awaits on connect, subscribe and publish)
-    swallows a cancellation that arrives just as its future completes (fixed in 3.12); the task
-    still counts it, so a reconnect loop checks here, or it would never stop.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-def _consume_disconnect(client: aiomqtt.Client) -> None:
-    # aiomqtt leaves the error of a connection lost outside message iteration (say, during a
-    # subscribe) unretrieved in a private future; asyncio would log it when collected.
-    future = getattr(client, "_disconnected", None)
-    if isinstance(future, asyncio.Future) and future.done() and not future.cancelled():
-        future.exception()

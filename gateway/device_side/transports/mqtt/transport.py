@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from types import TracebackType
 
 from gateway.device_side.broker import PresenceFeed, Topics
+from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt.client import BrokerClient, BrokerLogin
 from gateway.device_side.transports.mqtt.link import MqttLink
 from gateway.device_side.transports.mqtt.liveness import Liveness, Peer
@@ -105,11 +106,7 @@ class MqttTransport:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        pending = set(self._tasks)
-        while pending:  # cancel again if aiomqtt swallowed it (see honour_cancellation)
-            for task in pending:
-                task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=1.0)
+        await cancel_all(self._tasks)
         if self._presence is not None:
             self._presence.close()
         for peer in self._peers.values():

@@ -48,8 +48,17 @@ function watchDevices() {
     state.devices = JSON.parse(event.data);
     renderDevices();
   });
+  events.addEventListener("pending", (event) => renderPending(JSON.parse(event.data)));
   events.onopen = () => { live.textContent = "live"; live.classList.add("on"); };
   events.onerror = () => { live.textContent = "reconnecting…"; live.classList.remove("on"); };
+}
+
+function renderPending(pending) {
+  const box = document.getElementById("pending-cap");
+  box.hidden = pending.refused === 0 && pending.waiting < pending.max;
+  box.textContent = `${pending.waiting} of at most ${pending.max} devices wait for approval` +
+    (pending.refused ? `; ${pending.refused} new devices were refused because the list was full.` : ".") +
+    " Approve, reject or forget some, or raise [devices] max_pending.";
 }
 
 function renderDevices() {
@@ -159,21 +168,27 @@ async function pair() {
 async function loadAudit(more) {
   const filter = new FormData(document.getElementById("audit-filter"));
   const query = new URLSearchParams({limit: "50"});
-  for (const key of ["device", "outcome"]) if (filter.get(key)) query.set(key, filter.get(key));
+  for (const key of ["device", "outcome", "kind"]) if (filter.get(key)) query.set(key, filter.get(key));
   if (more && state.auditCursor) query.set("cursor", state.auditCursor);
   const page = await api(`api/audit?${query}`);
   const body = document.querySelector("#audit tbody");
-  const rows = page.records.map((r) => el("tr", {"data-outcome": r.outcome},
-    el("td", {text: r.time}), el("td", {text: r.caller}), el("td", {text: r.device || r.device_id || ""}),
-    el("td", {}, el("code", {text: r.tool})), el("td", {}, el("code", {text: JSON.stringify(r.arguments)})),
-    el("td", {class: r.outcome === "ok" ? "ok" : "error", text: r.outcome, title: r.message || ""}),
-    el("td", {text: r.duration_ms})));
+  const rows = page.records.map((r) => {
+    const kind = r.kind || "call";  // records older than kinds are calls
+    // A call shows its tool and arguments; an admin action or a login what it was and why.
+    const what = kind === "call" ? el("code", {text: r.tool}) : el("span", {text: r.action});
+    const detail = kind === "call" ? el("code", {text: JSON.stringify(r.arguments)}) : el("span", {text: r.message || ""});
+    return el("tr", {"data-outcome": r.outcome, "data-kind": kind},
+      el("td", {text: r.time}), el("td", {text: kind}), el("td", {text: r.caller}), el("td", {text: r.from || ""}),
+      el("td", {text: r.device || r.device_id || ""}), el("td", {}, what), el("td", {}, detail),
+      el("td", {class: r.outcome === "ok" ? "ok" : "error", text: r.outcome, title: r.message || ""}),
+      el("td", {text: r.duration_ms ?? ""}));
+  });
   if (more) body.append(...rows); else body.replaceChildren(...rows);
   state.auditCursor = page.next_cursor || null;
   document.getElementById("audit-more").hidden = !state.auditCursor;
   const empty = document.getElementById("audit-empty");
   empty.hidden = body.children.length > 0;
-  empty.textContent = page.enabled === false ? "The audit log is turned off (audit_log = false)." : "No calls recorded.";
+  empty.textContent = page.enabled === false ? "The audit log is turned off (audit_log = false)." : "Nothing recorded.";
 }
 
 // --- photos ----------------------------------------------------------------------------------
