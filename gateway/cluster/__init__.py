@@ -24,6 +24,7 @@ from gateway.cluster.records import ClusterTopics, ReplicaRecord
 from gateway.cluster.remote import RemoteCalls
 from gateway.cluster.replica import id_slice, pick_number, replica_name
 from gateway.config import Config
+from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt import BrokerLogin
 from gateway.devices.link import DeviceLink
 from gateway.devices.registry import DeviceRegistry
@@ -81,11 +82,7 @@ class Cluster:
     ) -> None:
         if self.client.connected.is_set():  # leave cleanly: the others need no will to know
             await self.client.publish(self.topics.replica(self.replica), b"", retain=True)
-        pending = set(self._tasks)
-        while pending:  # again if aiomqtt swallowed a cancellation (honour_cancellation)
-            for task in pending:
-                task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=1.0)
+        await cancel_all(self._tasks)
 
     # --- what the gateway asks -------------------------------------------------------------
 

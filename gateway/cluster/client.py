@@ -21,7 +21,8 @@ from pathlib import Path
 import aiomqtt
 
 from gateway.cluster.records import ClusterTopics
-from gateway.device_side.transports.mqtt import BrokerLogin, honour_cancellation
+from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation
+from gateway.device_side.transports.mqtt import BrokerLogin
 
 __all__ = ["ClusterClient", "broker_login"]
 
