@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
+from gateway.cluster import Cluster
 from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
@@ -74,6 +75,8 @@ class Gateway:
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
+        # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
+        self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
         # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
         self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
         self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public, self.proxy)
@@ -89,7 +92,9 @@ class Gateway:
                 limits=listener_limits(config, "mqtt"),
                 settle=self.admission.settle,
             )
-            if config.mqtt_broker == "embedded" and config.mqtt_listen is not None
+            if config.mqtt_broker == "embedded"
+            and config.mqtt_listen is not None
+            and self.cluster is None
             else None
         )
         self.mqtt: MqttTransport | None = None
@@ -113,7 +118,11 @@ class Gateway:
         self.host_app, self._manager = build_host_app(
             config, self.frontend, self.registry, self.router, self.admission.enroll, self.photos,
             dashboard=self.dashboard, metrics=self.metrics,
+            trouble=self.cluster.health if self.cluster else None,
         )  # fmt: skip
+        if self.cluster is not None:  # cluster: records and series say which replica
+            self.audit.replica = self.metrics.replica = self.cluster.replica
+            self.sessions.bridge, self.sessions.trouble = self.cluster.bridged, self.cluster.health
         self._stack = contextlib.AsyncExitStack()
 
     def _proxy_parts(self) -> dict[str, Any]:
@@ -176,6 +185,9 @@ class Gateway:
             self._stack.push_async_callback(self.proxy.aclose)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
+        if self.cluster is not None:  # joined: its number claimed, the fleet known
+            await self._stack.enter_async_context(self.cluster)
+            self.sessions.request_ids = self.cluster.ids
         await self._start_mqtt()
         return self
 
@@ -205,6 +217,8 @@ class Gateway:
             login = BrokerLogin(broker.client_host, broker.port, GATEWAY_LOGIN,
                                 broker.gateway_password)  # fmt: skip
             presence = self.broker.presence()
+        elif self.cluster is not None and config.mqtt_mode != "off":
+            login, presence = self.cluster.login, None  # cluster: devices on the cluster broker
         elif config.mqtt_broker == "external":
             login = BrokerLogin(
                 config.mqtt_host,

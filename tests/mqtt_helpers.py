@@ -50,12 +50,16 @@ class Mosquitto:
 
     def __init__(
         self, workdir: Path, users: dict[str, str] | None = None, tls: bool = False,
-        acl: str | None = None,
+        acl: str | None = None, *, username_as_clientid: bool = True, persistence: bool = False,
     ) -> None:  # fmt: skip
         """``acl``: an ACL file's text; with it the client id is forced to the user name, as
-        docs/mqtt.md configures mosquitto for devices."""
+        docs/mqtt.md configures mosquitto for devices (unless ``username_as_clientid`` is
+        False: replicas share one login, docs/cluster.md). ``persistence``: retained messages
+        and sessions kept in the workdir across a restart (``stop``, then ``start``)."""
         self.program = program("mosquitto")
         self._acl = acl
+        self._username_as_clientid = username_as_clientid
+        self._persistence = persistence
         self.port = free_port()
         self._dir = workdir
         self._users = users
@@ -82,7 +86,11 @@ class Mosquitto:
         self._dir.mkdir(parents=True, exist_ok=True)
         if self.tls and not self.cert.exists():
             self._make_cert()
-        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "log_dest stderr"]
+        lines = [f"listener {self.port} 127.0.0.1", "log_dest stderr"]
+        if self._persistence:
+            lines += ["persistence true", f"persistence_location {self._dir}/"]
+        else:
+            lines.append("persistence false")
         if self.tls:
             lines += [f"certfile {self.cert}", f"keyfile {self._dir / 'key.pem'}"]
         if os.geteuid() == 0:
@@ -100,7 +108,9 @@ class Mosquitto:
         if self._acl is not None:
             acl = self._dir / "acl"
             acl.write_text(self._acl)
-            lines += [f"acl_file {acl}", "use_username_as_clientid true"]
+            lines.append(f"acl_file {acl}")
+            if self._username_as_clientid:
+                lines.append("use_username_as_clientid true")
         conf = self._dir / "mosquitto.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf
@@ -129,6 +139,15 @@ class Mosquitto:
     def pid(self) -> int | None:
         """The running broker's process id (None when it is not running)."""
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    async def stop(self) -> None:
+        """SIGTERM: mosquitto writes its persistence file, then exits."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            await self._proc.wait()
+        if self._drain is not None:
+            await self._drain
+            self._drain = None
 
     async def kill(self) -> None:
         """SIGKILL: no goodbye to anyone, no last wills kept (persistence is off)."""
@@ -185,6 +204,7 @@ class MqttDevice:
         self.received: list[JsonObject] = []
         self.raw: list[bytes] = []  # every message as it arrived, byte for byte
         self.calls: list[str] = []
+        self.called = asyncio.Event()  # set at each tools/call
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self.refused: BaseException | None = None
@@ -261,6 +281,7 @@ class MqttDevice:
             request = message["payload"]
             if request.get("method") == "tools/call":
                 self.calls.append(request["params"]["name"])
+                self.called.set()
             reply = await self.mcp.handle(request)
             if reply is not None:
                 await self.send({"session_id": self.session_id, "type": "mcp", "payload": reply})

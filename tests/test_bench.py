@@ -57,6 +57,23 @@ async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.e2e
+async def test_cluster_benchmark_runs_at_tiny_scale() -> None:
+    """`bench/cluster.py --json`: three replicas on mosquitto against one gateway."""
+    program("mosquitto")  # skips, saying what to install, where it is missing
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "cluster.py"), "--count", "6", "--calls", "4", "--json"],
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    figures = json.loads(done.stdout)
+    assert figures["cluster"]["listed"] == figures["single"]["listed"] == 6
+    assert figures["calls"]["across"]["broker_publishes_per_call"] >= 2
+    assert len(figures["rss_kb"]["replicas"]) == 3
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
 async def test_voice_proxy_benchmark_runs_and_reports_every_target() -> None:
     """`bench/voice_proxy.py --json` times frames direct, relayed and through the gateway."""
     tiny = ["--frames", "20", "--conversations", "3", "--seconds", "1", "--json",

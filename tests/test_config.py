@@ -141,6 +141,24 @@ def test_call_bounds_from_file_and_environment(tmp_path: Path) -> None:
             load_config(write(tmp_path, f"[calls]\n{text}\n"), env=env)
 
 
+def test_cluster_table_from_file_and_environment(tmp_path: Path) -> None:
+    """[cluster] is off by default; the broker is a mqtt(s) URL, the replica a topic-safe name."""
+    env = {"GATEWAY_DATA_DIR": str(tmp_path)}
+    assert load_config(None, env=env).cluster_broker is None
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        '[cluster]\nbroker = "mqtts://emqx:8883"\nname = "fleet"\nca_file = "/ca.pem"\n'
+    )
+    config = load_config(path, env={**env, "GATEWAY_CLUSTER_REPLICA": "gw-1"})
+    assert (config.cluster_broker, config.cluster_name) == ("mqtts://emqx:8883", "fleet")
+    assert config.cluster_replica == "gw-1" and config.cluster_ca_file == Path("/ca.pem")
+    for bad in ("http://emqx", "mqtt://", "mqtt://u:p@emqx", "mqtt://emqx:port", "mqtt://e/x"):
+        with pytest.raises(ConfigError, match="CLUSTER_BROKER"):
+            load_config(None, env={**env, "GATEWAY_CLUSTER_BROKER": bad})
+    with pytest.raises(ConfigError, match="CLUSTER_REPLICA"):
+        load_config(None, env={**env, "GATEWAY_CLUSTER_REPLICA": "gw/1"})
+
+
 def test_upstream_from_file_per_device_and_environment(tmp_path: Path) -> None:
     """[upstream] ota_url applies to every device; a device's own `upstream` wins, "off" too."""
     path = write(

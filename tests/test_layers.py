@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"protocol"},  # the core, sans-I/O: envelope, JSON-RPC, the device state machine
     {"devices"},  # the core, with I/O: connections, registry, calls, catalogues, audit, photos
     {"device_side", "host_side"},  # devices connect here / hosts and people connect here
+    {"cluster"},  # replicas on an MQTT broker cluster: over both sides, composed by app
     {"app"},  # composes the two sides over the core
     {"simulator"},  # runs device_fw as a peer: imports nothing of the gateway
     {"cli"},  # the operator: commands, doctor, flashing
@@ -43,7 +44,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
-        {"store", "logins"},  # logins: refused and conflicting device logins, audited
+        {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
         {"exposure"},  # what hosts see
         {"known"},  # the registry's core: load, queries, new devices, catalogues
@@ -52,6 +53,7 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
+    "cluster": [{"records", "replica"}, {"client", "remote", "bridge"}, {"fleet"}],
     "device_side": [
         {"broker", "vision"},
         {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards

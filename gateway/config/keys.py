@@ -22,9 +22,11 @@ from gateway.config.values import (
     integer,
     log_level,
     networks,
+    optional_broker_url,
     optional_endpoint,
     optional_interval,
     optional_path,
+    optional_replica_name,
     optional_string,
     port_number,
     positive_number,
@@ -100,6 +102,12 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("limits", "enroll_per_minute", "limits_enroll_per_minute", positive_number),
     ("limits", "enroll_burst", "limits_enroll_burst", integer),
     ("limits", "mqtt_max_packet_bytes", "limits_mqtt_max_packet_bytes", integer),
+    ("cluster", "broker", "cluster_broker", optional_broker_url),
+    ("cluster", "name", "cluster_name", topic_prefix),
+    ("cluster", "replica", "cluster_replica", optional_replica_name),
+    ("cluster", "username", "cluster_username", optional_string),
+    ("cluster", "password", "cluster_password", optional_string),
+    ("cluster", "ca_file", "cluster_ca_file", optional_path),
 )
 
 

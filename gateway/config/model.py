@@ -94,6 +94,14 @@ class Config:
     upstream_timeout: float = 10.0
     # The upstream's model may also use the other devices' tools (docs/voice-proxy.md); opt-in
     upstream_fleet_tools: bool = False
+    # [cluster]: replicas on an MQTT broker cluster (gateway/cluster, docs/cluster.md); off
+    # while broker is None
+    cluster_broker: str | None = None
+    cluster_name: str = "esp-mcp-cluster"
+    cluster_replica: str | None = None
+    cluster_username: str | None = None
+    cluster_password: str | None = None
+    cluster_ca_file: Path | None = None
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:

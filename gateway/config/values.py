@@ -7,6 +7,7 @@ takes both and raises ``ConfigError`` naming the key for anything else.
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -163,6 +164,36 @@ def host_token(key: str, value: object) -> str | None:
 
 def log_level(key: str, value: object) -> str:
     return choice("debug", "info", "warning", "error")(key, string(key, value).lower())
+
+
+_REPLICA_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def optional_broker_url(key: str, value: object) -> str | None:
+    """``mqtt://host:port`` or ``mqtts://host:port`` (the port defaults to 1883 / 8883)."""
+    text = optional_string(key, value)
+    if text is None:
+        return None
+    parts = urllib.parse.urlsplit(text)
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        raise ConfigError(
+            key, f"expected mqtt://host:port or mqtts://host:port: {text!r}"
+        ) from None
+    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError(key, f"expected mqtt://host:port or mqtts://host:port: {text!r}")
+    if parts.username or parts.password:
+        raise ConfigError(key, "put the broker's user name and password in their own keys")
+    return text
+
+
+def optional_replica_name(key: str, value: object) -> str | None:
+    """A replica's name: letters, digits, ``_.-`` (it is part of MQTT topics and log lines)."""
+    text = optional_string(key, value)
+    if text is not None and _REPLICA_NAME.fullmatch(text) is None:
+        raise ConfigError(key, f"expected letters, digits, '_', '.' or '-' (≤ 64): {text!r}")
+    return text
 
 
 def upstream_url(key: str, value: object) -> str | None:

@@ -37,6 +37,9 @@ def build_device_app(
     """
 
     async def health(request: Request) -> JSONResponse:
+        trouble = sessions.trouble() if sessions.trouble is not None else None
+        if trouble is not None:  # cluster: cut from the broker, a balancer sends none here
+            return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
         return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
     routes = device_websocket_routes(admission.websocket, sessions.serve, proxied, admission.settle)

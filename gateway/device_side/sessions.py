@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -28,6 +29,9 @@ __all__ = ["DeviceSessions"]
 
 logger = logging.getLogger(__name__)
 
+# cluster: (link, device id, session id) -> (the link to serve, what to call when it ends)
+Bridge = Callable[[DeviceLink, str, str], tuple[DeviceLink, Callable[[], None]]]
+
 
 class DeviceSessions:
     """Runs each device's session over its link until the link closes."""
@@ -46,6 +50,12 @@ class DeviceSessions:
         self._registry = registry
         self._public = public
         self._vision = vision
+        # cluster (gateway/cluster, set by app): this replica's slice of request ids, the
+        # bridge that lets other replicas reach a WebSocket device (it returns the link to
+        # serve and what to call when it ends), and why /healthz must fail
+        self.request_ids: range | None = None
+        self.bridge: Bridge | None = None
+        self.trouble: Callable[[], str | None] | None = None
 
     async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
@@ -96,13 +106,20 @@ class DeviceSessions:
             discovery_timeout=self._config.discovery_timeout,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
-            request_ids=GATEWAY_IDS if proxied else None,
+            request_ids=GATEWAY_IDS if proxied else self.request_ids,
             answer_hello=not proxied,
             vision=vision,
             clock=asyncio.get_running_loop().time,
             logger=log,
         )
-        await DeviceConnection(link, identity, self._registry, protocol).run()
+        ended = None
+        if self.bridge is not None and not mqtt and not proxied:  # beside a voice server: not
+            link, ended = self.bridge(link, identity.device_id, protocol.session_id)  # bridged
+        try:
+            await DeviceConnection(link, identity, self._registry, protocol).run()
+        finally:
+            if ended is not None:
+                ended()
 
     def revoke(self, identity: DeviceIdentity, vision: dict[str, str] | None) -> None:
         """The session given ``vision`` ended: its upload token stops working."""

@@ -17,6 +17,7 @@ from gateway.devices.device import APPROVED, PENDING, REJECTED, Device
 from gateway.devices.known import KnownDevices
 from gateway.devices.logins import CONFLICT, REFUSED
 from gateway.devices.naming import clean_alias
+from gateway.devices.store import DeviceRecord
 from gateway.devices.tokens import TOKEN_BINDING
 from gateway.errors import StorageUnavailable
 
@@ -217,7 +218,10 @@ class DeviceAdmin(KnownDevices):
         self._names.forget(device.device_id)
         self._store.forget_device(device.device_id)
         self._device_changes.publish(None)
+        for watcher in self.record_watchers:
+            watcher(device.device_id, None)
         logger.info("device %s (%s) forgotten", device.alias, device.device_id)
+        self._decide_displaced()
 
     def rename(self, device: Device, name: str) -> str:
         """Give ``device`` a new alias, and its tools new MCP names; return the alias.
@@ -243,6 +247,28 @@ class DeviceAdmin(KnownDevices):
         self._save(device.record)
         self._use(device, device.catalogue)  # new names, saved; hosts told if they see them
         return alias
+
+    def learn(self, record: DeviceRecord) -> Device:
+        """cluster: take the fleet's decisions on a device (state, alias, binding, board).
+
+        What another replica decided arrives here from the broker; the device is made if it
+        is new. Its tools are decided again when its alias changed, and shown or hidden by
+        its state.
+        """
+        device = self._device(record.device_id, record.board, record.alias)
+        mine = device.record
+        mine.board = record.board or mine.board
+        mine.transport = record.transport or mine.transport
+        mine.state, mine.binding = record.state, record.binding
+        if record.alias != mine.alias and not self._config.device(record.device_id).name:
+            if self._by_alias.get(mine.alias) is device:
+                del self._by_alias[mine.alias]
+            mine.alias = record.alias
+            self._by_alias.setdefault(record.alias, device)
+            self._use(device, device.catalogue)
+        self._save(mine)
+        self._show(device)
+        return device
 
     def adopt(self, device_id: str, name: str) -> None:
         """Name a device that was enrolled as ``name`` (unless the config or a past run did)."""

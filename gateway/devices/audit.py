@@ -92,6 +92,7 @@ class AuditLog:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.watchers: list[CallWatcher] = []
+        self.replica: str | None = None  # cluster: each record says which replica wrote it
         self._logger = logging.getLogger(f"gateway.devices.audit.{id(self)}")
         self._logger.propagate = False  # audit records go to the file, not the console
         self._logger.setLevel(logging.INFO)
@@ -131,6 +132,8 @@ class AuditLog:
             "message": message,
             "duration_ms": round(seconds * 1000, 1),
         }
+        if self.replica is not None:
+            entry["replica"] = self.replica
         self._logger.info("%s", json.dumps(entry, ensure_ascii=False, default=str))
 
     def event(

@@ -20,6 +20,7 @@ from gateway.devices.broadcast import Broadcast
 from gateway.devices.catalogue import Catalogue, Catalogues
 from gateway.devices.device import PENDING, Device, DeviceTool, Verdict, verdict
 from gateway.devices.exposure import Changes, Exposure
+from gateway.devices.fleet_naming import FleetNames
 from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.store import DeviceRecord, Store
@@ -68,8 +69,12 @@ class KnownDevices:
         self._full = ThrottledLog(logging.getLogger("gateway.devices.admin"))
         # Told how long each discovery took (seconds from connecting to a listed catalogue).
         self.discovery_watchers: list[Callable[[float], None]] = []
+        # cluster: told of each record saved (the device id and its record) or forgotten (None)
+        self.record_watchers: list[Callable[[str, DeviceRecord | None], None]] = []
         stored = store.load()
-        self._names = NameMap(stored.names)
+        # cluster: names by the fleet rule, which needs no history (fleet_naming.py)
+        self._fleet_names = FleetNames() if config.cluster_broker else None
+        self._names: NameMap | FleetNames = self._fleet_names or NameMap(stored.names)
         catalogues = self._catalogues.load(stored.catalogues)
         for record in stored.devices:
             configured = config.device(record.device_id).name
@@ -176,6 +181,8 @@ class KnownDevices:
         if configured:
             return clean_alias(configured)
         alias = base = derive_alias(device_id, board)
+        if self._fleet_names is not None:
+            return alias  # cluster: no numbering by arrival; the fleet rule tells tools apart
         number = 1
         while (holder := self._by_alias.get(alias)) is not None and holder.device_id != device_id:
             number += 1
@@ -190,6 +197,8 @@ class KnownDevices:
         new_names = []
         specs = catalogue.tools if catalogue is not None else ()
         verdicts = self._verdicts(device.device_id, catalogue) if catalogue is not None else []
+        if self._fleet_names is not None:  # tools no longer listed free their names
+            self._fleet_names.release(device.device_id, {spec.name for spec in specs})
         for spec, said in zip(specs, verdicts, strict=True):
             entry, is_new = self._names.assign(device.device_id, device.alias, spec.name)
             if is_new:
@@ -197,6 +206,13 @@ class KnownDevices:
             device.tools[spec.name] = DeviceTool.decide(device, spec, entry.name, said)
         self._store.save_names(new_names)
         self._show(device)
+        self._decide_displaced()
+
+    def _decide_displaced(self) -> None:
+        """cluster: name again the devices whose names the fleet rule now decides otherwise."""
+        for device_id in self._fleet_names.displaced() if self._fleet_names is not None else ():
+            if (other := self._devices.get(device_id)) is not None:
+                self._use(other, other.catalogue)
 
     def _verdicts(self, device_id: str, catalogue: Catalogue) -> list[Verdict]:
         """The policy's verdict on each tool of ``catalogue`` for device ``device_id``."""
@@ -213,6 +229,8 @@ class KnownDevices:
         """Queue the record's write, and tell whoever watches devices that one changed."""
         self._store.save_device(record)
         self._device_changes.publish(None)
+        for watcher in self.record_watchers:
+            watcher(record.device_id, record)
 
     def _shows_tools_of(self, device: Device) -> bool:
         if not device.approved:

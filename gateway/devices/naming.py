@@ -22,7 +22,9 @@ __all__ = [
     "NAME_PATTERN",
     "NameAssignment",
     "NameMap",
+    "candidate_name",
     "derive_alias",
+    "disambiguated_name",
     "sanitize",
     "tool_suffix",
 ]
@@ -68,14 +70,16 @@ def derive_alias(device_id: str, board: str | None) -> str:
     return f"{base}_{suffix}"
 
 
-def _candidate(alias: str, tool_name: str) -> str:
+def candidate_name(alias: str, tool_name: str) -> str:
+    """The plain MCP name of ``tool_name`` under ``alias``, cut to 64 characters with a hash."""
     name = f"{clean_alias(alias)}_{tool_suffix(tool_name)}"
     if len(name) <= MAX_NAME_LENGTH:
         return name
     return name[: MAX_NAME_LENGTH - _HASH_LENGTH - 1] + "_" + short_hash(alias, tool_name)
 
 
-def _disambiguated(name: str, device_id: str, tool_name: str, attempt: int) -> str:
+def disambiguated_name(name: str, device_id: str, tool_name: str, attempt: int) -> str:
+    """``name`` made unique to (device, tool) by a hash of them (``attempt`` > 0: tried again)."""
     tag = short_hash(device_id, tool_name, *([str(attempt)] if attempt else []))
     return name[: MAX_NAME_LENGTH - _HASH_LENGTH - 1] + "_" + tag
 
@@ -111,10 +115,10 @@ class NameMap:
             return known, False
         if known is not None:  # the device was renamed: its old names are free again
             del self._by_name[known.name]
-        name = _candidate(alias, tool)
+        name = candidate_name(alias, tool)
         attempt = 0
         while name in META_TOOL_NAMES or not self._free(name, device_id, tool):
-            name = _disambiguated(_candidate(alias, tool), device_id, tool, attempt)
+            name = disambiguated_name(candidate_name(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)
         self._remember(entry)

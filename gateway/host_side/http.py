@@ -142,6 +142,7 @@ class _Api:
         self.frontend, self.registry, self.router = frontend, registry, router
         self._enroll = enroll
         self._photos = photos
+        self.trouble: Callable[[], str | None] | None = None
 
     async def enroll(self, request: Request) -> Response:
         """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
@@ -252,6 +253,9 @@ class _Api:
     async def health(self, request: Request) -> Response:
         """Alive; the device count only for a request that carries the host token."""
         body: dict[str, object] = {"status": "ok"}
+        trouble = self.trouble() if self.trouble is not None else None
+        if trouble is not None:  # cluster: cut from the broker (gateway/cluster)
+            return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
         user = request.scope.get("user")  # set by the bearer auth when a host token is configured
         if user is not None and user.is_authenticated:
             body["devices_online"] = self.registry.online_count
@@ -267,11 +271,16 @@ def build_host_app(
     photos: PhotoStore | None = None,
     dashboard: Dashboard | None = None,
     metrics: GatewayMetrics | None = None,
+    trouble: Callable[[], str | None] | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
-    """The host listener's app, and the session manager its owner must run (``mgr.run()``)."""
+    """The host listener's app, and the session manager its owner must run (``mgr.run()``).
+
+    ``trouble`` says why ``/healthz`` must fail (None when all is well).
+    """
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = _Api(frontend, registry, router, enroll, photos)
+    api.trouble = trouble
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token

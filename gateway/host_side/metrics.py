@@ -50,6 +50,7 @@ class GatewayMetrics:
             buckets=_DISCOVERY_BUCKETS,
             registry=self.registry,
         )
+        self.replica: str | None = None  # cluster: every series labelled replica="<name>"
         self.refusals: dict[str, Callable[[], Mapping[str, int]]] = {}  # listener -> counts
         self.admissions_refused: Counter[str] = Counter()  # transport -> devices turned away
         self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
@@ -70,7 +71,26 @@ class GatewayMetrics:
 
     async def endpoint(self, request: Request) -> Response:
         """``GET /metrics``."""
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(self.registry)
+        if self.replica is not None:
+            text = _labelled(text, self.replica)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+def _labelled(text: bytes, replica: str) -> bytes:
+    """Every sample of the exposition ``text`` with a ``replica`` label first."""
+    label = f'replica="{replica}"'.encode()
+    lines = []
+    for line in text.split(b"\n"):
+        if line and not line.startswith(b"#"):
+            name, brace, rest = line.partition(b"{")
+            if brace:
+                line = name + b"{" + label + (b"," if not rest.startswith(b"}") else b"") + rest
+            else:
+                name, _, value = line.partition(b" ")
+                line = name + b"{" + label + b"} " + value
+        lines.append(line)
+    return b"\n".join(lines)
 
 
 class _StateCollector(Collector):

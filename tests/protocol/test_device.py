@@ -971,3 +971,17 @@ def test_stock_framed_pages_name_their_catalogue_whatever_the_session() -> None:
     reply(protocol, 2, {"tools": [TOOL_A, TOOL_B]})  # json.dumps's spacing, not stock's
     [listed] = protocol.events_received()
     assert isinstance(listed, ToolsListed) and listed.digest is None
+
+
+def test_a_replica_slice_tags_every_request_and_ignores_other_replicas_replies() -> None:
+    """In a cluster, ids carry the replica (replica_no << 24 | n): a reply to another
+    replica's request, which every replica hears over MQTT, settles nothing here."""
+    base = 5 << 24
+    protocol = make(request_ids=range(base + 1, (6 << 24)))
+    protocol.receive_text(json.dumps(HELLO))
+    init = sent(protocol)[-1]["payload"]
+    assert init["method"] == "initialize" and init["id"] == base + 1
+    reply(protocol, (7 << 24) + 1, INIT_RESULT)  # another replica's initialize
+    assert protocol.state is State.INITIALIZING
+    reply(protocol, base + 1, INIT_RESULT)
+    assert payloads(protocol)[-1]["id"] == base + 2

@@ -10,7 +10,7 @@ from pathlib import Path
 from gateway.cli.doctor.findings import Context
 from gateway.config import Config, env_name, file_key_of, load_config
 
-_SECRETS = frozenset({"host_token", "device_tokens", "mqtt_password"})
+_SECRETS = frozenset({"host_token", "device_tokens", "mqtt_password", "cluster_password"})
 
 
 def file_only_config(path: str | None, env: Mapping[str, str] | None = None) -> Config | None:

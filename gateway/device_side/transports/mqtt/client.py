@@ -39,6 +39,12 @@ class BrokerLogin:
     tls: bool = False
     ca_file: Path | None = None
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context to connect with (``ca_file``, else the system's CAs); None: plain."""
+        if not self.tls:
+            return None
+        return ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+
 
 class BrokerClient:
     """The client on the loop: connected, it hands each message to ``on_message``."""
@@ -79,10 +85,6 @@ class BrokerClient:
 
     def _client_for(self) -> aiomqtt.Client:
         login = self.login
-        context = None
-        if login.tls:
-            cafile = str(login.ca_file) if login.ca_file else None
-            context = ssl.create_default_context(cafile=cafile)
         client = aiomqtt.Client(
             login.host,
             login.port,
@@ -92,7 +94,7 @@ class BrokerClient:
             keepalive=_KEEPALIVE,
             timeout=10,
             clean_session=True,
-            tls_context=context,
+            tls_context=login.ssl_context(),
         )
         # aiomqtt warns past 10 publishes awaiting their PUBACK; a storm of devices being
         # discovered has a few per device in flight, so warn only when the broker really lags.

@@ -1,0 +1,192 @@
+"""Replicas of the gateway on an MQTT broker cluster (docs/cluster.md).
+
+``Cluster`` is what ``app.Gateway`` composes when ``[cluster] broker`` is set: the replica's
+client on the broker (client.py), the fleet records kept in step with the registry (fleet.py),
+the bridge of its WebSocket devices (bridge.py) and its calls to the devices other replicas hold
+(remote.py). MQTT devices need none of that: every replica's MQTT transport talks to them on
+the broker directly, and the request ids (replica.py) keep each replica's replies apart.
+``async with Cluster(...)`` returns once the replica has joined: its number claimed, the fleet
+known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from gateway.cluster.bridge import Bridge, BridgedLink
+from gateway.cluster.client import ClusterClient, broker_login
+from gateway.cluster.fleet import HEARTBEAT, Fleet
+from gateway.cluster.records import ClusterTopics, ReplicaRecord
+from gateway.cluster.remote import RemoteCalls
+from gateway.cluster.replica import id_slice, pick_number, replica_name
+from gateway.config import Config
+from gateway.device_side.broker.aiomqtt_fixes import cancel_all
+from gateway.device_side.transports.mqtt import BrokerLogin
+from gateway.devices.link import DeviceLink
+from gateway.devices.registry import DeviceRegistry
+from gateway.errors import ConfigError
+
+__all__ = ["Cluster"]
+
+logger = logging.getLogger(__name__)
+
+_RESYNC_BEATS = 30  # heartbeats between two readings of every retained record (5 minutes)
+_RECORDS_IN_FLIGHT = 256  # records published and not yet acknowledged by the broker
+
+
+class Cluster:
+    """This replica's part in the cluster; ``async with`` joins it."""
+
+    def __init__(self, config: Config, registry: DeviceRegistry) -> None:
+        assert config.cluster_broker is not None
+        if config.cluster_name == config.mqtt_topic_prefix:
+            raise ConfigError(
+                "cluster.name", "must differ from mqtt.topic_prefix (devices' topics)"
+            )
+        self.topics = ClusterTopics(config.cluster_name)
+        self.replica = replica_name(config)
+        self.login: BrokerLogin = broker_login(
+            config.cluster_broker, config.cluster_username, config.cluster_password,
+            config.cluster_ca_file,
+        )  # fmt: skip
+        self.no = 0  # claimed when joining
+        self.ids = id_slice(1)
+        self._registry = registry
+        self.remote = RemoteCalls(self.topics, self.ids, self._publish, config.max_message_bytes)
+        self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
+        self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
+        self.client = ClusterClient(self.login, self.topics, self.replica, self._on_message,
+                                    self._on_ready, self.fleet.lost)  # fmt: skip
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Cluster:
+        self._tasks = [
+            asyncio.create_task(self.client.run(), name="gateway.cluster.client"),
+            asyncio.create_task(self._pump(), name="gateway.cluster.outbox"),
+            asyncio.create_task(self._heartbeat(), name="gateway.cluster.heartbeat"),
+        ]
+        logger.info("replica %s joining the cluster %r at %s", self.replica,
+                    self.topics.prefix, self.client.where)  # fmt: skip
+        await self.client.connected.wait()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.client.connected.is_set():  # leave cleanly: the others need no will to know
+            await self.client.publish(self.topics.replica(self.replica), b"", retain=True)
+        await cancel_all(self._tasks)
+
+    # --- what the gateway asks -------------------------------------------------------------
+
+    def health(self) -> str | None:
+        """None while the replica is on the broker, else why it is not healthy."""
+        if self.client.connected.is_set():
+            return None
+        return f"replica {self.replica} is cut from the cluster broker at {self.client.where}"
+
+    def bridged(
+        self, link: DeviceLink, device_id: str, session: str
+    ) -> tuple[DeviceLink, Callable[[], None]]:
+        """Bridge a local WebSocket device onto the broker for the other replicas; the link to
+        serve, and what to call when it ends."""
+        bridged = self.bridge.wrap(link, device_id, session)
+        return bridged, lambda: self._ended(bridged)
+
+    def _ended(self, link: BridgedLink) -> None:
+        self.bridge.release(link)
+        self.fleet.local_ended(link.device_id)
+
+    # --- the broker ------------------------------------------------------------------------
+
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        parsed = self.topics.parse(topic)
+        if parsed is None:
+            return
+        kind, key, direction = parsed
+        if kind != "bridge":
+            self.fleet.on_record(kind, key, payload)
+        elif direction == "up":
+            self.remote.on_reply(key, payload.decode(errors="replace"))
+        else:
+            self.bridge.down(key, payload)
+
+    async def _on_ready(self) -> None:
+        """Joined (again): claim a number the first time, say we live, reconcile the fleet."""
+        if self.no == 0:
+            await self._claim()
+        else:
+            await self._say_alive()
+        self.fleet.rejoined()
+
+    async def _claim(self) -> None:
+        for _ in range(3):
+            taken = {r.no for name, r in self.fleet.live.items() if name != self.replica}
+            self._take(pick_number(self.replica, taken))
+            await self._say_alive()
+            await self.client.sync()
+            rivals = [n for n, r in self.fleet.live.items() if r.no == self.no and n < self.replica]
+            if not rivals:
+                break
+            logger.info("replica number %d is %s's too; taking another", self.no, rivals[0])
+        logger.info("replica %s is number %d (request ids %d..%d)", self.replica, self.no,
+                    self.ids[0], self.ids[-1])  # fmt: skip
+
+    def _take(self, no: int) -> None:
+        self.no, self.ids = no, id_slice(no)
+        self.remote.use_ids(self.ids)
+        self.bridge.own_ids = self.ids
+
+    async def _say_alive(self) -> None:
+        record = ReplicaRecord(self.no, time.time())
+        await self.client.publish(self.topics.replica(self.replica), record.encode(), retain=True)
+
+    async def _heartbeat(self) -> None:
+        beats = 0
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            if self.client.connected.is_set():
+                await self._say_alive()
+                for name in self.fleet.expire():
+                    await self.client.publish(self.topics.replica(name), b"", retain=True)
+                beats += 1
+                if beats % _RESYNC_BEATS == 0:  # records the broker may have dropped for us
+                    await self.client.resubscribe()
+
+    async def _pump(self) -> None:
+        """Publish the fleet's records in order, many at once: a join storm is thousands of
+        records, and one broker round trip each, in turn, would take minutes. A record lost
+        while cut off is published again by ``rejoined`` (the broker never echoed it)."""
+        slots = asyncio.Semaphore(_RECORDS_IN_FLIGHT)
+        sending: set[asyncio.Task[None]] = set()
+
+        async def send(topic: str, payload: bytes, retain: bool) -> None:
+            try:
+                await self.client.publish(topic, payload, retain=retain)
+            finally:
+                slots.release()
+
+        try:
+            while True:
+                topic, payload, retain = await self.fleet.outbox.get()
+                await slots.acquire()
+                # Tasks start in creation order, so the client sends the records in order.
+                task = asyncio.create_task(send(topic, payload, retain))
+                sending.add(task)
+                task.add_done_callback(sending.discard)
+        finally:
+            for task in sending:
+                task.cancel()
+
+    async def _publish(self, topic: str, payload: bytes) -> bool:
+        return await self.client.publish(topic, payload, retain=False)
+
+    async def _publish_retained(self, topic: str, payload: bytes, retain: bool) -> bool:
+        return await self.client.publish(topic, payload, retain=retain)

@@ -1,0 +1,125 @@
+"""A WebSocket device's replica bridges it onto the broker, so that every replica can call it.
+
+``Bridge.wrap`` puts a ``BridgedLink`` around the device's link: frames other replicas publish
+to ``P/bridge/<id>/down`` go to the device as they are, and each reply the device sends with
+an id outside this replica's slice goes up to ``P/bridge/<id>/up`` instead of to the local
+session (which would drop it as a reply to no request of its own). The device's presence is a
+retained ``P/presence/<id>`` naming this replica, cleared when the link ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from gateway.cluster.records import ClusterTopics, Presence
+from gateway.devices.link import DeviceLink, LinkClosed
+
+__all__ = ["Bridge", "BridgedLink"]
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[str, bytes, bool], Awaitable[bool]]
+
+
+def reply_id(text: str) -> int | None:
+    """The id of a JSON-RPC reply inside a device frame; None for anything else."""
+    if '"id"' not in text:
+        return None  # most frames carry no id at all: no parse
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    payload = message.get("payload") if isinstance(message, dict) else None
+    if not isinstance(payload, dict) or "method" in payload:
+        return None
+    request_id = payload.get("id")
+    return request_id if type(request_id) is int else None
+
+
+class BridgedLink:
+    """A local device's link, with the frames of other replicas' calls passed through."""
+
+    def __init__(self, bridge: Bridge, inner: DeviceLink, device_id: str) -> None:
+        self.device_id = device_id
+        self.inner = inner
+        self._bridge = bridge
+
+    async def send(self, text: str) -> None:
+        await self.inner.send(text)
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for text in self.inner:
+            request_id = reply_id(text)
+            if request_id is not None and request_id not in self._bridge.own_ids:
+                await self._bridge.up(self.device_id, text)
+                continue
+            yield text
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class Bridge:
+    """The WebSocket devices this replica holds, as the other replicas reach them."""
+
+    def __init__(self, topics: ClusterTopics, replica: str, own_ids: range, publish: Publish):
+        self.own_ids = own_ids
+        self._topics = topics
+        self._replica = replica
+        self._publish = publish
+        self._links: dict[str, tuple[BridgedLink, str]] = {}  # device id -> link, session id
+        self._sends: set[asyncio.Task[None]] = set()
+
+    def held(self) -> dict[str, str]:
+        """The devices bridged here now, with their session ids."""
+        return {device_id: session for device_id, (_, session) in self._links.items()}
+
+    def holds(self, device_id: str) -> bool:
+        return device_id in self._links
+
+    def wrap(self, link: DeviceLink, device_id: str, session: str) -> BridgedLink:
+        """Bridge ``link`` (until ``release``); say on the broker that it is here."""
+        bridged = BridgedLink(self, link, device_id)
+        self._links[device_id] = (bridged, session)
+        self.announce(device_id, session)
+        return bridged
+
+    def announce(self, device_id: str, session: str) -> None:
+        record = Presence(self._replica, session, time.time()).encode()
+        self._later(self._publish(self._topics.presence(device_id), record, True))
+
+    def release(self, link: BridgedLink) -> None:
+        """The link ended: clear its presence, unless a newer link of the device took over."""
+        held = self._links.get(link.device_id)
+        if held is None or held[0] is not link:
+            return
+        del self._links[link.device_id]
+        self._later(self._publish(self._topics.presence(link.device_id), b"", True))
+
+    async def up(self, device_id: str, text: str) -> None:
+        await self._publish(self._topics.bridge(device_id, "up"), text.encode(), False)
+
+    def down(self, device_id: str, payload: bytes) -> None:
+        """A frame another replica sent the device: pass it on if the device is here."""
+        held = self._links.get(device_id)
+        if held is None:
+            return  # another replica's device, or one that just left (the caller is told)
+        self._later(self._send(held[0], payload.decode(errors="replace")))
+
+    async def _send(self, link: BridgedLink, text: str) -> None:
+        try:
+            await link.send(text)
+        except LinkClosed:
+            logger.debug("bridged frame for %s dropped: the link is gone", link.device_id)
+
+    def _later(self, work: Awaitable[object]) -> None:
+        async def run() -> None:
+            await work
+
+        task = asyncio.create_task(run())
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)

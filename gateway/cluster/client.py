@@ -1,0 +1,192 @@
+"""The replica's own MQTT client on the cluster broker: records in, records out, a last will.
+
+One aiomqtt client per replica, apart from the device transport's: it carries the last will
+that tells the others this replica is gone (an empty retained ``P/replica/<name>``), and a
+barrier (``sync``): after subscribing, a message published to the replica's own sync topic
+comes back only after every retained record the broker sent for the subscriptions, so "the
+whole fleet is known" is an event, not a guess. Losing the broker is told at once
+(``on_lost``); the client reconnects with backoff (0.5 s doubling, at most 5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiomqtt
+
+from gateway.cluster.records import ClusterTopics
+from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation
+from gateway.device_side.transports.mqtt import BrokerLogin
+
+__all__ = ["ClusterClient", "broker_login"]
+
+logger = logging.getLogger(__name__)
+
+_KEEPALIVE = 10  # seconds: the broker fires our will within 1.5 of these after a silent death
+_RETRY = (0.5, 5.0)
+
+
+def broker_login(
+    url: str, username: str | None, password: str | None, ca_file: Path | None
+) -> BrokerLogin:
+    """The login for ``[cluster] broker`` (``mqtt://host:port`` or ``mqtts://host:port``)."""
+    parts = urllib.parse.urlsplit(url)
+    tls = parts.scheme == "mqtts"
+    port = parts.port or (8883 if tls else 1883)
+    return BrokerLogin(parts.hostname or "", port, username, password, tls=tls, ca_file=ca_file)
+
+
+class ClusterClient:
+    """Connects, subscribes, dispatches; ``publish`` queues in order while connected."""
+
+    def __init__(
+        self,
+        login: BrokerLogin,
+        topics: ClusterTopics,
+        replica: str,
+        on_message: Callable[[str, bytes], None],
+        on_ready: Callable[[], Awaitable[None]],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self.login = login
+        self.topics = topics
+        self.replica = replica
+        self.connected = asyncio.Event()
+        self._on_message = on_message
+        self._on_ready = on_ready
+        self._on_lost = on_lost
+        self._client: aiomqtt.Client | None = None
+        self._sync: dict[str, asyncio.Future[None]] = {}
+
+    @property
+    def where(self) -> str:
+        return f"{self.login.host}:{self.login.port}"
+
+    async def run(self) -> None:
+        """Stay connected (forever; cancel to stop)."""
+        delay, failure = _RETRY[0], ""
+        while True:
+            client = self._client_for()
+            try:
+                async with client:
+                    honour_cancellation()
+                    for topic in self.topics.subscriptions(self.replica):
+                        await client.subscribe(topic, qos=1)
+                    honour_cancellation()
+                    self._client = client
+                    reader = asyncio.create_task(self._read(client), name="gateway.cluster.read")
+                    ready = asyncio.create_task(self._ready(), name="gateway.cluster.ready")
+                    try:
+                        await asyncio.wait((reader, ready), return_when=asyncio.FIRST_COMPLETED)
+                        if ready.done():
+                            ready.result()
+                            failure, delay = "", _RETRY[0]
+                            self.connected.set()
+                        await reader
+                    finally:
+                        reader.cancel()
+                        ready.cancel()
+                        # Now, not after aiomqtt's goodbye, which may wait out its timeout.
+                        self._lost()
+            except aiomqtt.MqttError as exc:
+                if str(exc) != failure:
+                    failure = str(exc)
+                    logger.warning("cluster broker at %s: %s; retrying", self.where, failure)
+            finally:
+                self._lost()
+            honour_cancellation()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY[1])
+
+    def _lost(self) -> None:
+        """The broker is gone (idempotent): say so once."""
+        was = self._client is not None
+        self._client = None
+        self.connected.clear()
+        for future in self._sync.values():
+            future.cancel()
+        self._sync.clear()
+        if was:
+            self._on_lost()
+
+    async def _ready(self) -> None:
+        await self.sync()
+        await self._on_ready()
+        logger.info("replica %s joined the cluster at %s", self.replica, self.where)
+
+    async def _read(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            payload = message.payload
+            data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
+            topic = message.topic.value
+            if topic == self.topics.sync(self.replica):
+                future = self._sync.pop(data.decode(errors="replace"), None)
+                if future is not None and not future.done():
+                    future.set_result(None)
+                continue
+            try:
+                self._on_message(topic, data)
+            except Exception:  # one record's handling must not end the replica's link
+                logger.exception("cluster record on %s failed", topic)
+
+    async def sync(self) -> None:
+        """Return once every retained record sent before now has been handled."""
+        token = secrets.token_hex(8)
+        future = self._sync[token] = asyncio.get_running_loop().create_future()
+        await self.publish(self.topics.sync(self.replica), token.encode(), retain=False)
+        await future
+
+    async def resubscribe(self) -> bool:
+        """Subscribe again to the retained records: the broker sends them all once more.
+
+        A broker drops what it queues for a client past its limit (mosquitto's
+        ``max_queued_messages``, EMQX's ``max_mqueue_len``: 1000 by default), so a replica that
+        fell behind in a storm may have missed records; this heals it.
+        """
+        client = self._client
+        if client is None:
+            return False
+        try:
+            for topic in self.topics.retained():
+                await client.subscribe(topic, qos=1)
+        except aiomqtt.MqttError:
+            return False
+        return True
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool, qos: int = 1) -> bool:
+        """Publish now; False when the broker is not there (the caller publishes again later)."""
+        client = self._client
+        if client is None:
+            return False
+        try:
+            await client.publish(topic, payload, qos=qos, retain=retain)
+        except aiomqtt.MqttError:
+            return False
+        return True
+
+    def _client_for(self) -> aiomqtt.Client:
+        login = self.login
+        will = aiomqtt.Will(self.topics.replica(self.replica), b"", qos=1, retain=True)
+        client = aiomqtt.Client(
+            login.host,
+            login.port,
+            username=login.username,
+            password=login.password,
+            identifier=f"esp-mcp-replica-{self.replica}-{secrets.token_hex(3)}",
+            keepalive=_KEEPALIVE,
+            timeout=10,
+            clean_session=True,
+            tls_context=login.ssl_context(),
+            will=will,
+            # A call across replicas is a few small frames each way: Nagle would hold each one
+            # back for the peer's delayed ACK (tens of ms); paho does not set this itself.
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        )
+        client.pending_calls_threshold = 5000
+        return client

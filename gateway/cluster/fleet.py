@@ -1,0 +1,311 @@
+"""Fleet state on the broker: every replica's registry follows the retained records.
+
+Out: each local change of a device's fleet facts (approval, alias, binding, board, catalogue;
+``DeviceRecord``s saved, through the registry's ``record_watchers``) becomes a retained
+``P/device/<id>`` record, with the catalogue it names under ``P/catalogue/<digest>``; a forgotten
+device becomes a tombstone. In: records from other replicas are taken with ``learn()`` (last
+writer wins, by the record's time), catalogues with ``set_catalogue()`` (judged again, tool by
+tool). A WebSocket device another replica holds (``P/presence/<id>``, while that replica lives)
+is connected here through a ``RemoteSession``; it goes offline here when its presence is cleared,
+when its replica's record goes (last will, or silence past ``_SILENT`` heartbeats), or when this
+replica loses the broker. Each bad record is refused alone, with a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.cluster.bridge import Bridge
+from gateway.cluster.records import (
+    BadRecord,
+    ClusterTopics,
+    FleetRecord,
+    Presence,
+    ReplicaRecord,
+    read_catalogue,
+)
+from gateway.cluster.remote import RemoteCalls, RemoteSession
+from gateway.devices.catalogue import digest_of
+from gateway.devices.registry import Device, DeviceRegistry
+from gateway.devices.store import DeviceRecord
+
+__all__ = ["Fleet"]
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[str, bytes, bool], Awaitable[bool]]
+HEARTBEAT = 10.0  # seconds between a replica's records; silent for _SILENT of them: gone
+_SILENT = 3
+
+
+class Fleet:
+    """This replica's view of the fleet on the broker, kept in step with its registry."""
+
+    def __init__(self, registry: DeviceRegistry, topics: ClusterTopics, replica: str,
+                 remote: RemoteCalls, bridge: Bridge) -> None:  # fmt: skip
+        self.replica = replica
+        self.live: dict[str, ReplicaRecord] = {}
+        self._registry = registry
+        self._topics = topics
+        self._remote = remote
+        self._bridge = bridge
+        self._records: dict[str, FleetRecord] = {}  # the latest known, ours included
+        self._changed: dict[str, float] = {}  # local changes: when (newer wins on rejoin)
+        self._echoed: dict[str, float] = {}  # our own records the broker sent back: when
+        self._catalogues: dict[str, list[object]] = {}  # by content digest
+        self._contents: dict[str, str] = {}  # a local catalogue's digest -> its content digest
+        self._waiting: dict[str, set[str]] = {}  # catalogue digest -> devices waiting for it
+        self._presence: dict[str, Presence] = {}
+        self._heard: dict[str, float] = {}  # replica -> monotonic time of its last record
+        self._applying = False
+        self._closing: set[asyncio.Task[None]] = set()
+        self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
+        registry.record_watchers.append(self._on_local)
+
+    # --- out -------------------------------------------------------------------------------
+
+    def _on_local(self, device_id: str, record: DeviceRecord | None) -> None:
+        if self._applying:
+            return  # the broker's own news coming back: nothing to tell it
+        now = time.time()
+        if record is None:
+            tomb = FleetRecord(device_id, now, self.replica, forgotten=True)
+            self._records[device_id], self._changed[device_id] = tomb, now
+            self._send(self._topics.device(device_id), tomb.encode(), retain=True)
+            return
+        mine = self._record_of(record, now)
+        known = self._records.get(device_id)
+        if known is not None and known.facts == mine.facts:
+            return
+        self._records[device_id], self._changed[device_id] = mine, now
+        self._tell(mine)
+
+    def _tell(self, mine: FleetRecord) -> None:
+        if mine.catalogue is not None and mine.catalogue not in self._catalogues:
+            device = self._registry.get(mine.device_id)
+            if device is not None and device.catalogue is not None:
+                entries: list[object] = [tool.as_entry() for tool in device.catalogue.tools]
+                self._catalogues[mine.catalogue] = entries
+                self._send(self._topics.catalogue(mine.catalogue), _json(entries), retain=True)
+        self._send(self._topics.device(mine.device_id), mine.encode(), retain=True)
+
+    def _record_of(self, record: DeviceRecord, at: float) -> FleetRecord:
+        return FleetRecord(record.device_id, at, self.replica, alias=record.alias,
+                           state=record.state, board=record.board, binding=record.binding,
+                           transport=record.transport, catalogue=self._content(record),
+                           server_info=record.server_info)  # fmt: skip
+
+    def _content(self, record: DeviceRecord) -> str | None:
+        """The digest of the accepted tools (what the catalogue record holds)."""
+        device = self._registry.get(record.device_id)
+        if device is None or device.catalogue is None:
+            return None
+        digest = device.catalogue.digest
+        if digest not in self._contents:
+            self._contents[digest] = digest_of([t.as_entry() for t in device.catalogue.tools])
+        return self._contents[digest]
+
+    def _send(self, topic: str, payload: bytes, *, retain: bool) -> None:
+        self.outbox.put_nowait((topic, payload, retain))
+
+    def rejoined(self) -> None:
+        """After (re)joining: tell the broker what it lacks or what changed here meanwhile."""
+        for device in self._registry.devices():
+            if self._unsaid(device.device_id):
+                mine = self._record_of(device.record, time.time())
+                self._records[device.device_id] = mine
+                self._tell(mine)
+        for device_id, session in self._bridge.held().items():
+            self._bridge.announce(device_id, session)
+
+    def _unsaid(self, device_id: str) -> bool:
+        """Does the broker lack this replica's latest word on the device?"""
+        known = self._records.get(device_id)
+        if known is None:
+            return True  # the fleet never heard of it (a device from this data dir's past)
+        changed, echoed = self._changed.get(device_id, 0.0), self._echoed.get(device_id, 0.0)
+        return known.by == self.replica and changed > echoed  # ours, never came back
+
+    # --- in --------------------------------------------------------------------------------
+
+    def on_record(self, kind: str, key: str, payload: bytes) -> None:
+        """Take one retained record (an empty payload clears it)."""
+        try:
+            if kind == "device":
+                self._on_device(key, payload)
+            elif kind == "catalogue":
+                self._on_catalogue(key, payload)
+            elif kind == "presence":
+                self._on_presence(key, payload)
+            elif kind == "replica":
+                self._on_replica(key, payload)
+        except BadRecord as exc:
+            logger.warning("cluster: %s record %s refused: %s", kind, key[:80], exc)
+
+    def _on_device(self, device_id: str, payload: bytes) -> None:
+        if not payload:
+            return
+        record = FleetRecord.read(device_id, payload)
+        if record.by == self.replica:  # the broker has it: nothing to publish again
+            self._echoed[device_id] = max(record.at, self._echoed.get(device_id, 0.0))
+        known = self._records.get(device_id)
+        if known is not None and (record.at, record.by) <= (known.at, known.by):
+            return  # ours coming back, or older than what we know
+        if self._changed.get(device_id, 0.0) > record.at:
+            return  # changed here since (while cut off): ours is published on rejoining
+        self._records[device_id] = record
+        logger.debug("%s: device record %s from %s: %s", self.replica, device_id, record.by,
+                     record.facts)  # fmt: skip
+        self._applying = True
+        try:
+            self._apply(record)
+        finally:
+            self._applying = False
+
+    def _apply(self, record: FleetRecord) -> None:
+        device = self._registry.get(record.device_id)
+        if record.forgotten:
+            if device is not None:
+                self._forget(device)
+            return
+        device = self._registry.learn(DeviceRecord(
+            device_id=record.device_id, alias=record.alias, board=record.board,
+            transport=record.transport, state=record.state, binding=record.binding,
+            first_seen=record.at, last_seen=record.at))  # fmt: skip
+        self._take_catalogue(device, record)
+        self._attach(record.device_id)
+
+    def _forget(self, device: Device) -> None:
+        session = device.session
+        self._registry.forget(device)
+        if session is not None and not isinstance(session, RemoteSession):
+            self._closing.add(task := asyncio.get_running_loop().create_task(session.aclose()))
+            task.add_done_callback(self._closing.discard)
+
+    def _take_catalogue(self, device: Device, record: FleetRecord) -> None:
+        if record.catalogue is None or self._content(device.record) == record.catalogue:
+            return
+        if device.session is not None and not isinstance(device.session, RemoteSession):
+            return  # a session here lists its tools itself
+        entries = self._catalogues.get(record.catalogue)
+        logger.debug("%s: catalogue %s for %s: %s", self.replica, record.catalogue[:8],
+                     device.device_id, "known" if entries else "awaited")  # fmt: skip
+        if entries is None:
+            self._waiting.setdefault(record.catalogue, set()).add(device.device_id)
+            return
+        self._registry.set_catalogue(device.device_id, entries, record.server_info)
+
+    def _on_catalogue(self, digest: str, payload: bytes) -> None:
+        if not payload or digest in self._catalogues:
+            return
+        self._catalogues[digest] = read_catalogue(digest, payload)
+        for device_id in self._waiting.pop(digest, set()):
+            device, record = self._registry.get(device_id), self._records.get(device_id)
+            if device is not None and record is not None and record.catalogue == digest:
+                self._applying = True
+                try:
+                    self._take_catalogue(device, record)
+                finally:
+                    self._applying = False
+
+    def _on_presence(self, device_id: str, payload: bytes) -> None:
+        if not payload:
+            gone = self._presence.pop(device_id, None)
+            if gone is not None and gone.replica != self.replica:
+                self._detach(device_id, f"device {device_id} left replica {gone.replica}")
+            return
+        presence = Presence.read(payload)
+        self._presence[device_id] = presence
+        if presence.replica == self.replica and not self._bridge.holds(device_id):
+            self._send(self._topics.presence(device_id), b"", retain=True)  # a past life's
+            return
+        self._attach(device_id)
+
+    def _on_replica(self, name: str, payload: bytes) -> None:
+        if not payload:
+            self._replica_gone(name, f"replica {name} went away")
+            return
+        record = ReplicaRecord.read(payload)
+        new = name not in self.live
+        self.live[name] = record
+        self._heard[name] = time.monotonic()
+        if new:
+            for device_id, presence in list(self._presence.items()):
+                if presence.replica == name:
+                    self._attach(device_id)
+
+    def _replica_gone(self, name: str, why: str) -> None:
+        self.live.pop(name, None)
+        self._heard.pop(name, None)
+        for device_id, presence in list(self._presence.items()):
+            if presence.replica == name:
+                self._detach(device_id, f"{why} with device {device_id}")
+        self._remote.fail(f"{why} during the call", replica=name)
+
+    def expire(self) -> list[str]:
+        """Forget the replicas silent for too long (a will lost in a broker restart); their
+        names, so that their stale records are cleared."""
+        limit = time.monotonic() - _SILENT * HEARTBEAT
+        silent = [n for n, t in self._heard.items() if t < limit and n != self.replica]
+        for name in silent:
+            self._replica_gone(name, f"replica {name} fell silent")
+        return silent
+
+    def lost(self) -> None:
+        """This replica lost the broker: what it reached through it is unreachable now."""
+        why = "this replica is cut from the cluster broker"
+        in_flight = self._remote.in_flight
+        for device_id in list(self._presence):
+            self._detach(device_id, why)
+        self._presence.clear()
+        self.live.clear()
+        self._heard.clear()
+        self._remote.fail(why)
+        logger.warning("%s: lost the cluster broker; %d calls through it failed", self.replica,
+                       in_flight)  # fmt: skip
+
+    # --- remote devices --------------------------------------------------------------------
+
+    def _attach(self, device_id: str) -> None:
+        presence = self._presence.get(device_id)
+        device = self._registry.get(device_id)
+        if presence is None or device is None or presence.replica not in self.live:
+            return
+        if presence.replica == self.replica:
+            return
+        session = device.session
+        if session is not None and not isinstance(session, RemoteSession):
+            return  # it is connected here too: the local link wins
+        if isinstance(session, RemoteSession) and (session.replica, session.session) == (
+            presence.replica,
+            presence.session,
+        ):
+            return
+        remote = RemoteSession(self._remote, device_id, presence.replica, presence.session)
+        applying, self._applying = self._applying, True
+        try:
+            self._registry.connect(device_id, remote, transport="websocket")
+        finally:
+            self._applying = applying
+
+    def _detach(self, device_id: str, why: str) -> None:
+        device = self._registry.get(device_id)
+        if device is not None and isinstance(device.session, RemoteSession):
+            applying, self._applying = self._applying, True
+            try:
+                self._registry.disconnect(device_id, device.session)
+            finally:
+                self._applying = applying
+        self._remote.fail(why, device_id=device_id)
+
+    def local_ended(self, device_id: str) -> None:
+        """A local link of the device ended: another replica may hold it now."""
+        self._attach(device_id)
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()

@@ -1,0 +1,231 @@
+"""The cluster's topics on the broker, and the records it keeps there, read strictly.
+
+Under the cluster's prefix ``P`` (``[cluster] name``), docs/cluster.md:
+
+- ``P/replica/<name>`` (retained; its last will empties it): ``{"no", "at"}``, a live replica
+  and its id slice, said again every heartbeat.
+- ``P/device/<id>`` (retained; any replica, the last writer wins): the fleet's facts on a
+  device, or a tombstone once it is forgotten.
+- ``P/catalogue/<digest>`` (retained): the accepted tool entries, shared by identical firmware.
+- ``P/presence/<id>`` (retained; the replica a WebSocket device reached, cleared when it
+  leaves): ``{"replica", "session", "at"}``.
+- ``P/bridge/<id>/down`` and ``/up``: frames for a bridged WebSocket device, and its replies
+  to other replicas' calls.
+- ``P/sync/<name>``: the replica's barrier; every retained record came before it.
+
+A record is JSON; one that does not read as its kind is refused alone (``BadRecord``), with a
+log line by the caller. Device logins cannot write any of these (the broker's ACL,
+docs/cluster.md): records come from replicas, but are checked all the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.device_side.broker import is_device_id
+from gateway.devices.catalogue import digest_of
+from gateway.devices.device import APPROVED, PENDING, REJECTED
+
+__all__ = [
+    "BadRecord",
+    "ClusterTopics",
+    "FleetRecord",
+    "Presence",
+    "ReplicaRecord",
+    "read_catalogue",
+]
+
+JsonObject = dict[str, Any]
+_STATES = (APPROVED, PENDING, REJECTED)
+_MAX_TEXT = 256  # characters of any string field (an alias is 32, a binding a MAC or so)
+
+
+class BadRecord(ValueError):
+    """A record on the broker that does not read as its kind; it is ignored."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTopics:
+    """The cluster's topic names under one prefix."""
+
+    prefix: str
+
+    def replica(self, name: str) -> str:
+        return f"{self.prefix}/replica/{name}"
+
+    def device(self, device_id: str) -> str:
+        return f"{self.prefix}/device/{device_id}"
+
+    def catalogue(self, digest: str) -> str:
+        return f"{self.prefix}/catalogue/{digest}"
+
+    def presence(self, device_id: str) -> str:
+        return f"{self.prefix}/presence/{device_id}"
+
+    def bridge(self, device_id: str, direction: str) -> str:
+        return f"{self.prefix}/bridge/{device_id}/{direction}"
+
+    def sync(self, name: str) -> str:
+        return f"{self.prefix}/sync/{name}"
+
+    def retained(self) -> list[str]:
+        """The topics of the retained records (what a replica must know of the fleet)."""
+        p = self.prefix
+        return [f"{p}/replica/+", f"{p}/device/+", f"{p}/catalogue/+", f"{p}/presence/+"]
+
+    def subscriptions(self, name: str) -> list[str]:
+        """What every replica subscribes to (with mosquitto, every bridge ``up`` reaches all)."""
+        p = self.prefix
+        return [*self.retained(), f"{p}/bridge/+/up", f"{p}/bridge/+/down", self.sync(name)]
+
+    def parse(self, topic: str) -> tuple[str, str, str] | None:
+        """``(kind, key, direction)`` of a cluster topic; None for anything else."""
+        parts = topic.split("/")
+        if parts[:-2] == self.prefix.split("/") or parts[:-3] == self.prefix.split("/"):
+            rest = parts[len(self.prefix.split("/")) :]
+            if len(rest) == 2 and rest[0] in ("replica", "device", "catalogue", "presence", "sync"):
+                return rest[0], rest[1], ""
+            if len(rest) == 3 and rest[0] == "bridge" and rest[2] in ("up", "down"):
+                return "bridge", rest[1], rest[2]
+        return None
+
+
+def _object(payload: bytes) -> JsonObject:
+    try:
+        value = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise BadRecord("not JSON") from None
+    if not isinstance(value, dict):
+        raise BadRecord("not a JSON object")
+    return value
+
+
+def _text(value: JsonObject, key: str, *, optional: bool = True) -> str | None:
+    text = value.get(key)
+    if text is None and optional:
+        return None
+    if not isinstance(text, str) or not text or len(text) > _MAX_TEXT:
+        raise BadRecord(f"{key} is not a short string")
+    return text
+
+
+def _time(value: JsonObject) -> float:
+    at = value.get("at")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        raise BadRecord("at is not a time")
+    return float(at)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """A live replica: its number (the top bits of its request ids) and when it said so."""
+
+    no: int
+    at: float
+
+    @classmethod
+    def read(cls, payload: bytes) -> ReplicaRecord:
+        value = _object(payload)
+        no = value.get("no")
+        if isinstance(no, bool) or not isinstance(no, int) or not 1 <= no <= 127:
+            raise BadRecord("no is not a replica number in 1..127")
+        return cls(no, _time(value))
+
+    def encode(self) -> bytes:
+        return json.dumps({"no": self.no, "at": self.at}).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRecord:
+    """The fleet's facts on one device: the user's decisions and its catalogue's digest.
+
+    ``forgotten`` makes it a tombstone (the device was forgotten at ``at``). Last writer wins:
+    a record older than what a replica knows is ignored.
+    """
+
+    device_id: str
+    at: float
+    by: str
+    forgotten: bool = False
+    alias: str = ""
+    state: str = PENDING
+    board: str | None = None
+    binding: str | None = None
+    transport: str | None = None
+    catalogue: str | None = None
+    server_info: JsonObject | None = None
+
+    @property
+    def facts(self) -> tuple[object, ...]:
+        """What replicas must agree on (``at`` and ``by`` say only who said it when)."""
+        return (self.forgotten, self.alias, self.state, self.board, self.binding,
+                self.transport, self.catalogue)  # fmt: skip
+
+    @classmethod
+    def read(cls, device_id: str, payload: bytes) -> FleetRecord:
+        if not is_device_id(device_id):
+            raise BadRecord("the topic does not name a device id")
+        value = _object(payload)
+        at, by = _time(value), _text(value, "by", optional=False)
+        assert by is not None
+        if value.get("forgotten") is True:
+            return cls(device_id, at, by, forgotten=True)
+        state = value.get("state")
+        if state not in _STATES:
+            raise BadRecord(f"state is not one of {', '.join(_STATES)}")
+        alias = _text(value, "alias", optional=False)
+        assert alias is not None
+        info = value.get("server_info")
+        if info is not None and not isinstance(info, dict):
+            raise BadRecord("server_info is not an object")
+        return cls(device_id, at, by, alias=alias, state=state, board=_text(value, "board"),
+                   binding=_text(value, "binding"), transport=_text(value, "transport"),
+                   catalogue=_text(value, "catalogue"), server_info=info)  # fmt: skip
+
+    def encode(self) -> bytes:
+        if self.forgotten:
+            return json.dumps({"forgotten": True, "at": self.at, "by": self.by}).encode()
+        fields = {"alias": self.alias, "state": self.state, "board": self.board,
+                  "binding": self.binding, "transport": self.transport,
+                  "catalogue": self.catalogue, "server_info": self.server_info,
+                  "at": self.at, "by": self.by}  # fmt: skip
+        return json.dumps(fields, ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Presence:
+    """A WebSocket device connected to ``replica``, in session ``session``."""
+
+    replica: str
+    session: str
+    at: float
+
+    @classmethod
+    def read(cls, payload: bytes) -> Presence:
+        value = _object(payload)
+        replica, session = _text(value, "replica", optional=False), _text(value, "session")
+        assert replica is not None
+        return cls(replica, session or "", _time(value))
+
+    def encode(self) -> bytes:
+        value = {"replica": self.replica, "session": self.session, "at": self.at}
+        return json.dumps(value).encode()
+
+
+def read_catalogue(digest: str, payload: bytes) -> list[object]:
+    """The tool entries of a catalogue record, which must hash to the digest that names it.
+
+    Each entry is judged again by the registry that takes it (a bad tool is dropped alone).
+    """
+    try:
+        entries = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise BadRecord("not JSON") from None
+    if not isinstance(entries, list):
+        raise BadRecord("not a list of tools")
+    if digest_of(entries) != digest:
+        raise BadRecord("its tools do not hash to the digest that names it")
+    return entries

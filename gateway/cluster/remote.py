@@ -1,0 +1,151 @@
+"""Calls to a WebSocket device that another replica holds, through that replica's bridge.
+
+A ``RemoteSession`` stands in the registry for a device bridged by another replica, so hosts
+here list and call it as any other. A call publishes ``tools/call`` to the device's bridge
+``down`` topic with an id from this replica's slice (``replica_no << 24 | n``, within int32),
+and the owner's bridge publishes the device's reply on ``up``, where this replica finds its own
+ids. A call in flight fails at once, with a clear error, when the device leaves, when the owner
+replica dies (its last will) or when this replica loses the broker: never at its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.cluster.records import ClusterTopics
+from gateway.errors import DeviceToolError, DeviceUnavailable
+from gateway.protocol import (
+    CallSucceeded,
+    ErrorResponse,
+    IdAllocator,
+    MalformedMessage,
+    MessageTooLarge,
+    Response,
+    classify,
+    decode,
+    encode,
+    make_notification,
+    make_request,
+    mcp_envelope,
+)
+from gateway.protocol.pending import call_result
+
+__all__ = ["RemoteCalls", "RemoteSession"]
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+Publish = Callable[[str, bytes], Coroutine[Any, Any, bool]]
+
+
+@dataclass(slots=True)
+class _Call:
+    device_id: str
+    replica: str
+    future: asyncio.Future[JsonObject]
+
+
+class RemoteCalls:
+    """This replica's calls in flight to devices other replicas hold."""
+
+    def __init__(self, topics: ClusterTopics, ids: range, publish: Publish, max_bytes: int) -> None:
+        self._topics = topics
+        self._ids = IdAllocator(ids=ids)
+        self._publish = publish
+        self._max_bytes = max_bytes
+        self._calls: dict[int, _Call] = {}
+        self._cancels: set[asyncio.Task[bool]] = set()
+
+    def use_ids(self, ids: range) -> None:
+        """Take request ids from ``ids`` from now on (the replica's slice, once claimed)."""
+        self._ids = IdAllocator(ids=ids)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._calls)
+
+    async def call(
+        self, device_id: str, replica: str, session: str, tool: str, arguments: JsonObject
+    ) -> JsonObject:
+        """Call ``tool`` on ``device_id`` through ``replica``'s bridge; return its result.
+
+        Raises:
+            DeviceUnavailable: the broker, the owner replica or the device is gone.
+            DeviceToolError: the device answered with an error.
+        """
+        call_id = self._ids.allocate(self._calls.keys())
+        future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = _Call(device_id, replica, future)
+        params = {"name": tool, "arguments": arguments}
+        frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
+        try:
+            if not await self._publish(self._topics.bridge(device_id, "down"), frame.encode()):
+                future.set_exception(
+                    DeviceUnavailable(device_id, "this replica is cut from the cluster broker")
+                )
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+            if future.cancelled() or not future.done():  # the caller gave up: timeout, or left
+                self._cancel(device_id, session, call_id)
+
+    def _cancel(self, device_id: str, session: str, call_id: int) -> None:
+        """Tell the device to stop a call nobody waits for now (timeout, or the host left)."""
+        params = {"requestId": call_id, "reason": "timed out or cancelled by the caller"}
+        frame = encode(mcp_envelope(session, make_notification("notifications/cancelled", params)))
+        topic = self._topics.bridge(device_id, "down")
+        task = asyncio.create_task(self._publish(topic, frame.encode()))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    def on_reply(self, device_id: str, text: str) -> None:
+        """A frame the device's owner bridged up: settle the call it answers, if it is ours."""
+        try:
+            message = decode(text, self._max_bytes)
+            reply = classify(message.get("payload")) if message.get("type") == "mcp" else None
+        except (MalformedMessage, MessageTooLarge):
+            logger.debug("bridged frame of %s dropped: not a reply", device_id)
+            return
+        if not isinstance(reply, Response | ErrorResponse) or not isinstance(reply.id, int):
+            return
+        call = self._calls.get(reply.id)
+        if call is None or call.device_id != device_id or call.future.done():
+            return  # another replica's, or one we stopped waiting for
+        event = call_result(reply.id, reply)
+        if isinstance(event, CallSucceeded):
+            call.future.set_result(event.result)
+        else:
+            call.future.set_exception(DeviceToolError(device_id, event.message, event.code))
+
+    def fail(self, why: str, *, replica: str | None = None, device_id: str | None = None) -> int:
+        """Fail at once the calls through ``replica`` or to ``device_id`` (all when neither)."""
+        failed = 0
+        for call in list(self._calls.values()):
+            if replica is not None and call.replica != replica:
+                continue
+            if device_id is not None and call.device_id != device_id:
+                continue
+            if not call.future.done():
+                call.future.set_exception(DeviceUnavailable(call.device_id, why))
+                failed += 1
+        return failed
+
+
+class RemoteSession:
+    """The registry's ``DeviceSession`` for a device another replica holds."""
+
+    def __init__(self, calls: RemoteCalls, device_id: str, replica: str, session: str) -> None:
+        self.device_id = device_id
+        self.replica = replica
+        self.session = session
+        self._calls = calls
+
+    async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
+        return await self._calls.call(self.device_id, self.replica, self.session, tool, arguments)
+
+    async def aclose(self) -> None:
+        """Nothing to close here: the device's own replica holds its link."""

@@ -1,0 +1,67 @@
+"""Who this replica is: a name stable across restarts, and a number that tags its request ids.
+
+The name is ``[cluster] replica``, else one made at the first start and kept in
+``data_dir/replica`` (so a restart with the same data dir is the same replica, and takes its
+own stale presence records back). The number, 1..127, is the top byte of every request id the
+replica sends a device (``no << 24 | n``, ``n`` below 2**24): a positive int32, which stock
+firmware reads with cJSON ``valueint``, and which names the replica a reply belongs to.
+Numbers are claimed on the broker at each start: the one the name hashes to, else the next one
+no live replica holds; of two replicas that claimed one number at once, the one whose name
+sorts later moves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import socket
+from collections.abc import Iterable
+
+from gateway.config import Config
+from gateway.datadir import create_private
+from gateway.errors import GatewayError
+
+__all__ = ["MAX_REPLICAS", "id_slice", "pick_number", "replica_name", "slice_of"]
+
+MAX_REPLICAS = 127
+_SLICE_BITS = 24
+_FILE = "replica"
+
+
+def replica_name(config: Config) -> str:
+    """This replica's name: configured, or kept in the data dir (made at the first start)."""
+    if config.cluster_replica:
+        return config.cluster_replica
+    path = config.data_dir / _FILE
+    name = path.read_text().strip() if path.exists() else ""
+    if not name:
+        host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:40] or "gw"
+        name = f"{host}-{secrets.token_hex(3)}"
+        create_private(path).write_text(name + "\n")
+    return name
+
+
+def pick_number(name: str, taken: Iterable[int]) -> int:
+    """The number ``name`` hashes to, else the next free one.
+
+    Raises:
+        GatewayError: every number is taken (more than 127 replicas).
+    """
+    used = set(taken)
+    first = int(hashlib.sha256(name.encode()).hexdigest(), 16) % MAX_REPLICAS
+    for step in range(MAX_REPLICAS):
+        candidate = (first + step) % MAX_REPLICAS + 1
+        if candidate not in used:
+            return candidate
+    raise GatewayError(f"a cluster has at most {MAX_REPLICAS} replicas; all numbers are taken")
+
+
+def id_slice(no: int) -> range:
+    """The request ids replica ``no`` sends: ``no << 24 | 1`` .. ``no << 24 | 0xFFFFFF``."""
+    return range((no << _SLICE_BITS) | 1, (no + 1) << _SLICE_BITS)
+
+
+def slice_of(request_id: int) -> int:
+    """The replica number a request id carries."""
+    return request_id >> _SLICE_BITS

@@ -1,0 +1,102 @@
+"""The fleet's records against a real registry, broker-free: what comes in, what goes out."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.cluster.bridge import Bridge
+from gateway.cluster.fleet import Fleet
+from gateway.cluster.records import ClusterTopics, FleetRecord, Presence, ReplicaRecord
+from gateway.cluster.remote import RemoteCalls, RemoteSession
+from gateway.cluster.replica import id_slice
+from tests.conftest import make_config
+from tests.fakes import ScriptedSession, Stack
+
+pytestmark = pytest.mark.anyio
+
+DEVICE = "02:00:00:00:00:05"
+TOPICS = ClusterTopics("fleet")
+
+
+async def _publish(topic: str, payload: bytes, retain: bool = False) -> bool:
+    return False  # no broker here: what goes out is read from the fleet's outbox
+
+
+def fleet_on(tmp_path: Path) -> tuple[Stack, Fleet]:
+    stack = Stack(make_config(tmp_path, cluster_broker="mqtt://127.0.0.1:1"))
+    remote = RemoteCalls(TOPICS, id_slice(1), _publish, 65536)
+    bridge = Bridge(TOPICS, "gw-1", id_slice(1), _publish)
+    return stack, Fleet(stack.registry, TOPICS, "gw-1", remote, bridge)
+
+
+def sent(fleet: Fleet) -> list[tuple[str, bytes]]:
+    out = []
+    while not fleet.outbox.empty():
+        topic, payload, _ = fleet.outbox.get_nowait()
+        out.append((topic, payload))
+    return out
+
+
+def record(at: float, by: str = "gw-2") -> bytes:
+    return FleetRecord(DEVICE, at, by, alias="porch", state="approved").encode()
+
+
+async def test_last_writer_wins_and_a_change_made_while_cut_off_is_published_on_rejoining(
+    tmp_path: Path,
+) -> None:
+    stack, fleet = fleet_on(tmp_path)
+    fleet.on_record("device", DEVICE, record(10.0))
+    device = stack.registry.get(DEVICE)
+    assert device is not None and device.alias == "porch"
+    fleet.on_record("device", DEVICE, FleetRecord(DEVICE, 5.0, "gw-3", alias="old").encode())
+    assert device.alias == "porch"  # older: ignored
+    sent(fleet)
+    stack.registry.rename(device, "hall")  # here, while the broker does not hear it
+    [(topic, payload)] = sent(fleet)
+    assert topic == TOPICS.device(DEVICE) and json.loads(payload)["alias"] == "hall"
+    fleet.on_record("device", DEVICE, record(11.0))  # older than the rename: ignored
+    assert device.alias == "hall"
+    fleet.rejoined()  # the broker never echoed the rename: say it again
+    assert [json.loads(p)["alias"] for t, p in sent(fleet) if t == TOPICS.device(DEVICE)] == [
+        "hall"
+    ]
+    stack.close()
+
+
+async def test_a_tombstone_forgets_the_device_and_closes_its_session_here(tmp_path: Path) -> None:
+    stack, fleet = fleet_on(tmp_path)
+    session = ScriptedSession()
+    stack.registry.connect(DEVICE, session)
+    fleet.on_record(
+        "device", DEVICE, FleetRecord(DEVICE, time.time() + 1, "gw-2", forgotten=True).encode()
+    )
+    assert stack.registry.get(DEVICE) is None
+    for task in list(fleet._closing):  # the session closes in a task of its own
+        await task
+    assert session.closed
+    stack.registry.connect(DEVICE, ScriptedSession())
+    again = stack.registry.get(DEVICE)
+    assert again is not None
+    stack.registry.forget(again)
+    assert json.loads(sent(fleet)[-1][1])["forgotten"] is True  # forgotten here: a tombstone
+    stack.close()
+
+
+async def test_a_silent_replica_is_gone_and_a_past_life_presence_is_cleared(tmp_path: Path) -> None:
+    stack, fleet = fleet_on(tmp_path)
+    fleet.on_record("device", DEVICE, record(10.0))
+    fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0).encode())
+    fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", 1.0).encode())
+    device = stack.registry.get(DEVICE)
+    assert device is not None and isinstance(device.session, RemoteSession)
+    fleet._heard["gw-2"] = time.monotonic() - 3600  # no heartbeat for an hour
+    assert fleet.expire() == ["gw-2"]
+    assert not device.online and "gw-2" not in fleet.live
+    sent(fleet)
+    fleet.on_record("presence", "02:00:00:00:00:06", Presence("gw-1", "s0", 1.0).encode())
+    assert sent(fleet) == [(TOPICS.presence("02:00:00:00:00:06"), b"")]  # ours, from a past run
+    stack.close()

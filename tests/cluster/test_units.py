@@ -1,0 +1,101 @@
+"""The cluster's parts on their own: replica identity, the broker login, remote calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cluster.client import broker_login
+from gateway.cluster.records import BadRecord, ClusterTopics, read_catalogue
+from gateway.cluster.remote import RemoteCalls
+from gateway.cluster.replica import MAX_REPLICAS, id_slice, pick_number, replica_name, slice_of
+from gateway.errors import DeviceToolError, DeviceUnavailable, GatewayError
+from gateway.protocol import MAX_REQUEST_ID
+from tests.conftest import make_config
+
+DEVICE = "02:00:00:00:00:01"
+
+
+def test_a_replica_keeps_its_name_across_restarts_of_its_data_dir(tmp_path: Path) -> None:
+    """Made once and kept (mode 0600); another data dir is another replica; config wins."""
+    first = replica_name(make_config(tmp_path / "a"))
+    assert first == replica_name(make_config(tmp_path / "a"))
+    assert first != replica_name(make_config(tmp_path / "b"))
+    assert (tmp_path / "a" / "replica").stat().st_mode & 0o077 == 0
+    assert replica_name(make_config(tmp_path / "a", cluster_replica="gw-9")) == "gw-9"
+
+
+def test_replica_numbers_and_id_slices_stay_within_int32() -> None:
+    """A name hashes to a number, the next free one on collision; ids name their replica."""
+    own = pick_number("gw-1", ())
+    assert pick_number("gw-1", {own}) == own % MAX_REPLICAS + 1
+    with pytest.raises(GatewayError, match="at most 127 replicas"):
+        pick_number("gw-1", range(1, MAX_REPLICAS + 1))
+    top = id_slice(MAX_REPLICAS)
+    assert top[-1] <= MAX_REQUEST_ID and slice_of(top[0]) == slice_of(top[-1]) == MAX_REPLICAS
+
+
+def test_the_broker_url_gives_the_login() -> None:
+    """mqtts means TLS, on 8883 unless the URL says; credentials come from their own keys."""
+    login = broker_login("mqtts://emqx", "replica", "secret", Path("/ca.pem"))
+    assert (login.host, login.port, login.tls, login.ca_file) == (
+        "emqx",
+        8883,
+        True,
+        Path("/ca.pem"),
+    )
+    assert broker_login("mqtt://emqx:1884", None, None, None).port == 1884
+
+
+def test_a_catalogue_record_must_be_a_list() -> None:
+    for payload in (b"{", b"{}"):
+        with pytest.raises(BadRecord):
+            read_catalogue("0" * 64, payload)
+
+
+class Wire:
+    """What RemoteCalls publishes, and whether the broker is there."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, object]]] = []
+        self.up = True
+
+    async def publish(self, topic: str, payload: bytes) -> bool:
+        self.sent.append((topic, json.loads(payload)))
+        return self.up
+
+
+def reply(call_id: int, **body: object) -> str:
+    return json.dumps({"type": "mcp", "payload": {"jsonrpc": "2.0", "id": call_id, **body}})
+
+
+@pytest.mark.anyio
+async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awaits() -> None:
+    """A reply settles only the call with its id (ours, that device's); an error reply is the
+    device's error; a timed-out call is cancelled on the device; no broker: a clear error."""
+    wire = Wire()
+    calls = RemoteCalls(ClusterTopics("fleet"), id_slice(5), wire.publish, 65536)
+    calls.use_ids(id_slice(6))
+    task = asyncio.create_task(calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {}))
+    await asyncio.sleep(0)
+    topic, frame = wire.sent[-1]
+    call_id = frame["payload"]["id"]  # type: ignore[index]
+    assert topic == f"fleet/bridge/{DEVICE}/down" and slice_of(call_id) == 6
+    calls.on_reply(DEVICE, "not json")
+    calls.on_reply(DEVICE, reply(call_id + 1, result={}))  # not ours
+    calls.on_reply("02:00:00:00:00:09", reply(call_id, result={}))  # not that device
+    calls.on_reply(DEVICE, reply(call_id, error={"message": "no lamp", "code": -32000}))
+    with pytest.raises(DeviceToolError, match="no lamp"):
+        await task
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await calls.call(DEVICE, "gw-2", "s1", "self.slow.wait", {})
+    await asyncio.sleep(0)
+    assert wire.sent[-1][1]["payload"]["method"] == "notifications/cancelled"  # type: ignore[index]
+    wire.up = False
+    with pytest.raises(DeviceUnavailable, match="cut from the cluster broker"):
+        await calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {})
+    assert calls.in_flight == 0
