@@ -379,3 +379,21 @@ async def test_logins_arriving_during_a_commit_share_the_next_one(tmp_path: Path
     assert len(saved.load().devices) == 21
     saved.close()
     stack.close()
+
+
+async def test_a_client_id_that_spells_a_token_binding_is_refused(tmp_path: Path) -> None:
+    """A device bound to its token over MQTT is not taken over by a check-in or a WebSocket
+    that presents the binding itself as its Client-Id (it would get that binding's OTA
+    credential, and with it the MQTT login, without ever knowing the token)."""
+    from gateway.devices.tokens import token_binding
+
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    bound = token_binding("a-board-token")
+    assert registry.admit("aa:60", trusted=True, client_id=bound, transport="mqtt") is None
+    for transport in ("OTA", "websocket"):
+        refusal = registry.admit("aa:60", trusted=False, client_id=bound, transport=transport)
+        assert refusal is not None and "Client-Id" in refusal
+    refusal = registry.admit("aa:61", trusted=False, client_id=bound, transport="OTA")
+    assert refusal is not None and registry.get("aa:61") is None
+    stack.close()
