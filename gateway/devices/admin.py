@@ -52,6 +52,13 @@ class DeviceAdmin(KnownDevices):
         """
         device_id = device_id.lower()
         actor = Actor(transport, peer)
+        if transport != "mqtt" and client_id is not None and client_id.startswith(TOKEN_BINDING):
+            # Only admission makes these (an MQTT login's token): presented as a Client-Id, the
+            # binding alone would get the device's OTA credential, and with it the device.
+            why = f"a Client-Id may not start with {TOKEN_BINDING!r}"
+            self.logins.note(REFUSED, actor, device_id=device_id, known=device_id in self._devices,
+                             reason=why)  # fmt: skip
+            return why
         device = self._devices.get(device_id)
         if device is None:
             return self._first_contact(device_id, trusted, client_id, board, actor)
