@@ -397,3 +397,26 @@ async def test_a_client_id_that_spells_a_token_binding_is_refused(tmp_path: Path
     refusal = registry.admit("aa:61", trusted=False, client_id=bound, transport="OTA")
     assert refusal is not None and registry.get("aa:61") is None
     stack.close()
+
+
+async def test_a_pending_device_is_not_swapped_for_another_client_id_before_approval(
+    tmp_path: Path,
+) -> None:
+    """Someone who checks in with a pending device's id but another Client-Id just before the
+    user approves (or while a pairing window is open) is refused as a conflict: the approval
+    binds the device the user saw, not the last check-in."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    assert registry.admit("aa:70", trusted=False, client_id="uuid-real", transport="OTA") is None
+    registry.register("aa:70", client_id="uuid-real")
+    refusal = registry.admit("aa:70", trusted=False, client_id="uuid-evil", transport="OTA",
+                             peer="10.0.0.66")  # fmt: skip
+    assert refusal == "device aa:70 is bound to another identity"
+    device = registry.get("aa:70")
+    assert device is not None and device.conflict
+    registry.pair(60)
+    assert registry.admit("aa:70", trusted=False, client_id="uuid-evil", transport="OTA")
+    assert device.record.state == "pending"
+    assert registry.admit("aa:70", trusted=False, client_id="uuid-real", transport="OTA") is None
+    assert (device.record.state, device.record.binding) == ("approved", "uuid-real")
+    stack.close()
