@@ -67,7 +67,12 @@ class DeviceAdmin(KnownDevices):
             why = f"device {device_id} was rejected"
             self.logins.note(REFUSED, actor, device_id=device_id, alias=device.alias, reason=why)
             return why
-        if record.binding is not None and client_id != record.binding:
+        # Until it is approved, a stock device holds the Client-Id it was first seen with: the
+        # approval binds the device the user saw, not whoever checked in with its id last.
+        holds = record.binding
+        if holds is None and record.state == PENDING and not trusted:
+            holds = record.client_id
+        if holds is not None and client_id != holds:
             device.conflict = (f"{transport} attempt with {_shown(client_id)} refused: "
                                "the device is bound to another identity")  # fmt: skip
             logger.warning("refused %s login as %s from %s: it presented %s, and the device "
