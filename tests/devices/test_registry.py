@@ -420,3 +420,24 @@ async def test_a_pending_device_is_not_swapped_for_another_client_id_before_appr
     assert registry.admit("aa:70", trusted=False, client_id="uuid-real", transport="OTA") is None
     assert (device.record.state, device.record.binding) == ("approved", "uuid-real")
     stack.close()
+
+
+async def test_a_device_approved_before_bindings_is_not_bound_to_an_impostor(
+    tmp_path: Path,
+) -> None:
+    """Known to a version before bindings (approved, bound to nothing): a check-in with another
+    Client-Id than the one it was last seen with is refused, and one without a token never binds
+    a device whose Client-Id is unknown; its own Client-Id or its token still bind it."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    registry.register("aa:80", client_id="uuid-real")  # as an older version left it
+    registry.register("aa:81")  # our firmware: it only ever logged in with its token
+    refusal = registry.admit("aa:80", trusted=False, client_id="uuid-evil", transport="OTA")
+    assert refusal == "device aa:80 is bound to another identity"
+    assert registry.admit("aa:81", trusted=False, client_id="uuid-evil", transport="OTA")
+    assert registry.get("aa:81").record.binding is None  # type: ignore[union-attr]
+    assert registry.admit("aa:80", trusted=False, client_id="uuid-real", transport="OTA") is None
+    assert registry.admit("aa:81", trusted=True, client_id="token:ab", transport="mqtt") is None
+    bindings = {d.device_id: d.record.binding for d in registry.devices()}
+    assert bindings == {"aa:80": "uuid-real", "aa:81": "token:ab"}
+    stack.close()
