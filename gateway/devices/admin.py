@@ -25,6 +25,8 @@ __all__ = ["DeviceAdmin"]
 
 logger = logging.getLogger(__name__)
 
+UNKNOWN = "\0unknown"  # what an approved device seen with a token only holds against others
+
 
 class DeviceAdmin(KnownDevices):
     """The known devices, with the changes that people and first contacts decide."""
@@ -67,11 +69,14 @@ class DeviceAdmin(KnownDevices):
             why = f"device {device_id} was rejected"
             self.logins.note(REFUSED, actor, device_id=device_id, alias=device.alias, reason=why)
             return why
-        # Until it is approved, a stock device holds the Client-Id it was first seen with: the
-        # approval binds the device the user saw, not whoever checked in with its id last.
+        # Unbound (pending, or approved before bindings existed), a device holds the Client-Id
+        # it was seen with against logins without a token: an approval binds the device the
+        # user saw, not whoever checked in with its id last.
         holds = record.binding
-        if holds is None and record.state == PENDING and not trusted:
+        if holds is None and not trusted:
             holds = record.client_id
+            if holds is None and record.state == APPROVED:
+                holds = UNKNOWN  # seen with a token only: only a token binds it
         if holds is not None and client_id != holds:
             device.conflict = (f"{transport} attempt with {_shown(client_id)} refused: "
                                "the device is bound to another identity")  # fmt: skip
