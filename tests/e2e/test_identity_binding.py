@@ -185,3 +185,30 @@ async def test_an_approval_the_disk_cannot_take_is_not_called_done(tmp_path: Pat
         await store.commit()
     async with gateway(tmp_path, **EMBEDDED) as again:
         assert again.gateway.registry.get(STOCK).record.state == "approved"  # type: ignore[union-attr]
+
+
+async def test_no_secret_reaches_the_log_even_when_debugging(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At log level debug, a device that sends its token as a query parameter (as some clients
+    do), a refused one, and MQTT logins with passwords leave none of those secrets in the log."""
+    caplog.set_level("DEBUG")
+    wrong = "not-the-token-but-maybe-another-one"
+    async with gateway(tmp_path, **EMBEDDED) as run:
+        for token in (DEVICE_TOKEN, wrong):
+            url = f"{run.device_url}?device-id={FIRMWARE}&client-id={IMPOSTOR}&token={token}"
+            try:
+                async with connect(url, open_timeout=bound(5)):
+                    pass
+            except InvalidStatus:
+                assert token == wrong
+        for password in (DEVICE_TOKEN, wrong):
+            try:
+                await mqtt_login(run, "aa:00:00:00:00:78", password)
+            except aiomqtt.MqttCodeError:
+                assert password == wrong
+    # The test's own clients (websockets.client, aiomqtt) log what they send: not the gateway.
+    logged = "\n".join(r.getMessage() for r in caplog.records
+                       if not r.name.startswith(("websockets.client", "aiomqtt")))  # fmt: skip
+    assert "aa:00:00:00:00:78" in logged  # amqtt did log the logins
+    assert DEVICE_TOKEN not in logged and wrong not in logged
