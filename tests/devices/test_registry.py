@@ -441,3 +441,23 @@ async def test_a_device_approved_before_bindings_is_not_bound_to_an_impostor(
     bindings = {d.device_id: d.record.binding for d in registry.devices()}
     assert bindings == {"aa:80": "uuid-real", "aa:81": "token:ab"}
     stack.close()
+
+
+async def test_the_shared_token_does_not_approve_a_waiting_stock_device_for_someone_else(
+    tmp_path: Path,
+) -> None:
+    """The shared token is on every board running our firmware: a login with it and a stock
+    device's id does not approve that waiting device for itself (another Client-Id, or MQTT's
+    token identity); with the device's own Client-Id (py-xiaozhi given the token) it does."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    assert registry.admit("aa:90", trusted=False, client_id="uuid-real", transport="OTA") is None
+    registry.register("aa:90", client_id="uuid-real")
+    for transport, presented in (("websocket", "uuid-evil"), ("mqtt", "token:ab")):
+        refusal = registry.admit("aa:90", trusted=True, client_id=presented, transport=transport)
+        assert refusal == "device aa:90 is bound to another identity"
+    device = registry.get("aa:90")
+    assert device is not None and device.record.state == "pending"
+    assert registry.admit("aa:90", trusted=True, client_id="uuid-real", transport="websocket") is None
+    assert (device.record.state, device.record.binding) == ("approved", "uuid-real")
+    stack.close()
