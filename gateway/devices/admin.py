@@ -70,10 +70,11 @@ class DeviceAdmin(KnownDevices):
             self.logins.note(REFUSED, actor, device_id=device_id, alias=device.alias, reason=why)
             return why
         # Unbound (pending, or approved before bindings existed), a device holds the Client-Id
-        # it was seen with against logins without a token: an approval binds the device the
-        # user saw, not whoever checked in with its id last.
+        # it was seen with: an approval binds the device the user saw, not whoever checked in
+        # with its id last. A token (the shared one is on every board) takes no waiting device
+        # seen with another Client-Id.
         holds = record.binding
-        if holds is None and not trusted:
+        if holds is None and (not trusted or record.state == PENDING):
             holds = record.client_id
             if holds is None and record.state == APPROVED:
                 holds = UNKNOWN  # seen with a token only: only a token binds it

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Config
 from gateway.devices.calls import CallRouter, format_time
+from gateway.devices.device import PENDING
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry
 from gateway.errors import (
@@ -239,6 +240,12 @@ class _Api:
         device = self.registry.find(ref)
         if device is None:
             return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
+        if verb == "approve" and device.record.state == PENDING and device.conflict:
+            # Two clients checked in with this id: approving would bind the first, maybe not
+            # the user's own board. Start over rather than guess.
+            return JSONResponse({"error": f"two clients claim the id of {device.alias} "
+                                 f"({device.conflict}): forget it, restart your device so it "
+                                 "checks in again, then approve it"}, 409)  # fmt: skip
         session = device.session
         action(device)
         if close and session is not None:

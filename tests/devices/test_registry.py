@@ -458,6 +458,8 @@ async def test_the_shared_token_does_not_approve_a_waiting_stock_device_for_some
         assert refusal == "device aa:90 is bound to another identity"
     device = registry.get("aa:90")
     assert device is not None and device.record.state == "pending"
-    assert registry.admit("aa:90", trusted=True, client_id="uuid-real", transport="websocket") is None
+    assert (
+        registry.admit("aa:90", trusted=True, client_id="uuid-real", transport="websocket") is None
+    )
     assert (device.record.state, device.record.binding) == ("approved", "uuid-real")
     stack.close()

@@ -79,13 +79,21 @@ async def test_stock_device_waits_for_approval_then_serves(tmp_path: Path) -> No
 
 
 async def test_a_bound_device_is_never_handed_to_another_client_id(tmp_path: Path) -> None:
-    """After approval, an OTA check-in with the device's MAC but another Client-Id gets no
-    credentials, an MQTT login with an impostor's password is refused, and the device keeps
-    working; the conflict is shown."""
+    """An impostor that checked in with the device's MAC before it holds the id while it
+    waits: the real device is refused as a conflict, which the approval does not guess about
+    (409: forget, and the device checks in anew). After approval, an OTA check-in with another
+    Client-Id gets no credentials, an MQTT login with an impostor's password is refused, and
+    the device keeps working; the conflict is shown."""
     async with gateway(tmp_path, **EMBEDDED) as run:
         stolen = (await check_in(run, IMPOSTOR)).json()["mqtt"]["password"]  # before the real one
-        reply = (await check_in(run)).json()
+        assert (await check_in(run)).status_code == 403
         registry = run.gateway.registry
+        alias = registry.get(STOCK).alias  # type: ignore[union-attr]
+        code, _, err = await devices(run, "approve", alias)
+        assert code != 0 and "two clients claim" in err
+        assert registry.get(STOCK).record.state == "pending"  # type: ignore[union-attr]
+        assert (await devices(run, "forget", alias))[0] == 0
+        reply = (await check_in(run)).json()
         async with stock_device(reply) as device, registry.changes() as changes:
             await listed_but_pending(run)
             registry.approve(registry.get(STOCK))  # type: ignore[arg-type]
