@@ -63,6 +63,10 @@ class Fleet:
         self._heard: dict[str, float] = {}  # replica -> monotonic time of its last record
         self._applying = False
         self._closing: set[asyncio.Task[None]] = set()
+        # cluster ownership of MQTT devices: told when the live replicas change; a device's
+        # own down topic, where an MQTT device another replica owns is called
+        self.live_changed: Callable[[], None] = lambda: None
+        self.device_down: Callable[[str], str] | None = None
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
         registry.record_watchers.append(self._on_local)
 
@@ -237,6 +241,7 @@ class Fleet:
             for device_id, presence in list(self._presence.items()):
                 if presence.replica == name:
                     self._attach(device_id)
+            self.live_changed()
 
     def _replica_gone(self, name: str, why: str) -> None:
         self.live.pop(name, None)
@@ -245,6 +250,7 @@ class Fleet:
             if presence.replica == name:
                 self._detach(device_id, f"{why} with device {device_id}")
         self._remote.fail(f"{why} during the call", replica=name)
+        self.live_changed()
 
     def expire(self) -> list[str]:
         """Forget the replicas silent for too long (a will lost in a broker restart); their
@@ -265,6 +271,7 @@ class Fleet:
         self.live.clear()
         self._heard.clear()
         self._remote.fail(why)
+        self.live_changed()
         logger.warning("%s: lost the cluster broker; %d calls through it failed", self.replica,
                        in_flight)  # fmt: skip
 
@@ -285,10 +292,13 @@ class Fleet:
             presence.session,
         ):
             return
-        remote = RemoteSession(self._remote, device_id, presence.replica, presence.session)
+        transport = device.record.transport or "websocket"
+        down = self.device_down if transport == "mqtt" else None
+        remote = RemoteSession(self._remote, device_id, presence.replica, presence.session,
+                               down(device_id) if down else None)  # fmt: skip
         applying, self._applying = self._applying, True
         try:
-            self._registry.connect(device_id, remote, transport="websocket")
+            self._registry.connect(device_id, remote, transport=transport)
         finally:
             self._applying = applying
 
