@@ -248,7 +248,7 @@ class Fleet:
         self._heard.pop(name, None)
         for device_id, presence in list(self._presence.items()):
             if presence.replica == name:
-                self._detach(device_id, f"{why} with device {device_id}")
+                self._detach(device_id, f"{why} with device {device_id}", owner_gone=True)
         self._remote.fail(f"{why} during the call", replica=name)
         self.live_changed()
 
@@ -302,14 +302,19 @@ class Fleet:
         finally:
             self._applying = applying
 
-    def _detach(self, device_id: str, why: str) -> None:
+    def _detach(self, device_id: str, why: str, *, owner_gone: bool = False) -> None:
         device = self._registry.get(device_id)
-        if device is not None and isinstance(device.session, RemoteSession):
+        session = device.session if device is not None else None
+        if isinstance(session, RemoteSession):
             applying, self._applying = self._applying, True
             try:
-                self._registry.disconnect(device_id, device.session)
+                self._registry.disconnect(device_id, session)
             finally:
                 self._applying = applying
+            if owner_gone and session.direct:
+                # An MQTT device outlives its owner: calls in flight go on (their replies come
+                # on its own topic), and the next owner announces it again.
+                return
         self._remote.fail(why, device_id=device_id)
 
     def local_ended(self, device_id: str) -> None:

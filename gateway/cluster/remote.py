@@ -89,7 +89,8 @@ class RemoteCalls:
         """
         call_id = self._ids.allocate(self._calls.keys())
         future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = _Call(device_id, replica, future)
+        # A direct call does not go through the owner: its death does not fail the call.
+        self._calls[call_id] = _Call(device_id, "" if direct else replica, future)
         params = {"name": tool, "arguments": arguments}
         frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
         down = direct or self._topics.bridge(device_id, "down")
@@ -113,7 +114,10 @@ class RemoteCalls:
         task.add_done_callback(self._cancels.discard)
 
     def on_reply(self, device_id: str, text: str) -> None:
-        """A frame the device's owner bridged up: settle the call it answers, if it is ours."""
+        """A frame the device's owner bridged up (or a direct device sent): settle the call it
+        answers, if it is ours."""
+        if not self._calls:
+            return  # most frames of MQTT devices: nothing to parse them for
         try:
             message = decode(text, self._max_bytes)
             reply = classify(message.get("payload")) if message.get("type") == "mcp" else None

@@ -193,9 +193,9 @@ class MqttTransport:
     def _on_up(self, device_id: str, text: str | None) -> None:
         peer = self._peers.setdefault(device_id, Peer())
         peer.heard = asyncio.get_running_loop().time()
+        if self._foreign is not None and text is not None:
+            self._foreign(device_id, text)  # cluster: a reply to a direct call from here?
         if not self.owns(device_id):
-            if self._foreign is not None and text is not None:
-                self._foreign(device_id, text)
             return
         link = peer.link if peer.link is not None and not peer.link.closed else None
         if link is None and peer.heard < peer.quiet_until:
