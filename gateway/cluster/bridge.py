@@ -97,7 +97,9 @@ class Bridge:
         return bridged
 
     def announce(self, device_id: str, session: str) -> None:
-        record = Presence(self._replica, session, time.time()).encode()
+        held = self._links.get(device_id)
+        direct = held is not None and held[0].direct
+        record = Presence(self._replica, session, time.time(), direct).encode()
         self._later(self._publish(self._topics.presence(device_id), record, True))
 
     def release(self, link: BridgedLink) -> None:

@@ -292,13 +292,12 @@ class Fleet:
             presence.session,
         ):
             return
-        transport = device.record.transport or "websocket"
-        down = self.device_down if transport == "mqtt" else None
+        down = self.device_down if presence.mqtt else None
         remote = RemoteSession(self._remote, device_id, presence.replica, presence.session,
                                down(device_id) if down else None)  # fmt: skip
         applying, self._applying = self._applying, True
         try:
-            self._registry.connect(device_id, remote, transport=transport)
+            self._registry.connect(device_id, remote, transport="mqtt" if down else "websocket")
         finally:
             self._applying = applying
 
