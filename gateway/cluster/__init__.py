@@ -64,7 +64,8 @@ class Cluster:
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
         self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
         self.client = ClusterClient(self.login, self.topics, self.replica, self._on_message,
-                                    self._on_ready, self.fleet.lost)  # fmt: skip
+                                    self._on_ready, self._lost)  # fmt: skip
+        self._joined = False  # on the broker, the live replicas known
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Cluster:
@@ -97,7 +98,10 @@ class Cluster:
         return f"replica {self.replica} is cut from the cluster broker at {self.client.where}"
 
     def owns(self, device_id: str) -> bool:
-        """Does this replica run the MQTT device's session? The live replica it hashes to."""
+        """Does this replica run the MQTT device's session? The live replica it hashes to;
+        none while it is cut from the broker or rejoining (it would not know who lives)."""
+        if not self._joined:
+            return False
         return owner_of(device_id, {*self.fleet.live, self.replica}) == self.replica
 
     def bridged(
@@ -134,6 +138,12 @@ class Cluster:
         else:
             await self._say_alive()
         self.fleet.rejoined()
+        self._joined = True
+        self.fleet.live_changed()  # the MQTT devices this replica owns now
+
+    def _lost(self) -> None:
+        self._joined = False
+        self.fleet.lost()
 
     async def _claim(self) -> None:
         for _ in range(3):
