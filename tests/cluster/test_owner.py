@@ -98,7 +98,8 @@ async def test_the_next_replica_takes_the_session_over_when_the_owner_is_cut(
     tmp_path: Path,
 ) -> None:
     """Cut the owner from the broker: the replica the rule picks among the survivors runs the
-    device's session (one discovery more, no device action), and both survivors call it."""
+    device's session (one discovery more, no device action), and both survivors call it.
+    Healed, the owner takes the device back, and every replica calls it again."""
     async with Mosquitto(tmp_path / "broker") as broker, AsyncExitStack() as stack:
         proxies = await stack.enter_async_context(behind_proxies(tmp_path, broker.port))
         runs = [
@@ -124,6 +125,11 @@ async def test_the_next_replica_takes_the_session_over_when_the_owner_is_cut(
             )
         assert device.calls == ["self.lamp.turn_on"] * 2
         assert (requests(device, "initialize"), requests(device, "tools/list")) == (2, 2)
+        proxies[NAMES.index(owner)].heal()  # it rejoins, and the rule gives it the device back
+        await eventually(runs, run_by(MQTT, owner))
+        for run in runs:
+            assert (await call_text(run, tool(run, MQTT, "self.lamp.get_state"), {}))[0] is False
+        assert [name(r) for r in runs if r.gateway.mqtt and r.gateway.mqtt.owns(MQTT)] == [owner]
 
 
 def test_ownership_moves_only_with_the_replica_that_held_it() -> None:

@@ -159,6 +159,7 @@ class MqttTransport:
                 peer.link.close()
             elif not live and self.owns(device_id) and peer.heard >= peer.quiet_until:
                 self._open(device_id, fresh=True)
+        self._liveness.probe_now.set()  # devices it owns now and has not heard from: found
 
     # --- the connection --------------------------------------------------------------------
 
