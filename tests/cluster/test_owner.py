@@ -59,6 +59,15 @@ def name(run: Running) -> str:
     return run.gateway.cluster.replica
 
 
+def owners(runs: list[Running]) -> list[str]:
+    """The replicas that run the device's session."""
+    return [name(r) for r in runs if r.gateway.mqtt is not None and r.gateway.mqtt.owns(MQTT)]
+
+
+async def turn_on(run: Running) -> tuple[bool, str]:
+    return await call_text(run, tool(run, MQTT, "self.lamp.turn_on"), {})
+
+
 async def test_a_stock_device_sees_one_gateway_and_every_replica_calls_it(
     tmp_path: Path,
 ) -> None:
@@ -70,14 +79,9 @@ async def test_a_stock_device_sees_one_gateway_and_every_replica_calls_it(
             await device.hello()  # its first word: a conversation
             owner = owner_of(MQTT, NAMES)
             await eventually(runs, run_by(MQTT, owner))
-            assert [name(r) for r in runs if r.gateway.mqtt and r.gateway.mqtt.owns(MQTT)] == [
-                owner
-            ]
+            assert owners(runs) == [owner]
             for run in runs:
-                assert await call_text(run, tool(run, MQTT, "self.lamp.turn_on"), {}) == (
-                    False,
-                    "true",
-                )
+                assert await turn_on(run) == (False, "true")
             await device.goodbye()
             await device.hello()  # a second conversation
             for run in runs:  # after the hello: a reply from any replica would be here by now
@@ -115,21 +119,16 @@ async def test_the_next_replica_takes_the_session_over_when_the_owner_is_cut(
         survivors = [r for r in runs if name(r) != owner]
         heir = owner_of(MQTT, [name(r) for r in survivors])
         await eventually(survivors, run_by(MQTT, heir))
-        assert [name(r) for r in survivors if r.gateway.mqtt and r.gateway.mqtt.owns(MQTT)] == [
-            heir
-        ]
+        assert owners(survivors) == [heir]
         for run in survivors:
-            assert await call_text(run, tool(run, MQTT, "self.lamp.turn_on"), {}) == (
-                False,
-                "true",
-            )
+            assert await turn_on(run) == (False, "true")
         assert device.calls == ["self.lamp.turn_on"] * 2
         assert (requests(device, "initialize"), requests(device, "tools/list")) == (2, 2)
         proxies[NAMES.index(owner)].heal()  # it rejoins, and the rule gives it the device back
         await eventually(runs, run_by(MQTT, owner))
         for run in runs:
             assert (await call_text(run, tool(run, MQTT, "self.lamp.get_state"), {}))[0] is False
-        assert [name(r) for r in runs if r.gateway.mqtt and r.gateway.mqtt.owns(MQTT)] == [owner]
+        assert owners(runs) == [owner]
 
 
 def test_ownership_moves_only_with_the_replica_that_held_it() -> None:
