@@ -87,6 +87,11 @@ class Bridge:
     def holds(self, device_id: str) -> bool:
         return device_id in self._links
 
+    def session_of(self, device_id: str) -> str | None:
+        """The session id of the device bridged here, if it is."""
+        held = self._links.get(device_id)
+        return held[1] if held is not None else None
+
     def wrap(
         self, link: DeviceLink, device_id: str, session: str, *, direct: bool = False
     ) -> BridgedLink:

@@ -218,6 +218,10 @@ class Fleet:
 
     def _on_presence(self, device_id: str, payload: bytes) -> None:
         if not payload:
+            if (session := self._bridge.session_of(device_id)) is not None:
+                # Cleared by the replica that held it before (an MQTT device handed over as
+                # replicas come and go): it is here now, say so again.
+                self._bridge.announce(device_id, session)
             gone = self._presence.pop(device_id, None)
             if gone is not None and gone.replica != self.replica:
                 self._detach(device_id, f"device {device_id} left replica {gone.replica}")
