@@ -238,7 +238,12 @@ class Gateway:
             probe_interval=None if presence is not None else config.mqtt_probe_interval,
             keepalive_interval=config.mqtt_keepalive_interval,
             known=self._mqtt_devices,
+            # cluster: one replica owns each device's session; the others call it directly
+            owns=self.cluster.owns if self.cluster is not None else None,
+            foreign=self.cluster.remote.on_reply if self.cluster is not None else None,
         )
+        if self.cluster is not None:
+            self.cluster.fleet.live_changed = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)

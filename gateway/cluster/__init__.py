@@ -3,8 +3,10 @@
 ``Cluster`` is what ``app.Gateway`` composes when ``[cluster] broker`` is set: the replica's
 client on the broker (client.py), the fleet records kept in step with the registry (fleet.py),
 the bridge of its WebSocket devices (bridge.py) and its calls to the devices other replicas hold
-(remote.py). MQTT devices need none of that: every replica's MQTT transport talks to them on
-the broker directly, and the request ids (replica.py) keep each replica's replies apart.
+(remote.py). An MQTT device's session (discovery, hello reply, keepalive) runs on the one live
+replica ``owns`` picks (rendezvous hashing of its id, replica.py), announced like a WebSocket
+device's; the others call it directly on the broker, and the request ids keep each replica's
+replies apart.
 ``async with Cluster(...)`` returns once the replica has joined: its number claimed, the fleet
 known.
 """
@@ -22,10 +24,11 @@ from gateway.cluster.client import ClusterClient, broker_login
 from gateway.cluster.fleet import HEARTBEAT, Fleet
 from gateway.cluster.records import ClusterTopics, ReplicaRecord
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster.replica import id_slice, pick_number, replica_name
+from gateway.cluster.replica import id_slice, owner_of, pick_number, replica_name
 from gateway.config import Config
+from gateway.device_side.broker import Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
-from gateway.device_side.transports.mqtt import BrokerLogin
+from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink
 from gateway.devices.link import DeviceLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError
@@ -59,8 +62,10 @@ class Cluster:
         self.remote = RemoteCalls(self.topics, self.ids, self._publish, config.max_message_bytes)
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
+        self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
         self.client = ClusterClient(self.login, self.topics, self.replica, self._on_message,
-                                    self._on_ready, self.fleet.lost)  # fmt: skip
+                                    self._on_ready, self._lost)  # fmt: skip
+        self._joined = False  # on the broker, the live replicas known
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Cluster:
@@ -92,12 +97,20 @@ class Cluster:
             return None
         return f"replica {self.replica} is cut from the cluster broker at {self.client.where}"
 
+    def owns(self, device_id: str) -> bool:
+        """Does this replica run the MQTT device's session? The live replica it hashes to;
+        none while it is cut from the broker or rejoining (it would not know who lives)."""
+        if not self._joined:
+            return False
+        return owner_of(device_id, {*self.fleet.live, self.replica}) == self.replica
+
     def bridged(
         self, link: DeviceLink, device_id: str, session: str
     ) -> tuple[DeviceLink, Callable[[], None]]:
-        """Bridge a local WebSocket device onto the broker for the other replicas; the link to
-        serve, and what to call when it ends."""
-        bridged = self.bridge.wrap(link, device_id, session)
+        """Bridge a local device onto the broker for the other replicas (an MQTT device this
+        replica owns: announced only); the link to serve, and what to call when it ends."""
+        direct = isinstance(link, MqttLink)
+        bridged = self.bridge.wrap(link, device_id, session, direct=direct)
         return bridged, lambda: self._ended(bridged)
 
     def _ended(self, link: BridgedLink) -> None:
@@ -125,6 +138,12 @@ class Cluster:
         else:
             await self._say_alive()
         self.fleet.rejoined()
+        self._joined = True
+        self.fleet.live_changed()  # the MQTT devices this replica owns now
+
+    def _lost(self) -> None:
+        self._joined = False
+        self.fleet.lost()
 
     async def _claim(self) -> None:
         for _ in range(3):

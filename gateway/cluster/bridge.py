@@ -5,6 +5,10 @@ to ``P/bridge/<id>/down`` go to the device as they are, and each reply the devic
 an id outside this replica's slice goes up to ``P/bridge/<id>/up`` instead of to the local
 session (which would drop it as a reply to no request of its own). The device's presence is a
 retained ``P/presence/<id>`` naming this replica, cleared when the link ends.
+
+An MQTT device is ``direct``: this replica owns its session and announces it the same way, but
+the others call it on its own topics and hear its replies there, so replies to them are dropped
+here, not bridged.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ def reply_id(text: str) -> int | None:
 class BridgedLink:
     """A local device's link, with the frames of other replicas' calls passed through."""
 
-    def __init__(self, bridge: Bridge, inner: DeviceLink, device_id: str) -> None:
+    def __init__(self, bridge: Bridge, inner: DeviceLink, device_id: str, direct: bool) -> None:
         self.device_id = device_id
         self.inner = inner
+        self.direct = direct
         self._bridge = bridge
 
     async def send(self, text: str) -> None:
@@ -55,7 +60,8 @@ class BridgedLink:
         async for text in self.inner:
             request_id = reply_id(text)
             if request_id is not None and request_id not in self._bridge.own_ids:
-                await self._bridge.up(self.device_id, text)
+                if not self.direct:  # the caller of a direct device hears it itself
+                    await self._bridge.up(self.device_id, text)
                 continue
             yield text
 
@@ -81,15 +87,24 @@ class Bridge:
     def holds(self, device_id: str) -> bool:
         return device_id in self._links
 
-    def wrap(self, link: DeviceLink, device_id: str, session: str) -> BridgedLink:
+    def session_of(self, device_id: str) -> str | None:
+        """The session id of the device bridged here, if it is."""
+        held = self._links.get(device_id)
+        return held[1] if held is not None else None
+
+    def wrap(
+        self, link: DeviceLink, device_id: str, session: str, *, direct: bool = False
+    ) -> BridgedLink:
         """Bridge ``link`` (until ``release``); say on the broker that it is here."""
-        bridged = BridgedLink(self, link, device_id)
+        bridged = BridgedLink(self, link, device_id, direct)
         self._links[device_id] = (bridged, session)
         self.announce(device_id, session)
         return bridged
 
     def announce(self, device_id: str, session: str) -> None:
-        record = Presence(self._replica, session, time.time()).encode()
+        held = self._links.get(device_id)
+        direct = held is not None and held[0].direct
+        record = Presence(self._replica, session, time.time(), direct).encode()
         self._later(self._publish(self._topics.presence(device_id), record, True))
 
     def release(self, link: BridgedLink) -> None:

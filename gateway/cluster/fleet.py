@@ -63,6 +63,10 @@ class Fleet:
         self._heard: dict[str, float] = {}  # replica -> monotonic time of its last record
         self._applying = False
         self._closing: set[asyncio.Task[None]] = set()
+        # cluster ownership of MQTT devices: told when the live replicas change; a device's
+        # own down topic, where an MQTT device another replica owns is called
+        self.live_changed: Callable[[], None] = lambda: None
+        self.device_down: Callable[[str], str] | None = None
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
         registry.record_watchers.append(self._on_local)
 
@@ -214,6 +218,10 @@ class Fleet:
 
     def _on_presence(self, device_id: str, payload: bytes) -> None:
         if not payload:
+            if (session := self._bridge.session_of(device_id)) is not None:
+                # Cleared by the replica that held it before (an MQTT device handed over as
+                # replicas come and go): it is here now, say so again.
+                self._bridge.announce(device_id, session)
             gone = self._presence.pop(device_id, None)
             if gone is not None and gone.replica != self.replica:
                 self._detach(device_id, f"device {device_id} left replica {gone.replica}")
@@ -237,14 +245,16 @@ class Fleet:
             for device_id, presence in list(self._presence.items()):
                 if presence.replica == name:
                     self._attach(device_id)
+            self.live_changed()
 
     def _replica_gone(self, name: str, why: str) -> None:
         self.live.pop(name, None)
         self._heard.pop(name, None)
         for device_id, presence in list(self._presence.items()):
             if presence.replica == name:
-                self._detach(device_id, f"{why} with device {device_id}")
+                self._detach(device_id, f"{why} with device {device_id}", owner_gone=True)
         self._remote.fail(f"{why} during the call", replica=name)
+        self.live_changed()
 
     def expire(self) -> list[str]:
         """Forget the replicas silent for too long (a will lost in a broker restart); their
@@ -265,6 +275,7 @@ class Fleet:
         self.live.clear()
         self._heard.clear()
         self._remote.fail(why)
+        self.live_changed()
         logger.warning("%s: lost the cluster broker; %d calls through it failed", self.replica,
                        in_flight)  # fmt: skip
 
@@ -285,21 +296,28 @@ class Fleet:
             presence.session,
         ):
             return
-        remote = RemoteSession(self._remote, device_id, presence.replica, presence.session)
+        down = self.device_down if presence.mqtt else None
+        remote = RemoteSession(self._remote, device_id, presence.replica, presence.session,
+                               down(device_id) if down else None)  # fmt: skip
         applying, self._applying = self._applying, True
         try:
-            self._registry.connect(device_id, remote, transport="websocket")
+            self._registry.connect(device_id, remote, transport="mqtt" if down else "websocket")
         finally:
             self._applying = applying
 
-    def _detach(self, device_id: str, why: str) -> None:
+    def _detach(self, device_id: str, why: str, *, owner_gone: bool = False) -> None:
         device = self._registry.get(device_id)
-        if device is not None and isinstance(device.session, RemoteSession):
+        session = device.session if device is not None else None
+        if isinstance(session, RemoteSession):
             applying, self._applying = self._applying, True
             try:
-                self._registry.disconnect(device_id, device.session)
+                self._registry.disconnect(device_id, session)
             finally:
                 self._applying = applying
+            if owner_gone and session.direct:
+                # An MQTT device outlives its owner: calls in flight go on (their replies come
+                # on its own topic), and the next owner announces it again.
+                return
         self._remote.fail(why, device_id=device_id)
 
     def local_ended(self, device_id: str) -> None:

@@ -197,21 +197,26 @@ class FleetRecord:
 
 @dataclass(frozen=True, slots=True)
 class Presence:
-    """A WebSocket device connected to ``replica``, in session ``session``."""
+    """A WebSocket device connected to ``replica``, in session ``session``; or an MQTT device
+    whose session ``replica`` owns (``mqtt``: the others call it on its own topics)."""
 
     replica: str
     session: str
     at: float
+    mqtt: bool = False
 
     @classmethod
     def read(cls, payload: bytes) -> Presence:
         value = _object(payload)
         replica, session = _text(value, "replica", optional=False), _text(value, "session")
         assert replica is not None
-        return cls(replica, session or "", _time(value))
+        return cls(replica, session or "", _time(value), value.get("transport") == "mqtt")
 
     def encode(self) -> bytes:
-        value = {"replica": self.replica, "session": self.session, "at": self.at}
+        value: dict[str, object] = {"replica": self.replica, "session": self.session,
+                                    "at": self.at}  # fmt: skip
+        if self.mqtt:
+            value["transport"] = "mqtt"
         return json.dumps(value).encode()
 
 

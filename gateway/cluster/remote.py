@@ -6,6 +6,9 @@ here list and call it as any other. A call publishes ``tools/call`` to the devic
 and the owner's bridge publishes the device's reply on ``up``, where this replica finds its own
 ids. A call in flight fails at once, with a clear error, when the device leaves, when the owner
 replica dies (its last will) or when this replica loses the broker: never at its timeout.
+
+An MQTT device another replica owns is called directly on its own ``down`` topic (``direct``):
+its reply comes on its ``up`` topic, which every replica hears (``on_reply`` from the transport).
 """
 
 from __future__ import annotations
@@ -69,9 +72,16 @@ class RemoteCalls:
         return len(self._calls)
 
     async def call(
-        self, device_id: str, replica: str, session: str, tool: str, arguments: JsonObject
+        self,
+        device_id: str,
+        replica: str,
+        session: str,
+        tool: str,
+        arguments: JsonObject,
+        direct: str | None = None,
     ) -> JsonObject:
-        """Call ``tool`` on ``device_id`` through ``replica``'s bridge; return its result.
+        """Call ``tool`` on ``device_id`` through ``replica``'s bridge, or on the ``direct``
+        topic (an MQTT device's own); return its result.
 
         Raises:
             DeviceUnavailable: the broker, the owner replica or the device is gone.
@@ -79,11 +89,13 @@ class RemoteCalls:
         """
         call_id = self._ids.allocate(self._calls.keys())
         future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = _Call(device_id, replica, future)
+        # A direct call does not go through the owner: its death does not fail the call.
+        self._calls[call_id] = _Call(device_id, "" if direct else replica, future)
         params = {"name": tool, "arguments": arguments}
         frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
+        down = direct or self._topics.bridge(device_id, "down")
         try:
-            if not await self._publish(self._topics.bridge(device_id, "down"), frame.encode()):
+            if not await self._publish(down, frame.encode()):
                 future.set_exception(
                     DeviceUnavailable(device_id, "this replica is cut from the cluster broker")
                 )
@@ -91,19 +103,21 @@ class RemoteCalls:
         finally:
             self._calls.pop(call_id, None)
             if future.cancelled() or not future.done():  # the caller gave up: timeout, or left
-                self._cancel(device_id, session, call_id)
+                self._cancel(down, session, call_id)
 
-    def _cancel(self, device_id: str, session: str, call_id: int) -> None:
+    def _cancel(self, topic: str, session: str, call_id: int) -> None:
         """Tell the device to stop a call nobody waits for now (timeout, or the host left)."""
         params = {"requestId": call_id, "reason": "timed out or cancelled by the caller"}
         frame = encode(mcp_envelope(session, make_notification("notifications/cancelled", params)))
-        topic = self._topics.bridge(device_id, "down")
         task = asyncio.create_task(self._publish(topic, frame.encode()))
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
     def on_reply(self, device_id: str, text: str) -> None:
-        """A frame the device's owner bridged up: settle the call it answers, if it is ours."""
+        """A frame the device's owner bridged up (or a direct device sent): settle the call it
+        answers, if it is ours."""
+        if not self._calls:
+            return  # most frames of MQTT devices: nothing to parse them for
         try:
             message = decode(text, self._max_bytes)
             reply = classify(message.get("payload")) if message.get("type") == "mcp" else None
@@ -138,14 +152,24 @@ class RemoteCalls:
 class RemoteSession:
     """The registry's ``DeviceSession`` for a device another replica holds."""
 
-    def __init__(self, calls: RemoteCalls, device_id: str, replica: str, session: str) -> None:
+    def __init__(
+        self,
+        calls: RemoteCalls,
+        device_id: str,
+        replica: str,
+        session: str,
+        direct: str | None = None,
+    ) -> None:
         self.device_id = device_id
         self.replica = replica
         self.session = session
+        self.direct = direct  # an MQTT device's down topic: called there, not through a bridge
         self._calls = calls
 
     async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
-        return await self._calls.call(self.device_id, self.replica, self.session, tool, arguments)
+        return await self._calls.call(
+            self.device_id, self.replica, self.session, tool, arguments, self.direct
+        )
 
     async def aclose(self) -> None:
         """Nothing to close here: the device's own replica holds its link."""

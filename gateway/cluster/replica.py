@@ -22,7 +22,7 @@ from gateway.config import Config
 from gateway.datadir import create_private
 from gateway.errors import GatewayError
 
-__all__ = ["MAX_REPLICAS", "id_slice", "pick_number", "replica_name", "slice_of"]
+__all__ = ["MAX_REPLICAS", "id_slice", "owner_of", "pick_number", "replica_name", "slice_of"]
 
 MAX_REPLICAS = 127
 _SLICE_BITS = 24
@@ -55,6 +55,13 @@ def pick_number(name: str, taken: Iterable[int]) -> int:
         if candidate not in used:
             return candidate
     raise GatewayError(f"a cluster has at most {MAX_REPLICAS} replicas; all numbers are taken")
+
+
+def owner_of(device_id: str, replicas: Iterable[str]) -> str:
+    """The replica that owns an MQTT device's session: rendezvous (highest random weight)
+    hashing, so every replica that knows the same live set picks the same one with no shared
+    history, and a replica coming or going moves only the devices it wins or held."""
+    return max(replicas, key=lambda name: hashlib.sha256(f"{name}/{device_id}".encode()).digest())
 
 
 def id_slice(no: int) -> range:

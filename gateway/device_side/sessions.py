@@ -113,8 +113,8 @@ class DeviceSessions:
             logger=log,
         )
         ended = None
-        if self.bridge is not None and not mqtt and not proxied:  # beside a voice server: not
-            link, ended = self.bridge(link, identity.device_id, protocol.session_id)  # bridged
+        if self.bridge is not None and not proxied:  # beside a voice server: not bridged
+            link, ended = self.bridge(link, identity.device_id, protocol.session_id)
         try:
             await DeviceConnection(link, identity, self._registry, protocol).run()
         finally:

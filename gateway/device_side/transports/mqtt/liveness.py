@@ -54,6 +54,7 @@ class Liveness:
         publish: Callable[[str, str], Awaitable[None]],
         forget: Callable[[str], None],
         known: Callable[[], Iterable[str]],
+        owns: Callable[[str], bool],
     ) -> None:
         self.probe_now = asyncio.Event()
         self._peers = peers
@@ -61,6 +62,7 @@ class Liveness:
         self._publish = publish
         self._forget = forget
         self._known = known
+        self._owns = owns  # cluster: only the replica that owns a device probes it
 
     async def probe_loop(self, interval: float) -> None:
         """Probe every ``interval`` seconds, or at once when ``probe_now`` is set."""
@@ -75,14 +77,16 @@ class Liveness:
     async def _probe_round(self, interval: float) -> None:
         now = asyncio.get_running_loop().time()
         for device_id, peer in list(self._peers.items()):
-            if peer.status_online or peer.on_broker:
-                continue  # it has a last will, or the broker tells
+            if peer.status_online or peer.on_broker or not self._owns(device_id):
+                continue  # it has a last will, or the broker tells, or another replica probes
             if now - peer.heard > _SILENT_PROBES * interval:
                 logger.info("device %s did not answer probes; offline", device_id)
                 self._forget(device_id)
         probe = encode(mcp_envelope(_PROBE_SESSION, make_probe()))
         for device_id in sorted(set(self._known()) | set(self._peers)):
             known = self._peers.get(device_id)
+            if not self._owns(device_id):
+                continue
             if known is None or not (known.status_online or known.on_broker):
                 with contextlib.suppress(LinkClosed):
                     await self._publish(device_id, probe)

@@ -16,6 +16,10 @@ device still present is tried again when the period ends.
 
 Losing the broker closes every link at once (pending calls fail now, not at their timeout); the
 client reconnects with backoff and finds its devices again.
+
+cluster: ``owns`` says whether this replica runs a device's session (discovery, hello reply,
+keepalive, probes); ``reown()`` applies it again when the live replicas change. The messages of a
+device another replica owns go to ``foreign`` (the replies to this replica's direct calls).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class MqttTransport:
         known: Callable[[], Iterable[str]] = tuple,
         retry: tuple[float, float] = (0.5, 5.0),
         quiet: tuple[float, float] = (5.0, 300.0),
+        owns: Callable[[str], bool] | None = None,
+        foreign: Callable[[str, str], None] | None = None,
     ) -> None:
         """Prepare the transport; nothing connects before ``async with``.
 
@@ -65,6 +71,8 @@ class MqttTransport:
             retry: the first and the longest wait between connection attempts, in seconds.
             quiet: the first and the longest time a device whose session the gateway ended is
                 left alone, in seconds.
+            owns: cluster: does this replica run the device's session? None: every device.
+            foreign: cluster: takes each message of a device another replica owns.
         """
         self.login = login
         self.topics = topics
@@ -82,8 +90,12 @@ class MqttTransport:
         self._probe_interval = probe_interval
         self._keepalive_interval = keepalive_interval
         self._quiet = quiet
+        self._owns = owns
+        self._foreign = foreign
         self._peers: dict[str, Peer] = {}
-        self._liveness = Liveness(self._peers, self.connected, self.publish, self._forget, known)
+        self._liveness = Liveness(
+            self._peers, self.connected, self.publish, self._forget, known, self.owns
+        )
         self._new_links: asyncio.Queue[MqttLink] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -133,6 +145,22 @@ class MqttTransport:
             peer.sent = asyncio.get_running_loop().time()
         await self._client.publish(self.topics.down(device_id), text.encode())
 
+    def owns(self, device_id: str) -> bool:
+        """Does this gateway run the device's session (always, outside a cluster)?"""
+        return self._owns is None or self._owns(device_id)
+
+    def reown(self) -> None:
+        """cluster: the live replicas changed: close the sessions of devices owned elsewhere
+        now, open those of the devices this replica owns now (no device action needed)."""
+        for device_id, peer in list(self._peers.items()):
+            live = peer.link is not None and not peer.link.closed
+            if live and not self.owns(device_id):
+                assert peer.link is not None
+                peer.link.close()
+            elif not live and self.owns(device_id) and peer.heard >= peer.quiet_until:
+                self._open(device_id, fresh=True)
+        self._liveness.probe_now.set()  # devices it owns now and has not heard from: found
+
     # --- the connection --------------------------------------------------------------------
 
     def _connected(self) -> None:
@@ -166,6 +194,10 @@ class MqttTransport:
     def _on_up(self, device_id: str, text: str | None) -> None:
         peer = self._peers.setdefault(device_id, Peer())
         peer.heard = asyncio.get_running_loop().time()
+        if self._foreign is not None and text is not None:
+            self._foreign(device_id, text)  # cluster: a reply to a direct call from here?
+        if not self.owns(device_id):
+            return
         link = peer.link if peer.link is not None and not peer.link.closed else None
         if link is None and peer.heard < peer.quiet_until:
             logger.debug("device %s is left alone for now; message dropped", device_id)
@@ -203,8 +235,8 @@ class MqttTransport:
     def _open(self, device_id: str, *, fresh: bool) -> MqttLink | None:
         """Give the device a link; a ``fresh`` sign of life replaces a live one."""
         peer = self._peers.setdefault(device_id, Peer())
-        if not self.connected.is_set():
-            return None  # links open when the gateway is connected
+        if not self.connected.is_set() or not self.owns(device_id):
+            return None  # links open when the gateway is connected; owned elsewhere: none
         if peer.link is not None and not peer.link.closed and not fresh:
             return peer.link
         # A live old link is closed by the registry when the new session takes the device over,
