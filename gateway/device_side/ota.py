@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute, Route
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.broker import DeviceCredentials, Topics, is_device_id
 from gateway.device_side.upstream.forwarder import UpstreamUnavailable
+from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from gateway.device_side.upstream.ota_reply import ProxiedReply, proxied_reply
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.settings import (
@@ -287,6 +288,8 @@ class OtaEndpoint:
                                     own_mqtt, proxy.mqtt)  # fmt: skip
             if proxied.websocket is not None:
                 check_destination(proxied.websocket.url, ota_url)
+            if proxied.mqtt is not None:  # its broker is followed from here, as its URLs are
+                check_destination(parse_upstream_mqtt(proxied.mqtt).server, ota_url)
         except (UpstreamUnavailable, UpstreamSettingsError) as exc:
             return self._upstream_failed(device_id, server, exc)
         problems = check_sections(proxied.reply)

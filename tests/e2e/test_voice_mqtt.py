@@ -371,6 +371,30 @@ async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(tmp_path:
         assert run.gateway.proxy.mqtt.get(STOCK) is None  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "where"),
+    [("169.254.169.254:1883", "the link-local network"), ("[fe80::1]:8883", "the link-local network")],
+)
+async def test_a_server_cannot_point_the_gateway_at_a_broker_where_it_has_no_say(
+    tmp_path: Path, endpoint: str, where: str
+) -> None:
+    """The server's broker is followed from the gateway's host, as its WebSocket URL is: not to
+    link-local (cloud metadata) nor this machine unless [upstream] ota_url points there too."""
+    upstream = UpstreamServer(offer="mqtt")
+    upstream.mqtt_endpoint = endpoint
+    upstream.activated.add(STOCK_HEADERS["Device-Id"])
+    async with upstream.running(), gateway(
+        tmp_path, **EMBEDDED, upstream_ota_url=upstream.ota_url
+    ) as run:  # fmt: skip
+        url = f"http://127.0.0.1:{run.device_port}/xiaozhi/ota/"
+        async with httpx2.AsyncClient() as http:
+            response = await http.post(url, headers=STOCK_HEADERS, json={})
+        assert response.status_code == 502
+        assert f"points at {where}" in response.json()["error"]
+        assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
+        assert run.gateway.proxy.mqtt.get(STOCK) is None  # type: ignore[attr-defined]
+
+
 async def test_after_a_gateway_restart_the_device_finds_its_server_again(tmp_path: Path) -> None:
     """A device checks in only at boot: the server's settings kept in the data dir serve it when
     it joins the broker of a gateway started since."""
