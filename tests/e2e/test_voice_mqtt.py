@@ -340,6 +340,9 @@ async def test_the_gateway_giving_up_leaves_the_device_its_voice_server(tmp_path
                 tools = await conversation(device, server.mqtt)  # the voice goes on
                 assert [t["name"] for t in tools] == model_tools(device)
                 assert stock_accepts_hello(json.loads(hello_bytes(device)))
+                tasks = {task.get_name() for task in asyncio.all_tasks()}  # for a task dump
+                assert {f"gateway.upstream.{what}[{STOCK}]"
+                        for what in ("device_gone", "closed")} <= tasks  # fmt: skip
 
 
 async def test_a_device_waiting_for_approval_keeps_its_voice_server(tmp_path: Path) -> None:

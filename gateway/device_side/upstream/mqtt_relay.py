@@ -109,8 +109,9 @@ class MqttRelay:
 
     async def finished(self) -> None:
         """Wait until the device has left (or a newer relay of the device took over)."""
-        gone = asyncio.create_task(self.device_gone.wait())
-        closed = asyncio.create_task(self.closed.wait())
+        name = f"gateway.upstream.{{}}[{self.device_id}]"  # as relay.py's: a task dump names it
+        gone = asyncio.create_task(self.device_gone.wait(), name=name.format("device_gone"))
+        closed = asyncio.create_task(self.closed.wait(), name=name.format("closed"))
         try:
             await asyncio.wait((gone, closed), return_when=asyncio.FIRST_COMPLETED)
         finally:
