@@ -376,7 +376,10 @@ async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(tmp_path:
 
 @pytest.mark.parametrize(
     ("endpoint", "where"),
-    [("169.254.169.254:1883", "the link-local network"), ("[fe80::1]:8883", "the link-local network")],
+    [
+        ("169.254.169.254:1883", "the link-local network"),
+        ("[fe80::1]:8883", "the link-local network"),
+    ],
 )
 async def test_a_server_cannot_point_the_gateway_at_a_broker_where_it_has_no_say(
     tmp_path: Path, endpoint: str, where: str

@@ -25,6 +25,7 @@ ways); the device going away ends the upstream connection with it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -129,6 +130,8 @@ class MqttRelay:
     async def stop(self) -> None:
         """End the upstream side: its connection, its queue, the fleet calls it made."""
         await cancel_all(self._tasks)
+        if self._fleet is not None:
+            await self._fleet.stop()
         if not self.closed.is_set() and self._status is not None:
             self._status(self.device_id, self.upstream.settings.server, "idle (device offline)")
         self.closed.set()
@@ -207,7 +210,10 @@ class MqttRelay:
             payload = message.get("payload")
             if self._fleet is not None and self._fleet.from_upstream(payload):
                 assert isinstance(payload, dict)
-                self._spawn(self._fleet_call(message, payload), "fleet")
+                answer = functools.partial(self._answer_fleet_call, message)
+                busy = self._fleet.start(payload, answer)
+                if busy is not None:
+                    self.upstream.send(encode({**message, "payload": busy}).encode())
                 return
             route = self.tap.from_upstream(payload)
             if route.to_device is None:
@@ -221,9 +227,7 @@ class MqttRelay:
                 logger.warning("device %s does not keep up with its upstream; its messages are "
                                "dropped", self.device_id)  # fmt: skip
 
-    async def _fleet_call(self, message: JsonObject, request: JsonObject) -> None:
-        assert self._fleet is not None
-        reply = await self._fleet.call(request)
+    async def _answer_fleet_call(self, message: JsonObject, reply: JsonObject) -> None:
         self.upstream.send(encode({**message, "payload": reply}).encode())
 
     async def _send_to_device(self) -> None:
