@@ -295,7 +295,10 @@ class OtaEndpoint:
         problems = check_sections(proxied.reply)
         if problems:
             return self._upstream_failed(device_id, server, UpstreamSettingsError(problems[0]))
-        self._keep(device_id, proxied)
+        try:
+            self._keep(device_id, proxied)
+        except OSError as exc:
+            return self._unsaved(device_id, server, exc)
         self._registry.register(
             device_id,
             board=check_in.board,
@@ -314,6 +317,15 @@ class OtaEndpoint:
         self._proxy.websockets.put(device_id, proxied.websocket)
         if self._proxy.mqtt is not None:
             self._proxy.mqtt.keep(device_id, proxied.mqtt)
+
+    def _unsaved(self, device_id: str, server: str, exc: OSError) -> Response:
+        # The gateway's own trouble (a full disk), not the server's: a 503 the device retries at
+        # its next boot, one log line rather than a traceback per device.
+        why = f"the gateway cannot save what its voice server {server} said ({exc.strerror or exc})"
+        logger.error("OTA: %s: %s; answered 503, the device retries at its next boot",
+                     device_id, why)  # fmt: skip
+        return JSONResponse({"error": f"{why}; try again later"}, status_code=503,
+                            headers={"Retry-After": "60"})  # fmt: skip
 
     def _upstream_failed(self, device_id: str, server: str, exc: Exception) -> Response:
         # 5xx: the device retries at its next boot and keeps the settings it has (its voice
