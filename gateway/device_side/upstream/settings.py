@@ -160,6 +160,10 @@ class KeptSettings(Generic[T]):
         """The settings of ``device_id``, or None if it has none (not proxied this way)."""
         return self._settings.get(device_id.lower())
 
+    def items(self) -> list[tuple[str, T]]:
+        """Every kept device id with its settings, by device id."""
+        return sorted(self._settings.items())
+
     def put(self, device_id: str, settings: T | None) -> None:
         """Keep (or, with None, forget) the settings of ``device_id``; saved when they changed.
 
