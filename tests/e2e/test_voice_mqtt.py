@@ -404,3 +404,25 @@ async def test_after_a_gateway_restart_the_device_finds_its_server_again(tmp_pat
                 await relay.upstream.connected.wait()
             tools = await conversation(device, server.mqtt)
             assert [t["name"] for t in tools] == model_tools(device)
+
+
+async def test_a_broker_kept_where_the_server_has_no_say_is_not_followed(tmp_path: Path) -> None:
+    """Settings kept before the destination check existed: the device is served by the gateway
+    alone, its broker never reached, and listings say why."""
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
+        settings = {**listen, "upstream_ota_url": server.ota.ota_url}
+        async with gateway(tmp_path / "gw", **settings) as run:
+            reply = await ota_check_in(run)
+        kept = tmp_path / "gw" / "upstream_mqtt.json"
+        stored = json.loads(kept.read_text())
+        stored[STOCK]["host"] = "169.254.169.254"  # as an older gateway kept it
+        kept.write_text(json.dumps(stored))
+        async with stock_device(reply), gateway(tmp_path / "gw", **settings) as run:
+            async with run.gateway.registry.changes() as changes:
+                await until(changes, has_tools(run, STOCK))  # the gateway serves it
+            assert run.gateway.sessions.mqtt_proxies is not None
+            assert run.gateway.sessions.mqtt_proxies.relay_of(STOCK) is None
+            found = run.gateway.registry.find(STOCK)
+            assert found is not None and found.upstream is not None
+            assert "points at the link-local network" in found.upstream.state
