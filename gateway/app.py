@@ -154,8 +154,8 @@ class Gateway:
         self.proxy.mqtt = upstreams = MqttUpstreams(config.data_dir)
         return MqttProxies(
             upstreams,
-            proxied=lambda device_id: (
-                self.proxy is not None and bool(self.proxy.ota_url(device_id))
+            ota_url=lambda device_id: (
+                self.proxy.ota_url(device_id) if self.proxy is not None else None
             ),
             fleet=self._fleet_tools(),
             taps=self.proxy.taps,

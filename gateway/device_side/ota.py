@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute, Route
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.broker import DeviceCredentials, Topics, is_device_id
 from gateway.device_side.upstream.forwarder import UpstreamUnavailable
+from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from gateway.device_side.upstream.ota_reply import ProxiedReply, proxied_reply
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.settings import (
@@ -287,12 +288,17 @@ class OtaEndpoint:
                                     own_mqtt, proxy.mqtt)  # fmt: skip
             if proxied.websocket is not None:
                 check_destination(proxied.websocket.url, ota_url)
+            if proxied.mqtt is not None:  # its broker is followed from here, as its URLs are
+                check_destination(parse_upstream_mqtt(proxied.mqtt).server, ota_url)
         except (UpstreamUnavailable, UpstreamSettingsError) as exc:
             return self._upstream_failed(device_id, server, exc)
         problems = check_sections(proxied.reply)
         if problems:
             return self._upstream_failed(device_id, server, UpstreamSettingsError(problems[0]))
-        self._keep(device_id, proxied)
+        try:
+            self._keep(device_id, proxied)
+        except OSError as exc:
+            return self._unsaved(device_id, server, exc)
         self._registry.register(
             device_id,
             board=check_in.board,
@@ -311,6 +317,15 @@ class OtaEndpoint:
         self._proxy.websockets.put(device_id, proxied.websocket)
         if self._proxy.mqtt is not None:
             self._proxy.mqtt.keep(device_id, proxied.mqtt)
+
+    def _unsaved(self, device_id: str, server: str, exc: OSError) -> Response:
+        # The gateway's own trouble (a full disk), not the server's: a 503 the device retries at
+        # its next boot, one log line rather than a traceback per device.
+        why = f"the gateway cannot save what its voice server {server} said ({exc.strerror or exc})"
+        logger.error("OTA: %s: %s; answered 503, the device retries at its next boot",
+                     device_id, why)  # fmt: skip
+        return JSONResponse({"error": f"{why}; try again later"}, status_code=503,
+                            headers={"Retry-After": "60"})  # fmt: skip
 
     def _upstream_failed(self, device_id: str, server: str, exc: Exception) -> Response:
         # 5xx: the device retries at its next boot and keeps the settings it has (its voice

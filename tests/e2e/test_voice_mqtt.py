@@ -340,6 +340,9 @@ async def test_the_gateway_giving_up_leaves_the_device_its_voice_server(tmp_path
                 tools = await conversation(device, server.mqtt)  # the voice goes on
                 assert [t["name"] for t in tools] == model_tools(device)
                 assert stock_accepts_hello(json.loads(hello_bytes(device)))
+                tasks = {task.get_name() for task in asyncio.all_tasks()}  # for a task dump
+                assert {f"gateway.upstream.{what}[{STOCK}]"
+                        for what in ("device_gone", "closed")} <= tasks  # fmt: skip
 
 
 async def test_a_device_waiting_for_approval_keeps_its_voice_server(tmp_path: Path) -> None:
@@ -354,10 +357,22 @@ async def test_a_device_waiting_for_approval_keeps_its_voice_server(tmp_path: Pa
         assert reply["result"]["content"][0]["text"] == "true"
 
 
-async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("endpoint", "error"),
+    [
+        ("mqtt.example:not-a-port", "mqtt endpoint 'mqtt.example:not-a-port' is not host[:port]"),
+        # Followed from the gateway's host, as its WebSocket URL is: not to link-local (cloud
+        # metadata) nor this machine unless [upstream] ota_url points there too.
+        ("169.254.169.254:1883", "points at the link-local network"),
+        ("[fe80::1]:8883", "points at the link-local network"),
+    ],
+)
+async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(
+    tmp_path: Path, endpoint: str, error: str
+) -> None:
     """The device gets a 502 it retries, nothing is kept, and the error says what is wrong."""
     upstream = UpstreamServer(offer="mqtt")
-    upstream.mqtt_endpoint = "mqtt.example:not-a-port"
+    upstream.mqtt_endpoint = endpoint
     upstream.activated.add(STOCK_HEADERS["Device-Id"])
     async with upstream.running(), gateway(
         tmp_path, **EMBEDDED, upstream_ota_url=upstream.ota_url
@@ -366,7 +381,7 @@ async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(tmp_path:
         async with httpx2.AsyncClient() as http:
             response = await http.post(url, headers=STOCK_HEADERS, json={})
         assert response.status_code == 502
-        assert "mqtt endpoint 'mqtt.example:not-a-port' is not host[:port]" in response.text
+        assert error in response.json()["error"]
         assert run.gateway.proxy is not None and run.gateway.proxy.mqtt is not None
         assert run.gateway.proxy.mqtt.get(STOCK) is None  # type: ignore[attr-defined]
 
@@ -389,3 +404,25 @@ async def test_after_a_gateway_restart_the_device_finds_its_server_again(tmp_pat
                 await relay.upstream.connected.wait()
             tools = await conversation(device, server.mqtt)
             assert [t["name"] for t in tools] == model_tools(device)
+
+
+async def test_a_broker_kept_where_the_server_has_no_say_is_not_followed(tmp_path: Path) -> None:
+    """Settings kept before the destination check existed: the device is served by the gateway
+    alone, its broker never reached, and listings say why."""
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
+        settings = {**listen, "upstream_ota_url": server.ota.ota_url}
+        async with gateway(tmp_path / "gw", **settings) as run:
+            reply = await ota_check_in(run)
+        kept = tmp_path / "gw" / "upstream_mqtt.json"
+        stored = json.loads(kept.read_text())
+        stored[STOCK]["host"] = "169.254.169.254"  # as an older gateway kept it
+        kept.write_text(json.dumps(stored))
+        async with stock_device(reply), gateway(tmp_path / "gw", **settings) as run:
+            async with run.gateway.registry.changes() as changes:
+                await until(changes, has_tools(run, STOCK))  # the gateway serves it
+            assert run.gateway.sessions.mqtt_proxies is not None
+            assert run.gateway.sessions.mqtt_proxies.relay_of(STOCK) is None
+            found = run.gateway.registry.find(STOCK)
+            assert found is not None and found.upstream is not None
+            assert "points at the link-local network" in found.upstream.state

@@ -24,12 +24,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from gateway.app import Running
 from gateway.config import DeviceOptions
 from gateway.device_side.sessions import DeviceSessions
+from gateway.device_side.upstream import settings as kept_settings
 from gateway.device_side.upstream.relay import _GATEWAY_QUEUE
 from gateway.device_side.upstream.settings import UpstreamWebSocket, WebSocketUpstreams
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import RawDevice, exposes, until
 from tests.e2e.test_dashboard import dashboard, row
+from tests.e2e.test_mqtt import EMBEDDED
 from tests.upstream_server import (
     ACTIVATION_CODE,
     VISION_ANSWER,
@@ -543,3 +545,32 @@ async def test_activation_is_forwarded_only_for_devices_the_gateway_admits(tmp_p
         run.gateway.registry.reject(known)
         assert await device.activate(ota_url(run), tries=1) == [403]
     assert upstream.activations == []
+
+
+@pytest.mark.parametrize(("offer", "kept"), [("websocket", "upstream_websocket.json"),
+                                             ("mqtt", "upstream_mqtt.json")])  # fmt: skip
+async def test_a_full_disk_at_check_in_is_a_clear_503_the_device_retries(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    offer: str,
+    kept: str,
+) -> None:
+    """Saving the server's settings fails (the kernel's ENOSPC from /dev/full): the device gets
+    a 503 that says why, the log one line (no traceback); its next check-in saves them."""
+    upstream, device = UpstreamServer(offer=offer), VoiceDevice()
+    upstream.mqtt_endpoint = "127.0.0.1:1883"
+    upstream.activated.add(device.device_id)
+    async with proxied(tmp_path, upstream, **EMBEDDED) as run:
+        with monkeypatch.context() as full, caplog.at_level(logging.WARNING):
+            full.setattr(kept_settings, "create_private", lambda path: Path("/dev/full"))
+            response = await device.check_in(ota_url(run))
+        assert response.status_code == 503 and response.headers["retry-after"] == "60"
+        assert "No space left on device" in response.json()["error"]
+        assert "try again later" in response.json()["error"]
+        [line] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert "answered 503" in line.getMessage() and line.exc_info is None
+        assert not (tmp_path / kept).exists()
+        response = await device.check_in(ota_url(run))  # its next boot, with room on the disk
+        assert response.status_code == 200
+        assert device.device_id in json.loads((tmp_path / kept).read_text())

@@ -41,7 +41,7 @@ from gateway.cli.doctor.probes import (
     tcp_probe,
     writable_probe,
 )
-from gateway.cli.doctor.upstream import check_upstream
+from gateway.cli.doctor.upstream import check_upstream, check_upstream_brokers
 from gateway.config import Config
 
 __all__ = [
@@ -89,6 +89,7 @@ def diagnose(
     check_data_dir(ctx)
     check_data_dir_private(ctx)
     check_upstream(ctx)
+    check_upstream_brokers(ctx)
     if file_only is not None:
         check_overridden(ctx, file_only, os.environ if env is None else env)
     return ctx.findings

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import stat
 import tempfile
 import urllib.error
@@ -30,6 +31,33 @@ def tcp_probe(host: str, port: int, timeout: float) -> str | None:
             return None
     except TimeoutError:
         return f"no answer within {timeout:g} s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def broker_probe(host: str, port: int, tls: bool, timeout: float) -> str | None:
+    """None when an MQTT broker could be reached at ``host:port``, else why not.
+
+    A TCP connection, and with ``tls`` the handshake the gateway's client makes (the system's
+    CAs, the host name checked); never an MQTT login: doctor has no business with a voice
+    server's account.
+    """
+    return tls_probe(host, port, timeout, ssl.create_default_context() if tls else None)
+
+
+def tls_probe(host: str, port: int, timeout: float, context: ssl.SSLContext | None) -> str | None:
+    """None when ``host:port`` accepts a TCP connection (and, given ``context``, a TLS
+    handshake), else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            if context is not None:
+                with context.wrap_socket(sock, server_hostname=host):
+                    pass
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except ssl.SSLError as exc:
+        return f"TLS handshake failed: {exc.reason or exc}"
     except OSError as exc:
         return exc.strerror or str(exc)
 
@@ -138,4 +166,5 @@ class Probes:
     writable: Callable[[Path], str | None] = writable_probe
     exposed: Callable[[Path], list[str]] = exposed_probe
     upstream: Callable[[str, float], str] = upstream_probe  # raises OSError: no answer
+    broker: Callable[[str, int, bool, float], str | None] = broker_probe
     timeout: float = 2.0

@@ -9,12 +9,15 @@ device: the gateway calls the other device through ``CallRouter`` (policy, argum
 timeout, audit with the upstream named as the caller) and answers the upstream with its id.
 
 ``FleetTools`` is shared by both relays (WebSocket and MQTT): ``from_upstream`` before the tap,
-``from_device`` on the tap's way back to the upstream, ``call`` in a task of the relay.
+``from_device`` on the tap's way back to the upstream, ``start`` for a fleet call (its task, its
+bound, its failures are kept here, one home for both relays), ``stop`` when the relay ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.devices.calls import CallRouter
@@ -27,11 +30,13 @@ __all__ = ["FleetTools"]
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+Answer = Callable[[JsonObject], Awaitable[None]]
 
 MAX_TOOLS = 64  # fleet tools offered at most: the upstream's model reads every one of them
 MAX_CALLS = 4  # fleet calls one upstream may run at once; more are answered "busy"
 _INVALID_PARAMS = -32602
 _BUSY = -32000
+_INTERNAL = -32603
 
 
 class FleetTools:
@@ -54,7 +59,7 @@ class FleetTools:
         self._device_id = device_id
         self.caller = caller
         self._listing: set[object] = set()  # ids of the upstream's open tools/list requests
-        self._running = 0
+        self._calls: set[asyncio.Task[None]] = set()  # the fleet calls running (<= MAX_CALLS)
 
     def entries(self) -> list[JsonObject]:
         """The other devices' tools as the upstream's model sees them."""
@@ -127,16 +132,48 @@ class FleetTools:
             return make_error(
                 request_id, _INVALID_PARAMS, "unknown tool or arguments not an object"
             )
-        if self._running >= MAX_CALLS:
-            return make_error(request_id, _BUSY, "too many fleet calls at once; try again later")
-        self._running += 1
         try:
             result = await self._router.call(tool, arguments, caller=self.caller)
         except (CallRejected, DeviceError) as exc:
             result = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
-        finally:
-            self._running -= 1
         return make_result(request_id, result)
+
+    def start(self, request: JsonObject, answer: Answer) -> JsonObject | None:
+        """Run the upstream's fleet call ``request`` in its own task; ``answer`` gets its reply.
+
+        Returns:
+            None once started. The "busy" error reply when ``MAX_CALLS`` of this upstream's run
+            already, for the relay to send at once: a flood of calls costs no task, and each
+            call gets an answer.
+        """
+        if len(self._calls) >= MAX_CALLS:
+            return make_error(request["id"], _BUSY, "too many fleet calls at once; try again later")
+        name = f"gateway.upstream.fleet_call[{self._device_id}]"  # as the relays' tasks
+        task = asyncio.create_task(self._answer(request, answer), name=name)
+        self._calls.add(task)
+        task.add_done_callback(self._ended)
+        return None
+
+    async def stop(self) -> None:
+        """Cancel the fleet calls still running: the relay has ended, no one takes the reply."""
+        for task in self._calls:
+            task.cancel()
+        await asyncio.gather(*self._calls, return_exceptions=True)
+
+    async def _answer(self, request: JsonObject, answer: Answer) -> None:
+        try:
+            reply = await self.call(request)
+        except Exception:  # a fault on the gateway's side: said, and the upstream still answered
+            logger.exception("device %s: a fleet call of its upstream failed", self._device_id)
+            reply = make_error(request["id"], _INTERNAL, "the gateway failed this fleet call")
+        await answer(reply)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._calls.discard(task)
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:  # no one awaits the task: said here, or never
+            logger.error("device %s: the reply to a fleet call of its upstream failed",
+                         self._device_id, exc_info=failure)  # fmt: skip
 
 
 def _key(request_id: object) -> object:

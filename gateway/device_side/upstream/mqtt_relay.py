@@ -25,6 +25,7 @@ ways); the device going away ends the upstream connection with it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +38,7 @@ from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.mqtt_client import UpstreamMqttClient
 from gateway.device_side.upstream.mqtt_settings import MqttUpstreams, UpstreamMqtt
+from gateway.device_side.upstream.settings import UpstreamSettingsError, check_destination
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceLink, LinkClosed
 from gateway.protocol import encode
@@ -109,8 +111,9 @@ class MqttRelay:
 
     async def finished(self) -> None:
         """Wait until the device has left (or a newer relay of the device took over)."""
-        gone = asyncio.create_task(self.device_gone.wait())
-        closed = asyncio.create_task(self.closed.wait())
+        name = f"gateway.upstream.{{}}[{self.device_id}]"  # as relay.py's: a task dump names it
+        gone = asyncio.create_task(self.device_gone.wait(), name=name.format("device_gone"))
+        closed = asyncio.create_task(self.closed.wait(), name=name.format("closed"))
         try:
             await asyncio.wait((gone, closed), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -128,6 +131,8 @@ class MqttRelay:
     async def stop(self) -> None:
         """End the upstream side: its connection, its queue, the fleet calls it made."""
         await cancel_all(self._tasks)
+        if self._fleet is not None:
+            await self._fleet.stop()
         if not self.closed.is_set() and self._status is not None:
             self._status(self.device_id, self.upstream.settings.server, "idle (device offline)")
         self.closed.set()
@@ -206,7 +211,10 @@ class MqttRelay:
             payload = message.get("payload")
             if self._fleet is not None and self._fleet.from_upstream(payload):
                 assert isinstance(payload, dict)
-                self._spawn(self._fleet_call(message, payload), "fleet")
+                answer = functools.partial(self._answer_fleet_call, message)
+                busy = self._fleet.start(payload, answer)
+                if busy is not None:
+                    self.upstream.send(encode({**message, "payload": busy}).encode())
                 return
             route = self.tap.from_upstream(payload)
             if route.to_device is None:
@@ -220,9 +228,7 @@ class MqttRelay:
                 logger.warning("device %s does not keep up with its upstream; its messages are "
                                "dropped", self.device_id)  # fmt: skip
 
-    async def _fleet_call(self, message: JsonObject, request: JsonObject) -> None:
-        assert self._fleet is not None
-        reply = await self._fleet.call(request)
+    async def _answer_fleet_call(self, message: JsonObject, reply: JsonObject) -> None:
         self.upstream.send(encode({**message, "payload": reply}).encode())
 
     async def _send_to_device(self) -> None:
@@ -271,7 +277,7 @@ class MqttProxies:
         self,
         upstreams: MqttUpstreams,
         *,
-        proxied: Callable[[str], bool] = lambda device_id: True,
+        ota_url: Callable[[str], str | None] = lambda device_id: None,
         fleet: Callable[[str, str], FleetTools] | None = None,
         taps: dict[str, McpTap] | None = None,
         status: Callable[[str, str, str], None] | None = None,
@@ -282,7 +288,8 @@ class MqttProxies:
 
         Args:
             upstreams: the upstream settings the OTA proxy kept, by device.
-            proxied: whether a device is proxied now (the config may have turned it off since).
+            ota_url: the voice server a device is proxied to now, None when it is not (the
+                config may have turned it off since).
             fleet: makes the fleet offered to a device's upstream, from the device id and the
                 server's name; None offers none.
             taps: where each live relay's tap is kept, by device (the camera forwarder reads
@@ -293,12 +300,23 @@ class MqttProxies:
         """
         self.upstreams = upstreams
         self.retry = retry
-        self._proxied = proxied
+        self._ota_url = ota_url
         self._fleet = fleet
         self._taps = taps if taps is not None else {}
         self._status = status
         self._max_bytes = max_message_bytes
         self._relays: dict[str, MqttRelay] = {}
+
+    def _allowed(self, device_id: str, settings: UpstreamMqtt, ota_url: str) -> bool:
+        try:  # kept by an older gateway, or the config changed: as a WebSocket conversation
+            check_destination(settings.server, ota_url)
+        except UpstreamSettingsError as exc:
+            logger.warning("device %s: its voice server's broker %s: %s; the device is served "
+                           "without it", device_id, settings.where, exc)  # fmt: skip
+            if self._status is not None:
+                self._status(device_id, settings.server, str(exc))
+            return False
+        return True
 
     def relay_of(self, device_id: str) -> MqttRelay | None:
         """The live relay of ``device_id`` (None when it is not relayed now)."""
@@ -309,7 +327,10 @@ class MqttProxies:
         self, link: DeviceLink, device_id: str, vision: dict[str, str] | None
     ) -> AsyncIterator[DeviceLink]:
         """The link the gateway's session runs over: a relay if the device has an upstream."""
-        settings = self.upstreams.get(device_id) if self._proxied(device_id) else None
+        ota_url = self._ota_url(device_id)
+        settings = self.upstreams.get(device_id) if ota_url else None
+        if settings is not None and not self._allowed(device_id, settings, ota_url or ""):
+            settings = None
         if settings is None:
             yield link
             return

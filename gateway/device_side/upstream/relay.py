@@ -162,13 +162,13 @@ async def relay(
         serve(link, identity), name=f"gateway.upstream[{identity.device_id}]"
     )
     gateway.add_done_callback(functools.partial(_gateway_ended, link, identity.device_id))
-    limit, fleet_calls = max_message_bytes, set[asyncio.Task[None]]()
+    limit = max_message_bytes
     name = f"gateway.upstream.{{}}[{identity.device_id}]"
     pumps = [
         asyncio.create_task(_device_to_upstream(device, upstream, tap, link, limit, fleet),
                             name=name.format("from_device")),
         asyncio.create_task(
-            _upstream_to_device(upstream, device, tap, link, limit, (fleet, fleet_calls)),
+            _upstream_to_device(upstream, device, tap, link, limit, fleet),
             name=name.format("from_server"),
         ),
     ]  # fmt: skip
@@ -176,9 +176,11 @@ async def relay(
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         ended = next(iter(done)).result()
     finally:
-        for task in (*pumps, *fleet_calls):
+        for task in pumps:
             task.cancel()
-        await asyncio.gather(*pumps, *fleet_calls, return_exceptions=True)
+        await asyncio.gather(*pumps, return_exceptions=True)
+        if fleet is not None:
+            await fleet.stop()
         link.end()
         await _close_both(device, upstream)
         await asyncio.gather(gateway, return_exceptions=True)
@@ -238,9 +240,8 @@ async def _upstream_to_device(
     tap: McpTap,
     link: TappedLink,
     limit: int,
-    fleet_calls: tuple[FleetTools | None, set[asyncio.Task[None]]],
+    fleet: FleetTools | None,
 ) -> str:
-    fleet, calls = fleet_calls
     try:
         async for frame in upstream:
             if isinstance(frame, bytes):
@@ -257,9 +258,10 @@ async def _upstream_to_device(
                     await link.feed(hello)
                 continue
             if fleet is not None and fleet.from_upstream(mcp["payload"]):
-                call = asyncio.create_task(_fleet_call(fleet, mcp, upstream))
-                calls.add(call)  # the gateway calls another device: no wait here
-                call.add_done_callback(calls.discard)
+                answer = functools.partial(_answer_fleet_call, upstream, mcp)
+                busy = fleet.start(mcp["payload"], answer)  # another device's: no wait here
+                if busy is not None:
+                    await answer(busy)
                 continue
             route = tap.from_upstream(mcp["payload"])
             if route.to_device is not None:
@@ -273,8 +275,9 @@ async def _upstream_to_device(
     return _closed_by_upstream(upstream)
 
 
-async def _fleet_call(fleet: FleetTools, message: JsonObject, upstream: ClientConnection) -> None:
-    reply = await fleet.call(message["payload"])
+async def _answer_fleet_call(
+    upstream: ClientConnection, message: JsonObject, reply: JsonObject
+) -> None:
     with contextlib.suppress(ConnectionClosed):  # the conversation ended meanwhile
         await upstream.send(encode({**message, "payload": reply}))
 

@@ -160,16 +160,33 @@ class KeptSettings(Generic[T]):
         """The settings of ``device_id``, or None if it has none (not proxied this way)."""
         return self._settings.get(device_id.lower())
 
+    def items(self) -> list[tuple[str, T]]:
+        """Every kept device id with its settings, by device id."""
+        return sorted(self._settings.items())
+
     def put(self, device_id: str, settings: T | None) -> None:
-        """Keep (or, with None, forget) the settings of ``device_id``; saved when they changed."""
+        """Keep (or, with None, forget) the settings of ``device_id``; saved when they changed.
+
+        Raises:
+            OSError: the file cannot be written (a full disk); nothing changed, in memory either,
+                so the next check-in writes it again.
+        """
         device_id = device_id.lower()
-        if self._settings.get(device_id) == settings:
+        before = self._settings.get(device_id)
+        if before == settings:
             return  # every boot checks in: the file is written only when something changed
+        self._set(device_id, settings)
+        try:
+            self._save()
+        except OSError:
+            self._set(device_id, before)
+            raise
+
+    def _set(self, device_id: str, settings: T | None) -> None:
         if settings is None:
             self._settings.pop(device_id, None)
         else:
             self._settings[device_id] = settings
-        self._save()
 
     def _load(self) -> None:
         try:

@@ -3,7 +3,9 @@ gateway's call path (policy, audit with the upstream as caller), never this devi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 
 from gateway.config import DeviceOptions
 from gateway.device_side.upstream.fleet import MAX_CALLS, FleetTools
-from tests.conftest import make_config
+from tests.conftest import bound, make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
 pytestmark = pytest.mark.anyio
@@ -111,10 +113,6 @@ async def test_policy_and_the_bound_on_fleet_calls(tmp_path: Path) -> None:
     unknown = await fleet.call({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
                                 "params": {"name": "nothing", "arguments": {}}})  # fmt: skip
     assert unknown["error"]["code"] == -32602
-    fleet._running = MAX_CALLS  # as many calls as allowed already run
-    busy = await fleet.call({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-                             "params": {"name": "bedroom_light_set", "arguments": {}}})  # fmt: skip
-    assert busy["error"]["code"] == -32000 and "too many" in busy["error"]["message"]
     errored = {"jsonrpc": "2.0", "id": 2, "error": {"code": -1, "message": "no"}}
     fleet.from_upstream(listing(2))
     assert fleet.from_device(errored) is errored
@@ -138,4 +136,83 @@ async def test_a_device_waiting_for_approval_offers_its_server_no_fleet(tmp_path
         call
     )
     assert lamp.calls == []
+    stack.close()
+
+
+def fleet_calls() -> list[asyncio.Task[Any]]:
+    """The speaker's fleet calls running now, by their task names."""
+    name = f"gateway.upstream.fleet_call[{SPEAKER}]"
+    return [task for task in asyncio.all_tasks() if task.get_name() == name]
+
+
+def light_call(request_id: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": "bedroom_light_set", "arguments": {"on": True}}}  # fmt: skip
+
+
+async def test_fleet_calls_run_bounded_and_each_gets_an_answer(tmp_path: Path) -> None:
+    """A flood of the upstream's fleet calls: MAX_CALLS run (named tasks), the others are
+    answered "busy" at once; none goes unanswered."""
+    stack, fleet, _ = fleet_of(tmp_path)
+    release = asyncio.Event()
+
+    class Held(ScriptedSession):
+        async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            await release.wait()
+            return await super().call(tool, arguments)
+
+    stack.registry.connect(LAMP, Held(), transport="mqtt")
+    answers: dict[Any, dict[str, Any]] = {}
+    all_answered = asyncio.Event()
+    flood = 3 * MAX_CALLS
+
+    async def answer(reply: dict[str, Any]) -> None:
+        answers[reply["id"]] = reply
+        if len(answers) == flood:
+            all_answered.set()
+
+    busy = [fleet.start(light_call(n), answer) for n in range(flood)]
+    assert busy[:MAX_CALLS] == [None] * MAX_CALLS
+    for n, reply in enumerate(busy[MAX_CALLS:], MAX_CALLS):
+        assert reply is not None and reply["id"] == n and reply["error"]["code"] == -32000
+        answers[n] = reply
+    assert len(fleet_calls()) == MAX_CALLS
+    release.set()
+    async with asyncio.timeout(bound(5)):
+        await all_answered.wait()
+    assert all("result" in answers[n] for n in range(MAX_CALLS))
+    assert fleet.start(light_call(99), answer) is None  # the bound frees as calls end
+    await fleet.stop()
+    stack.close()
+
+
+async def test_a_failing_fleet_call_is_answered_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack, fleet, _ = fleet_of(tmp_path)
+
+    async def broken(*args: object, **kwargs: object) -> dict[str, Any]:
+        raise RuntimeError("a bug on the call path")
+
+    monkeypatch.setattr(stack.router, "call", broken)
+    answered: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    with caplog.at_level(logging.ERROR, logger="gateway.device_side.upstream.fleet"):
+        assert fleet.start(light_call(7), answered.put) is None
+        async with asyncio.timeout(bound(5)):
+            reply = await answered.get()
+    assert reply["id"] == 7 and reply["error"]["code"] == -32603
+    assert [r.message for r in caplog.records] == [
+        f"device {SPEAKER}: a fleet call of its upstream failed"
+    ]
+
+    async def unanswerable(reply: dict[str, Any]) -> None:
+        raise ConnectionError("the upstream went away")
+
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="gateway.device_side.upstream.fleet"):
+        fleet.start(light_call(8), unanswerable)
+        (call,) = fleet_calls()
+        async with asyncio.timeout(bound(5)):
+            await asyncio.wait([call])  # its done callback has run: wait() returns after it
+    assert any("the reply to a fleet call" in r.message for r in caplog.records)
     stack.close()
