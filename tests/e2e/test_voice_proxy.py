@@ -249,6 +249,10 @@ async def test_the_device_going_away_fails_both_sides_calls_at_once(tmp_path: Pa
         async with Client(run.mcp_url, mode="legacy") as host:
             async with run.gateway.registry.changes() as changes, device.conversation() as talk:
                 session = await upstream.session()
+                # The server's own discovery ends first: its ids 1 and 2 would otherwise answer
+                # (or announce) the call below, which reuses id 1 as real servers do.
+                async with asyncio.timeout(bound(10)):
+                    await session.listed.wait()
                 await until(changes, exposes(run, device.device_id, "lamp_lamp_turn_on"))
                 host_call = asyncio.create_task(host.call_tool("lamp_lamp_turn_on", {}))
                 async with asyncio.timeout(bound(10)):
