@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
+from starlette.types import ASGIApp
+
 from gateway.cluster import Cluster
 from gateway.config import Config
 from gateway.device_side.admission import Admission
@@ -289,7 +291,7 @@ async def running(config: Config) -> AsyncIterator[Running]:
     raise_fd_limit(caps[0] * capped + caps[1], chosen=caps != defaults)
     sockets = (bind(config.device_listen, "device"), bind(config.host_listen, "host"))
     async with accept_errors_throttled(), Gateway(config) as gateway:
-        apps = {"device": gateway.device_app, "host": gateway.host_app}
+        apps: dict[str, ASGIApp] = {"device": gateway.device_app, "host": gateway.host_app}
         served = [
             (name, uvicorn_config(app, config, gateway.guard(name)), sock)
             for (name, app), sock in zip(apps.items(), sockets, strict=True)

@@ -11,7 +11,11 @@ from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
-from gateway.device_side.transports.websocket import Proxied, device_websocket_routes
+from gateway.device_side.transports.websocket import (
+    DeviceSocketFront,
+    Proxied,
+    device_websocket_routes,
+)
 from gateway.device_side.vision import Elsewhere, VisionEndpoint, VisionTokens
 from gateway.devices.photos import PhotoStore
 
@@ -28,7 +32,7 @@ def build_device_app(
     *,
     proxied: Proxied | None = None,
     elsewhere: Elsewhere | None = None,
-) -> Starlette:
+) -> DeviceSocketFront:
     """The app the device listener serves; OTA and uploads only where enabled.
 
     Beside voice servers (docs/voice-proxy.md), ``proxied`` takes over the WebSocket sessions
@@ -42,10 +46,13 @@ def build_device_app(
             return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
         return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
-    routes = device_websocket_routes(admission.websocket, sessions.serve, proxied, admission.settle)
+    sockets = device_websocket_routes(
+        admission.websocket, sessions.serve, proxied, admission.settle
+    )
+    routes = list(sockets)
     if config.ota_enabled:
         routes += ota.routes()
     if vision is not None:
         limit = config.vision_max_photo_bytes
         routes += VisionEndpoint(vision, photos, limit, elsewhere).routes()
-    return Starlette(routes=[*routes, Route("/healthz", health)])
+    return DeviceSocketFront(Starlette(routes=[*routes, Route("/healthz", health)]), sockets)

@@ -11,13 +11,20 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.device_side.broker.topics import is_device_id
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
 
-__all__ = ["Proxied", "StarletteLink", "authenticate", "device_websocket_routes"]
+__all__ = [
+    "DeviceSocketFront",
+    "Proxied",
+    "StarletteLink",
+    "authenticate",
+    "device_websocket_routes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -132,3 +139,27 @@ def device_websocket_routes(
         WebSocketRoute(DEVICE_PATH, endpoint),
         WebSocketRoute(DEVICE_PATH.rstrip("/"), endpoint),
     ]
+
+
+class DeviceSocketFront:
+    """ASGI front: the device WebSocket straight to its endpoint, the rest to ``app``.
+
+    Starlette's middleware and router each keep a coroutine frame (with their closures) for
+    as long as a WebSocket lives: some kilobytes for every idle device of a fleet. The device
+    WebSocket needs none of them (its endpoint answers every refusal itself), so its
+    connections skip them; every other request, and a WebSocket on any other path, takes the
+    whole app as before.
+    """
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+        self.app = app
+        self._endpoints = {
+            route.path: route.endpoint for route in routes if isinstance(route, WebSocketRoute)
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self._endpoints.get(scope["path"]) if scope["type"] == "websocket" else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        await endpoint(WebSocket(scope, receive, send))
