@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 _KEEPALIVE = 10  # seconds: the broker fires our will within 1.5 of these after a silent death
 _RETRY = (0.5, 5.0)
+_SYNC_AGAIN = 5.0  # seconds: far above a loaded broker's echo, far below a host's patience
 
 
 def broker_login(
@@ -136,11 +137,24 @@ class ClusterClient:
                 logger.exception("cluster record on %s failed", topic)
 
     async def sync(self) -> None:
-        """Return once every retained record sent before now has been handled."""
-        token = secrets.token_hex(8)
-        future = self._sync[token] = asyncio.get_running_loop().create_future()
-        await self.publish(self.topics.sync(self.replica), token.encode(), retain=False)
-        await future
+        """Return once every retained record sent before now has been handled.
+
+        A token that never comes back (its publish refused, or dropped by a broker whose queue
+        for this replica overflowed in a storm of retained records) is asked for again, so a
+        replica never waits forever to join.
+        """
+        while True:
+            token = secrets.token_hex(8)
+            future = self._sync[token] = asyncio.get_running_loop().create_future()
+            await self.publish(self.topics.sync(self.replica), token.encode(), retain=False)
+            try:
+                async with asyncio.timeout(_SYNC_AGAIN):
+                    await future
+                return
+            except TimeoutError:
+                self._sync.pop(token, None)
+                logger.info("replica %s: no echo of its sync token in %s s; asking again",
+                            self.replica, _SYNC_AGAIN)  # fmt: skip
 
     async def resubscribe(self) -> bool:
         """Subscribe again to the retained records: the broker sends them all once more.

@@ -3,17 +3,22 @@ kept out of the cluster's topics by the broker's ACL (mosquitto 2, docs/cluster.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import pytest
 
+from gateway.cluster import client as cluster_client
+from gateway.cluster.client import ClusterClient, broker_login
 from gateway.cluster.records import BadRecord, ClusterTopics, FleetRecord, Presence, ReplicaRecord
 from gateway.devices.catalogue import digest_of
 from gateway.devices.registry import DeviceRegistry
 from tests.cluster.conftest import PREFIX, Check, eventually, replicas
+from tests.conftest import bound
 from tests.fakes import tool
 from tests.mqtt_helpers import Mosquitto
 
@@ -128,3 +133,37 @@ async def test_a_replica_joins_over_mqtts_with_the_brokers_ca(tmp_path: Path) ->
             cluster = runs[0].gateway.cluster
             assert cluster is not None and cluster.health() is None
             assert cluster.login.tls and cluster.login.port == broker.port
+
+
+async def test_a_lost_sync_token_is_asked_for_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The echo the join waits on never comes back once: the replica asks again and joins,
+    instead of waiting forever to serve."""
+    monkeypatch.setattr(cluster_client, "_SYNC_AGAIN", 0.2)
+    ready = asyncio.Event()
+
+    async def on_ready() -> None:
+        ready.set()
+
+    async with Mosquitto(tmp_path / "broker") as broker:
+        login = broker_login(f"mqtt://127.0.0.1:{broker.port}", None, None, None)
+        joining = ClusterClient(login, ClusterTopics(PREFIX), "gw-x", lambda t, d: None,
+                                on_ready, lambda: None)  # fmt: skip
+        publish, lost = joining.publish, []
+
+        async def lose_the_first_sync(topic: str, payload: bytes, **kwargs: Any) -> bool:
+            if topic == joining.topics.sync("gw-x") and not lost:
+                lost.append(payload)  # as a broker whose queue overflowed would
+                return True
+            return await publish(topic, payload, **kwargs)
+
+        monkeypatch.setattr(joining, "publish", lose_the_first_sync)
+        task = asyncio.create_task(joining.run())
+        try:
+            async with asyncio.timeout(bound(10)):
+                await joining.connected.wait()
+            assert lost and ready.is_set()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
