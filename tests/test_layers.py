@@ -35,7 +35,11 @@ LAYERS: list[set[str]] = [
 ]
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
-    "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit", "listeners"}],
+    "net": [
+        {"addresses", "websocket"},
+        {"limits"},
+        {"public", "descriptors", "rate_limit", "listeners"},
+    ],
     "protocol": [
         {"envelope", "events"},
         {"jsonrpc"},

@@ -33,9 +33,9 @@ from typing import ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from gateway.config import Config
+from gateway.net.websocket import LeanWebSocket
 
 __all__ = [
     "Guard",
@@ -332,8 +332,9 @@ class _GuardedHttp(H11Protocol):
             slot.request_started(self.headers)
 
 
-class _GuardedWebSocket(WebSocketsSansIOProtocol):
-    """uvicorn's websockets-sansio protocol; an accepted WebSocket authenticates its slot."""
+class _GuardedWebSocket(LeanWebSocket):
+    """uvicorn's websockets-sansio protocol (made lean); an accepted WebSocket authenticates its
+    slot."""
 
     slot: Slot | None = None
 
