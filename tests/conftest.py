@@ -55,6 +55,24 @@ def missing_program(name: str) -> NoReturn:
     pytest.skip(f"{name} is not installed ({HINTS.get(name, 'install it')})")
 
 
+def _gateway_side(module: object) -> bool:
+    return isinstance(module, str) and module.startswith(("gateway.", "uvicorn."))
+
+
+def listener_timers() -> int:
+    """Live timers of the running loop set by the gateway or its uvicorn listeners (a test's
+    own clients set theirs elsewhere)."""
+    handles = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
+    owners = [getattr(h._callback, "__self__", None) for h in handles if not h.cancelled()]
+    return sum(_gateway_side(type(owner).__module__) for owner in owners)
+
+
+def listener_tasks() -> int:
+    """Tasks of the running loop that run gateway or uvicorn code (not a test's clients)."""
+    frames = [getattr(t.get_coro(), "cr_frame", None) for t in asyncio.all_tasks()]
+    return sum(f is not None and _gateway_side(f.f_globals.get("__name__")) for f in frames)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -150,9 +150,6 @@ class Keepalive:
         self._timer: asyncio.TimerHandle | None = None
         self._armed = 0  # the slot the timer is set for
 
-    def __len__(self) -> int:
-        return sum(len(slot) for slot in self._slots.values())
-
     def add(self, ws: LeanWebSocket) -> None:
         """Keep ``ws`` alive from now on: its first ping goes out about one interval from now."""
         self._ping_after(ws, self._loop.time())

@@ -1,0 +1,186 @@
+"""The lean WebSocket protocol on a bare uvicorn: keepalive over real sockets, per-connection cost.
+
+Peers here are sans-I/O websockets clients on raw streams, so a test decides whether a ping gets
+its pong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+from websockets.client import ClientProtocol
+from websockets.frames import Close, Frame, Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
+
+from gateway.net.limits import Guard, ListenerLimits, protocol_classes
+from gateway.net.listeners import Listener
+from gateway.net.websocket import Flag, Inbox
+from tests.conftest import bound, listener_timers
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = ListenerLimits(
+    name="test", max_connections=100, per_address=100, handshake_timeout=5.0, auth_timeout=10.0
+)
+PING = 0.2  # s: the ping interval and timeout of the listeners here
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Accept every WebSocket and read until it goes."""
+    await receive()
+    await send({"type": "websocket.accept"})
+    while (await receive())["type"] != "websocket.disconnect":
+        pass
+
+
+@asynccontextmanager
+async def serving(ping: float | None = PING) -> AsyncIterator[int]:
+    """A uvicorn with the listeners' protocols on a free loopback port; yields the port."""
+    http, ws = protocol_classes(Guard(LIMITS))
+    config = uvicorn.Config(app, http=http, ws=ws, lifespan="off", log_config=None,
+                            log_level="warning", timeout_graceful_shutdown=1,
+                            ws_ping_interval=ping, ws_ping_timeout=ping)  # fmt: skip
+    server = Listener(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(bound(5)):
+            await server.ready.wait()
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await asyncio.gather(task, return_exceptions=True)
+        sock.close()
+
+
+class Peer:
+    """A WebSocket client that counts the pings it gets and answers them only if ``answer``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.protocol = ClientProtocol(parse_uri("ws://127.0.0.1/"))
+        self.pings = 0
+        self.closed: Close | None = None
+
+    @classmethod
+    async def open(cls, port: int) -> Peer:
+        """A peer whose WebSocket the server accepted."""
+        peer = cls(*await asyncio.open_connection("127.0.0.1", port))
+        peer.protocol.send_request(peer.protocol.connect())
+        peer.writer.write(b"".join(peer.protocol.data_to_send()))
+        async with asyncio.timeout(bound(5)):
+            while not any(isinstance(e, Response) for e in peer.protocol.events_received()):
+                peer.protocol.receive_data(await peer.reader.read(65536))
+        assert peer.protocol.handshake_exc is None
+        return peer
+
+    async def run(self, answer: bool, pings: int | None = None) -> None:
+        """Read until the server closes, or until ``pings`` pings came."""
+        while pings is None or self.pings < pings:
+            data = await self.reader.read(65536)
+            if not data:
+                return
+            self.protocol.receive_data(data)
+            for event in self.protocol.events_received():
+                if isinstance(event, Frame) and event.opcode is Opcode.PING:
+                    self.pings += 1
+                elif isinstance(event, Frame) and event.opcode is Opcode.CLOSE:
+                    self.closed = Close.parse(event.data)
+            pending = self.protocol.data_to_send()  # pongs, and the reply to a close
+            if answer or self.closed is not None:
+                self.writer.write(b"".join(pending))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def test_a_peer_that_stops_answering_pings_is_dropped_after_one_unanswered_ping() -> None:
+    async with serving() as port:
+        peer = await Peer.open(port)
+        try:
+            async with asyncio.timeout(bound(5)):
+                await peer.run(answer=False)
+        finally:
+            peer.close()
+    assert peer.closed is not None and peer.closed.code == 1011  # keepalive ping timeout
+    assert peer.pings == 1
+
+
+async def test_a_peer_that_answers_its_pings_stays_connected() -> None:
+    async with serving() as port:
+        peer = await Peer.open(port)
+        try:
+            async with asyncio.timeout(bound(5)):
+                await peer.run(answer=True, pings=4)
+            assert peer.closed is None and not peer.reader.at_eof()
+        finally:
+            peer.close()
+
+
+def deques(besides: list[Peer] = []) -> int:  # noqa: B006 (never changed)
+    """Deques alive, but for those of the peers' own streams."""
+    theirs = {id(v) for p in besides for v in vars(p.writer.transport.get_protocol()).values()}
+    return sum(isinstance(o, collections.deque) and id(o) not in theirs for o in gc.get_objects())
+
+
+async def test_idle_websockets_share_one_keepalive_timer_and_hold_no_deques() -> None:
+    """Per idle connection uvicorn kept two timers per ping and five deques (its queue and
+    events); the listeners' protocol keeps neither, so an idle fleet costs less of both."""
+    count = 20
+    async with serving(ping=30.0) as port:
+        gc.collect()
+        timers, before = listener_timers(), deques()
+        peers = [await Peer.open(port) for _ in range(count)]
+        try:
+            gc.collect()
+            assert listener_timers() - timers <= 1  # the keepalive's, whatever the count
+            assert deques(peers) - before < count
+        finally:
+            for peer in peers:
+                peer.close()
+
+
+async def test_inbox_hands_each_item_to_one_getter_in_order() -> None:
+    inbox: Inbox[int] = Inbox()
+    first = asyncio.create_task(inbox.get())
+    second = asyncio.create_task(inbox.get())
+    await asyncio.sleep(0)
+    inbox.put_nowait(1)
+    inbox.put_nowait(2)
+    assert sorted(await asyncio.gather(first, second)) == [1, 2]
+    assert inbox.empty() and inbox.qsize() == 0
+
+
+async def test_inbox_passes_an_item_on_when_its_getter_is_cancelled() -> None:
+    inbox: Inbox[str] = Inbox()
+    cancelled = asyncio.create_task(inbox.get())
+    waiting = asyncio.create_task(inbox.get())
+    await asyncio.sleep(0)
+    inbox.put_nowait("a")  # wakes ``cancelled``, which is cancelled before it runs
+    cancelled.cancel()
+    async with asyncio.timeout(bound(5)):
+        assert await waiting == "a"
+    assert cancelled.cancelled()
+
+
+async def test_flag_wakes_every_waiter_and_waits_only_while_clear() -> None:
+    flag = Flag()
+    waiters = [asyncio.create_task(flag.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    flag.set()
+    assert await asyncio.gather(*waiters) == [True] * 3
+    assert flag.is_set() and await flag.wait()
+    flag.clear()
+    assert not flag.is_set()
