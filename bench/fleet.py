@@ -23,7 +23,8 @@ pages (``_fleet_catalogue``). Phases, each against a fresh gateway:
   thread and all its threads (``/proc/<pid>/task/*/schedstat``, in nanoseconds); into an
   empty gateway, then into a fleet of ``--idle-count`` devices.
 * **idle**: that fleet's cost: gateway RSS before the devices and after all are listed, per
-  device; gateway CPU over 10 s (``--idle-seconds``) with all of them connected and idle.
+  device; gateway CPU over 20 s (``--idle-seconds``: one ping interval, so that each device's
+  ping counts about once) with all of them connected and idle.
 * **mqtt**: N devices do the stock OTA check-in, log in to the embedded broker with what it
   returns, and are listed over MQTT; gateway sessions closed for a discovery timeout are
   counted from its log.
@@ -56,7 +57,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from _fleet_catalogue import PAGES, TOOL_COUNT
-from _fleet_devices import FleetSpec, Outcome, raise_fd_limit
+from _fleet_devices import PING_INTERVAL, FleetSpec, Outcome, raise_fd_limit
 from _fleet_listing import PAGE_BYTES, Listed, list_all, pass_figures
 from _fleet_processes import (
     Baseline,
@@ -689,7 +690,8 @@ def main() -> int:
     parser.add_argument("--list-passes", type=int, default=3, help="whole listings per target")
     parser.add_argument("--workers", type=int, default=2, help="device worker processes")
     parser.add_argument("--joins", type=int, default=20, help="joins per join measurement")
-    parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window, s")
+    parser.add_argument("--idle-seconds", type=float, default=PING_INTERVAL,
+                        help="idle CPU window, s (one ping interval: each ping counts once)")  # fmt: skip
     parser.add_argument("--only", default=",".join(PHASES), help="phases, comma-separated")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run, s")
