@@ -79,7 +79,7 @@ def uvicorn_config(app: ASGIApp, config: Config, guard: Guard) -> uvicorn.Config
         log_config=None,  # keep the CLI's logging: stderr only (stdout is MCP in stdio mode)
         log_level="warning",
         access_log=False,
-        ws=ws,  # websockets-sansio
+        ws=ws,  # websockets-sansio, lean for idle fleets (gateway/net/websocket.py)
         ws_max_size=config.max_message_bytes,  # bigger frames close with 1009
         ws_ping_interval=_PING_INTERVAL,
         ws_ping_timeout=_PING_INTERVAL,
