@@ -81,12 +81,16 @@ class WatchedGuard(Guard):
 
 
 @asynccontextmanager
-async def serving(limits: ListenerLimits) -> AsyncIterator[tuple[int, WatchedGuard]]:
-    """A uvicorn on a free loopback port with ``limits``; yields its port and guard."""
+async def serving(
+    limits: ListenerLimits, **settings: Any
+) -> AsyncIterator[tuple[int, WatchedGuard]]:
+    """A uvicorn on a free loopback port with ``limits`` (and uvicorn ``settings``); yields its
+    port and guard."""
     guard = WatchedGuard(limits)
     http, ws = protocol_classes(guard)
     config = uvicorn.Config(app, http=http, ws=ws, lifespan="off", log_config=None,
-                            log_level="warning", timeout_graceful_shutdown=1)  # fmt: skip
+                            log_level="warning", timeout_graceful_shutdown=1,
+                            **settings)  # fmt: skip
     server = Listener(config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -9,22 +9,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
-import uvicorn
 from websockets.client import ClientProtocol
 from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
-from gateway.net.limits import Guard, ListenerLimits, protocol_classes
-from gateway.net.listeners import Listener
+from gateway.net.limits import ListenerLimits
 from gateway.net.websocket import Flag, Inbox
 from tests.conftest import bound, listener_timers
+from tests.net.test_limits import serving as limits_serving
 
 pytestmark = pytest.mark.anyio
 
@@ -34,34 +31,11 @@ LIMITS = ListenerLimits(
 PING = 0.2  # s: the ping interval and timeout of the listeners here
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Accept every WebSocket and read until it goes."""
-    await receive()
-    await send({"type": "websocket.accept"})
-    while (await receive())["type"] != "websocket.disconnect":
-        pass
-
-
 @asynccontextmanager
-async def serving(ping: float | None = PING) -> AsyncIterator[int]:
-    """A uvicorn with the listeners' protocols on a free loopback port; yields the port."""
-    http, ws = protocol_classes(Guard(LIMITS))
-    config = uvicorn.Config(app, http=http, ws=ws, lifespan="off", log_config=None,
-                            log_level="warning", timeout_graceful_shutdown=1,
-                            ws_ping_interval=ping, ws_ping_timeout=ping)  # fmt: skip
-    server = Listener(config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(bound(5)):
-            await server.ready.wait()
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        await asyncio.gather(task, return_exceptions=True)
-        sock.close()
+async def serving(ping: float = PING) -> AsyncIterator[int]:
+    """The listeners' protocols on a bare uvicorn pinging every ``ping`` s; yields the port."""
+    async with limits_serving(LIMITS, ws_ping_interval=ping, ws_ping_timeout=ping) as (port, _):
+        yield port
 
 
 class Peer:
