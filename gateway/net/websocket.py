@@ -144,11 +144,18 @@ class Keepalive:
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float, timeout: float | None):
         self.interval, self.timeout = interval, timeout
         self.tick = interval / TICKS
-        self._loop = loop
+        # The loop only by a weak reference: the loop's registry of wheels is keyed weakly by it.
+        self._loop_ref = weakref.ref(loop)
         self._slots: dict[int, set[LeanWebSocket]] = {}
         self._done = math.floor(loop.time() / self.tick)  # every slot up to here was handled
         self._timer: asyncio.TimerHandle | None = None
         self._armed = 0  # the slot the timer is set for
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop_ref()
+        assert loop is not None  # only its own callbacks call the wheel
+        return loop
 
     def add(self, ws: LeanWebSocket) -> None:
         """Keep ``ws`` alive from now on: its first ping goes out about one interval from now."""
@@ -204,7 +211,7 @@ class Keepalive:
     def _visit(self, ws: LeanWebSocket, now: float) -> None:
         if ws.close_sent or ws.transport.is_closing():
             return  # closing: connection_lost follows
-        if ws.pending_ping_payload is not None:  # its deadline passed, unanswered
+        if ws.pending_ping_payload is not None and self.timeout is not None:  # deadline passed
             ws.keepalive_timeout()
             return
         ws.send_ping(now)

@@ -32,9 +32,11 @@ PING = 0.2  # s: the ping interval and timeout of the listeners here
 
 
 @asynccontextmanager
-async def serving(ping: float = PING) -> AsyncIterator[int]:
-    """The listeners' protocols on a bare uvicorn pinging every ``ping`` s; yields the port."""
-    async with limits_serving(LIMITS, ws_ping_interval=ping, ws_ping_timeout=ping) as (port, _):
+async def serving(ping: float = PING, timeout: float | None = PING) -> AsyncIterator[int]:
+    """The listeners' protocols on a bare uvicorn pinging every ``ping`` s, dropping a peer
+    whose pong is ``timeout`` s late; yields the port."""
+    settings = {"ws_ping_interval": ping, "ws_ping_timeout": timeout}
+    async with limits_serving(LIMITS, **settings) as (port, _):
         yield port
 
 
@@ -98,6 +100,17 @@ async def test_a_peer_that_answers_its_pings_stays_connected() -> None:
             async with asyncio.timeout(bound(5)):
                 await peer.run(answer=True, pings=4)
             assert peer.closed is None and not peer.reader.at_eof()
+        finally:
+            peer.close()
+
+
+async def test_without_a_ping_timeout_pings_go_on_unanswered() -> None:
+    async with serving(timeout=None) as port:
+        peer = await Peer.open(port)
+        try:
+            async with asyncio.timeout(bound(5)):
+                await peer.run(answer=False, pings=3)
+            assert peer.closed is None
         finally:
             peer.close()
 
