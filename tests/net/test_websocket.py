@@ -32,10 +32,10 @@ PING = 0.2  # s: the ping interval and timeout of the listeners here
 
 
 @asynccontextmanager
-async def serving(ping: float = PING, timeout: float | None = PING) -> AsyncIterator[int]:
+async def serving(ping: float = PING, pong: float | None = PING) -> AsyncIterator[int]:
     """The listeners' protocols on a bare uvicorn pinging every ``ping`` s, dropping a peer
-    whose pong is ``timeout`` s late; yields the port."""
-    settings = {"ws_ping_interval": ping, "ws_ping_timeout": timeout}
+    whose pong is ``pong`` s late; yields the port."""
+    settings = {"ws_ping_interval": ping, "ws_ping_timeout": pong}
     async with limits_serving(LIMITS, **settings) as (port, _):
         yield port
 
@@ -105,7 +105,7 @@ async def test_a_peer_that_answers_its_pings_stays_connected() -> None:
 
 
 async def test_without_a_ping_timeout_pings_go_on_unanswered() -> None:
-    async with serving(timeout=None) as port:
+    async with serving(pong=None) as port:
         peer = await Peer.open(port)
         try:
             async with asyncio.timeout(bound(5)):
