@@ -691,7 +691,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="device worker processes")
     parser.add_argument("--joins", type=int, default=20, help="joins per join measurement")
     # One ping interval: each device's ping counts about once, wherever the window falls.
-    parser.add_argument("--idle-seconds", type=float, default=PING_INTERVAL, help="idle CPU window, s")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=PING_INTERVAL, help="idle CPU window, s"
+    )
     parser.add_argument("--only", default=",".join(PHASES), help="phases, comma-separated")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run, s")
