@@ -103,7 +103,11 @@ class DeviceConnection:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
-        self._log = logging.LoggerAdapter(logger, {"device_id": identity.device_id})
+
+    @property
+    def _log(self) -> logging.LoggerAdapter[logging.Logger]:
+        # Made when needed: a connection logs rarely, and an idle fleet holds thousands.
+        return logging.LoggerAdapter(logger, {"device_id": self.identity.device_id})
 
     async def run(self) -> None:
         """Serve the device until its link closes (or ``aclose`` is called)."""
@@ -237,10 +241,13 @@ class DeviceConnection:
     async def _after_timer(self) -> None:
         try:
             await self._flush()
+            if self._protocol.state is State.CLOSED:  # discovery gave up: end the session
+                await self._link.aclose()
         except DeviceUnavailable:
-            return
-        if self._protocol.state is State.CLOSED:  # discovery gave up: end the session
-            await self._link.aclose()
+            pass
+        finally:
+            if self._timer_task is asyncio.current_task():  # kept only while it runs
+                self._timer_task = None
 
     def _handle(self, events: list[Event]) -> None:
         for event in events:

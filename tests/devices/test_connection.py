@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -107,6 +108,28 @@ async def test_silent_device_is_discovered_at_the_hello_deadline(tmp_path: Path)
     """No hello: initialize goes out when hello_timeout passes (the protocol's timer)."""
     async with connected(tmp_path, hello_timeout=0.05) as harness:
         await harness.request("initialize")
+
+
+async def test_a_device_discovered_at_its_hello_deadline_keeps_no_task_once_idle(
+    tmp_path: Path,
+) -> None:
+    """The timer's task (as every MQTT device's, discovered at once) is let go once it has
+    sent: an idle fleet keeps no finished task per device."""
+    async with connected(tmp_path, hello_timeout=0.0) as harness:
+        initialize = await harness.request("initialize")
+        harness.link.feed(mcp({"id": initialize["id"], "result": {"serverInfo": {"name": "b"}}}))
+        listing = await harness.request("tools/list")
+        async with harness.stack.registry.changes() as changes:
+            harness.link.feed(mcp({"id": listing["id"], "result": {"tools": TOOLS}}))
+            async with asyncio.timeout(bound(5)):
+                await anext(changes)
+        gc.collect()
+        timer_tasks = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, asyncio.Task) and o.get_name() == f"gateway.device[{DEVICE}].timer"
+        ]
+        assert timer_tasks == []
 
 
 async def test_discovery_that_never_ends_closes_the_link(tmp_path: Path) -> None:
