@@ -23,6 +23,7 @@ from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
 from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
+from gateway.devices.pages import KnownPages
 from gateway.devices.store import DeviceRecord, Store
 from gateway.net.limits import ThrottledLog
 
@@ -46,6 +47,7 @@ class KnownDevices:
         self._store = store
         self._clock = clock
         self._catalogues = Catalogues()
+        self.pages = KnownPages()  # shared by every device session's protocol
         # The policy's verdicts on each shared catalogue for the devices the config says nothing
         # of (most of a fleet): worked out once per catalogue, not once per device and tool.
         self._default_verdicts: weakref.WeakKeyDictionary[Catalogue, list[Verdict]] = (

@@ -26,6 +26,7 @@ __all__ = [
     "new_session_id",
     "salvage_error_reply",
     "server_hello",
+    "too_large",
     "utf8_length",
 ]
 
@@ -64,6 +65,13 @@ def utf8_length(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+def too_large(text: str, max_bytes: int) -> bool:
+    """Whether ``text`` is longer than ``max_bytes`` in UTF-8 bytes."""
+    # The character count first: it avoids encoding frames that are clearly too long, and an
+    # ASCII string (isascii costs nothing) has as many bytes as characters.
+    return len(text) > max_bytes or (not text.isascii() and utf8_length(text) > max_bytes)
+
+
 def decode(text: str, max_bytes: int) -> JsonObject:
     """Parse one device frame into its message object.
 
@@ -78,8 +86,7 @@ def decode(text: str, max_bytes: int) -> JsonObject:
         MessageTooLarge: the frame is longer than ``max_bytes``.
         MalformedMessage: the frame is not JSON, not an object, or has no string ``type``.
     """
-    # Checking the character count first avoids encoding frames that are clearly too long.
-    if len(text) > max_bytes or utf8_length(text) > max_bytes:
+    if too_large(text, max_bytes):
         raise MessageTooLarge(f"frame longer than {max_bytes} bytes")
     try:
         # strict=False: the device copies raw control characters (e.g. newlines) into strings.
