@@ -5,9 +5,9 @@ page through this book (``gateway.protocol.catalog.read_page``): a page kept her
 is, not parsed, and every session listing it holds this one copy of its text instead of a copy
 of its own. In a storm of a thousand joins of one firmware, its pages are parsed once.
 
-What a device sends is not trusted to be small or few: the book keeps at most ``max_chars``
-characters of pages, and forgets the least recently used first. A page forgotten costs only a
-parse when it comes again.
+What a device sends is not trusted to be small or few: the book keeps pages of at most
+``max_size`` in all (a page's text and the bytes its digest hashes, ``KnownPage.chunk``), and
+forgets the least recently used first. A page forgotten costs only a parse when it comes again.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from gateway.protocol.catalog import KnownPage
 
 __all__ = ["KnownPages"]
 
-# A few firmwares' pages (about 8 KB each by the stock page rule) and room to spare.
-DEFAULT_MAX_CHARS = 2 << 20
+# A few firmwares' pages (about 8 KB each by the stock page rule, twice over) and room to spare.
+DEFAULT_MAX_SIZE = 4 << 20
 
 
 class KnownPages:
     """A bounded book of pages by their raw text, least recently used forgotten first."""
 
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
-        """Keep at most ``max_chars`` characters of page text."""
+    def __init__(self, max_size: int = DEFAULT_MAX_SIZE) -> None:
+        """Keep pages of at most ``max_size`` in all: characters of text plus bytes of chunk."""
         self._pages: OrderedDict[str, KnownPage] = OrderedDict()
-        self._chars = 0
-        self._max_chars = max_chars
+        self._size = 0
+        self._max_size = max_size
         self.found = 0  # for tests and the bench: pages taken from here, unparsed
 
     def __len__(self) -> int:
@@ -48,11 +48,16 @@ class KnownPages:
         kept = self._pages.get(page.text)
         if kept is not None:
             return kept
-        if len(page.text) > self._max_chars:
+        size = _size(page)
+        if size > self._max_size:
             return page  # kept by the listing that read it, and no one else
         self._pages[page.text] = page
-        self._chars += len(page.text)
-        while self._chars > self._max_chars:
+        self._size += size
+        while self._size > self._max_size:
             _, forgotten = self._pages.popitem(last=False)
-            self._chars -= len(forgotten.text)
+            self._size -= _size(forgotten)
         return page
+
+
+def _size(page: KnownPage) -> int:
+    return len(page.text) + len(page.chunk)

@@ -21,9 +21,8 @@ catalogue yet (``Entries``). A page the book does not hold is parsed alone once,
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.protocol import envelope
@@ -42,11 +41,6 @@ class _Stop(Exception):
 
 Page = list[object] | str  # a page's tool entries, or the raw text of a KnownPage
 
-# strict=False as envelope.decode: the device copies raw control characters into strings. One
-# decoder for every page: json.loads builds a new one per call when given an option.
-_PAGE_DECODER = json.JSONDecoder(strict=False)
-
-
 @dataclass(frozen=True, slots=True)
 class KnownPage:
     """A well-formed ``tools/list`` result, by the raw text it came in.
@@ -58,6 +52,11 @@ class KnownPage:
 
     text: str
     next_cursor: object
+    chunk: bytes = field(init=False, repr=False, compare=False)  # what the digest hashes of it
+
+    def __post_init__(self) -> None:
+        # Hashed for every device that lists the page: encoded once, with the book's copy.
+        object.__setattr__(self, "chunk", _chunk(self.text))
 
 
 class PageBook(Protocol):
@@ -89,9 +88,14 @@ def read_page(text: str, book: PageBook | None = None) -> KnownPage | None:
     return page if book is None else book.add(page)
 
 
+def _chunk(raw: str) -> bytes:
+    """What ``ToolCatalog.digest`` hashes of a page's raw text: its length, then the text."""
+    return f"{len(raw)}:{raw}".encode("utf-8", "surrogatepass")
+
+
 def _parse(text: str) -> Any:
     """Parse one page's raw result text (the one place pages are parsed: tests count calls)."""
-    return _PAGE_DECODER.decode(text)
+    return envelope.parse_json(text)
 
 
 class Entries(Sequence[object]):
@@ -192,7 +196,8 @@ class ToolCatalog:
             The ``MessageDropped`` that says why the listing stopped early, if it did.
         """
         self._tools.append(page.text)
-        self._hash(page.text)
+        if self._hasher is not None:
+            self._hasher.update(page.chunk)
         return self._next(page.next_cursor)
 
     def add_page(self, result: object, raw: str | None = None) -> list[MessageDropped]:
@@ -210,8 +215,8 @@ class ToolCatalog:
         self._tools.append(result["tools"])
         if raw is None:
             self._hasher = None
-        else:
-            self._hash(raw)
+        elif self._hasher is not None:
+            self._hasher.update(_chunk(raw))
         return self._next(result.get("nextCursor"))
 
     def add_reply(
@@ -230,10 +235,6 @@ class ToolCatalog:
         self.next_cursor = None
         self.complete = False
         return MessageDropped(reason, {"pages": self._pages, **(detail or {})})
-
-    def _hash(self, raw: str) -> None:
-        if self._hasher is not None:
-            self._hasher.update(f"{len(raw)}:{raw}".encode("utf-8", "surrogatepass"))
 
     def _next(self, cursor: object) -> list[MessageDropped]:
         self.request_id = None

@@ -105,7 +105,8 @@ def test_catalog_digest_needs_every_raw_page() -> None:
     catalog.add_page({"tools": [{"name": "b"}]})
     assert catalog.digest is None
     catalog.add_page({"tools": []}, '{"tools":[]}')  # and it stays unknown
-    assert catalog.digest is None and len(catalog.tools) == 2
+    catalog.add_known(KnownPage('{"tools":[{"name":"c"}]}', None))  # a known page too
+    assert catalog.digest is None and len(catalog.tools) == 3
 
 
 def stock_frame(result: str, request_id: int = 2) -> str:
