@@ -11,6 +11,7 @@ same way after a restart, whichever device connects first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -47,12 +48,16 @@ def short_hash(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:_HASH_LENGTH]
 
 
+# Every device of a firmware names the same tools, and each of a device's tools its alias: cached
+# (bounded: names come from devices).
+@functools.lru_cache(maxsize=4096)
 def tool_suffix(tool_name: str) -> str:
     """The tool part of an MCP name: ``self.lamp.turn_on`` -> ``lamp_turn_on``."""
     bare = tool_name.removeprefix("self.")
     return sanitize(bare) or "tool_" + short_hash(tool_name)
 
 
+@functools.lru_cache(maxsize=4096)
 def clean_alias(alias: str) -> str:
     """An alias usable as a name prefix (configured names may hold spaces or dots)."""
     cleaned = sanitize(alias.strip())[:_MAX_ALIAS_LENGTH].strip("_-")

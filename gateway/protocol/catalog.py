@@ -53,10 +53,14 @@ class KnownPage:
     text: str
     next_cursor: object
     chunk: bytes = field(init=False, repr=False, compare=False)  # what the digest hashes of it
+    size: int = field(init=False, repr=False, compare=False)  # the text's length in UTF-8 bytes
 
     def __post_init__(self) -> None:
-        # Hashed for every device that lists the page: encoded once, with the book's copy.
-        object.__setattr__(self, "chunk", _chunk(self.text))
+        # Hashed and measured for every device that lists the page: encoded once, kept with the
+        # book's copy. The chunk is the text's UTF-8 bytes behind its length and a colon.
+        chunk = _chunk(self.text)
+        object.__setattr__(self, "chunk", chunk)
+        object.__setattr__(self, "size", len(chunk) - len(str(len(self.text))) - 1)
 
 
 class PageBook(Protocol):
@@ -182,12 +186,17 @@ class ToolCatalog:
         ``max_bytes``, and its result is a well-formed page on its own (``read_page``). Any
         other frame gives None and must take the normal way (``envelope.decode``).
         """
-        if self.request_id is None or envelope.too_large(text, max_bytes):
+        if self.request_id is None or len(text) > max_bytes:  # characters: no more than bytes
             return None
         raw = envelope.result_text(text, session_id, self.request_id)
         if raw is None:
             raw = envelope.result_text(text, "", self.request_id)
-        return None if raw is None else read_page(raw, self._book)
+        if raw is None:
+            return None
+        page = read_page(raw, self._book)
+        if page is None or len(text) - len(raw) + page.size > max_bytes:  # the frame is ASCII
+            return None  # around the page, which the book measured once
+        return page
 
     def add_known(self, page: KnownPage) -> list[MessageDropped]:
         """Take a page that ``stock_page`` read: kept as its text, hashed as ``add_page`` would.

@@ -9,6 +9,7 @@ import pytest
 from gateway.devices.pages import KnownPages
 from gateway.protocol import catalog as catalog_module
 from gateway.protocol.catalog import Entries, KnownPage, ToolCatalog, read_page
+from gateway.protocol.envelope import utf8_length
 from gateway.protocol.events import MessageDropped
 
 
@@ -210,3 +211,10 @@ def test_entries_are_not_parsed_until_read() -> None:
     entries = Entries(["not json"])
     with pytest.raises(ValueError):
         len(entries)
+
+
+@pytest.mark.parametrize("text", ['{"tools":[]}', '{"tools":[],"x":"é\\ud800"}', "é\ud800" * 40])
+def test_a_known_page_measures_its_text_as_the_size_limit_does(text: str) -> None:
+    """A known page's size is its text's UTF-8 length, lone surrogates counted as the frame
+    size limit counts them: a frame around it is measured without encoding it again."""
+    assert KnownPage(text, None).size == utf8_length(text)
