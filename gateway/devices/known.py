@@ -201,11 +201,12 @@ class KnownDevices:
         verdicts = self._verdicts(device.device_id, catalogue) if catalogue is not None else []
         if self._fleet_names is not None:  # tools no longer listed free their names
             self._fleet_names.release(device.device_id, {spec.name for spec in specs})
+        device_id, alias, tools = device.device_id, device.alias, device.tools  # 25 tools a join
         for spec, said in zip(specs, verdicts, strict=True):
-            entry, is_new = self._names.assign(device.device_id, device.alias, spec.name)
+            entry, is_new = self._names.assign(device_id, alias, spec.name)
             if is_new:
                 new_names.append(entry)
-            device.tools[spec.name] = DeviceTool.decide(device, spec, entry.name, said)
+            tools[spec.name] = DeviceTool.decide(device, spec, entry.name, said)
         self._store.save_names(new_names)
         self._show(device)
         self._decide_displaced()

@@ -115,14 +115,17 @@ class NameMap:
 
     def assign(self, device_id: str, alias: str, tool: str) -> tuple[NameAssignment, bool]:
         """The name for ``tool`` on ``device_id``; the flag is True if it was just made."""
-        known = self._by_device.get(device_id, {}).get(tool)
+        tools = self._by_device.get(device_id)
+        known = tools.get(tool) if tools is not None else None
         if known is not None and known.alias == alias:
             return known, False
         if known is not None:  # the device was renamed: its old names are free again
             del self._by_name[known.name]
         name = candidate_name(alias, tool)
         attempt = 0
-        while name in META_TOOL_NAMES or not self._free(name, device_id, tool):
+        while name in META_TOOL_NAMES or (
+            name in self._by_name and not self._free(name, device_id, tool)
+        ):
             name = disambiguated_name(candidate_name(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)
