@@ -43,7 +43,8 @@ INNER: dict[str, list[set[str]]] = {
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [
-        {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy", "pages"},
+        {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
+        {"pages"},  # the tools/list pages seen lately, shared by the sessions
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
         {"exposure"},  # what hosts see

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.protocol import envelope
-
 from gateway.protocol.events import MessageDropped
 from gateway.protocol.jsonrpc import ErrorResponse, Response
 
@@ -40,6 +39,7 @@ class _Stop(Exception):
 
 
 Page = list[object] | str  # a page's tool entries, or the raw text of a KnownPage
+
 
 @dataclass(frozen=True, slots=True)
 class KnownPage:
