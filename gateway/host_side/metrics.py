@@ -53,7 +53,9 @@ class GatewayMetrics:
         self.replica: str | None = None  # cluster: every series labelled replica="<name>"
         self.refusals: dict[str, Callable[[], Mapping[str, int]]] = {}  # listener -> counts
         self.admissions_refused: Counter[str] = Counter()  # transport -> devices turned away
-        self._calls_by_outcome: dict[str, CounterMetric] = {}  # the counter of each outcome, found once
+        self._calls_by_outcome: dict[
+            str, CounterMetric
+        ] = {}  # the counter of each outcome, found once
         self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
         self.registry.register(self._state)
         audit.watchers.append(self.call_ended)
