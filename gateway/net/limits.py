@@ -23,6 +23,7 @@ the same ``Guard`` (``gateway.device_side.broker.packets``); running out of desc
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import logging
@@ -61,7 +62,8 @@ def networks(texts: Sequence[str]) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
 
 
-def in_networks(address: str, nets: Sequence[Network]) -> bool:
+@functools.lru_cache(maxsize=4096)  # asked for every connection: a host opens one per call
+def in_networks(address: str, nets: tuple[Network, ...]) -> bool:
     """True when ``address`` (IPv4-mapped IPv6 included) lies in one of ``nets``."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
@@ -195,12 +197,8 @@ class Guard:
 
 
 class Slot:
-    """One connection's place in its listener: counted while open, with its deadlines.
-
-    Both deadlines share one timer, armed for the nearer: a request that starts or a
-    connection that authenticates only clears its deadline, and the timer, when it fires,
-    looks at what is still due (a kept-alive connection arms nothing per request).
-    """
+    """One connection's place in its listener: counted while open, with its deadlines, which
+    share one timer; clearing one arms nothing, the timer looks at what is due when it fires."""
 
     def __init__(
         self,
