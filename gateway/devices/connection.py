@@ -26,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,20 +68,25 @@ class CallReport:
 _report: ContextVar[CallReport | None] = ContextVar("gateway_call_report", default=None)
 
 
-@contextmanager
-def reporting() -> Iterator[CallReport]:
+class reporting:  # noqa: N801 -- used as a function: ``with reporting() as report``
     """Collect in a ``CallReport`` what the one ``DeviceConnection.call()`` awaited in the block
     does on the wire.
 
     A context variable carries the report past the registry's ``DeviceSession`` seam, which
-    knows nothing of it (a session that is not a ``DeviceConnection`` leaves it blank).
+    knows nothing of it (a session that is not a ``DeviceConnection`` leaves it blank). A class,
+    not a generator: every call enters one.
     """
-    report = CallReport()
-    token = _report.set(report)
-    try:
-        yield report
-    finally:
-        _report.reset(token)
+
+    __slots__ = ("_token",)
+    _token: Token[CallReport | None]
+
+    def __enter__(self) -> CallReport:
+        report = CallReport()
+        self._token = _report.set(report)
+        return report
+
+    def __exit__(self, *exc: object) -> None:
+        _report.reset(self._token)
 
 
 class DeviceConnection:
@@ -129,7 +132,9 @@ class DeviceConnection:
                 self._protocol.receive_text(text)
                 del text  # not kept alive while the device is idle: a tools/list page is 8 KB
                 self._handle(self._protocol.events_received())
-                await self._flush()
+                self._unsent.extend(self._protocol.data_to_send())  # queued in order
+                if self._unsent:  # a call's reply, the most common frame, wants no answer
+                    await self._flush()
                 self._arm()
         except (LinkClosed, DeviceUnavailable):
             pass
