@@ -23,7 +23,6 @@ the same ``Guard`` (``gateway.device_side.broker.packets``); running out of desc
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import ipaddress
 import logging
@@ -62,8 +61,7 @@ def networks(texts: Sequence[str]) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
 
 
-@functools.lru_cache(maxsize=4096)  # asked for every connection: a host opens one per call
-def in_networks(address: str, nets: tuple[Network, ...]) -> bool:
+def in_networks(address: str, nets: Sequence[Network]) -> bool:
     """True when ``address`` (IPv4-mapped IPv6 included) lies in one of ``nets``."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
@@ -163,6 +161,7 @@ class Guard:
         self.connections = 0
         self.unauthenticated: dict[str, int] = {}  # remote address -> open, not authenticated
         self.refused: dict[str, int] = {}  # why (cap, per_address, handshake, auth) -> how many
+        self._counted: dict[str, bool] = {}  # remote address -> not exempt from per_address
         self.log = log or ThrottledLog(logger)
 
     def admit(self, transport: asyncio.WriteTransport, deadlines: bool = True) -> Slot | None:
@@ -176,7 +175,11 @@ class Guard:
         if self.connections >= limits.max_connections:
             self._refuse(transport, "cap", "at its cap of %d connections", limits.max_connections)
             return None
-        counted = not in_networks(address, limits.exempt)
+        counted = self._counted.get(address)
+        if counted is None:  # worked out once per address: a host opens a connection per call
+            if len(self._counted) >= 4096:
+                self._counted.clear()
+            counted = self._counted[address] = not in_networks(address, limits.exempt)
         if counted and self.unauthenticated.get(address, 0) >= limits.per_address:
             self._refuse(
                 transport,
@@ -197,8 +200,7 @@ class Guard:
 
 
 class Slot:
-    """One connection's place in its listener: counted while open, with its deadlines, which
-    share one timer; clearing one arms nothing, the timer looks at what is due when it fires."""
+    """One connection's place in its listener: counted while open; its deadlines share a timer."""
 
     def __init__(
         self,
