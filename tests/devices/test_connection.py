@@ -252,9 +252,19 @@ class BrokenLink(MemoryLink):
         await super().send(text)
 
 
-async def test_a_call_that_finds_the_link_gone_fails_at_once(tmp_path: Path) -> None:
-    """A failed send fails the call with DeviceUnavailable, and later calls too, at once."""
-    link = BrokenLink()
+class BrokenWholeLink(BrokenLink):
+    """A BrokenLink that writes frames whole: its callers send their own calls."""
+
+    sends_whole = True
+
+
+@pytest.mark.parametrize("link_class", [BrokenLink, BrokenWholeLink])
+async def test_a_call_that_finds_the_link_gone_fails_at_once(
+    tmp_path: Path, link_class: type[BrokenLink]
+) -> None:
+    """A failed send fails the call with DeviceUnavailable, and later calls too, at once,
+    whoever sends it (the connection's task, or the caller)."""
+    link = link_class()
     async with connected(tmp_path, link=link) as harness:
         await harness.discover()
         link.broken = True
