@@ -37,13 +37,14 @@ LAYERS: list[set[str]] = [
 INNER: dict[str, list[set[str]]] = {
     "net": [{"addresses", "limits"}, {"public", "descriptors", "rate_limit", "listeners"}],
     "protocol": [
-        {"envelope", "events"},
+        {"envelope", "events", "states"},
         {"jsonrpc"},
         {"catalog", "outbox", "outgoing", "pending"},  # a session's parts, no state machine
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
+        {"pages"},  # the tools/list pages seen lately, shared by the sessions
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
         {"exposure"},  # what hosts see

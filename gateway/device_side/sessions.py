@@ -108,6 +108,7 @@ class DeviceSessions:
             max_calls_queued=self._config.call_max_queued,
             request_ids=GATEWAY_IDS if proxied else self.request_ids,
             answer_hello=not proxied,
+            pages=self._registry.pages,
             vision=vision,
             clock=asyncio.get_running_loop().time,
             logger=log,

@@ -23,6 +23,7 @@ from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
 from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
+from gateway.devices.pages import KnownPages
 from gateway.devices.store import DeviceRecord, Store
 from gateway.net.limits import ThrottledLog
 
@@ -46,6 +47,7 @@ class KnownDevices:
         self._store = store
         self._clock = clock
         self._catalogues = Catalogues()
+        self.pages = KnownPages()  # shared by every device session's protocol
         # The policy's verdicts on each shared catalogue for the devices the config says nothing
         # of (most of a fleet): worked out once per catalogue, not once per device and tool.
         self._default_verdicts: weakref.WeakKeyDictionary[Catalogue, list[Verdict]] = (
@@ -199,11 +201,12 @@ class KnownDevices:
         verdicts = self._verdicts(device.device_id, catalogue) if catalogue is not None else []
         if self._fleet_names is not None:  # tools no longer listed free their names
             self._fleet_names.release(device.device_id, {spec.name for spec in specs})
+        device_id, alias, tools = device.device_id, device.alias, device.tools  # 25 tools a join
         for spec, said in zip(specs, verdicts, strict=True):
-            entry, is_new = self._names.assign(device.device_id, device.alias, spec.name)
+            entry, is_new = self._names.assign(device_id, alias, spec.name)
             if is_new:
                 new_names.append(entry)
-            device.tools[spec.name] = DeviceTool.decide(device, spec, entry.name, said)
+            tools[spec.name] = DeviceTool.decide(device, spec, entry.name, said)
         self._store.save_names(new_names)
         self._show(device)
         self._decide_displaced()

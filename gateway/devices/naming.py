@@ -11,6 +11,7 @@ same way after a restart, whichever device connects first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -47,12 +48,16 @@ def short_hash(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:_HASH_LENGTH]
 
 
+# Every device of a firmware names the same tools, and each of a device's tools its alias: cached
+# (bounded: names come from devices).
+@functools.lru_cache(maxsize=4096)
 def tool_suffix(tool_name: str) -> str:
     """The tool part of an MCP name: ``self.lamp.turn_on`` -> ``lamp_turn_on``."""
     bare = tool_name.removeprefix("self.")
     return sanitize(bare) or "tool_" + short_hash(tool_name)
 
 
+@functools.lru_cache(maxsize=4096)
 def clean_alias(alias: str) -> str:
     """An alias usable as a name prefix (configured names may hold spaces or dots)."""
     cleaned = sanitize(alias.strip())[:_MAX_ALIAS_LENGTH].strip("_-")
@@ -110,14 +115,17 @@ class NameMap:
 
     def assign(self, device_id: str, alias: str, tool: str) -> tuple[NameAssignment, bool]:
         """The name for ``tool`` on ``device_id``; the flag is True if it was just made."""
-        known = self._by_device.get(device_id, {}).get(tool)
+        tools = self._by_device.get(device_id)
+        known = tools.get(tool) if tools is not None else None
         if known is not None and known.alias == alias:
             return known, False
         if known is not None:  # the device was renamed: its old names are free again
             del self._by_name[known.name]
         name = candidate_name(alias, tool)
         attempt = 0
-        while name in META_TOOL_NAMES or not self._free(name, device_id, tool):
+        while name in META_TOOL_NAMES or (
+            name in self._by_name and not self._free(name, device_id, tool)
+        ):
             name = disambiguated_name(candidate_name(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)

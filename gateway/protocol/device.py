@@ -5,7 +5,7 @@ send out of ``data_to_send()``. The gateway is the MCP *client*: it discovers th
 calls them (docs/protocol.md §4).
 
 Rule: every change of ``state`` happens in this module, through the ``state`` setter, which checks
-``_TRANSITIONS``::
+``states.TRANSITIONS``::
 
     CONNECTED --hello / start_discovery() / hello deadline--> INITIALIZING
     INITIALIZING --initialize reply--> LISTING --last page--> READY
@@ -27,7 +27,6 @@ builds the messages, and ``outbox.Outbox`` holds what awaits the I/O layer.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable
@@ -35,17 +34,19 @@ from typing import Any
 
 from gateway.errors import DeviceBusy, InvalidState, LocalProtocolError
 from gateway.protocol import envelope, outgoing
-from gateway.protocol.catalog import ToolCatalog
+from gateway.protocol.catalog import PageBook, ToolCatalog
 from gateway.protocol.events import (
     DeviceGoodbye,
     DiscoveryTimedOut,
     Event,
     HelloReceived,
+    MessageDropped,
     ToolsListed,
 )
 from gateway.protocol.jsonrpc import ErrorResponse, Notification, Request, Response, classify
 from gateway.protocol.outbox import Logger, Outbox
 from gateway.protocol.pending import Pending, Purpose, call_result
+from gateway.protocol.states import TRANSITIONS, State
 
 __all__ = ["DeviceProtocol", "State"]
 
@@ -53,25 +54,6 @@ JsonObject = dict[str, Any]
 
 TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
 _EXCERPT = 120
-
-
-class State(enum.IntEnum):
-    """Where a device session stands."""
-
-    CONNECTED = 0
-    INITIALIZING = 1
-    LISTING = 2
-    READY = 3
-    CLOSED = 4
-
-
-_TRANSITIONS: dict[State, frozenset[State]] = {
-    State.CONNECTED: frozenset({State.INITIALIZING, State.CLOSED}),
-    State.INITIALIZING: frozenset({State.LISTING, State.CLOSED}),
-    State.LISTING: frozenset({State.READY, State.CLOSED}),
-    State.READY: frozenset({State.LISTING, State.CLOSED}),
-    State.CLOSED: frozenset(),
-}
 
 
 class DeviceProtocol:
@@ -94,6 +76,7 @@ class DeviceProtocol:
         max_calls_queued: int = 32,
         request_ids: range | None = None,
         answer_hello: bool = True,
+        pages: PageBook | None = None,
         clock: Callable[[], float] = time.monotonic,
         logger: Logger | None = None,
     ) -> None:
@@ -116,6 +99,8 @@ class DeviceProtocol:
                 the range the MCP tap keeps for the gateway (docs/protocol.md §8).
             answer_hello: False when another server answers the device's hello (a proxied
                 device's voice server): a hello then only starts discovery.
+            pages: ``tools/list`` pages seen before, shared between sessions: a page found there
+                is taken without parsing its frame (``ToolCatalog.stock_page``).
             clock: the time in seconds, for deadlines (the I/O layer's timer clock).
             logger: where to log; ``getLogger(__name__)`` when None.
 
@@ -139,6 +124,7 @@ class DeviceProtocol:
         self._state = State.CONNECTED
         self._pending = Pending(max_calls_in_flight, max_calls_queued, request_ids)
         self._answer_hello = answer_hello
+        self._pages = pages
         self._catalog: ToolCatalog | None = None  # only while listing: entries weigh a lot
         self._server_info: JsonObject | None = None
         self._relist = False
@@ -152,7 +138,7 @@ class DeviceProtocol:
 
     @state.setter
     def state(self, new: State) -> None:
-        if new not in _TRANSITIONS[self._state]:
+        if new not in TRANSITIONS[self._state]:
             raise InvalidState(f"no transition from {self._state.name} to {new.name}")
         if self.debug:
             self.logger.debug("= %s -> %s", self._state.name, new.name)
@@ -186,6 +172,8 @@ class DeviceProtocol:
             return
         if self.debug:
             self.logger.debug("< %s", text)
+        if self._catalog is not None and self._on_stock_page(self._catalog, text):
+            return
         message = self._decode(text)
         if message is None:
             return
@@ -368,20 +356,32 @@ class DeviceProtocol:
             self._deadline = self._clock() + self._discovery_timeout
         self.state = State.LISTING
         self._relist = False
-        self._catalog = ToolCatalog(self._max_pages)
-        self._request_page(None)
+        self._catalog = ToolCatalog(self._max_pages, self._pages)
+        self._request_page(self._catalog, None)
 
-    def _request_page(self, cursor: str | None) -> None:
-        request_id = self._pending.request(Purpose.LIST)
-        self._out.mcp(outgoing.list_request(request_id, cursor))
+    def _request_page(self, catalog: ToolCatalog, cursor: str | None) -> None:
+        catalog.request_id = self._pending.request(Purpose.LIST)
+        self._out.mcp(outgoing.list_request(catalog.request_id, cursor))
+
+    def _on_stock_page(self, catalog: ToolCatalog, text: str) -> bool:
+        # In a storm of joins most pages are known: neither the frame nor the page is parsed.
+        page = catalog.stock_page(text, self._session_id, self._max_bytes)
+        if page is None:
+            return False  # any other frame: parsed whole, the normal way
+        self._pending.answered(catalog.request_id)
+        self._after_page(catalog, catalog.add_known(page))
+        return True
 
     def _on_list_reply(self, reply: Response | ErrorResponse, frame: tuple[str, object]) -> None:
         catalog = self._catalog
         assert catalog is not None  # a tools/list id is pending only while listing
         raw = envelope.result_text(*frame, reply.id)  # names the page (ToolCatalog.digest)
-        self._out.events.extend(catalog.add_reply(reply, raw, frame[0]))
+        self._after_page(catalog, catalog.add_reply(reply, raw))
+
+    def _after_page(self, catalog: ToolCatalog, dropped: list[MessageDropped]) -> None:
+        self._out.events.extend(dropped)
         if catalog.next_cursor is not None:
-            self._request_page(catalog.next_cursor)
+            self._request_page(catalog, catalog.next_cursor)
             return
         self.state = State.READY
         self._deadline = None

@@ -24,8 +24,10 @@ __all__ = [
     "mcp_envelope",
     "result_text",
     "new_session_id",
+    "parse_json",
     "salvage_error_reply",
     "server_hello",
+    "too_large",
     "utf8_length",
 ]
 
@@ -51,6 +53,11 @@ _UNESCAPED_ERROR_REPLY = re.compile(
 )
 
 
+# strict=False: the device copies raw control characters (e.g. newlines) into strings. One decoder
+# for every frame: json.loads makes a new one per call when given an option.
+_DECODER = json.JSONDecoder(strict=False)
+
+
 class MalformedMessage(ValueError):
     """A device frame is not a usable message; the text says why."""
 
@@ -62,6 +69,23 @@ class MessageTooLarge(MalformedMessage):
 def utf8_length(text: str) -> int:
     """Return the length of ``text`` in UTF-8 bytes (lone surrogates count as three bytes)."""
     return len(text.encode("utf-8", "surrogatepass"))
+
+
+def parse_json(text: str) -> Any:
+    """Parse device JSON as every frame is parsed (raw control characters allowed in strings).
+
+    Raises:
+        ValueError: ``text`` is not one JSON value.
+        RecursionError: it nests too deeply.
+    """
+    return _DECODER.decode(text)
+
+
+def too_large(text: str, max_bytes: int) -> bool:
+    """Whether ``text`` is longer than ``max_bytes`` in UTF-8 bytes."""
+    # The character count first: it avoids encoding frames that are clearly too long, and an
+    # ASCII string (isascii costs nothing) has as many bytes as characters.
+    return len(text) > max_bytes or (not text.isascii() and utf8_length(text) > max_bytes)
 
 
 def decode(text: str, max_bytes: int) -> JsonObject:
@@ -78,12 +102,10 @@ def decode(text: str, max_bytes: int) -> JsonObject:
         MessageTooLarge: the frame is longer than ``max_bytes``.
         MalformedMessage: the frame is not JSON, not an object, or has no string ``type``.
     """
-    # Checking the character count first avoids encoding frames that are clearly too long.
-    if len(text) > max_bytes or utf8_length(text) > max_bytes:
+    if too_large(text, max_bytes):
         raise MessageTooLarge(f"frame longer than {max_bytes} bytes")
     try:
-        # strict=False: the device copies raw control characters (e.g. newlines) into strings.
-        message = json.loads(text, strict=False)
+        message = parse_json(text)
     except (ValueError, RecursionError) as exc:
         raise MalformedMessage("invalid JSON") from exc
     if not isinstance(message, dict):

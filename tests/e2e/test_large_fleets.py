@@ -280,7 +280,8 @@ async def test_devices_of_one_firmware_share_a_catalogue_found_by_their_raw_page
 ) -> None:
     """Simulated devices frame their replies as stock firmware does: their catalogue is judged
     once, and found for the others by the digest of the raw pages, with no entry serialised
-    again to hash it (the RawDevices above, spaced otherwise, take that slower way)."""
+    again to hash it (the RawDevices above, spaced otherwise, take that slower way); their
+    pages are parsed for the first device only, the others' found in the shared page book."""
     async with gateway(tmp_path) as run, AsyncExitStack() as stack:
         for n in range(1, 4):
             await stack.enter_async_context(listed_device(run, f"02:00:00:00:00:0{n}"))
@@ -288,3 +289,5 @@ async def test_devices_of_one_firmware_share_a_catalogue_found_by_their_raw_page
         devices = run.gateway.registry.devices()
         assert len(devices) == 3 and len({id(d.catalogue) for d in devices}) == 1
         assert (catalogues.judged, catalogues.digests) == (1, 0)
+        pages = run.gateway.registry.pages
+        assert pages.found == 2 * len(pages) > 0
