@@ -89,6 +89,8 @@ else:
         Not asyncio.wait_for: up to Python 3.11 it can swallow a cancellation that arrives as
         the awaitable finishes, and a cancelled simulator would then keep running.
         """
+        if timeout is None:  # every frame of an idle link: no timer to arm and cancel
+            return await awaitable
         async with asyncio.timeout(timeout):
             return await awaitable
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal
 
 from gateway.config.listen import ListenAddress
@@ -25,6 +26,10 @@ class DeviceOptions:
     destructive: tuple[str, ...] = ()
     # Its voice server's OTA URL, over [upstream] ota_url; "off" (None here) keeps it out.
     upstream: str | None | Literal["default"] = "default"
+
+
+# The options of a device the config does not name: one shared, read-only instance (per call).
+_DEFAULT_OPTIONS = DeviceOptions(tool_timeouts=MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,4 +135,4 @@ class Config:
 
     def device(self, device_id: str) -> DeviceOptions:
         """The options for ``device_id`` (defaults when the file names none)."""
-        return self.devices.get(device_id) or DeviceOptions()
+        return self.devices.get(device_id) or _DEFAULT_OPTIONS

@@ -8,10 +8,16 @@ The file is private (mode 0600 in the 0700 data dir). Writing it never fails a c
 disk is full or the data dir read-only the record is lost, the first failure is logged (once, not
 at every call), the file is opened again for the next record, and when records are written again
 the log says so and how many were lost.
+
+Inside an event loop the records of a moment are written together: a record is formatted at
+once (its time is when it happened) and written with those that follow it within
+``flush_delay`` seconds, in one write. A call then pays for a line of JSON, not for a file
+write and its rollover check; ``page()`` and ``close()`` write what is held first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -34,6 +40,8 @@ _MAX_BYTES = 10 * 1024 * 1024
 _BACKUPS = 5
 _SCAN_BYTES = 4 * 1024 * 1024  # read at most this much of the log for one page
 _BLOCK = 64 * 1024
+_FLUSH_DELAY = 0.05  # seconds a record may wait for others to share its write
+_MAX_BATCH = 256  # records held at most: a burst is written at once beyond this
 
 CLI_AGENT = "esp-mcp-gateway-cli"  # the CLI's User-Agent: its changes are audited as the CLI's
 KINDS = ("call", "admin", "login")  # what a record is about; records before 0.x hold calls only
@@ -66,7 +74,7 @@ class _AuditFile(logging.handlers.RotatingFileHandler):
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Write ``record`` (``handleError`` counts it when that fails)."""
+        """Write ``record``, a batch of lines (``handleError`` counts them when that fails)."""
         lost = self.lost
         super().emit(record)
         if lost and self.lost == lost:
@@ -74,13 +82,13 @@ class _AuditFile(logging.handlers.RotatingFileHandler):
             self.lost = 0
 
     def handleError(self, record: logging.LogRecord) -> None:
-        """Count the lost record; log the first of a run of failures; reopen next time."""
-        self.lost += 1
+        """Count the lost records; log the first of a run of failures; reopen next time."""
+        self.lost += getattr(record, "records", 1)
         if self.stream is not None:  # a full disk may leave the stream broken: start afresh
             with contextlib.suppress(Exception):
                 self.stream.close()
             self.stream = None
-        if self.lost == 1:
+        if self.lost == getattr(record, "records", 1):
             logger.error("cannot write the audit log %s (%s); calls go on, but their records "
                          "are lost until it can be written", self.baseFilename,
                          sys.exc_info()[1])  # fmt: skip
@@ -89,14 +97,18 @@ class _AuditFile(logging.handlers.RotatingFileHandler):
 class AuditLog:
     """Appends call records to ``audit.log`` in the data dir (rotated at 10 MB, 5 kept)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, *, flush_delay: float = _FLUSH_DELAY) -> None:
         self.path = path
+        self.writes = 0  # batches written (or tried) so far
         self.watchers: list[CallWatcher] = []
         self.replica: str | None = None  # cluster: each record says which replica wrote it
         self._logger = logging.getLogger(f"gateway.devices.audit.{id(self)}")
         self._logger.propagate = False  # audit records go to the file, not the console
         self._logger.setLevel(logging.INFO)
         self._handler: _AuditFile | None = None
+        self._flush_delay = flush_delay
+        self._held: list[str] = []  # formatted records waiting for their write
+        self._flush_timer: asyncio.TimerHandle | None = None
         if path is not None:
             private_dir(path.parent)
             self._handler = _AuditFile(path)
@@ -121,7 +133,7 @@ class AuditLog:
         if self._handler is None:
             return
         entry = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "time": _now(),
             "kind": "call",
             "caller": caller,
             "device_id": device_id,
@@ -134,7 +146,7 @@ class AuditLog:
         }
         if self.replica is not None:
             entry["replica"] = self.replica
-        self._logger.info("%s", json.dumps(entry, ensure_ascii=False, default=str))
+        self._hold(entry)
 
     def event(
         self, kind: str, action: str, actor: Actor, *, device_id: str | None,
@@ -144,7 +156,7 @@ class AuditLog:
         if self._handler is None:
             return
         entry = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "time": _now(),
             "kind": kind,
             "caller": actor.who,
             "from": actor.where,
@@ -154,10 +166,34 @@ class AuditLog:
             "outcome": outcome,
             "message": message,
         }
-        self._logger.info("%s", json.dumps(entry, ensure_ascii=False, default=str))
+        self._hold(entry)
+
+    def _hold(self, entry: dict[str, Any]) -> None:
+        """Format ``entry`` now; write it with the records that follow it shortly."""
+        self._held.append(json.dumps(entry, ensure_ascii=False, default=str))
+        if len(self._held) >= _MAX_BATCH:
+            self.flush()
+        elif self._flush_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (the CLI, a script): nothing to wait for
+                self.flush()
+                return
+            self._flush_timer = loop.call_later(self._flush_delay, self.flush)
+
+    def flush(self) -> None:
+        """Write the records held so far, in one write; never raises."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        held, self._held = self._held, []
+        if held and self._handler is not None:
+            self.writes += 1
+            self._logger.info("%s", "\n".join(held), extra={"records": len(held)})
 
     def close(self) -> None:
-        """Flush and close the file."""
+        """Write what is held, then close the file."""
+        self.flush()
         if self._handler is not None:
             self._logger.removeHandler(self._handler)
             self._handler.close()
@@ -180,6 +216,7 @@ class AuditLog:
         """
         if kind is not None and kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}")
+        self.flush()
         files = self._files()
         start = (0, files[0].stat().st_size if files else 0)
         if cursor is not None:
@@ -210,6 +247,18 @@ class AuditLog:
         names = [self.path, *(self.path.with_name(f"{self.path.name}.{n}")
                               for n in range(1, _BACKUPS + 1))]  # fmt: skip
         return [path for path in names if path.exists()]
+
+
+_stamp: tuple[int, str] = (-1, "")
+
+
+def _now() -> str:
+    """The local time as records give it, made once a second rather than per record."""
+    global _stamp
+    second = int(time.time())
+    if _stamp[0] != second:
+        _stamp = (second, time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(second)))
+    return _stamp[1]
 
 
 def _lines_backwards(files: list[Path], index: int, offset: int) -> Iterator[tuple[int, int, str]]:

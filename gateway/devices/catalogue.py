@@ -75,6 +75,8 @@ class ToolSpec:
     def problems(self, arguments: JsonObject) -> list[str]:
         """What is wrong with ``arguments`` for this tool, one clear sentence each."""
         try:
+            if self.validator.is_valid(arguments):  # the common case, without error objects
+                return []
             errors = list(self.validator.iter_errors(arguments))
         except Exception as exc:  # the engine refused the instance; never send it unchecked
             return [f"the arguments cannot be checked: {_first_line(exc)}"]

@@ -12,17 +12,21 @@ to ``max_calls_queued`` more waiting, and refuses the rest at once (``DeviceBusy
 happens inside ``call()``, so the caller's deadline covers it. A call that ends unanswered (its
 deadline, or its caller cancelling) is forgotten in a ``finally``: the protocol queues
 ``notifications/cancelled`` and hands the slot to the next call, and a task of the connection
-sends those frames, so that a cancelled caller never waits on the link. Callers never send
-themselves: a caller cancelled mid-send would lose the frames it had taken from the protocol.
+sends those frames, so that a cancelled caller never waits on the link.
+
+A caller sends its own request only over a link that ``sends_whole`` (a frame is written whole
+or not at all, even when the send is cancelled: the WebSocket) and when nothing else is being
+sent; frames taken from the protocol stay in ``_unsent`` until written, so a caller cancelled
+while its send waits (a full socket buffer) leaves them to the connection's task. Elsewhere the
+task sends them: a cancelled send could have written a frame that would then go twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections import deque
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,20 +68,25 @@ class CallReport:
 _report: ContextVar[CallReport | None] = ContextVar("gateway_call_report", default=None)
 
 
-@contextmanager
-def reporting() -> Iterator[CallReport]:
+class reporting:  # noqa: N801 -- used as a function: ``with reporting() as report``
     """Collect in a ``CallReport`` what the one ``DeviceConnection.call()`` awaited in the block
     does on the wire.
 
     A context variable carries the report past the registry's ``DeviceSession`` seam, which
-    knows nothing of it (a session that is not a ``DeviceConnection`` leaves it blank).
+    knows nothing of it (a session that is not a ``DeviceConnection`` leaves it blank). A class,
+    not a generator: every call enters one.
     """
-    report = CallReport()
-    token = _report.set(report)
-    try:
-        yield report
-    finally:
-        _report.reset(token)
+
+    __slots__ = ("_token",)
+    _token: Token[CallReport | None]
+
+    def __enter__(self) -> CallReport:
+        report = CallReport()
+        self._token = _report.set(report)
+        return report
+
+    def __exit__(self, *exc: object) -> None:
+        _report.reset(self._token)
 
 
 class DeviceConnection:
@@ -100,6 +109,8 @@ class DeviceConnection:
         self._protocol = protocol
         self._futures: dict[int, asyncio.Future[JsonObject]] = {}
         self._send_lock = asyncio.Lock()
+        self._unsent: deque[str] = deque()  # taken from the protocol, not written yet
+        self._caller_sends = getattr(link, "sends_whole", False) is True
         self._timer: asyncio.TimerHandle | None = None
         self._timer_task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
@@ -125,7 +136,9 @@ class DeviceConnection:
                 self._protocol.receive_text(text)
                 del text  # not kept alive while the device is idle: a tools/list page is 8 KB
                 self._handle(self._protocol.events_received())
-                await self._flush()
+                self._unsent.extend(self._protocol.data_to_send())  # queued in order
+                if self._unsent:  # a call's reply, the most common frame, wants no answer
+                    await self._flush()
                 self._arm()
         except (LinkClosed, DeviceUnavailable):
             pass
@@ -155,12 +168,20 @@ class DeviceConnection:
             raise DeviceUnavailable(self.identity.device_id, "device disconnected") from None
         future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
         self._futures[call_id] = future
-        self._send_soon()
         try:
+            if self._caller_sends and self._sender is None and not self._send_lock.locked():
+                try:  # no task per call: the frame goes now, in order (nothing else is sending)
+                    await self._flush()
+                except DeviceUnavailable:
+                    pass  # the link went: the protocol failed the call, and the future says so
+            else:
+                self._send_soon()
             return await future
         finally:
             if self._futures.pop(call_id, None) is not None:  # no answer: timeout or cancel
                 self._forget(call_id)
+            if self._unsent:  # its send was cut short: what it had taken goes from the task
+                self._send_soon()
 
     async def aclose(self) -> None:
         """Close the link; ``run`` then cleans up."""
@@ -172,17 +193,22 @@ class DeviceConnection:
         """Send every frame the protocol has queued; return how many."""
         # The lock keeps frames in the order the protocol queued them across concurrent senders.
         async with self._send_lock:
-            frames = self._protocol.data_to_send()
-            for frame in frames:
+            unsent = self._unsent
+            unsent.extend(self._protocol.data_to_send())
+            sent = 0
+            while unsent:
                 try:
-                    await self._link.send(frame)
+                    await self._link.send(unsent[0])
                 except LinkClosed:
+                    unsent.clear()
                     self._protocol.close()
                     self._handle(self._protocol.events_received())
                     raise DeviceUnavailable(
                         self.identity.device_id, "device disconnected"
                     ) from None
-            return len(frames)
+                unsent.popleft()  # written (a cancelled send leaves it for the next flush)
+                sent += 1
+            return sent
 
     def _send_soon(self) -> None:
         """Have the sender task send what the protocol queued (start it if it is idle)."""

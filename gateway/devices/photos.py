@@ -26,13 +26,13 @@ import os
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.datadir import private_dir
 
-__all__ = ["PHOTO_URI_PREFIX", "Catch", "Photo", "PhotoStore", "alias_of", "image_type",
+__all__ = ["PHOTO_URI_PREFIX", "Catch", "Catching", "Photo", "PhotoStore", "alias_of", "image_type",
            "photo_ref", "photo_uri"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -125,6 +125,26 @@ class Catch:
     refusals: list[str] = field(default_factory=list)
 
 
+class Catching:
+    """``with PhotoStore.catching(device_id) as catch``: a class, not a generator (every call
+    enters one)."""
+
+    __slots__ = ("_catch", "_catches", "_device_id")
+
+    def __init__(self, catches: dict[str, list[Catch]], device_id: str) -> None:
+        self._catches, self._device_id, self._catch = catches, device_id, Catch()
+
+    def __enter__(self) -> Catch:
+        self._catches.setdefault(self._device_id, []).append(self._catch)
+        return self._catch
+
+    def __exit__(self, *exc: object) -> None:
+        catches = self._catches[self._device_id]
+        catches.remove(self._catch)
+        if not catches:
+            del self._catches[self._device_id]
+
+
 Arrived = Callable[[Photo], Awaitable[None]]
 
 
@@ -170,18 +190,9 @@ class PhotoStore:
         """Is a call of ``device_id`` running, so that a photo from it has somewhere to go?"""
         return bool(self._catches.get(device_id))
 
-    @contextlib.contextmanager
-    def catching(self, device_id: str) -> Iterator[Catch]:
+    def catching(self, device_id: str) -> Catching:
         """Collect what ``device_id`` uploads until the block ends (one call's lifetime)."""
-        catch = Catch()
-        self._catches.setdefault(device_id, []).append(catch)
-        try:
-            yield catch
-        finally:
-            catches = self._catches[device_id]
-            catches.remove(catch)
-            if not catches:
-                del self._catches[device_id]
+        return Catching(self._catches, device_id)
 
     def refuse(self, device_id: str, reason: str) -> None:
         """Tell the device's running calls that an upload of it was refused, and why."""

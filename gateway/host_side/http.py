@@ -24,7 +24,6 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.authentication import AuthenticationBackend, AuthenticationError
-from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection, Request
@@ -84,6 +83,18 @@ def _allowed(value: str, patterns: tuple[str, ...]) -> bool:
     return False
 
 
+def _host_and_origin(scope: Scope) -> tuple[str, str | None]:
+    """The request's first Host ("" without one) and Origin headers, in one pass (every call)."""
+    host: str | None = None
+    origin: str | None = None
+    for name, value in scope["headers"]:  # ASGI gives header names in lower case
+        if name == b"host" and host is None:
+            host = value.decode("latin-1")
+        elif name == b"origin" and origin is None:
+            origin = value.decode("latin-1")
+    return host or "", origin
+
+
 class HostOriginGuard:
     """ASGI middleware: 421 for a Host, 403 for an Origin outside the allowed patterns."""
 
@@ -93,11 +104,10 @@ class HostOriginGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the request, then pass it on."""
         if scope["type"] == "http" and scope["path"] != "/healthz":
-            headers = Headers(scope=scope)
-            if not _allowed(headers.get("host", ""), self.hosts):
+            host, origin = _host_and_origin(scope)
+            if not _allowed(host, self.hosts):
                 await PlainTextResponse("Invalid Host header", 421)(scope, receive, send)
                 return
-            origin, host = headers.get("origin"), headers.get("host", "")
             # The dashboard's own requests carry its origin, which is the (checked) Host: a
             # browser on the LAN address of a wildcard bind is same-origin, not cross-site.
             same_origin = origin in (f"http://{host}", f"https://{host}")

@@ -53,6 +53,9 @@ class GatewayMetrics:
         self.replica: str | None = None  # cluster: every series labelled replica="<name>"
         self.refusals: dict[str, Callable[[], Mapping[str, int]]] = {}  # listener -> counts
         self.admissions_refused: Counter[str] = Counter()  # transport -> devices turned away
+        self._calls_by_outcome: dict[
+            str, CounterMetric
+        ] = {}  # the counter of each outcome, found once
         self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
         self.registry.register(self._state)
         audit.watchers.append(self.call_ended)
@@ -60,7 +63,11 @@ class GatewayMetrics:
 
     def call_ended(self, outcome: str, seconds: float) -> None:
         """Count one call (``AuditLog`` watcher)."""
-        self.calls.labels(outcome).inc()
+        # Outcomes are a handful of names (ok, rejected, cancelled, the DeviceError kinds).
+        counter = self._calls_by_outcome.get(outcome)
+        if counter is None:
+            counter = self._calls_by_outcome[outcome] = self.calls.labels(outcome)
+        counter.inc()
         self.call_seconds.observe(seconds)
 
     def admitted(self, refusal: str | None, transport: str) -> bool:

@@ -161,6 +161,7 @@ class Guard:
         self.connections = 0
         self.unauthenticated: dict[str, int] = {}  # remote address -> open, not authenticated
         self.refused: dict[str, int] = {}  # why (cap, per_address, handshake, auth) -> how many
+        self._counted: dict[str, bool] = {}  # remote address -> not exempt from per_address
         self.log = log or ThrottledLog(logger)
 
     def admit(self, transport: asyncio.WriteTransport, deadlines: bool = True) -> Slot | None:
@@ -174,7 +175,11 @@ class Guard:
         if self.connections >= limits.max_connections:
             self._refuse(transport, "cap", "at its cap of %d connections", limits.max_connections)
             return None
-        counted = not in_networks(address, limits.exempt)
+        counted = self._counted.get(address)
+        if counted is None:  # worked out once per address: a host opens a connection per call
+            if len(self._counted) >= 4096:
+                self._counted.clear()
+            counted = self._counted[address] = not in_networks(address, limits.exempt)
         if counted and self.unauthenticated.get(address, 0) >= limits.per_address:
             self._refuse(
                 transport,
@@ -195,7 +200,7 @@ class Guard:
 
 
 class Slot:
-    """One connection's place in its listener: counted while open, with its deadlines."""
+    """One connection's place in its listener: counted while open; its deadlines share a timer."""
 
     def __init__(
         self,
@@ -213,39 +218,30 @@ class Slot:
         guard.connections += 1
         if counted:
             guard.unauthenticated[address] = guard.unauthenticated.get(address, 0) + 1
-        self._handshake: asyncio.TimerHandle | None = None
-        self._auth: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self._handshake_at: float | None = None  # loop time by which request headers are due
+        self._auth_at: float | None = None  # loop time by which it must have authenticated
+        self._timer: asyncio.TimerHandle | None = None
         if deadlines:
-            self._auth = asyncio.get_running_loop().call_later(
-                guard.limits.auth_timeout, self._expire, "auth", "did not authenticate within %g s"
-            )
+            self._auth_at = self._loop.time() + guard.limits.auth_timeout
             self.awaiting_request()
 
     def awaiting_request(self) -> None:
         """The connection waits for a request's headers: start the handshake deadline."""
-        if self._open and self._handshake is None:
-            limits = self.guard.limits
-            self._handshake = asyncio.get_running_loop().call_later(
-                limits.handshake_timeout,
-                self._expire,
-                "handshake",
-                "did not send a complete request within %g s",
-            )
+        if self._open and self._handshake_at is None:
+            self._handshake_at = self._loop.time() + self.guard.limits.handshake_timeout
+            self._arm()
 
     def request_started(self, headers: Headers | None = None) -> None:
         """A request's headers are complete; they may authenticate the connection."""
-        if self._handshake is not None:
-            self._handshake.cancel()
-            self._handshake = None
+        self._handshake_at = None
         if headers is not None and not self.authenticated and self.guard.limits.trusts(headers):
             self.authenticate()
 
     def authenticate(self) -> None:
         """The app accepted the connection: no authentication deadline, no per-address count."""
         self.authenticated = True
-        if self._auth is not None:
-            self._auth.cancel()
-            self._auth = None
+        self._auth_at = None
         self._uncount()
 
     def release(self) -> None:
@@ -253,10 +249,10 @@ class Slot:
         if not self._open:
             return
         self._open = False
-        for timer in (self._handshake, self._auth):
-            if timer is not None:
-                timer.cancel()
-        self._handshake = self._auth = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._handshake_at = self._auth_at = None
         self.guard.connections -= 1
         self._uncount()
 
@@ -267,6 +263,33 @@ class Slot:
             table[self.address] -= 1
             if not table[self.address]:
                 del table[self.address]
+
+    def _due(self) -> tuple[float, str] | None:
+        """The nearer deadline still running, and its kind; None when none runs."""
+        handshake, auth = self._handshake_at, self._auth_at
+        if handshake is not None and (auth is None or handshake <= auth):
+            return handshake, "handshake"
+        return (auth, "auth") if auth is not None else None
+
+    def _arm(self) -> None:
+        due = self._due()
+        if due is None or (self._timer is not None and self._timer.when() <= due[0]):
+            return  # nothing to wait for, or the timer fires first and looks again then
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(due[0], self._on_timer)
+
+    def _on_timer(self) -> None:
+        assert self._timer is not None  # release() cancels it
+        fired_at, self._timer = self._timer.when(), None
+        due = self._due()
+        if due is not None and due[0] <= fired_at:
+            if due[1] == "handshake":
+                self._expire("handshake", "did not send a complete request within %g s")
+            else:
+                self._expire("auth", "did not authenticate within %g s")
+        else:
+            self._arm()  # what was due when it was armed is over; a later deadline may run
 
     def _expire(self, kind: str, why: str) -> None:
         guard = self.guard

@@ -32,7 +32,8 @@ class Outbox:
 
     def encode_mcp(self, payload: JsonObject) -> str:
         """The text frame carrying the MCP message ``payload``."""
-        return envelope.encode(envelope.mcp_envelope(self.session_id, payload))
+        # The session id was checked once, when the session made its hello (every call comes here).
+        return envelope.encode({"session_id": self.session_id, "type": "mcp", "payload": payload})
 
     def mcp(self, payload: JsonObject) -> None:
         """Send the MCP message ``payload``."""

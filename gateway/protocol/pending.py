@@ -41,6 +41,7 @@ class Pending:
         self.max_queued = max_queued
         self._ids = IdAllocator(ids=ids) if ids else IdAllocator(FIRST_REQUEST_ID)
         self._sent: dict[int, Purpose] = {}
+        self._calls_sent = 0  # how many of _sent are calls: read at every call
         self._waiting: dict[int, str] = {}  # call id -> its frame, oldest first
 
     @property
@@ -55,7 +56,7 @@ class Pending:
 
     def calls_in_flight(self) -> int:
         """How many ``tools/call`` requests are sent and unanswered."""
-        return sum(purpose is Purpose.CALL for purpose in self._sent.values())
+        return self._calls_sent
 
     def busy(self) -> str | None:
         """Why no call may be taken now (every slot taken, and the waiting line too), or None."""
@@ -73,12 +74,14 @@ class Pending:
         """The id of a new request for ``purpose``, noted as sent (send it now)."""
         request_id = self.new_id()
         self._sent[request_id] = purpose
+        self._calls_sent += purpose is Purpose.CALL
         return request_id
 
     def add_call(self, call_id: int, frame: str) -> bool:
         """Take a call: True when a slot is free and ``frame`` must go now, else it waits."""
-        if self.calls_in_flight() < self.max_in_flight:
+        if self._calls_sent < self.max_in_flight:
             self._sent[call_id] = Purpose.CALL
+            self._calls_sent += 1
             return True
         self._waiting[call_id] = frame
         return False
@@ -87,7 +90,10 @@ class Pending:
         """The purpose of the request a reply with ``request_id`` settles, now settled; or None."""
         if not isinstance(request_id, int) or request_id not in self._sent:
             return None
-        return self._sent.pop(request_id)
+        purpose = self._sent.pop(request_id)
+        if purpose is Purpose.CALL:
+            self._calls_sent -= 1
+        return purpose
 
     def forget(self, call_id: int) -> bool:
         """Drop a call; True when it was sent already (the device should be told to stop it)."""
@@ -96,15 +102,17 @@ class Pending:
         if self._sent.get(call_id) is not Purpose.CALL:
             return False  # answered, closed, unknown, or a discovery request
         del self._sent[call_id]
+        self._calls_sent -= 1
         return True
 
     def ready(self) -> list[str]:
         """The frames of the oldest waiting calls that free slots let go now, marked sent."""
         frames = []
-        while self._waiting and self.calls_in_flight() < self.max_in_flight:
+        while self._waiting and self._calls_sent < self.max_in_flight:
             call_id = next(iter(self._waiting))
             frames.append(self._waiting.pop(call_id))
             self._sent[call_id] = Purpose.CALL
+            self._calls_sent += 1
         return frames
 
     def close(self) -> list[CallFailed]:
@@ -118,6 +126,7 @@ class Pending:
             for call_id in self._waiting
         )
         self._sent.clear()
+        self._calls_sent = 0
         self._waiting.clear()
         return failed
 

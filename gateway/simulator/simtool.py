@@ -65,7 +65,9 @@ class Args(dict[str, ArgValue]):
         return value
 
 
-Handler: TypeAlias = "Callable[[Args], Awaitable[ToolResult]]"
+# A tool that answers at once returns its result; one that waits returns an awaitable, which
+# the firmware runs in a task of its own (fw_mcp), as a board runs its tools.
+Handler: TypeAlias = "Callable[[Args], Awaitable[ToolResult] | ToolResult]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +126,8 @@ class SimTool:
         """Return the firmware tool that lists, checks and calls this one."""
         handler = self.handler
 
-        async def call(values: dict[str, Any]) -> ToolResult:
-            return await handler(Args(values))
+        def call(values: dict[str, Any]) -> Awaitable[ToolResult] | ToolResult:
+            return handler(Args(values))
 
         props = [prop.to_firmware(name) for name, prop in self.properties.items()]
         return FirmwareTool(self.name, self.description, props, call, user=self.user_only)

@@ -126,18 +126,18 @@ def default_tools(board: BoardState | None = None, camera: SimTool | None = None
 
 
 def _common_tools(state: BoardState) -> list[SimTool]:
-    async def get_status(args: Args) -> JsonObject:
+    def get_status(args: Args) -> JsonObject:
         return state.status()
 
-    async def set_volume(args: Args) -> bool:
+    def set_volume(args: Args) -> bool:
         state.volume = args.integer("volume")
         return True
 
-    async def set_brightness(args: Args) -> bool:
+    def set_brightness(args: Args) -> bool:
         state.brightness = args.integer("brightness")
         return True
 
-    async def set_theme(args: Args) -> bool:
+    def set_theme(args: Args) -> bool:
         theme = args.string("theme")
         if theme not in ("light", "dark"):
             return False
@@ -173,14 +173,14 @@ def camera_tool(state: BoardState, vision: Callable[[], tuple[str, str] | None])
 
 
 def _lamp_tools(state: BoardState) -> list[SimTool]:
-    async def get_state(args: Args) -> JsonObject:
+    def get_state(args: Args) -> JsonObject:
         return {"power": state.lamp_on}
 
-    async def turn_on(args: Args) -> bool:
+    def turn_on(args: Args) -> bool:
         state.lamp_on = True
         return True
 
-    async def turn_off(args: Args) -> bool:
+    def turn_off(args: Args) -> bool:
         state.lamp_on = False
         return True
 
@@ -192,10 +192,10 @@ def _lamp_tools(state: BoardState) -> list[SimTool]:
 
 
 def _sensor_and_light_tools(state: BoardState) -> list[SimTool]:
-    async def read_temperature(args: Args) -> str:
+    def read_temperature(args: Args) -> str:
         return f"{state.read_temperature():.1f}"
 
-    async def set_color(args: Args) -> bool:
+    def set_color(args: Args) -> bool:
         rgb = (args.integer("r"), args.integer("g"), args.integer("b"))
         state.led = (*rgb, args.integer("brightness"))
         return True
@@ -212,11 +212,11 @@ def _sensor_and_light_tools(state: BoardState) -> list[SimTool]:
 
 
 def _relay_tools(state: BoardState) -> list[SimTool]:
-    async def set_relay(args: Args) -> bool:
+    def set_relay(args: Args) -> bool:
         state.relays[args.integer("channel")] = args.boolean("on")
         return True
 
-    async def get_relays(args: Args) -> JsonObject:
+    def get_relays(args: Args) -> JsonObject:
         return {"relays": [{"channel": ch, "on": on} for ch, on in state.relays.items()]}
 
     async def pulse(args: Args) -> bool:
@@ -248,11 +248,11 @@ def _gpio_tools(state: BoardState) -> list[SimTool]:
             raise ToolError(f"GPIO {pin} is reserved (USB, flash or PSRAM) and cannot be used")
         return pin
 
-    async def set_level(args: Args) -> bool:
+    def set_level(args: Args) -> bool:
         state.gpio[pin_of(args)] = args.boolean("level")
         return True
 
-    async def get_level(args: Args) -> bool:
+    def get_level(args: Args) -> bool:
         return state.gpio.get(pin_of(args), False)
 
     pin = Prop("integer", minimum=0, maximum=48)
@@ -265,7 +265,7 @@ def _gpio_tools(state: BoardState) -> list[SimTool]:
 
 
 def _board_system_tools(state: BoardState) -> list[SimTool]:
-    async def show_message(args: Args) -> bool:
+    def show_message(args: Args) -> bool:
         state.message = (args.string("text"), args.integer("duration_s"))
         return True
 
@@ -299,7 +299,7 @@ def _rebooter(state: BoardState) -> Handler:
 
 
 def _user_tools(state: BoardState) -> list[SimTool]:
-    async def system_info(args: Args) -> JsonObject:
+    def system_info(args: Args) -> JsonObject:
         return state.system_info()
 
     reboot = _rebooter(state)

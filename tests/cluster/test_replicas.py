@@ -128,6 +128,7 @@ async def audit_and_metrics_say_which_replica(run: Running) -> None:
     """The audit log stays per replica, each record tagged; every /metrics series labelled."""
     audit = run.gateway.audit.path
     assert audit is not None
+    run.gateway.audit.flush()  # records of a moment are written together, a little later
     records = [json.loads(line) for line in audit.read_text().splitlines()]
     assert records and all(r["replica"] == "gw-2" for r in records)
     async with httpx2.AsyncClient() as http:

@@ -56,6 +56,35 @@ def test_a_full_disk_loses_records_but_raises_nothing(
     assert "the audit log is written again (2 records were lost)" in caplog.text
 
 
+@pytest.mark.anyio
+async def test_records_of_a_moment_share_one_write(tmp_path: Path) -> None:
+    """In the event loop, records made close together go to the file in one write, later;
+    a page, or closing, writes what is held first, so neither misses a record."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, flush_delay=3600)
+    for n in range(10):
+        record(log, f"self.t{n}")
+    assert log.writes == 0 and not path.exists()
+    assert [r["tool"] for r in log.page()["records"]] == [f"self.t{n}" for n in range(9, -1, -1)]
+    assert log.writes == 1
+    record(log, "self.last")
+    log.close()
+    assert log.writes == 2
+    assert tools(path) == [*(f"self.t{n}" for n in range(10)), "self.last"]
+
+
+@pytest.mark.anyio
+async def test_a_burst_is_written_in_bounded_batches(tmp_path: Path) -> None:
+    """However long the delay, no more than a bounded batch of records waits in memory."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, flush_delay=3600)
+    for n in range(audit._MAX_BATCH + 1):
+        record(log, f"self.t{n}")
+    assert log.writes == 1 and len(tools(path)) == audit._MAX_BATCH
+    log.close()
+    assert log.writes == 2 and len(tools(path)) == audit._MAX_BATCH + 1
+
+
 def test_without_a_path_nothing_is_written(tmp_path: Path) -> None:
     """``audit_log = false``: records go nowhere, and closing is harmless."""
     log = AuditLog(None)

@@ -275,9 +275,19 @@ class BrokenLink(MemoryLink):
         await super().send(text)
 
 
-async def test_a_call_that_finds_the_link_gone_fails_at_once(tmp_path: Path) -> None:
-    """A failed send fails the call with DeviceUnavailable, and later calls too, at once."""
-    link = BrokenLink()
+class BrokenWholeLink(BrokenLink):
+    """A BrokenLink that writes frames whole: its callers send their own calls."""
+
+    sends_whole = True
+
+
+@pytest.mark.parametrize("link_class", [BrokenLink, BrokenWholeLink])
+async def test_a_call_that_finds_the_link_gone_fails_at_once(
+    tmp_path: Path, link_class: type[BrokenLink]
+) -> None:
+    """A failed send fails the call with DeviceUnavailable, and later calls too, at once,
+    whoever sends it (the connection's task, or the caller)."""
+    link = link_class()
     async with connected(tmp_path, link=link) as harness:
         await harness.discover()
         link.broken = True
@@ -286,3 +296,82 @@ async def test_a_call_that_finds_the_link_gone_fails_at_once(tmp_path: Path) -> 
                 await (await call(harness, {}))
         with pytest.raises(DeviceUnavailable, match="^device disconnected$"):
             await (await call(harness, {}))
+
+
+class WholeLink(MemoryLink):
+    """A MemoryLink that writes frames whole, like the WebSocket (``StarletteLink``)."""
+
+    sends_whole = True
+
+
+@pytest.mark.parametrize(("link", "send_tasks"), [(WholeLink, 0), (MemoryLink, 3)])
+async def test_over_a_link_that_sends_whole_a_call_needs_no_task_to_send_it(
+    tmp_path: Path, link: type[MemoryLink], send_tasks: int
+) -> None:
+    """Over the WebSocket a caller sends its own call (issue 18: no task per call); over other
+    links a task of the connection does, as a cancelled send there may have written it."""
+    senders: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        if getattr(coro, "__qualname__", "") == "DeviceConnection._send_all":
+            senders.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    async with connected(tmp_path, link=link()) as harness:
+        await harness.discover()
+        loop.set_task_factory(counting)
+        try:
+            for n in range(3):
+                pending = await call(harness, {"n": n})
+                request = await harness.request("tools/call")
+                harness.link.feed(mcp({"id": request["id"], "result": {"n": n}}))
+                async with asyncio.timeout(bound(5)):
+                    assert await pending == {"n": n}
+        finally:
+            loop.set_task_factory(None)
+    assert len(senders) == send_tasks
+
+
+class FullLink(WholeLink):
+    """Writes frames whole, but only while ``writable``: a socket buffer that must drain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writable, self.waiting = asyncio.Event(), asyncio.Event()
+        self.writable.set()
+
+    async def send(self, text: str) -> None:
+        if not self.writable.is_set():
+            self.waiting.set()
+            await self.writable.wait()
+        await super().send(text)
+
+
+async def test_a_call_cancelled_while_its_send_waits_reaches_the_device_once(
+    tmp_path: Path,
+) -> None:
+    """A caller cancelled while the socket is full loses nothing and doubles nothing: the
+    connection sends its call once, then tells the device to cancel it."""
+    link = FullLink()
+    async with connected(tmp_path, link=link) as harness:
+        await harness.discover()
+        link.writable.clear()
+        cancelled = await call(harness, {"n": 0})
+        async with asyncio.timeout(bound(5)):
+            await link.waiting.wait()
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        link.writable.set()
+        request = await harness.request("tools/call")
+        assert request["params"]["arguments"] == {"n": 0}
+        assert (await harness.sent())["payload"] == cancellation(
+            request["id"], "cancelled by the caller"
+        )
+        following = await call(harness, {"n": 1})
+        again = await harness.request("tools/call")
+        assert again["params"]["arguments"] == {"n": 1}  # not the cancelled call a second time
+        harness.link.feed(mcp({"id": again["id"], "result": {}}))
+        async with asyncio.timeout(bound(5)):
+            assert await following == {}

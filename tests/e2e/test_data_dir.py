@@ -64,6 +64,7 @@ async def test_every_file_in_the_data_dir_is_private(
                 async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{run.host_port}") as http:
                     called = await api_call(http, NEW, "lamp.turn_on")
                 run.gateway.store.flush()  # the device's rows now, not at the writer's next turn
+                run.gateway.audit.flush()  # the call's record now, not with the next ones
                 files = {path.name: mode(path) for path in data.iterdir() if path.is_file()}
     folders = {path.name: mode(path) for path in data.iterdir() if path.is_dir()}
     assert called.status_code == 200, called.text
@@ -101,6 +102,7 @@ async def test_an_audit_write_failure_does_not_fail_the_call(
         (tmp_path / "audit.log").mkdir()  # the log opens at its first record: that open fails
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{run.host_port}") as http:
             during = [await api_call(http, dev.device_id, "lamp.turn_on") for _ in range(2)]
+            run.gateway.audit.flush()  # their records now, not with the next ones
             (tmp_path / "audit.log").rmdir()
             after = await api_call(http, dev.device_id, "lamp.get_state")
     assert [r.status_code for r in [*during, after]] == [200, 200, 200], after.text

@@ -168,6 +168,7 @@ async def test_device_error_becomes_an_error_result_and_is_audited(stack: Stack)
     async with Client(stack.frontend.server, mode="legacy") as client:
         result = await client.call_tool("board_aa02_set", {"level": 7})
     assert result.is_error and result.content[0].text == "Value exceeds maximum allowed: 100"
+    stack.audit.flush()  # records of a moment are written together, a little later
     record = json.loads((stack.config.data_dir / "audit.log").read_text().splitlines()[-1])
     assert record["tool"] == "self.set" and record["arguments"] == {"level": 7}
     assert record["outcome"] == "DeviceToolError" and record["device"] == "board_aa02"

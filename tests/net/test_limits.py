@@ -18,6 +18,7 @@ from websockets.asyncio.client import connect
 from gateway.net.limits import (
     Guard,
     ListenerLimits,
+    Slot,
     ThrottledLog,
     in_networks,
     listener_limits,
@@ -159,6 +160,33 @@ async def test_a_kept_alive_connection_gets_a_new_deadline_for_each_request() ->
         writer.write(PARTIAL)
         assert await closed_by_server(reader) == b""
         writer.close()
+
+
+async def test_a_kept_alive_connection_arms_one_timer_for_all_its_deadlines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deadlines cost a connection one timer, not one per request and deadline: a request
+    that starts only clears its deadline (the host's calls each open one, issue 18)."""
+    loop = asyncio.get_running_loop()
+    armed: list[object] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        if isinstance(getattr(callback, "__self__", None), Slot):
+            armed.append(callback)
+        return call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    async with serving(replace(LIMITS, handshake_timeout=60.0, auth_timeout=120.0)) as (
+        port,
+        guard,
+    ):
+        reader, writer = await opened(port)
+        for _ in range(5):
+            assert await answered(reader, writer)
+        writer.close()
+        await guard.until(0)
+    assert len(armed) == 1
 
 
 async def test_a_connection_that_never_authenticates_is_closed_at_the_auth_deadline() -> None:

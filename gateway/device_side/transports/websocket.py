@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 class StarletteLink:
     """A ``DeviceLink`` over a Starlette WebSocket; binary (audio) frames are ignored."""
 
+    # uvicorn's send waits (for a full socket buffer to drain) before it writes anything, then
+    # writes the frame at once: a cancelled send never leaves a frame half or wholly written.
+    sends_whole = True
+
     def __init__(self, websocket: WebSocket) -> None:
         self._ws = websocket
 
