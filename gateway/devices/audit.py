@@ -167,6 +167,8 @@ class AuditLog:
             "message": message,
         }
         self._hold(entry)
+        if kind == "admin":  # rare, and acknowledged to a user: on disk before they are told
+            self.flush()
 
     def _hold(self, entry: dict[str, Any]) -> None:
         """Format ``entry`` now; write it with the records that follow it shortly."""

@@ -85,6 +85,22 @@ async def test_a_burst_is_written_in_bounded_batches(tmp_path: Path) -> None:
     assert log.writes == 2 and len(tools(path)) == audit._MAX_BATCH + 1
 
 
+@pytest.mark.anyio
+async def test_an_admin_action_is_on_disk_before_it_is_acknowledged(tmp_path: Path) -> None:
+    """A crash right after an approval is acknowledged keeps its record, and the calls before."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, flush_delay=3600)
+    record(log, "self.before")
+    log.event("login", "login refused", Actor("api", "10.0.0.9"), device_id="aa:bb")
+    assert not path.exists()  # logins are held with the calls
+    log.event("admin", "approve", Actor("api", "10.0.0.9"), device_id="aa:bb")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line.get("action", line.get("tool")) for line in lines] == [
+        "self.before", "login refused", "approve"
+    ]
+    log.close()
+
+
 def test_without_a_path_nothing_is_written(tmp_path: Path) -> None:
     """``audit_log = false``: records go nowhere, and closing is harmless."""
     log = AuditLog(None)
