@@ -37,16 +37,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from gateway.config import Config
 from gateway.net.websocket import LeanWebSocket
 
-__all__ = [
-    "Guard",
-    "ListenerLimits",
-    "Slot",
-    "ThrottledLog",
-    "in_networks",
-    "listener_limits",
-    "networks",
-    "protocol_classes",
-]
+__all__ = ["Guard", "ListenerLimits", "Slot", "ThrottledLog", "in_networks", "listener_limits",
+           "networks", "protocol_classes"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +235,9 @@ class Slot:
         self.authenticated = True
         self._auth_at = None
         self._uncount()
+        if self._timer is not None and self._due() is None:  # no idle WebSocket keeps a timer
+            self._timer.cancel()
+            self._timer = None
 
     def release(self) -> None:
         """The connection closed (idempotent)."""

@@ -96,7 +96,9 @@ async def test_an_admin_action_is_on_disk_before_it_is_acknowledged(tmp_path: Pa
     log.event("admin", "approve", Actor("api", "10.0.0.9"), device_id="aa:bb")
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line.get("action", line.get("tool")) for line in lines] == [
-        "self.before", "login refused", "approve"
+        "self.before",
+        "login refused",
+        "approve",
     ]
     log.close()
 
