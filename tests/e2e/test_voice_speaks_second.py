@@ -1,0 +1,107 @@
+"""Over WebSocket the gateway speaks after the voice server, and follows the firmware of 2026;
+a device rejected or forgotten loses its running conversation too (issue 26).
+
+Real parts as in tests/e2e/test_voice_proxy.py: the test voice server on uvicorn, the gateway,
+the stock device emulator on a websockets client, and for MQTT the parts of
+tests/e2e/test_voice_mqtt.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from gateway.app import Running
+from tests.conftest import bound
+from tests.e2e.helpers import STOCK_HELLO, has_tools, until
+from tests.e2e.test_voice_holds import glyph_tts
+from tests.e2e.test_voice_mqtt import STOCK
+from tests.e2e.test_voice_mqtt import proxied as proxied_mqtt
+from tests.e2e.test_voice_proxy import ota_url, proxied, talking, voice
+from tests.upstream_server import UpstreamServer
+from tests.voice_device import VoiceDevice
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+HELLO_2026 = {
+    **STOCK_HELLO,
+    "features": {"mcp": True, "aec": True, "glyph_push": True},
+    "text_font": {"bundle": "noto-sc", "charset": "gb2312", "size": 16, "bpp": 1},
+}
+
+
+async def test_a_slow_servers_hello_is_the_first_thing_the_device_hears(tmp_path: Path) -> None:
+    """The server answers the hello after 5 s: nothing of the gateway's comes before it (the
+    gateway's own hello_timeout is 3 s), and the gateway's discovery follows it."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    upstream.hello_delay = 5.0
+    async with proxied(tmp_path, upstream, adoption="auto") as run:
+        await device.check_in(ota_url(run))
+        async with run.gateway.registry.changes() as changes, device.conversation() as talk:
+            assert talk.hello["session_id"] == "upstream-session"  # first: the server's hello
+            await until(changes, has_tools(run, device.device_id))
+
+
+async def test_the_2026_hello_and_a_128_kib_tts_pass_byte_for_byte(tmp_path: Path) -> None:
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        async with device.conversation(HELLO_2026) as talk:
+            session = await upstream.session()
+            assert session.texts[0] == json.dumps(HELLO_2026)  # verbatim
+            tts = glyph_tts("upstream-session", 128 * 1024).decode()
+            await session.websocket.send_text(tts)
+            stop = '{"type":"tts","state":"stop"}'
+            await session.websocket.send_text(stop)
+            assert await talk.wait_texts(2) == [tts, stop]  # byte for byte, in order
+
+
+async def test_rejecting_a_device_ends_its_websocket_conversation(tmp_path: Path) -> None:
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream, adoption="auto") as run:
+        async with talking(run, upstream, device) as (talk, session):
+            await admin(run, "reject", device.device_id)
+            async with asyncio.timeout(bound(10)):
+                await session.closed.wait()  # the server's side of the conversation ended
+                await talk.closed.wait()
+        assert "rejected or forgotten" in voice(run, device)
+
+
+async def test_forgetting_an_mqtt_device_ends_its_upstream_connection(tmp_path: Path) -> None:
+    async with proxied_mqtt(tmp_path) as (run, _, _, _):
+        proxies = run.gateway.sessions.mqtt_proxies
+        assert proxies is not None
+        relay = proxies.relay_of(STOCK)
+        assert relay is not None and relay.upstream.connected.is_set()
+        running = set(relay._tasks)  # its upstream client among them
+        await admin(run, "forget", STOCK)
+        async with asyncio.timeout(bound(10)):
+            await relay.closed.wait()
+            await asyncio.gather(*running, return_exceptions=True)
+        assert not relay.upstream.connected.is_set()
+
+
+async def test_approving_an_approved_device_says_approved_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        await device.check_in(ota_url(run))
+        with caplog.at_level(logging.INFO, logger="gateway.devices"):
+            for _ in range(3):
+                await admin(run, "approve", device.device_id)
+        said = [r for r in caplog.records if r.getMessage().endswith(" approved")]
+        assert len(said) == 1
+
+
+async def admin(run: Running, verb: str, device_id: str) -> None:
+    """``esp-mcp-gateway devices <verb> <device>``, through the host listener."""
+    url = f"http://127.0.0.1:{run.host_port}/api/devices/{verb}"
+    async with httpx2.AsyncClient(timeout=bound(10)) as http:
+        response = await http.post(url, json={"device": device_id})
+    assert response.status_code == 200, response.text
