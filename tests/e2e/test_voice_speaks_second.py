@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from gateway.app import Running
 from tests.conftest import bound
@@ -23,6 +24,7 @@ from tests.e2e.test_voice_holds import glyph_tts
 from tests.e2e.test_voice_mqtt import STOCK
 from tests.e2e.test_voice_mqtt import proxied as proxied_mqtt
 from tests.e2e.test_voice_proxy import ota_url, proxied, talking, voice
+from tests.net.test_destinations import patch_resolver
 from tests.upstream_server import UpstreamServer
 from tests.voice_device import VoiceDevice
 
@@ -59,6 +61,29 @@ async def test_the_2026_hello_and_a_128_kib_tts_pass_byte_for_byte(tmp_path: Pat
             stop = '{"type":"tts","state":"stop"}'
             await session.websocket.send_text(stop)
             assert await talk.wait_texts(2) == [tts, stop]  # byte for byte, in order
+
+
+async def test_the_conversation_goes_to_the_address_that_was_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name that answers loopback once and the link-local network after (DNS rebinding):
+    the gateway resolves it once per connection and connects to what it checked."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    answers = iter(["127.0.0.1", "127.0.0.1"])  # the check-in's look, the conversation's
+    asked = patch_resolver(monkeypatch, {"voice.test": lambda: [next(answers, "169.254.169.254")]})
+    async with proxied(tmp_path, upstream) as run:
+        port = upstream.base_url.rsplit(":", 1)[1]
+        upstream.websocket_extra = {"url": f"ws://voice.test:{port}/xiaozhi/v1/"}
+        async with talking(run, upstream, device) as (talk, session):
+            assert talk.hello["session_id"] == "upstream-session"
+            assert session.websocket.headers["host"] == f"voice.test:{port}"  # still named
+        assert asked.count("voice.test") == 2
+        async with run.gateway.registry.device_changes() as changes:
+            await until(changes, lambda: voice(run, device).startswith("idle"))
+        with pytest.raises(InvalidStatus, match="502"):  # the next: the name leads elsewhere
+            async with device.conversation():
+                pass
+        assert "points at the link-local network" in voice(run, device)
 
 
 async def test_rejecting_a_device_ends_its_websocket_conversation(tmp_path: Path) -> None:

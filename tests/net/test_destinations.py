@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -96,15 +97,20 @@ def test_binding_tells_own_addresses_only_when_non_local_binds_fail() -> None:
     assert destinations._binding_tells() is not destinations._binds("192.0.2.1")
 
 
-def patch_resolver(monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[str]]) -> list[str]:
-    """Resolve the names of ``answers`` (others as before); the names asked, in order."""
+def patch_resolver(
+    monkeypatch: pytest.MonkeyPatch, answers: Mapping[str, list[str] | Callable[[], list[str]]]
+) -> list[str]:
+    """Resolve the names of ``answers`` (each a list, or what makes one at each look; other
+    names as before) on every event loop; return the names asked, in order."""
     asked: list[str] = []
     real = asyncio.BaseEventLoop.getaddrinfo
 
     async def getaddrinfo(self: Any, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
         asked.append(str(host))
         if host in answers:
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in answers[host]]
+            answer = answers[host]
+            found = answer if isinstance(answer, list) else answer()
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in found]
         return await real(self, host, port, *args, **kwargs)
 
     monkeypatch.setattr(asyncio.BaseEventLoop, "getaddrinfo", getaddrinfo)

@@ -20,6 +20,7 @@ from gateway.device_side.upstream.settings import (
     server_of,
 )
 from gateway.net.destinations import DestinationRefused
+from tests.net.test_destinations import patch_resolver
 
 DEVICE = "aa:bb:cc:dd:ee:10"
 OWN = {"url": "ws://192.168.1.5:8765/xiaozhi/v1/", "token": "gateway-credential", "version": 1}
@@ -196,6 +197,20 @@ def test_a_server_cannot_point_the_gateway_at_its_own_machine(url: str, where: s
 @pytest.mark.anyio
 async def test_every_form_is_refused_once_resolved_as_the_connection_is_made(url: str) -> None:
     with pytest.raises(UpstreamSettingsError, match="points at"):
+        await destination_of(url, TENCLASS_OTA)
+
+
+@pytest.mark.parametrize(
+    "url", ["ws://voice.example:8000/xiaozhi/v1/", "mqtt://voice.example:1883",
+            "http://voice.example/vision/explain"],
+)  # fmt: skip
+@pytest.mark.anyio
+async def test_a_name_that_resolves_to_loopback_is_refused_like_the_address(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WebSocket, MQTT broker and camera URLs alike: the resolver's answer is what counts."""
+    patch_resolver(monkeypatch, {"voice.example": ["127.0.0.1"]})
+    with pytest.raises(UpstreamSettingsError, match="points at this machine"):
         await destination_of(url, TENCLASS_OTA)
 
 
