@@ -15,6 +15,7 @@ or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards ev
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -197,23 +198,12 @@ class OtaEndpoint:
             logger.warning("refused OTA request from %s: %s", client, check_in)
             return JSONResponse({"error": check_in}, status_code=400)
         ota_url = self._proxy.ota_url(check_in.device_id) if self._proxy is not None else None
-
-        def admit() -> Response | None:
-            refusal = self._registry.admit(check_in.device_id, trusted=False,
-                                           board=check_in.board, client_id=check_in.client_id,
-                                           transport="OTA", peer=client)  # fmt: skip
-            if refusal is None:
-                return None
-            # No credentials: a bound device is never handed to another.
-            logger.warning("refused OTA check-in from %s: %s", client, refusal)
-            return JSONResponse({"error": refusal}, status_code=403)
-
+        admit = functools.partial(self._admit, check_in, client)
         # A new proxied device is admitted (listed, pending) only once its server answered: a
         # failed check-in leaves no device behind. A known one is judged first, so a rejected
         # device is never asked about in its server.
         new = ota_url is not None and self._registry.get(check_in.device_id) is None
-        refused = None if new else admit()
-        if refused is not None:
+        if not new and (refused := admit()) is not None:
             return refused
         host_header = request.headers.get("host")
         self._remember(host_header)
@@ -238,6 +228,15 @@ class OtaEndpoint:
         offered = " and ".join(name for name in _NVS_SECTIONS if name in reply)
         logger.info("OTA: offered %s %s (%s)", check_in.device_id, offered, client)
         return JSONResponse(reply)
+
+    def _admit(self, check_in: CheckIn, client: str) -> Response | None:
+        refusal = self._registry.admit(check_in.device_id, trusted=False, board=check_in.board,
+                                       client_id=check_in.client_id, transport="OTA",
+                                       peer=client)  # fmt: skip
+        if refusal is None:
+            return None  # no credentials: a bound device is never handed to another
+        logger.warning("refused OTA check-in from %s: %s", client, refusal)
+        return JSONResponse({"error": refusal}, status_code=403)
 
     def reply(self, check_in: CheckIn, host_header: str | None = None) -> dict[str, Any]:
         """The OTA reply for ``check_in``."""
@@ -291,10 +290,8 @@ class OtaEndpoint:
         ota_url: str,
         admit: Callable[[], Response | None] | None,
     ) -> Response:
-        """Forward the check-in to the device's voice server; hand on its reply, rewritten.
-
-        ``admit``, for a device new here, is asked once the server answered usable settings.
-        """
+        """Forward the check-in to its voice server; hand on its reply, rewritten (``admit``:
+        a device new here, admitted once the server answered usable settings)."""
         assert self._proxy is not None
         proxy, device_id, server = self._proxy, check_in.device_id, server_of(ota_url)
         mqtt = self.transport == "mqtt"  # [ota] transport = "websocket" keeps devices off MQTT
@@ -312,8 +309,7 @@ class OtaEndpoint:
         problems = check_sections(proxied.reply)
         if problems:
             return self._upstream_failed(device_id, server, UpstreamSettingsError(problems[0]))
-        refused = admit() if admit is not None else None
-        if refused is not None:
+        if admit is not None and (refused := admit()) is not None:
             return refused
         try:
             self._keep(device_id, proxied)
