@@ -2,8 +2,10 @@
 
 The device route asks ``conversations(identity)`` once the device is authenticated: None means
 the device is served by the gateway alone (no voice server known for it); otherwise the returned
-coroutine function takes the WebSocket over. It opens the upstream first and only then accepts
-the device (or refuses it, as its server would have), gives the conversation an ``McpTap`` with
+coroutine function takes the WebSocket over. It opens the upstream first, at the address checked
+after resolution (``destination_of``), and only then accepts the device (or refuses it: 403 as
+its server would have, 502/504 when the gateway cannot reach it or will not follow it), gives
+the conversation an ``McpTap`` with
 the gateway's camera URL for this session, runs the relay with the gateway's own session on the
 tapped link, and keeps the device's upstream state up to date for ``list_devices`` and the
 dashboard. A device waiting for approval is relayed all the same: only what hosts see waits.

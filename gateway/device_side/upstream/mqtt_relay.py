@@ -12,7 +12,9 @@ gateway holds an ``UpstreamMqttClient`` for it with the upstream's credentials, 
   device and the upstream directly, never through the gateway; MCP requests pass the tap
   (the upstream keeps its ids; its ``initialize`` gets the gateway's camera endpoint);
 - with fleet tools on (``FleetTools``), the upstream's listing also offers the other devices'
-  tools, and its calls of those are made by the gateway, never sent to this device.
+  tools, and its calls of those are made by the gateway, never sent to this device;
+- the upstream's connection lost mid-conversation, the gateway ends the conversation on the
+  device for it: a ``goodbye`` with the ``session_id`` of the server's hello.
 
 The relay is the link the gateway's session runs over, so the device stays listed and callable
 by hosts whatever the upstream does: closed, silent or sending garbage, it costs a log line and

@@ -3,8 +3,9 @@
 When a proxied device opens its session on ``/xiaozhi/v1/``, ``relay()`` opens the upstream
 WebSocket at once (the device allows 10 s for the handshake and 10 s more for the hello,
 docs/protocol.md §8.2), with the headers the upstream checks its token against, and only then
-accepts the device: an upstream that refuses or cannot be reached refuses the device's
-handshake, as its own server would have. Then, in both directions and in order:
+accepts the device: an upstream that refuses the session refuses the device's handshake, as its
+own server would have; one that cannot be reached gets the device a 5xx (``UpstreamRefused``).
+Then, in both directions and in order:
 
 - binary frames (audio, protocol version 1, 2 or 3) are forwarded as received, never decoded;
 - text frames that are not MCP (``hello``, ``listen``, ``tts``, ``goodbye``, ...) likewise;
