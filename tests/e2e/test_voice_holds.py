@@ -24,6 +24,7 @@ from tests.e2e.helpers import has_tools, until
 from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device
 from tests.e2e.test_voice_mqtt import STOCK, model_tools, proxied, voice_server
 from tests.mqtt_helpers import MQTT_HELLO, MqttDevice, free_port, stock_accepts_hello
+from tests.net.test_destinations import patch_resolver
 from tests.upstream_mqtt import UpstreamMqttServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -148,3 +149,23 @@ async def test_third_party_ids_and_messages_without_session_id_pass(tmp_path: Pa
         assert listing["id"] == 10001 and listing["result"]["tools"]
         found = run.gateway.registry.find(STOCK)
         assert found is not None and found.online  # the gateway's own session is untouched
+
+
+async def test_the_servers_broker_is_reached_at_the_address_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker named by a host name: resolved (and checked) by the gateway, then connected to
+    at that address; paho never resolves the name itself (only the patched resolver knows it)."""
+    asked = patch_resolver(monkeypatch, {"broker.test": ["127.0.0.1"]})
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
+        settings = {**listen, "upstream_ota_url": server.ota.ota_url}
+        async with gateway(tmp_path / "gw", **settings) as run:
+            reply = await ota_check_in(run)
+        kept = tmp_path / "gw" / "upstream_mqtt.json"
+        stored = json.loads(kept.read_text())
+        stored[STOCK]["host"] = "broker.test"
+        kept.write_text(json.dumps(stored))
+        async with reconnecting(reply) as device, gateway(tmp_path / "gw", **settings):
+            await talk_through(device, server.mqtt)
+        assert "broker.test" in asked
