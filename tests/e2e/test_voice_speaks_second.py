@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from pathlib import Path
 
 import httpx2
@@ -23,9 +24,9 @@ from tests.e2e.helpers import STOCK_HELLO, has_tools, until
 from tests.e2e.test_voice_holds import glyph_tts
 from tests.e2e.test_voice_mqtt import STOCK
 from tests.e2e.test_voice_mqtt import proxied as proxied_mqtt
-from tests.e2e.test_voice_proxy import ota_url, proxied, talking, voice
+from tests.e2e.test_voice_proxy import ota_url, proxied, talking, upload, voice
 from tests.net.test_destinations import patch_resolver
-from tests.upstream_server import UpstreamServer
+from tests.upstream_server import VISION_ANSWER, UpstreamServer
 from tests.voice_device import VoiceDevice
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -84,6 +85,33 @@ async def test_the_conversation_goes_to_the_address_that_was_checked(
             async with device.conversation():
                 pass
         assert "points at the link-local network" in voice(run, device)
+
+
+async def test_a_photo_goes_to_the_address_checked_for_the_camera_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's camera URL names a host: looked up once, and the upload goes there (a
+    second look-up would fail), still named in its Host header."""
+    looks: list[str] = []
+
+    def once() -> list[str]:
+        looks.append("vision.test")
+        if len(looks) > 1:
+            raise socket.gaierror(socket.EAI_NONAME, "looked up twice")
+        return ["127.0.0.1"]
+
+    patch_resolver(monkeypatch, {"vision.test": once})
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        port = upstream.base_url.rsplit(":", 1)[1]
+        upstream.vision_url = f"http://vision.test:{port}/vision/explain"
+        async with talking(run, upstream, device) as (talk, _):
+            initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
+            response = await upload(initialize["params"]["capabilities"]["vision"], device)
+    assert response.status_code == 200, response.text
+    assert response.json()["result"] == VISION_ANSWER and looks == ["vision.test"]
+    [(headers, _)] = upstream.uploads
+    assert headers["host"] == f"vision.test:{port}"
 
 
 async def test_rejecting_a_device_ends_its_websocket_conversation(tmp_path: Path) -> None:
