@@ -81,6 +81,8 @@ class Gateway:
         self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
         # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
         self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
+        if self.proxy is not None:  # a device rejected or forgotten loses its conversation
+            self.registry.record_watchers.append(self.proxy.on_record)
         self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public, self.proxy)
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.admission = Admission(config, self.registry, self.enrollment, self.credentials,
@@ -161,6 +163,7 @@ class Gateway:
             ),
             fleet=self._fleet_tools(),
             taps=self.proxy.taps,
+            enders=self.proxy.enders,
             status=self.registry.set_upstream,
             max_message_bytes=config.max_message_bytes,
         )

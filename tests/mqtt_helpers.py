@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -203,11 +204,15 @@ class MqttDevice:
         self.hellos: asyncio.Queue[JsonObject] = asyncio.Queue()
         self.received: list[JsonObject] = []
         self.raw: list[bytes] = []  # every message as it arrived, byte for byte
+        self._arrived = asyncio.Event()  # set at each message
         self.calls: list[str] = []
         self.called = asyncio.Event()  # set at each tools/call
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self.refused: BaseException | None = None
+        self.hello_at_connect: JsonObject | None = None
+        """Published in the instant the broker accepts the device, as stock firmware's
+        OpenAudioChannel does after it reconnected (then ``hellos`` gets the answer)."""
 
     def _client_for(self) -> aiomqtt.Client:
         host, port, username, password, client_id = self._login
@@ -249,6 +254,9 @@ class MqttDevice:
                         await client.subscribe(self.topic_down, qos=1)
                     if not self.stock:  # our firmware says it is online, its will says offline
                         await client.publish(self.topic_status, b"online", qos=1, retain=True)
+                    if self.hello_at_connect is not None:
+                        self.session_id = ""
+                        await client.publish(self.topic_up, json.dumps(self.hello_at_connect))
                     honour_cancellation()
                     self.connected.set()
                     messages = aiter(client.messages)
@@ -272,6 +280,7 @@ class MqttDevice:
     async def _on_message(self, payload: object) -> None:
         assert isinstance(payload, bytes)
         self.raw.append(payload)
+        self._arrived.set()
         message = json.loads(payload)
         self.received.append(message)
         if message.get("type") == "hello":
@@ -285,6 +294,14 @@ class MqttDevice:
             reply = await self.mcp.handle(request)
             if reply is not None:
                 await self.send({"session_id": self.session_id, "type": "mcp", "payload": reply})
+
+    async def wait_raw(self, check: Callable[[bytes], bool]) -> bytes:
+        """The first message received, byte for byte, that passes ``check``, once it came."""
+        async with asyncio.timeout(bound(10)):
+            while not (found := [raw for raw in self.raw if check(raw)]):
+                self._arrived.clear()
+                await self._arrived.wait()
+        return found[0]
 
     async def send(self, message: JsonObject | str | bytes) -> None:
         """Publish to the device's up topic, QoS 0 and not retained, as stock firmware does."""

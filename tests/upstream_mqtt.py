@@ -179,6 +179,16 @@ class UpstreamMqttServer:
         params = {"cursor": cursor} if cursor else {}
         await self.send(_mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": params}))
 
+    async def request(self, request_id: int, method: str, params: JsonObject) -> JsonObject:
+        """Send one MCP request with ``request_id`` (xiaozhi-mqtt-gateway's are from 10000);
+        its reply."""
+        future = self._replies[request_id] = asyncio.get_running_loop().create_future()
+        request = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        await self.send(_mcp(request))
+        async with asyncio.timeout(bound(10)):
+            reply: JsonObject = await future
+        return reply
+
     async def call(self, name: str, arguments: JsonObject | None = None) -> JsonObject:
         """Call a tool of the device with the next id of the server's counter; the reply."""
         self._counter += 1

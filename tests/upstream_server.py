@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -43,12 +43,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from tests.conftest import bound
 
 JsonObject = dict[str, Any]
+T = TypeVar("T")
 ACTIVATION_CODE = "246810"
 VISION_TOKEN = "upstream-vision-token"
 VISION_ANSWER = "the upstream sees a cat"
 
 
-async def first(count: int, frames: list[bytes], arrived: asyncio.Event) -> list[bytes]:
+async def first(count: int, frames: list[T], arrived: asyncio.Event) -> list[T]:
     """The first ``count`` of ``frames``, once there are that many (``arrived`` is set at each)."""
     async with asyncio.timeout(bound(10)):
         while len(frames) < count:
@@ -141,6 +142,7 @@ class UpstreamServer:
         self.vision_url: str | None = None  # where its initialize says to upload; its own if None
         self.websocket_version: int | None = None  # websocket.version of its OTA reply, if any
         self.websocket_extra: JsonObject = {}  # more keys for its OTA reply's websocket section
+        self.hello_delay = 0.0  # seconds it takes to answer a hello (a slow server)
         self.stalled: set[str] = set()  # devices whose sessions stop reading after one frame
         self.unstall = asyncio.Event()
         self.new_session = asyncio.Event()
@@ -299,6 +301,7 @@ class UpstreamServer:
                 return
             if self.session_fault == "garbage":
                 await session.websocket.send_text('this is not JSON {"hello"')
+            await asyncio.sleep(self.hello_delay)  # a slow server, thinking
             await session.send_json({"type": "hello", "transport": "websocket", "audio_params":
                                      {"format": "opus", "sample_rate": 24000, "channels": 1,
                                       "frame_duration": 60}})  # fmt: skip

@@ -45,10 +45,16 @@ class Conversation:
     hello: JsonObject
     audio: list[bytes] = field(default_factory=list)
     messages: list[JsonObject] = field(default_factory=list)  # non-MCP text, parsed
+    texts: list[str] = field(default_factory=list)  # non-MCP text, as it arrived
     garbage: list[str] = field(default_factory=list)  # text frames that are not JSON
     mcp: list[JsonObject] = field(default_factory=list)  # MCP payloads received
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     _audio_event: asyncio.Event = field(default_factory=asyncio.Event)
+    _text_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_texts(self, count: int) -> list[str]:
+        """The first ``count`` non-MCP text frames received, once they all arrived."""
+        return await first(count, self.texts, self._text_event)
 
     async def wait_audio(self, count: int) -> list[bytes]:
         """The first ``count`` binary frames received, once they all arrived."""
@@ -111,15 +117,16 @@ class VoiceDevice:
         return statuses
 
     @asynccontextmanager
-    async def conversation(self) -> AsyncIterator[Conversation]:
-        """Open a conversation where its settings say, hello included; closed on exit."""
+    async def conversation(self, hello: JsonObject | None = None) -> AsyncIterator[Conversation]:
+        """Open a conversation where its settings say, ``hello`` (else the stock one) included;
+        closed on exit. The first JSON message the device gets must be the server's hello."""
         websocket = self.settings["websocket"]
         headers = {"Authorization": f"Bearer {websocket['token']}",
                    "Protocol-Version": str(websocket.get("version", 1)),
                    "Device-Id": self.device_id, "Client-Id": self.client_id}  # fmt: skip
         async with connect(websocket["url"], additional_headers=headers,
                            open_timeout=bound(10), compression=None) as ws:  # fmt: skip
-            await ws.send(json.dumps(STOCK_HELLO))
+            await ws.send(json.dumps(hello or STOCK_HELLO))
             garbage = []
             async with asyncio.timeout(bound(10)):  # the firmware waits 10 s for the hello
                 while True:
@@ -157,6 +164,8 @@ class VoiceDevice:
                     continue
                 if message.get("type") != "mcp":
                     talk.messages.append(message)
+                    talk.texts.append(frame)
+                    talk._text_event.set()
                     continue
                 talk.mcp.append(message["payload"])
                 reply = await self.board.respond(message)

@@ -15,10 +15,11 @@ or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards ev
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ from gateway.device_side.upstream.ota_reply import ProxiedReply, proxied_reply
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.settings import (
     UpstreamSettingsError,
-    check_destination,
+    check_followed,
     server_of,
 )
 from gateway.devices.registry import DeviceRegistry
@@ -196,17 +197,19 @@ class OtaEndpoint:
         if isinstance(check_in, str):
             logger.warning("refused OTA request from %s: %s", client, check_in)
             return JSONResponse({"error": check_in}, status_code=400)
-        refusal = self._registry.admit(check_in.device_id, trusted=False, board=check_in.board,
-                                       client_id=check_in.client_id, transport="OTA",
-                                       peer=client)  # fmt: skip
-        if refusal is not None:  # no credentials: a bound device is never handed to another
-            logger.warning("refused OTA check-in from %s: %s", client, refusal)
-            return JSONResponse({"error": refusal}, status_code=403)
+        ota_url = self._proxy.ota_url(check_in.device_id) if self._proxy is not None else None
+        admit = functools.partial(self._admit, check_in, client)
+        # A new proxied device is admitted (listed, pending) only once its server answered: a
+        # failed check-in leaves no device behind. A known one is judged first, so a rejected
+        # device is never asked about in its server.
+        new = ota_url is not None and self._registry.get(check_in.device_id) is None
+        if not new and (refused := admit()) is not None:
+            return refused
         host_header = request.headers.get("host")
         self._remember(host_header)
-        ota_url = self._proxy.ota_url(check_in.device_id) if self._proxy is not None else None
         if ota_url is not None:
-            return await self._proxied(request, body, check_in, host_header, ota_url)
+            return await self._proxied(request, body, check_in, host_header, ota_url,
+                                       admit if new else None)  # fmt: skip
         reply = self.reply(check_in, host_header)
         problems = check_reply(reply)
         if problems:  # a 500 makes the device retry later; a bad reply could brick it
@@ -225,6 +228,15 @@ class OtaEndpoint:
         offered = " and ".join(name for name in _NVS_SECTIONS if name in reply)
         logger.info("OTA: offered %s %s (%s)", check_in.device_id, offered, client)
         return JSONResponse(reply)
+
+    def _admit(self, check_in: CheckIn, client: str) -> Response | None:
+        refusal = self._registry.admit(check_in.device_id, trusted=False, board=check_in.board,
+                                       client_id=check_in.client_id, transport="OTA",
+                                       peer=client)  # fmt: skip
+        if refusal is None:
+            return None  # no credentials: a bound device is never handed to another
+        logger.warning("refused OTA check-in from %s: %s", client, refusal)
+        return JSONResponse({"error": refusal}, status_code=403)
 
     def reply(self, check_in: CheckIn, host_header: str | None = None) -> dict[str, Any]:
         """The OTA reply for ``check_in``."""
@@ -276,8 +288,10 @@ class OtaEndpoint:
         check_in: CheckIn,
         host_header: str | None,
         ota_url: str,
+        admit: Callable[[], Response | None] | None,
     ) -> Response:
-        """Forward the check-in to the device's voice server; hand on its reply, rewritten."""
+        """Forward the check-in to its voice server; hand on its reply, rewritten (``admit``:
+        a device new here, admitted once the server answered usable settings)."""
         assert self._proxy is not None
         proxy, device_id, server = self._proxy, check_in.device_id, server_of(ota_url)
         mqtt = self.transport == "mqtt"  # [ota] transport = "websocket" keeps devices off MQTT
@@ -287,14 +301,16 @@ class OtaEndpoint:
             proxied = proxied_reply(theirs, self._own_websocket(check_in, host_header),
                                     own_mqtt, proxy.mqtt)  # fmt: skip
             if proxied.websocket is not None:
-                check_destination(proxied.websocket.url, ota_url)
+                await check_followed(proxied.websocket.url, ota_url)
             if proxied.mqtt is not None:  # its broker is followed from here, as its URLs are
-                check_destination(parse_upstream_mqtt(proxied.mqtt).server, ota_url)
+                await check_followed(parse_upstream_mqtt(proxied.mqtt).server, ota_url)
         except (UpstreamUnavailable, UpstreamSettingsError) as exc:
             return self._upstream_failed(device_id, server, exc)
         problems = check_sections(proxied.reply)
         if problems:
             return self._upstream_failed(device_id, server, UpstreamSettingsError(problems[0]))
+        if admit is not None and (refused := admit()) is not None:
+            return refused
         try:
             self._keep(device_id, proxied)
         except OSError as exc:
@@ -327,14 +343,16 @@ class OtaEndpoint:
         return JSONResponse({"error": f"{why}; try again later"}, status_code=503,
                             headers={"Retry-After": "60"})  # fmt: skip
 
-    def _upstream_failed(self, device_id: str, server: str, exc: Exception) -> Response:
+    def _upstream_failed(
+        self, device_id: str, server: str, exc: Exception, what: str = "check-in"
+    ) -> Response:
         # 5xx: the device retries at its next boot and keeps the settings it has (its voice
         # server's, through the gateway): no settings of the gateway's own that would cut it
         # off from its server once that is back.
         status = exc.status if isinstance(exc, UpstreamUnavailable) else 502
-        why = f"the voice server {server} failed the check-in: {exc}"
+        why = f"the voice server {server} failed the {what}: {exc}"
         logger.warning("OTA: %s: %s", device_id, why)
-        self._registry.set_upstream(device_id, server, f"check-in failed: {exc}")
+        self._registry.set_upstream(device_id, server, f"{what} failed: {exc}")
         return JSONResponse({"error": why}, status_code=status)
 
     async def activate(self, request: Request) -> Response:
@@ -357,7 +375,7 @@ class OtaEndpoint:
         try:
             passed = await self._proxy.forwarder.activate(ota_url, request.headers, body)
         except UpstreamUnavailable as exc:
-            return self._upstream_failed(device_id, server, exc)
+            return self._upstream_failed(device_id, server, exc, "activation")
         if passed.status == 200:
             logger.info("OTA: %s activated by its voice server %s", device_id, server)
             self._registry.set_upstream(device_id, server, "activated")

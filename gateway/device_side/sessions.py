@@ -16,6 +16,7 @@ from typing import Any
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.transports.mqtt import MqttLink, MqttTransport
 from gateway.device_side.upstream.mqtt_relay import MqttProxies, MqttRelay
+from gateway.device_side.upstream.settings import SERVER_HELLO_SECONDS
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
@@ -102,7 +103,7 @@ class DeviceSessions:
             max_message_bytes=self._config.max_message_bytes,
             # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
             # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
-            hello_timeout=0.0 if mqtt else self._config.hello_timeout,
+            hello_timeout=0.0 if mqtt else self._hello_timeout(proxied),
             discovery_timeout=self._config.discovery_timeout,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
@@ -141,6 +142,12 @@ class DeviceSessions:
         url = f"{scheme}://{host_port(host, port) if port != default else url_host(host)}"
         url += VISION_PATH
         return {"url": url, "token": self._vision.issue(identity.device_id)}
+
+    def _hello_timeout(self, proxied: bool) -> float:
+        # Proxied, the device's hello reaches the gateway once its server's answer went to the
+        # device: the gateway's discovery waits that long, never speaking first.
+        hello = self._config.hello_timeout
+        return max(hello, SERVER_HELLO_SECONDS) if proxied else hello
 
     def _udp_block(self) -> dict[str, Any]:
         # docs/protocol.md §2: stock firmware ignores a hello reply without a valid udp

@@ -149,6 +149,8 @@ class DeviceAdmin(KnownDevices):
         last seen with (the user approves the device they saw).
         """
         record = device.record
+        if record.state == APPROVED and record.binding is not None:
+            return  # approved again: nothing changes, nothing to say
         record.state = APPROVED
         record.binding = record.binding or presented or record.client_id
         self.waiting.pop(device.device_id, None)

@@ -26,7 +26,11 @@ from gateway.config import DeviceOptions
 from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.upstream import settings as kept_settings
 from gateway.device_side.upstream.relay import _GATEWAY_QUEUE
-from gateway.device_side.upstream.settings import UpstreamWebSocket, WebSocketUpstreams
+from gateway.device_side.upstream.settings import (
+    SERVER_MESSAGE_BYTES,
+    UpstreamWebSocket,
+    WebSocketUpstreams,
+)
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from tests.conftest import bound, gateway, program
 from tests.e2e.helpers import RawDevice, exposes, until
@@ -194,8 +198,8 @@ async def test_a_failing_voice_server_gets_the_device_a_retry_not_settings(
             assert "voice server" in response.json()["error"]
             assert any(device.device_id in r.getMessage() and "failed the check-in" in
                        r.getMessage() for r in caplog.records)  # fmt: skip
-            entry = await listed(run, device)
-            assert entry["upstream"]["state"].startswith("check-in failed")
+            # A failed check-in registers no device: nothing waits for approval (issue 26).
+            assert run.gateway.registry.get(device.device_id) is None
 
 
 async def test_the_voice_server_closing_closes_the_device_cleanly(tmp_path: Path) -> None:
@@ -294,7 +298,7 @@ async def test_a_frame_over_the_limit_ends_the_conversation_cleanly(tmp_path: Pa
         await device.check_in(ota_url(run))
         async with device.conversation() as talk:
             session = await upstream.session()
-            await session.websocket.send_bytes(b"\0" * 5000)
+            await session.websocket.send_bytes(b"\0" * (SERVER_MESSAGE_BYTES + 1))
             async with asyncio.timeout(bound(10)):
                 await talk.closed.wait()
                 await session.closed.wait()
@@ -334,7 +338,9 @@ async def upload(vision: dict[str, str], device: VoiceDevice) -> httpx2.Response
     [
         ("http://127.0.0.1:9/vision/explain", "vision service http://127.0.0.1:9 failed"),
         ("http://[::1/vision/explain", "is malformed"),  # never a crash
-        ("http://cam\x00era/vision/explain", "its URL is unusable"),  # urlsplit takes it, httpx not
+        ("http://cam\x00era/vision/explain", "control characters"),  # urlsplit takes it
+        ("http://user:pw@cam/vision/explain", "carries user info"),  # a second Authorization
+        ("http://cam era/vision/explain", "has spaces"),
     ],
 )
 async def test_a_vision_service_that_fails_is_said_to_the_device(
@@ -350,7 +356,8 @@ async def test_a_vision_service_that_fails_is_said_to_the_device(
 
 
 async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Path) -> None:
-    """The server went away after the check-in: the device is refused as it would have been."""
+    """The server went away after the check-in: the device is answered 502, the gateway's
+    failure to reach it, not 403 as if the server had refused the device."""
     upstream, device = UpstreamServer(), VoiceDevice()
     serving = upstream.running()
     await serving.__aenter__()
@@ -359,7 +366,7 @@ async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Pa
             await device.check_in(ota_url(run))
         finally:
             await serving.__aexit__(None, None, None)  # the server is gone
-        with pytest.raises(InvalidStatus, match="403"):
+        with pytest.raises(InvalidStatus, match="502"):
             async with device.conversation():
                 pass
         assert "cannot be reached" in (await listed(run, device))["upstream"]["state"]
@@ -368,12 +375,15 @@ async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Pa
 async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
     tmp_path: Path,
 ) -> None:
-    device = VoiceDevice()
+    device, upstream = VoiceDevice(), UpstreamServer()
+    async with proxied(tmp_path, upstream) as run:
+        assert (await device.check_in(ota_url(run))).status_code == 200  # known from now on
     gone = "http://127.0.0.1:9/xiaozhi/ota/"
     devices = {device.device_id: DeviceOptions(upstream=gone)}
     async with gateway(tmp_path, devices=devices, upstream_ota_url=None) as run:
         assert (await device.check_in(ota_url(run))).status_code == 502
         assert await device.activate(ota_url(run), tries=1) == [502]
+        assert voice(run, device).startswith("activation failed: it cannot be reached")
         stranger = VoiceDevice(device_id="aa:bb:cc:dd:ee:99")
         assert await stranger.activate(ota_url(run), tries=1) == [404]
 
@@ -474,16 +484,22 @@ async def test_mcp_frames_the_tap_cannot_route_pass_as_sent_and_the_talk_goes_on
 METADATA = "http://169.254.169.254/latest/meta-data/"  # a cloud's link-local metadata service
 
 
-async def test_a_server_cannot_point_the_gateway_at_the_link_local_network(tmp_path: Path) -> None:
-    """Neither the server's WebSocket URL nor its camera's is followed there (SSRF)."""
+@pytest.mark.parametrize("host", ["169.254.169.254", "2852039166", "0xa9fea9fe",
+                                  "169.254.169.254."])  # fmt: skip
+async def test_a_server_cannot_point_the_gateway_at_the_link_local_network(
+    tmp_path: Path, host: str
+) -> None:
+    """Neither the server's WebSocket URL nor its camera's is followed there (SSRF), however
+    the address is spelt: it is checked as resolved."""
     upstream, device = UpstreamServer(), VoiceDevice()
-    upstream.websocket_extra = {"url": METADATA.replace("http", "ws", 1)}
+    metadata = METADATA.replace("169.254.169.254", host)
+    upstream.websocket_extra = {"url": metadata.replace("http", "ws", 1)}
     async with proxied(tmp_path, upstream) as run:
         response = await device.check_in(ota_url(run))
         assert response.status_code == 502
         assert "points at the link-local network" in response.json()["error"]
         assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
-        upstream.websocket_extra, upstream.vision_url = {}, METADATA
+        upstream.websocket_extra, upstream.vision_url = {}, metadata
         async with talking(run, upstream, device) as (talk, _):
             initialize = next(p for p in talk.mcp if p.get("method") == "initialize")
             response = await upload(initialize["params"]["capabilities"]["vision"], device)
@@ -492,9 +508,9 @@ async def test_a_server_cannot_point_the_gateway_at_the_link_local_network(tmp_p
         assert run.gateway.proxy is not None  # one kept before this check existed: not followed
         async with run.gateway.registry.device_changes() as changes:
             await until(changes, lambda: voice(run, device).startswith("idle"))
-        stored = UpstreamWebSocket(METADATA.replace("http", "ws", 1), "token")
+        stored = UpstreamWebSocket(metadata.replace("http", "ws", 1), "token")
         run.gateway.proxy.websockets.put(device.device_id, stored)
-        with pytest.raises(InvalidStatus, match="403"):
+        with pytest.raises(InvalidStatus, match="502"):
             async with device.conversation():
                 pass
         assert "link-local" in voice(run, device)

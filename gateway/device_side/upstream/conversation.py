@@ -2,8 +2,10 @@
 
 The device route asks ``conversations(identity)`` once the device is authenticated: None means
 the device is served by the gateway alone (no voice server known for it); otherwise the returned
-coroutine function takes the WebSocket over. It opens the upstream first and only then accepts
-the device (or refuses it, as its server would have), gives the conversation an ``McpTap`` with
+coroutine function takes the WebSocket over. It opens the upstream first, at the address checked
+after resolution (``destination_of``), and only then accepts the device (or refuses it: 403 as
+its server would have, 502/504 when the gateway cannot reach it or will not follow it), gives
+the conversation an ``McpTap`` with
 the gateway's camera URL for this session, runs the relay with the gateway's own session on the
 tapped link, and keeps the device's upstream state up to date for ``list_devices`` and the
 dashboard. A device waiting for approval is relayed all the same: only what hosts see waits.
@@ -11,25 +13,30 @@ dashboard. A device waiting for approval is relayed all the same: only what host
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket
 
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.relay import UpstreamRefused, open_upstream, relay
 from gateway.device_side.upstream.settings import (
+    SERVER_MESSAGE_BYTES,
     UpstreamSettingsError,
     UpstreamWebSocket,
-    check_destination,
+    destination_of,
     server_of,
 )
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
+from gateway.net.destinations import DestinationRefused
 
 __all__ = ["Conversations", "ServeTapped"]
 
@@ -60,6 +67,7 @@ class Conversations:
         self._serve = serve
         self._vision_for = vision_for
         self._max_bytes = max_message_bytes
+        self._server_bytes = max(max_message_bytes, SERVER_MESSAGE_BYTES)
 
     def __call__(self, identity: DeviceIdentity) -> Callable[[WebSocket], Awaitable[None]] | None:
         """The conversation of ``identity``'s session if it is proxied, else None."""
@@ -78,15 +86,19 @@ class Conversations:
     ) -> None:
         device_id, server = identity.device_id, server_of(ota_url)
         try:
-            check_destination(upstream.url, ota_url)  # kept by an older gateway, or config changed
-            connection = await open_upstream(upstream, identity, websocket.headers,
-                                             open_timeout=OPEN_SECONDS,
-                                             max_size=self._max_bytes)  # fmt: skip
-        except (UpstreamRefused, UpstreamSettingsError) as exc:
-            logger.warning("device %s: its voice server %s: %s; refusing the device's session "
-                           "as its server would have", device_id, upstream.where, exc)  # fmt: skip
-            self._registry.set_upstream(device_id, server, str(exc))
-            await websocket.close(code=1008)  # before accept(): the device gets HTTP 403
+            async with asyncio.timeout(OPEN_SECONDS):  # resolving counts in the device's 10 s
+                destination = await destination_of(upstream.url, ota_url)  # as checked now
+                connection = await open_upstream(upstream, identity, websocket.headers,
+                                                 destination=destination,
+                                                 open_timeout=OPEN_SECONDS,
+                                                 max_size=self._server_bytes)  # fmt: skip
+        except (UpstreamRefused, UpstreamSettingsError, DestinationRefused, TimeoutError) as exc:
+            status = _status(exc)
+            why = str(exc) or f"it did not answer within {OPEN_SECONDS:g} s"
+            logger.warning("device %s: its voice server %s: %s; the device's session is "
+                           "answered HTTP %d", device_id, upstream.where, why, status)  # fmt: skip
+            self._registry.set_upstream(device_id, server, why)
+            await _deny(websocket, status, why)
             return
         await websocket.accept()
         vision = self._vision_for(identity)
@@ -94,13 +106,38 @@ class Conversations:
         self._registry.set_upstream(device_id, server, "in conversation")
         logger.info("device %s: conversation relayed to its voice server %s", device_id,
                     upstream.where)  # fmt: skip
+        stop = asyncio.Event()
+        self._proxy.enders[device_id] = stop.set
         try:
             fleet = self._fleet(device_id, server) if self._fleet is not None else None
             ended = await relay(websocket, connection, identity, tap,
                                 lambda link, who: self._serve(link, who, vision),
-                                max_message_bytes=self._max_bytes, fleet=fleet)  # fmt: skip
+                                max_message_bytes=self._max_bytes, fleet=fleet,
+                                stop=stop)  # fmt: skip
         finally:
             if self._proxy.taps.get(device_id) is tap:
                 del self._proxy.taps[device_id]
+            if self._proxy.enders.get(device_id) == stop.set:
+                del self._proxy.enders[device_id]
         logger.info("device %s: conversation ended: %s", device_id, ended)
         self._registry.set_upstream(device_id, server, f"idle ({ended})")
+
+
+def _status(exc: Exception) -> int:
+    """The device's answer: the server's refusal as 403, as the server would have; the
+    gateway's failure to reach it (unreachable 502, too slow 504, not followed 502) as 5xx."""
+    if isinstance(exc, UpstreamRefused):
+        return exc.status
+    return 504 if isinstance(exc, TimeoutError) else 502
+
+
+async def _deny(websocket: WebSocket, status: int, why: str) -> None:
+    """Answer the device's handshake with ``status`` (before accept())."""
+    if status == 403:
+        await websocket.close(code=1008)  # before accept(): HTTP 403, as the server answers
+        return
+    response = PlainTextResponse(f"voice server: {why}\n", status_code=status)
+    with contextlib.suppress(RuntimeError):  # a server without the denial extension: 403
+        await websocket.send_denial_response(response)
+        return
+    await websocket.close(code=1011)

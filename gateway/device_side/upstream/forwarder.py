@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx2
 
+from gateway.net.destinations import Destination
+
 __all__ = ["FORWARDED_HEADERS", "OtaForwarder", "Passed", "UpstreamUnavailable", "activate_url"]
 
 FORWARDED_HEADERS = (
@@ -106,16 +108,24 @@ class OtaForwarder:
         return Passed(status, data, content_type or "application/json")
 
     async def upload(
-        self, url: str, headers: Mapping[str, str], body: bytes, within: float
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        within: float,
+        destination: Destination | None = None,
     ) -> Passed:
         """Hand a camera upload to the upstream's vision URL; its answer, to pass on.
 
-        ``headers`` are sent as they are (the caller picks them: the upstream's token).
+        ``headers`` are sent as they are (the caller picks them: the upstream's token). With
+        ``destination``, the connection goes to its checked address (the URL's host is still
+        named in ``Host`` and TLS).
 
         Raises:
             UpstreamUnavailable: unreachable, too slow, or a reply too large.
         """
-        status, data, content_type = await self._send(url, "POST", headers, body, within)
+        status, data, content_type = await self._send(url, "POST", headers, body, within,
+                                                      destination)  # fmt: skip
         return Passed(status, data, content_type or "application/json")
 
     async def _send(
@@ -125,10 +135,14 @@ class OtaForwarder:
         headers: Mapping[str, str],
         body: bytes,
         within: float | None = None,
+        destination: Destination | None = None,
     ) -> tuple[int, bytes, str | None]:
         seconds = within or self._timeout
         try:
             request = self._client.build_request(method, url, headers=headers, content=body)
+            if destination is not None:  # Host was set from the URL: it stays the name
+                request.url = request.url.copy_with(host=destination.address)
+                request.extensions["sni_hostname"] = destination.host
         except httpx2.InvalidURL as exc:  # a URL the voice server gave (its camera's)
             raise UpstreamUnavailable(f"its URL is unusable ({exc})") from None
         try:

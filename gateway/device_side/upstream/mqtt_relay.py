@@ -12,7 +12,9 @@ gateway holds an ``UpstreamMqttClient`` for it with the upstream's credentials, 
   device and the upstream directly, never through the gateway; MCP requests pass the tap
   (the upstream keeps its ids; its ``initialize`` gets the gateway's camera endpoint);
 - with fleet tools on (``FleetTools``), the upstream's listing also offers the other devices'
-  tools, and its calls of those are made by the gateway, never sent to this device.
+  tools, and its calls of those are made by the gateway, never sent to this device;
+- the upstream's connection lost mid-conversation, the gateway ends the conversation on the
+  device for it: a ``goodbye`` with the ``session_id`` of the server's hello.
 
 The relay is the link the gateway's session runs over, so the device stays listed and callable
 by hosts whatever the upstream does: closed, silent or sending garbage, it costs a log line and
@@ -28,7 +30,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -38,9 +40,15 @@ from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.mqtt_client import UpstreamMqttClient
 from gateway.device_side.upstream.mqtt_settings import MqttUpstreams, UpstreamMqtt
-from gateway.device_side.upstream.settings import UpstreamSettingsError, check_destination
+from gateway.device_side.upstream.settings import (
+    SERVER_MESSAGE_BYTES,
+    UpstreamSettingsError,
+    check_destination,
+    destination_of,
+)
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceLink, LinkClosed
+from gateway.net.destinations import Destination
 from gateway.protocol import encode
 
 __all__ = ["MqttProxies", "MqttRelay"]
@@ -67,6 +75,7 @@ class MqttRelay:
         retry: tuple[float, float] = (1.0, 60.0),
         ca_file: Path | None = None,
         status: Callable[[str, str, str], None] | None = None,
+        resolve: Callable[[], Awaitable[Destination]] | None = None,
     ) -> None:
         """Relay ``link`` (the device on the gateway's broker) to the upstream of ``settings``.
 
@@ -80,17 +89,21 @@ class MqttRelay:
             retry: the upstream client's first and longest reconnect waits, in seconds.
             ca_file: extra CAs for a TLS upstream (tests).
             status: told ``(device_id, server, state)`` as the upstream connection changes.
+            resolve: where the upstream client connects, checked after resolution.
         """
         self.device_id = device_id
         self.tap = McpTap(vision)
         self._status = status
 
         def on_state(state: str) -> None:
+            if state != "connected":
+                self._server_gone()
             if status is not None:
                 status(device_id, settings.server, state)
 
         self.upstream = UpstreamMqttClient(device_id, settings, self._from_upstream, retry=retry,
-                                           ca_file=ca_file, on_state=on_state)  # fmt: skip
+                                           ca_file=ca_file, on_state=on_state,
+                                           resolve=resolve)  # fmt: skip
         self._link = link
         self._fleet = fleet
         self._max_bytes = max_message_bytes
@@ -100,6 +113,8 @@ class MqttRelay:
         self._behind = False  # the device's queue overflowed (said once until it drains)
         self._tasks: set[asyncio.Task[None]] = set()
         self._complaint = ""  # the last kind of upstream garbage logged (once per kind)
+        self.session_id: str | None = None
+        """The ``session_id`` of the server's hello while a conversation runs, else None."""
         self.device_gone = asyncio.Event()  # set once the device's link has ended
         self.closed = asyncio.Event()  # set once the upstream side has ended
 
@@ -180,6 +195,8 @@ class MqttRelay:
         message = _object(text)
         if message is None or message.get("type") != "mcp":
             self.upstream.send(text.encode())  # hello, goodbye, listen...: its server's business
+            if message is not None and message.get("type") == "goodbye":
+                self.session_id = None
             return None
         payload = message.get("payload")
         route = self.tap.from_device(payload)
@@ -220,6 +237,22 @@ class MqttRelay:
             if route.to_device is None:
                 return
             text = _rewrap(text, message, payload, route.to_device)
+        elif message.get("type") in ("hello", "goodbye"):
+            sid = message.get("session_id")  # its goodbye, if the gateway must say it for it
+            self.session_id = sid if message["type"] == "hello" and isinstance(sid, str) else None
+        self._queue_for_device(text)
+
+    def _server_gone(self) -> None:
+        """The server's connection is lost: end its conversation on the device for it.
+
+        Since May 2026 the firmware ignores a goodbye without its session's exact id.
+        """
+        if self.session_id is not None:
+            goodbye = {"session_id": self.session_id, "type": "goodbye"}
+            self.session_id = None
+            self._queue_for_device(json.dumps(goodbye, separators=(",", ":")))
+
+    def _queue_for_device(self, text: str) -> None:
         try:
             self._to_device.put_nowait(text)
         except asyncio.QueueFull:
@@ -280,6 +313,7 @@ class MqttProxies:
         ota_url: Callable[[str], str | None] = lambda device_id: None,
         fleet: Callable[[str, str], FleetTools] | None = None,
         taps: dict[str, McpTap] | None = None,
+        enders: dict[str, Callable[[], None]] | None = None,
         status: Callable[[str, str, str], None] | None = None,
         max_message_bytes: int = 65536,
         retry: tuple[float, float] = (1.0, 60.0),
@@ -294,6 +328,7 @@ class MqttProxies:
                 server's name; None offers none.
             taps: where each live relay's tap is kept, by device (the camera forwarder reads
                 the upstream's vision URL there).
+            enders: where what ends each live relay is kept, by device (a rejected device).
             status: told ``(device_id, server, state)`` as an upstream connection changes.
             max_message_bytes: the largest upstream message passed to a device.
             retry: the upstream clients' first and longest reconnect waits, in seconds.
@@ -303,8 +338,9 @@ class MqttProxies:
         self._ota_url = ota_url
         self._fleet = fleet
         self._taps = taps if taps is not None else {}
+        self._enders = enders if enders is not None else {}
         self._status = status
-        self._max_bytes = max_message_bytes
+        self._max_bytes = max(max_message_bytes, SERVER_MESSAGE_BYTES)
         self._relays: dict[str, MqttRelay] = {}
 
     def _allowed(self, device_id: str, settings: UpstreamMqtt, ota_url: str) -> bool:
@@ -340,9 +376,12 @@ class MqttProxies:
         fleet = self._fleet(device_id, settings.server) if self._fleet is not None else None
         relay = MqttRelay(link, device_id, settings, vision=vision, fleet=fleet,
                           max_message_bytes=self._max_bytes, retry=self.retry,
-                          status=self._status)  # fmt: skip
+                          status=self._status,
+                          resolve=functools.partial(destination_of, settings.server,
+                                                    ota_url or ""))  # fmt: skip
         self._relays[device_id] = relay
         self._taps[device_id] = relay.tap
+        self._enders[device_id] = relay.closed.set  # finished() returns: the relay stops
         try:
             async with relay:
                 yield relay
@@ -351,3 +390,5 @@ class MqttProxies:
                 del self._relays[device_id]
             if self._taps.get(device_id) is relay.tap:
                 del self._taps[device_id]
+            if self._enders.get(device_id) == relay.closed.set:
+                del self._enders[device_id]

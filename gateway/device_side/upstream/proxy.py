@@ -9,6 +9,7 @@ camera URL there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.config import Config
@@ -16,6 +17,8 @@ from gateway.device_side.upstream.forwarder import OtaForwarder
 from gateway.device_side.upstream.ota_reply import MqttUpstreams
 from gateway.device_side.upstream.settings import WebSocketUpstreams, server_of
 from gateway.device_side.upstream.tap import McpTap
+from gateway.devices.device import REJECTED
+from gateway.devices.store import DeviceRecord
 
 __all__ = ["VoiceProxy", "server_of"]
 
@@ -30,6 +33,16 @@ class VoiceProxy:
         self.mqtt: MqttUpstreams | None = None
         self.taps: dict[str, McpTap] = {}
         """The tap of each device's live proxied conversation."""
+        self.enders: dict[str, Callable[[], None]] = {}
+        """What ends each device's live proxied conversation (WebSocket or MQTT relay)."""
+
+    def on_record(self, device_id: str, record: DeviceRecord | None) -> None:
+        """A registry record watcher: a device rejected or forgotten loses its voice server
+        too (its conversation ends; admission keeps it from the next)."""
+        if record is None or record.state == REJECTED:
+            end = self.enders.get(device_id.lower())
+            if end is not None:
+                end()
 
     def ota_url(self, device_id: str) -> str | None:
         """The OTA URL of ``device_id``'s voice server, or None when it is not proxied."""

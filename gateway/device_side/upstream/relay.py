@@ -3,8 +3,9 @@
 When a proxied device opens its session on ``/xiaozhi/v1/``, ``relay()`` opens the upstream
 WebSocket at once (the device allows 10 s for the handshake and 10 s more for the hello,
 docs/protocol.md §8.2), with the headers the upstream checks its token against, and only then
-accepts the device: an upstream that refuses or cannot be reached refuses the device's
-handshake, as its own server would have. Then, in both directions and in order:
+accepts the device: an upstream that refuses the session refuses the device's handshake, as its
+own server would have; one that cannot be reached gets the device a 5xx (``UpstreamRefused``).
+Then, in both directions and in order:
 
 - binary frames (audio, protocol version 1, 2 or 3) are forwarded as received, never decoded;
 - text frames that are not MCP (``hello``, ``listen``, ``tts``, ``goodbye``, ...) likewise;
@@ -38,6 +39,7 @@ from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.settings import UpstreamWebSocket
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
+from gateway.net.destinations import Destination
 from gateway.protocol import MalformedMessage, decode, encode, salvage_error_reply
 
 __all__ = ["TappedLink", "UpstreamRefused", "open_upstream", "relay"]
@@ -51,7 +53,16 @@ _CLOSED = (WebSocketDisconnect, RuntimeError, OSError)  # a Starlette WebSocket 
 
 
 class UpstreamRefused(Exception):
-    """The upstream WebSocket could not be opened; the text says why, for the log."""
+    """The upstream WebSocket could not be opened; the text says why, for the log.
+
+    Attributes:
+        status: what the device's handshake is answered: 403 when the server refused it (as
+            the server would have), 502 when it cannot be reached, 504 when it was too slow.
+    """
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class TappedLink:
@@ -108,10 +119,14 @@ async def open_upstream(
     identity: DeviceIdentity,
     device_headers: Mapping[str, str],
     *,
+    destination: Destination,
     open_timeout: float,
     max_size: int,
 ) -> ClientConnection:
     """Open the device's upstream WebSocket with the headers its token is bound to.
+
+    The connection goes to ``destination.address``, the address that was checked; the URL's
+    host still names the server (``Host``, and TLS's SNI and certificate check).
 
     Raises:
         UpstreamRefused: unreachable, too slow, or the handshake was refused.
@@ -126,6 +141,8 @@ async def open_upstream(
     try:
         return await connect(
             upstream.url,
+            host=destination.address,  # as checked: never resolved again (DNS rebinding)
+            port=destination.port,
             additional_headers=headers,
             open_timeout=open_timeout,
             max_size=max_size,
@@ -136,9 +153,12 @@ async def open_upstream(
         )
     except InvalidStatus as exc:
         status = exc.response.status_code
-        raise UpstreamRefused(f"it refused the session (HTTP {status}); if it keeps refusing, "
-                              "reboot the device so that it checks in again") from None  # fmt: skip
-    except (OSError, TimeoutError, InvalidHandshake) as exc:
+        why = (f"it refused the session (HTTP {status}); if it keeps refusing, reboot the "
+               "device so that it checks in again")  # fmt: skip
+        raise UpstreamRefused(why, 403) from None
+    except TimeoutError:
+        raise UpstreamRefused(f"it did not answer within {open_timeout:g} s", 504) from None
+    except (OSError, InvalidHandshake) as exc:
         raise UpstreamRefused(f"it cannot be reached ({exc or type(exc).__name__})") from None
 
 
@@ -151,11 +171,13 @@ async def relay(
     *,
     max_message_bytes: int,
     fleet: FleetTools | None = None,
+    stop: asyncio.Event | None = None,
 ) -> str:
     """Carry one accepted device conversation to ``upstream`` and back; return how it ended.
 
     With ``fleet``, the server's listing also offers the fleet's tools and its calls of those
-    are the gateway's to make (``FleetTools``).
+    are the gateway's to make (``FleetTools``). Setting ``stop`` ends the conversation (the
+    device was rejected or forgotten).
     """
     link = TappedLink(device)
     gateway = asyncio.create_task(
@@ -172,6 +194,8 @@ async def relay(
             name=name.format("from_server"),
         ),
     ]  # fmt: skip
+    if stop is not None:
+        pumps.append(asyncio.create_task(_stopped(stop), name=name.format("stop")))
     try:
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         ended = next(iter(done)).result()
@@ -185,6 +209,11 @@ async def relay(
         await _close_both(device, upstream)
         await asyncio.gather(gateway, return_exceptions=True)
     return ended
+
+
+async def _stopped(stop: asyncio.Event) -> str:
+    await stop.wait()
+    return "the gateway ended it (the device was rejected or forgotten)"
 
 
 def _gateway_ended(link: TappedLink, device_id: str, session: asyncio.Task[None]) -> None:

@@ -9,7 +9,7 @@ the token opens the device's account on the voice server).
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
 import json
 import logging
 import os
@@ -22,15 +22,25 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-from gateway.config import is_loopback_host
 from gateway.datadir import create_private
+from gateway.net.destinations import (
+    Destination,
+    DestinationRefused,
+    literal_reach,
+    reach_of,
+    resolve_destination,
+)
 
 __all__ = [
+    "SERVER_HELLO_SECONDS",
+    "SERVER_MESSAGE_BYTES",
     "KeptSettings",
     "UpstreamSettingsError",
     "UpstreamWebSocket",
     "WebSocketUpstreams",
     "check_destination",
+    "check_followed",
+    "destination_of",
     "parse_upstream_websocket",
     "server_of",
 ]
@@ -41,6 +51,14 @@ T = TypeVar("T", bound="DataclassInstance")
 
 _MAX_TEXT = 1024  # a longer URL or token is not one the gateway will present anywhere
 _STORE_FILE = "upstream_websocket.json"
+SERVER_MESSAGE_BYTES = 256 * 1024
+"""The largest server->device message relayed, on both transports (never less than the
+gateway's own ``max_message_bytes``): since 2026 ``tts``/``stt`` messages may carry
+``glyph_push`` bitmaps of up to 64 KiB in base64, JSON text of about 100 KB."""
+SERVER_HELLO_SECONDS = 12.0
+"""How long the gateway's own session on a proxied WebSocket waits for the server's hello to
+reach the device: the device waits 10 s for it (docs/protocol.md §8.2), then hangs up."""
+_DEFAULT_PORTS = {"ws": 80, "wss": 443, "http": 80, "https": 443, "mqtt": 1883, "mqtts": 8883}
 
 
 class UpstreamSettingsError(ValueError):
@@ -71,43 +89,73 @@ def server_of(url: str) -> str:
 
 
 def check_destination(url: str, ota_url: str) -> None:
-    """Refuse ``url``, given by the voice server at ``ota_url``, if it leads where it has no say.
+    """Refuse ``url``, given by the voice server at ``ota_url``, if it is unusable as written.
 
-    The gateway follows the URLs a voice server hands it (its WebSocket, its camera's upload URL)
-    from the gateway's own host, with the device's traffic. One naming this machine (loopback,
-    0.0.0.0) would reach the gateway's host listener and whatever else listens on loopback; a
-    link-local one reaches cloud metadata services. Such a URL is followed only when the
-    operator's own ``ota_url`` leads to the same place (a voice server on the same machine).
-    Host names are not resolved: this guards what the server says, not what DNS answers.
+    The gateway follows the URLs a voice server hands it (its WebSocket, its camera's upload URL,
+    its MQTT broker) from the gateway's own host, with the device's traffic. User info would put
+    a second ``Authorization`` beside the gateway's own, and spaces or control characters would
+    change the request line: such a URL is refused. A literal address naming this machine or the
+    link-local network is refused here already; every other spelling, and every host name, is
+    checked once resolved, as the connection is made (``destination_of``).
 
     Raises:
         UpstreamSettingsError: ``url`` is malformed or leads there.
     """
     try:
-        where = _local_reach(urllib.parse.urlsplit(url).hostname)
-        allowed = _local_reach(urllib.parse.urlsplit(ota_url).hostname)
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname
+        ota_host = urllib.parse.urlsplit(ota_url).hostname
     except ValueError:
         raise UpstreamSettingsError(f"the upstream's URL {server_of(url)} is malformed") from None
-    if where is not None and where != allowed:
+    if not url.isprintable() or " " in url:
         raise UpstreamSettingsError(
-            f"the upstream's URL {server_of(url)} points at {where}; the gateway follows such a "
-            "URL only when [upstream] ota_url points there too"
+            f"the upstream's URL {server_of(url)} has spaces or control characters"
         )
+    if "@" in parts.netloc:
+        raise UpstreamSettingsError(f"the upstream's URL {server_of(url)} carries user info")
+    where = literal_reach(host) if host else None
+    if where is not None and where != (literal_reach(ota_host) if ota_host else None):
+        raise UpstreamSettingsError(_leads_to(url, where))
 
 
-def _local_reach(host: str | None) -> str | None:
-    """Where ``host`` leads if a voice server has no business naming it, else None."""
-    if not host or is_loopback_host(host) or host.endswith(".localhost"):
-        return "this machine" if host else None
+async def destination_of(url: str, ota_url: str) -> Destination:
+    """Where to connect for ``url``, given by the voice server at ``ota_url``: checked as resolved.
+
+    The host is resolved once; the connection goes to the address returned, so a second DNS
+    answer cannot lead elsewhere. Like ``check_destination``, this machine and the link-local
+    network are followed only when the operator's own ``ota_url`` leads there too (a voice
+    server on the same machine).
+
+    Raises:
+        UpstreamSettingsError: ``url`` is unusable or leads where it must not.
+        DestinationRefused: its host does not resolve (the server is unreachable).
+    """
+    check_destination(url, ota_url)
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
+    place = await reach_of(urllib.parse.urlsplit(ota_url).hostname or "")
     try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None  # a name (see check_destination)
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if address.is_loopback or address.is_unspecified:
-        return "this machine"
-    return "the link-local network" if address.is_link_local else None
+        return await resolve_destination(parts.hostname or "", port, allow=[place] if place else [])
+    except DestinationRefused as exc:
+        if exc.place is None:
+            raise
+        raise UpstreamSettingsError(_leads_to(url, exc.place)) from None
+
+
+async def check_followed(url: str, ota_url: str) -> None:
+    """``destination_of`` for a check-in: a name that does not resolve from here passes (it is
+    checked again, and its failure said, at every connection; DNS may answer by then).
+
+    Raises:
+        UpstreamSettingsError: ``url`` is unusable or leads where it must not.
+    """
+    with contextlib.suppress(DestinationRefused):
+        await destination_of(url, ota_url)
+
+
+def _leads_to(url: str, place: str) -> str:
+    return (f"the upstream's URL {server_of(url)} points at {place}; the gateway follows such a "
+            "URL only when [upstream] ota_url points there too")  # fmt: skip
 
 
 def parse_upstream_websocket(section: object) -> UpstreamWebSocket:

@@ -20,10 +20,11 @@ from gateway.device_side.upstream.forwarder import UpstreamUnavailable
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.settings import (
     UpstreamSettingsError,
-    check_destination,
+    destination_of,
     server_of,
 )
 from gateway.device_side.vision import Forward
+from gateway.net.destinations import DestinationRefused
 
 __all__ = ["UPLOAD_SECONDS", "VisionForwarder"]
 
@@ -52,9 +53,10 @@ class VisionForwarder:
             if token:
                 sent["authorization"] = f"Bearer {token}"
             try:
-                check_destination(url, ota_url)
-                passed = await self._proxy.forwarder.upload(url, sent, body, UPLOAD_SECONDS)
-            except (UpstreamUnavailable, UpstreamSettingsError) as exc:
+                destination = await destination_of(url, ota_url)  # connected to as checked
+                passed = await self._proxy.forwarder.upload(url, sent, body, UPLOAD_SECONDS,
+                                                            destination)  # fmt: skip
+            except (UpstreamUnavailable, UpstreamSettingsError, DestinationRefused) as exc:
                 why = f"the voice server's vision service {server_of(url)} failed: {exc}"
                 logger.warning("photo from %s: %s", device_id, why)
                 body = json.dumps({"success": False, "message": why}).encode()

@@ -12,7 +12,11 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from gateway.device_side.upstream.mqtt_client import UpstreamMqttClient
+from gateway.device_side.upstream.mqtt_client import (
+    MAX_QUEUED,
+    MAX_QUEUED_BYTES,
+    UpstreamMqttClient,
+)
 from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from tests.conftest import bound
 from tests.mqtt_helpers import Mosquitto
@@ -75,3 +79,15 @@ async def test_no_port_means_tls_on_8883_verified_as_on_the_device(tmp_path: Pat
                 async with asyncio.timeout(bound(10)):
                     message = await anext(aiter(server.messages))
         assert message.payload == b'{"type":"hello"}'
+
+
+def test_what_waits_for_the_connection_is_bounded_in_messages_and_bytes() -> None:
+    """A device's hello sent as it connects waits for the upstream; a flood does not."""
+    settings = parse_upstream_mqtt({**LOGIN, "endpoint": "127.0.0.1:1883"})
+    client = UpstreamMqttClient("aa:bb", settings, lambda raw: None)
+    assert not client.connected.is_set()
+    assert all(client.send(b'{"type":"hello"}') for _ in range(MAX_QUEUED))
+    assert not client.send(b'{"type":"listen"}') and client.dropped == 1
+    large = UpstreamMqttClient("aa:bb", settings, lambda raw: None)
+    assert large.send(b"x" * (MAX_QUEUED_BYTES - 10))
+    assert not large.send(b"x" * 11) and large.send(b"x" * 10)

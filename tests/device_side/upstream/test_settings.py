@@ -15,9 +15,12 @@ from gateway.device_side.upstream.settings import (
     UpstreamWebSocket,
     WebSocketUpstreams,
     check_destination,
+    destination_of,
     parse_upstream_websocket,
     server_of,
 )
+from gateway.net.destinations import DestinationRefused
+from tests.net.test_destinations import patch_resolver
 
 DEVICE = "aa:bb:cc:dd:ee:10"
 OWN = {"url": "ws://192.168.1.5:8765/xiaozhi/v1/", "token": "gateway-credential", "version": 1}
@@ -165,6 +168,18 @@ TENCLASS_OTA = "https://api.tenclass.net/xiaozhi/ota/"
         ("http://169.254.169.254/latest/meta-data/", "the link-local network"),
         ("ws://[fe80::1]/", "the link-local network"),
         ("http://[::1/vision", "malformed"),
+        ("ws://127.1:8000/", "this machine"),  # the numeric forms the resolver takes
+        ("ws://0:8000/", "this machine"),
+        ("ws://2130706433:8000/", "this machine"),
+        ("ws://0x7f000001:8000/", "this machine"),
+        ("ws://0177.0.0.1:8000/", "this machine"),
+        ("mqtt://127.1:1883", "this machine"),
+        ("http://2852039166/", "the link-local network"),
+        ("http://0xa9fea9fe/", "the link-local network"),
+        ("http://169.254.169.254./", "the link-local network"),
+        ("ws://user:secret@voice.example/xiaozhi/v1/", "user info"),  # a second Authorization
+        ("ws://voice.example/xiaozhi v1/", "spaces"),
+        ("ws://voice.example/xiaozhi/v1/\r\nX-Evil: 1", "control characters"),
     ],
 )
 def test_a_server_cannot_point_the_gateway_at_its_own_machine(url: str, where: str) -> None:
@@ -172,6 +187,43 @@ def test_a_server_cannot_point_the_gateway_at_its_own_machine(url: str, where: s
     own listeners), not to link-local (cloud metadata), unless the operator's ota_url is."""
     with pytest.raises(UpstreamSettingsError, match=where):
         check_destination(url, TENCLASS_OTA)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ws://127.1:8000/", "ws://2130706433:8000/", "ws://localhost:8000/", "mqtt://0:1883",
+     "http://169.254.169.254./", "ws://0xa9fea9fe/"],
+)  # fmt: skip
+@pytest.mark.anyio
+async def test_every_form_is_refused_once_resolved_as_the_connection_is_made(url: str) -> None:
+    with pytest.raises(UpstreamSettingsError, match="points at"):
+        await destination_of(url, TENCLASS_OTA)
+
+
+@pytest.mark.parametrize(
+    "url", ["ws://voice.example:8000/xiaozhi/v1/", "mqtt://voice.example:1883",
+            "http://voice.example/vision/explain"],
+)  # fmt: skip
+@pytest.mark.anyio
+async def test_a_name_that_resolves_to_loopback_is_refused_like_the_address(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WebSocket, MQTT broker and camera URLs alike: the resolver's answer is what counts."""
+    patch_resolver(monkeypatch, {"voice.example": ["127.0.0.1"]})
+    with pytest.raises(UpstreamSettingsError, match="points at this machine"):
+        await destination_of(url, TENCLASS_OTA)
+
+
+@pytest.mark.anyio
+async def test_the_destination_is_the_checked_address_and_the_servers_own_may_be_local() -> None:
+    ota = "http://localhost:8002/xiaozhi/ota/"  # a voice server on this machine: its URLs too
+    destination = await destination_of("ws://127.1:8000/xiaozhi/v1/", ota)
+    assert (destination.address, destination.port) == ("127.0.0.1", 8000)
+    assert (await destination_of("wss://127.0.0.1/", ota)).port == 443
+    with pytest.raises(UpstreamSettingsError, match="link-local"):
+        await destination_of("http://2852039166/", ota)
+    with pytest.raises(DestinationRefused, match="does not resolve"):
+        await destination_of("ws://no-such-host.invalid/", ota)
 
 
 def test_what_the_operator_points_at_the_server_may_point_at_too() -> None:
