@@ -68,6 +68,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("tools", "offline_tools", "offline_tools", choice(*OFFLINE_TOOLS)),
     ("tools", "offline_grace", "offline_grace", positive_number),
     ("audit", "enabled", "audit_log", boolean),
+    ("audit", "logins_per_minute", "audit_logins_per_minute", integer),
     ("host", "allowed_hosts", "host_allowed_hosts", string_list),
     ("host", "allowed_origins", "host_allowed_origins", string_list),
     ("mqtt", "mode", "mqtt_mode", choice(*MQTT_MODES)),

@@ -59,6 +59,7 @@ class Config:
     offline_tools: str = "keep"
     offline_grace: float = 30.0
     audit_log: bool = True
+    audit_logins_per_minute: int = 60  # login records written a minute; the rest are counted
     host_allowed_hosts: tuple[str, ...] = ()
     host_allowed_origins: tuple[str, ...] = ()
     devices: Mapping[str, DeviceOptions] = field(default_factory=dict)

@@ -62,7 +62,7 @@ class KnownDevices:
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
         # Admin actions and refused logins go to the audit log (who, what, from where).
         self.audit = audit or AuditLog(None)
-        self.logins = LoginRecords(self.audit)
+        self.logins = LoginRecords(self.audit, per_minute=config.audit_logins_per_minute)
         self.waiting: dict[str, Device] = {}  # the pending devices, at most [devices] max_pending
         self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
         self._committed_decisions = 0
