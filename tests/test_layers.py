@@ -48,6 +48,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
+        {"token_joins"},  # the shared token's caps on new devices
         {"pages"},  # the tools/list pages seen lately, shared by the sessions
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided

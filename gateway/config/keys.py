@@ -60,6 +60,8 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("devices", "hello_timeout", "hello_timeout", positive_number),
     ("devices", "adoption", "adoption", choice(*ADOPTIONS)),
     ("devices", "max_pending", "max_pending", integer),
+    ("devices", "token_joins_per_hour", "token_joins_per_hour", integer),
+    ("devices", "token_joins_total", "token_joins_total", integer),
     ("devices", "pending_expiry", "pending_expiry", positive_number),
     ("devices", "max_message_bytes", "max_message_bytes", integer),
     ("tools", "mode", "tools_mode", choice(*TOOLS_MODES)),

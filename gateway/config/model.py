@@ -51,6 +51,9 @@ class Config:
     hello_timeout: float = 3.0
     adoption: str = "manual"
     max_pending: int = 500  # devices waiting for approval; new ones past it are refused
+    # new devices the shared device token approves; past either, they wait for approval
+    token_joins_per_hour: int = 50
+    token_joins_total: int = 500
     pending_expiry: float = 7 * 24 * 3600.0  # a pending device unseen this long is dropped
     max_message_bytes: int = 65536
     tools_mode: str = "auto"
