@@ -73,7 +73,7 @@ INNER: dict[str, list[set[str]]] = {
         {"dashboard", "metrics"},
         {"http"},
     ],
-    "cli": [{"flashing", "doctor", "heap"}, {"commands"}],
+    "cli": [{"flashing", "doctor", "heap", "tables"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
     "cli/doctor": [
         {"probes"},

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.cli import heap
+from gateway.cli import heap, tables
 from gateway.config import Config, settings
 from gateway.devices.audit import CLI_AGENT
 from gateway.devices.tokens import device_tokens
@@ -38,6 +38,7 @@ __all__ = [
     "devices",
     "doctor",
     "relay",
+    "show_device",
     "serve",
     "simulate",
     "stdio",
@@ -206,35 +207,19 @@ def _request(config: Config, url: str | None, token: str | None, path: str,
 
 def devices(config: Config, url: str | None, token: str | None) -> int:
     """Print a table of the running gateway's devices."""
-    rows = [("DEVICE", "ID", "STATE", "LAST SEEN", "BOARD", "TOOLS")]
-    for d in _all_devices(config, url, token):
-        state = "online" if d["online"] else "offline"
-        if d.get("state", "approved") != "approved":
-            state += f", {d['state']}"
-        rows.append((d["device"], d["id"], state, d["last_seen"], d["board"] or "-",
-                     str(len(d["tools"]))))  # fmt: skip
-    if len(rows) == 1:
-        print("no devices yet")
-        return 0
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    _, body = _request(config, url, token, "/api/dashboard/devices")
+    print("\n".join(tables.device_table(body["devices"])))
     return 0
 
 
-def _all_devices(config: Config, url: str | None, token: str | None) -> list[dict[str, Any]]:
-    """Every device of the gateway, following its pages."""
-    devices: list[dict[str, Any]] = []
-    cursor: str | None = None
-    while True:
-        query = "?" + urllib.parse.urlencode({"cursor": cursor}) if cursor else ""
-        _, body = _request(config, url, token, "/api/devices" + query)
-        devices += body["devices"]
-        cursor = body.get("next_cursor")
-        if not cursor:
-            return devices
+def show_device(config: Config, url: str | None, token: str | None, device: str) -> int:
+    """Print one device of the running gateway and its tools, user-only ones marked."""
+    query = urllib.parse.urlencode({"device": device})
+    status, body = _request(config, url, token, "/api/dashboard/tools?" + query)
+    if status != 200:
+        raise GatewayError(f"unknown device {device!r}" if status == 404 else body["error"])
+    print("\n".join(tables.tool_table(body["device"], body["tools"])))
+    return 0
 
 
 _DONE = {"forget": "forgotten", "approve": "approved", "reject": "rejected"}

@@ -40,7 +40,7 @@ def device_summary(device: Device) -> JsonObject:
         "firmware": device.firmware,
         "transport": record.transport,
         "last_seen": format_time(record.last_seen),
-        "tools": len(device.tools),
+        "tools": device.tool_counts,  # "17 tools for hosts, 3 user-only"
         "rejected": [{"tool": r.tool, "reason": r.reason} for r in device.rejected],
     }
     if device.conflict is not None:
