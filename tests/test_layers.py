@@ -22,7 +22,7 @@ IO_MODULES = {"asyncio", "anyio", "socket", "starlette", "uvicorn", "websockets"
 LAYERS: list[set[str]] = [
     {"__init__"},  # gateway/__init__.py: __version__ only; it runs before any other module
     {"errors"},
-    {"config", "datadir"},  # settings; the data dir kept private
+    {"config", "datadir", "launch"},  # settings; the data dir kept private; how we were run
     {"net"},  # where clients connect: addresses, listener limits, request rates
     {"protocol"},  # the core, sans-I/O: envelope, JSON-RPC, the device state machine
     {"devices"},  # the core, with I/O: connections, registry, calls, catalogues, audit, photos

@@ -218,10 +218,20 @@ function copyButton(text) {
   return button;
 }
 
-function fact(list, label, value, note) {
+function fact(list, label, value, note, secret = false) {
   if (!value) return;
-  list.append(el("dt", {text: label}), el("dd", {}, el("code", {text: value}), copyButton(value),
-    ...(note ? [el("small", {text: note})] : [])));
+  // A secret stays masked (shoulder-surfing, screen sharing) until asked for; Copy copies it.
+  const code = el("code", {text: secret ? "•".repeat(12) : value});
+  const show = secret ? [el("button", {type: "button", class: "reveal", text: "Show"})] : [];
+  for (const button of show) {
+    button.addEventListener("click", () => {
+      const hidden = button.textContent === "Show";
+      code.textContent = hidden ? value : "•".repeat(12);
+      button.textContent = hidden ? "Hide" : "Show";
+    });
+  }
+  list.append(el("dt", {text: label}), el("dd", {"data-secret": secret ? "masked" : null}, code, ...show,
+    copyButton(value), ...(note ? [el("small", {text: note})] : [])));
 }
 
 async function loadSetup() {
@@ -229,7 +239,7 @@ async function loadSetup() {
   state.websocketUrl = setup.websocket_url;
   const list = document.getElementById("setup-devices");
   list.replaceChildren();
-  fact(list, "Device token", setup.device_token, "what our firmware and the simulator present");
+  fact(list, "Device token", setup.device_token, "what our firmware and the simulator present", true);
   fact(list, "Device WebSocket URL", setup.websocket_url);
   fact(list, "OTA URL (stock xiaozhi firmware)", setup.ota_url,
     "set it as the board's OTA address: it checks in, then waits for your approval here");
@@ -240,10 +250,15 @@ async function loadSetup() {
       "their check-ins and conversations go on to it through the gateway (docs/voice-proxy.md)");
     for (const [device, url] of Object.entries(proxy.devices)) fact(list, `Voice server of ${device}`, url);
   }
-  const names = {claude_desktop: "Claude Desktop (claude_desktop_config.json)", claude_code: "Claude Code",
-    vscode: "VS Code (.vscode/mcp.json)"};
-  document.getElementById("host-configs").replaceChildren(...Object.entries(setup.configs).map(([key, text]) =>
-    el("div", {class: "config", "data-host": key}, el("h3", {text: names[key] || key}), el("pre", {text}), copyButton(text))));
+  // The hosts in the gateway's order, each with which entry to pick and where it goes; any
+  // other config the gateway offers follows under its own key.
+  const hosts = setup.hosts || [];
+  const known = new Set(hosts.map((h) => h.key));
+  const rest = Object.keys(setup.configs).filter((key) => !known.has(key)).map((key) => ({key, title: key, note: ""}));
+  document.getElementById("host-configs").replaceChildren(...[...hosts, ...rest].filter((h) => setup.configs[h.key]).map((h) =>
+    el("div", {class: "config", "data-host": h.key}, el("h3", {text: h.title}),
+      ...(h.note ? [el("p", {class: "note", text: h.note})] : []),
+      el("pre", {text: setup.configs[h.key]}), copyButton(setup.configs[h.key]))));
 }
 
 async function enroll(event) {
