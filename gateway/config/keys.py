@@ -73,6 +73,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("audit", "logins_per_minute", "audit_logins_per_minute", integer),
     ("host", "allowed_hosts", "host_allowed_hosts", string_list),
     ("host", "allowed_origins", "host_allowed_origins", string_list),
+    ("host", "session_idle_timeout", "host_session_idle_timeout", positive_number),
     ("mqtt", "mode", "mqtt_mode", choice(*MQTT_MODES)),
     ("mqtt", "host", "mqtt_host", host_name),
     ("mqtt", "port", "mqtt_port", port_number),

@@ -65,6 +65,7 @@ class Config:
     audit_logins_per_minute: int = 60  # login records written a minute; the rest are counted
     host_allowed_hosts: tuple[str, ...] = ()
     host_allowed_origins: tuple[str, ...] = ()
+    host_session_idle_timeout: float = 300.0  # an MCP HTTP session unused this long is closed
     devices: Mapping[str, DeviceOptions] = field(default_factory=dict)
     mqtt_mode: str = "embedded"
     mqtt_host: str = "localhost"

@@ -294,7 +294,13 @@ def build_host_app(
 
     ``trouble`` says why ``/healthz`` must fail (None when all is well).
     """
-    manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
+    # A session nobody uses (a host that quit without DELETE) ends after the idle timeout; an
+    # open GET stream (a host listening for changes) keeps it.
+    manager = StreamableHTTPSessionManager(
+        app=frontend.server,
+        security_settings=_SDK_CHECKS_OFF,
+        session_idle_timeout=config.host_session_idle_timeout,
+    )
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = _Api(frontend, registry, router, enroll, photos)
     api.trouble = trouble
