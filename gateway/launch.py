@@ -10,10 +10,20 @@ container that path means nothing on the user's desktop, and the CLI is reached 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["COMPOSE_SERVICE", "IMAGE_VENV", "SCRIPT", "exec_prefix", "in_container", "program_argv"]
+__all__ = [
+    "COMPOSE_SERVICE",
+    "IMAGE_VENV",
+    "SCRIPT",
+    "exec_prefix",
+    "in_container",
+    "in_home_assistant",
+    "program_argv",
+]
 
 SCRIPT = "esp-mcp-gateway"  # the console script's name (pyproject.toml [project.scripts])
 COMPOSE_SERVICE = "gateway"  # the service name in deploy/compose.yaml
@@ -41,8 +51,21 @@ def in_container() -> bool:
 
 
 def exec_prefix() -> str:
-    """What a user types before a CLI command for this gateway, e.g. ``docker compose exec
-    gateway esp-mcp-gateway``, or the absolute path of what runs now."""
+    """What a user types before a CLI command for this gateway, as a shell line: ``docker
+    compose exec gateway esp-mcp-gateway`` in our image; ``esp-mcp-gateway`` when that is on
+    PATH; else the path they started it by, or this Python with ``-m gateway``."""
     if in_container():
         return f"docker compose exec {COMPOSE_SERVICE} {SCRIPT}"
-    return " ".join(program_argv())
+    script = Path(sys.argv[0])
+    if script.name == SCRIPT:
+        on_path = shutil.which(SCRIPT)
+        if on_path and Path(on_path).resolve() == script.resolve():
+            return SCRIPT
+        if script.exists():  # a venv's script, not on PATH: the path as typed
+            return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m gateway"
+
+
+def in_home_assistant() -> bool:
+    """True as a Home Assistant add-on: the Supervisor gives every add-on its token."""
+    return "SUPERVISOR_TOKEN" in os.environ
