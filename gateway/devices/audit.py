@@ -140,8 +140,10 @@ class AuditLog:
         outcome: str,
         message: str | None,
         started: float,
+        origin: str | None = None,
     ) -> None:
-        """Write one call's record; a failure to write it is logged, never raised."""
+        """Write one call's record (``origin``: the address it came from); a failure to write
+        it is logged, never raised."""
         seconds = time.monotonic() - started
         for watcher in self.watchers:
             watcher(outcome, seconds)
@@ -151,6 +153,7 @@ class AuditLog:
             "time": _now(),
             "kind": "call",
             "caller": caller,
+            "from": origin,
             "device_id": device_id,
             "device": alias,
             "tool": tool,

@@ -196,8 +196,9 @@ class _Api:
         if isinstance(tool, str):
             return JSONResponse({"error": tool}, 400)
         try:
+            actor = actor_of(request)
             result = await self.router.call(
-                tool, arguments, caller=actor_of(request).who, user=True
+                tool, arguments, caller=actor.who, origin=actor.where, user=True
             )
         except CallRejected as exc:
             return JSONResponse({"error": str(exc)}, 400)

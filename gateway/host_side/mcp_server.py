@@ -333,8 +333,9 @@ class McpFrontend:
     async def _invoke(
         self, ctx: Context, tool: DeviceTool, arguments: JsonObject
     ) -> types.CallToolResult:
+        origin = getattr(getattr(ctx.request, "client", None), "host", None)  # None: stdio
         try:
-            result = await self._router.call(tool, arguments, caller=_caller(ctx))
+            result = await self._router.call(tool, arguments, caller=_caller(ctx), origin=origin)
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
         return to_call_result(result)

@@ -165,6 +165,15 @@ async function pair() {
 
 // --- audit log -------------------------------------------------------------------------------
 
+// A record's time (ISO 8601, the writer's local offset) as the devices tab shows times:
+// "2026-11-22 03:15:02 UTC". Unreadable times are shown as written.
+function shownTime(time) {
+  const date = new Date(String(time || "").replace(/([+-]\d\d)(\d\d)$/, "$1:$2"));
+  if (Number.isNaN(date.getTime())) return time || "";
+  const iso = date.toISOString();
+  return `${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`;
+}
+
 async function loadAudit(more) {
   const filter = new FormData(document.getElementById("audit-filter"));
   const query = new URLSearchParams({limit: "50"});
@@ -178,7 +187,7 @@ async function loadAudit(more) {
     const what = kind === "call" ? el("code", {text: r.tool}) : el("span", {text: r.action});
     const detail = kind === "call" ? el("code", {text: JSON.stringify(r.arguments)}) : el("span", {text: r.message || ""});
     return el("tr", {"data-outcome": r.outcome, "data-kind": kind},
-      el("td", {text: r.time}), el("td", {text: kind}), el("td", {text: r.caller}), el("td", {text: r.from || ""}),
+      el("td", {text: shownTime(r.time)}), el("td", {text: kind}), el("td", {text: r.caller}), el("td", {text: r.from || ""}),
       el("td", {text: r.device || r.device_id || ""}), el("td", {}, what), el("td", {}, detail),
       el("td", {class: r.outcome === "ok" ? "ok" : "error", text: r.outcome, title: r.message || ""}),
       el("td", {text: r.duration_ms ?? ""}));
