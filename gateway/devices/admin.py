@@ -286,7 +286,7 @@ class DeviceAdmin(KnownDevices):
         return alias
 
     def learn(self, record: DeviceRecord) -> Device:
-        """cluster: take the fleet's decisions on a device (state, alias, binding, board).
+        """cluster: take the fleet's facts on a device (state, alias, binding, board, firmware).
 
         What another replica decided arrives here from the broker; the device is made if it
         is new. Its tools are decided again when its alias changed, and shown or hidden by
@@ -296,6 +296,7 @@ class DeviceAdmin(KnownDevices):
         mine = device.record
         mine.board = record.board or mine.board
         mine.transport = record.transport or mine.transport
+        mine.server_info = record.server_info or mine.server_info  # its firmware version
         mine.state, mine.binding = record.state, record.binding
         if record.alias != mine.alias and not self._config.device(record.device_id).name:
             if self._by_alias.get(mine.alias) is device:
