@@ -36,7 +36,8 @@ RUN groupadd --gid "${UID}" gateway \
     && useradd --no-log-init --uid "${UID}" --gid gateway --home-dir /data --no-create-home \
         --shell /usr/sbin/nologin gateway \
     && mkdir -p /data /config \
-    && chown gateway:gateway /data
+    && chown gateway:gateway /data \
+    && chmod 0700 /data
 COPY --from=build /opt/esp-mcp-gateway /opt/esp-mcp-gateway
 COPY deploy/healthcheck.py /opt/esp-mcp-gateway/healthcheck.py
 

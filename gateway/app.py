@@ -185,6 +185,7 @@ class Gateway:
         await self._stack.enter_async_context(self.store.writer())
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
+        self._stack.callback(self.registry.logins.end_minute)  # its summary, before closing
         self._stack.callback(self.frontend.notifier.listen_handler.close)
         if self.proxy is not None:
             self._stack.push_async_callback(self.proxy.aclose)

@@ -104,4 +104,7 @@ def tighten(path: Path) -> None:
         logger.warning("%s is mode %04o and cannot be made private (%s): other users may read "
                        "it; chown it to this user", path, mode, exc.strerror or exc)  # fmt: skip
         return
-    logger.warning("%s was mode %04o; made it %04o (only this user)", path, mode, mode & ~_OTHERS)
+    # An empty dir (a fresh container volume, a dir made for the gateway) held nothing to
+    # expose: making it private is the first start's work, not news.
+    log = logger.info if path.is_dir() and not any(path.iterdir()) else logger.warning
+    log("%s was mode %04o; made it %04o (only this user)", path, mode, mode & ~_OTHERS)

@@ -86,6 +86,9 @@ def make_config(data_dir: Path, **overrides: Any) -> Config:
         "host_listen": ListenAddress("127.0.0.1", 0),
         "mqtt_listen": None,
         "device_tokens": (DEVICE_TOKEN,),
+        # Fleets of tests join by the shared token; its caps have their own tests.
+        "token_joins_per_hour": 1_000_000,
+        "token_joins_total": 1_000_000,
     }
     values.update(overrides)
     return Config(**values)

@@ -120,12 +120,16 @@ def install(
         elif run([*prefix, "apt-get", "update", "-q"]) or run([*prefix, *command, *packages]):
             problems.append(f"{', '.join(lacking)}: apt-get install {' '.join(packages)} failed")
     if mcpb_cli(path, root) is None:
+        # npm's own progress and errors show: a first run's minute of download is not a hang.
         npm = ["npm", "install", "--prefix", str(root / MCPB_PREFIX), "--no-audit", "--no-fund",
-               "--silent", MCPB_PACKAGE]  # fmt: skip
+               MCPB_PACKAGE]  # fmt: skip
         if shutil.which("npm", path=path) is None:
             problems.append(f"{MCPB}: npm is not installed (then run: {INSTALL_MCPB})")
-        elif run(npm):
-            problems.append(f"{MCPB}: `{INSTALL_MCPB}` failed")
+        else:
+            print(f"installing the {MCPB} CLI for the .mcpb tests: {' '.join(npm)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            if run(npm):
+                problems.append(f"{MCPB}: `{INSTALL_MCPB}` failed")
     return problems
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -24,16 +25,31 @@ def test_a_new_data_dir_is_made_0700(tmp_path: Path) -> None:
 def test_a_looser_data_dir_is_tightened_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A 0755 dir becomes 0700, and the log says so; a private dir is left alone, silently."""
+    """A 0755 dir that holds files becomes 0700, and the log warns; a private dir is left
+    alone, silently."""
     path = tmp_path / "data"
     path.mkdir(mode=0o755)
     os.chmod(path, 0o755)
+    (path / "device_token").touch()
     private_dir(path)
     assert mode(path) == 0o700
     assert "was mode 0755; made it 0700" in caplog.text
     caplog.clear()
     private_dir(path)
     assert caplog.text == ""
+
+
+def test_a_fresh_empty_volume_is_made_private_without_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container's new volume (empty, 0755): made 0700 on the first start, with no warning."""
+    caplog.set_level(logging.INFO, logger="gateway.datadir")
+    path = tmp_path / "data"
+    path.mkdir(mode=0o755)
+    os.chmod(path, 0o755)
+    private_dir(path)
+    assert mode(path) == 0o700
+    assert [r.levelname for r in caplog.records] == ["INFO"]
 
 
 def test_files_are_made_0600_or_tightened(tmp_path: Path) -> None:

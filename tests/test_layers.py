@@ -22,7 +22,7 @@ IO_MODULES = {"asyncio", "anyio", "socket", "starlette", "uvicorn", "websockets"
 LAYERS: list[set[str]] = [
     {"__init__"},  # gateway/__init__.py: __version__ only; it runs before any other module
     {"errors"},
-    {"config", "datadir"},  # settings; the data dir kept private
+    {"config", "datadir", "launch"},  # settings; the data dir kept private; how we were run
     {"net"},  # where clients connect: addresses, listener limits, request rates
     {"protocol"},  # the core, sans-I/O: envelope, JSON-RPC, the device state machine
     {"devices"},  # the core, with I/O: connections, registry, calls, catalogues, audit, photos
@@ -48,6 +48,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
+        {"token_joins"},  # the shared token's caps on new devices
         {"pages"},  # the tools/list pages seen lately, shared by the sessions
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
@@ -72,7 +73,7 @@ INNER: dict[str, list[set[str]]] = {
         {"dashboard", "metrics"},
         {"http"},
     ],
-    "cli": [{"flashing", "doctor", "heap"}, {"commands"}],
+    "cli": [{"flashing", "doctor", "heap", "tables"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
     "cli/doctor": [
         {"probes"},

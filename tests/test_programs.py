@@ -33,8 +33,11 @@ class Recorder:
         return 1 if self.fails and self.fails in command else 0
 
 
-def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(tmp_path: Path) -> None:
-    """Root, no mosquitto/socat/chromium, npm present: apt-get update + install, then npm."""
+def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Root, no mosquitto/socat/chromium, npm present: apt-get update + install, then npm,
+    which is not silenced, and said first (a first run's download is not a hang)."""
     run = Recorder()
     path = bare_path(tmp_path, "npm")
     problems = install([], run=run, euid=0, sudo=lambda: False, path=path, root=tmp_path)
@@ -44,6 +47,8 @@ def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(tmp_path: Path
     assert apt[-len(set(DEBIAN.values())) :] == sorted(set(DEBIAN.values()))
     assert "install" in apt and "-y" in apt and "DEBIAN_FRONTEND=noninteractive" in apt
     assert npm[:3] == ["npm", "install", "--prefix"] and npm[-1] == "@anthropic-ai/mcpb@2"
+    assert "--silent" not in npm
+    assert "installing the mcpb CLI for the .mcpb tests: npm install" in capsys.readouterr().err
 
 
 def test_with_passwordless_sudo_apt_get_runs_under_sudo(tmp_path: Path) -> None:

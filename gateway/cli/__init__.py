@@ -30,7 +30,7 @@ __all__ = ["main"]
 logger = logging.getLogger("gateway")
 
 
-DEVICE_ACTIONS = ("list", "approve", "reject", "forget", "pair")
+DEVICE_ACTIONS = ("list", "show", "approve", "reject", "forget", "pair")
 # Options whose value is a secret: random, so it may begin with "-".
 _SECRET_OPTIONS = ("--token", "--api-token")
 
@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         if name == "devices":
             command.add_argument(
                 "action", nargs="?", default="list", choices=DEVICE_ACTIONS,
-                help="list (the default); approve, reject or forget DEVICE; pair [--for SECONDS]",
+                help="list (the default); show DEVICE (its tools); approve, reject or forget "
+                "DEVICE; pair [--for SECONDS]",
             )  # fmt: skip
             command.add_argument("device", nargs="?", help="the device's name or id")
             command.add_argument("--for", dest="seconds", type=float, default=120.0,
@@ -208,6 +209,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "devices" and args.action != "list":
         if not args.device:
             raise GatewayError(f"devices {args.action} needs a DEVICE (its name or id)")
+        if args.action == "show":
+            return commands.show_device(config, args.url, args.token, args.device)
         return commands.device_action(config, args.url, args.token, args.action, args.device)
     if args.command == "devices":
         return commands.devices(config, args.url, args.token)

@@ -12,21 +12,19 @@ import binascii
 import contextlib
 import json
 import logging
-import shlex
-import shutil
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.cli import heap
+from gateway.cli import heap, tables
 from gateway.config import Config, settings
 from gateway.devices.audit import CLI_AGENT
 from gateway.devices.tokens import device_tokens
 from gateway.errors import GatewayError, PortTaken
+from gateway.launch import exec_prefix, in_home_assistant
 from gateway.net.addresses import Addresses
 
 if TYPE_CHECKING:
@@ -38,6 +36,7 @@ __all__ = [
     "devices",
     "doctor",
     "relay",
+    "show_device",
     "serve",
     "simulate",
     "stdio",
@@ -47,36 +46,35 @@ __all__ = [
 logger = logging.getLogger("gateway")
 
 
-def runnable_command() -> str:
-    """How the user can run this program again: on PATH, by the path they used, or ``-m``."""
-    script = Path(sys.argv[0])
-    if script.name == "esp-mcp-gateway":
-        on_path = shutil.which("esp-mcp-gateway")
-        if on_path and Path(on_path).resolve() == script.resolve():
-            return "esp-mcp-gateway"
-        if script.exists():  # a venv's script, not on PATH: the path as typed
-            return shlex.quote(str(script))
-    return f"{shlex.quote(sys.executable)} -m gateway"
+def announcement(config: Config, addresses: Addresses, *, desktop: bool = False) -> list[str]:
+    """The start-up lines: where devices and MCP hosts connect, each a line of its own.
 
-
-def announcement(config: Config, addresses: Addresses) -> list[str]:
-    """The start-up lines: where devices and MCP hosts connect, each a line of its own."""
-    command = runnable_command()
+    ``desktop``: an app runs the gateway (Claude Desktop's ``stdio``, the .mcpb bundle), and its
+    user has no shell beside it: the dashboard shows the token. So does a Home Assistant add-on's.
+    """
+    dashboard = f"{addresses.mcp_url.removesuffix('/mcp')}/"
+    if desktop or in_home_assistant():
+        where = f"the dashboard's Setup page shows it: {dashboard}#setup"
+    else:
+        where = f"`{exec_prefix()} token` prints it"
     lines = [
-        f"devices connect to {addresses.device_url} with the device token "
-        f"(`{command} token` prints it)",
+        f"devices connect to {addresses.device_url} with the device token ({where})",
         f"MCP hosts connect to {addresses.mcp_url} (legacy SSE: /sse)"
         + (" with the host token" if config.host_token else ""),
     ]
-    lines.append(f"dashboard: {addresses.mcp_url.removesuffix('/mcp')}/")
-    if addresses.mqtt_endpoint and config.mqtt_broker == "embedded":
+    lines.append(f"dashboard: {dashboard}")
+    if config.cluster_broker:  # the embedded broker stays off (docs/cluster.md)
+        told = config.mqtt_public_endpoint
+        lines.append("MQTT devices use the cluster broker"
+                     + (f"; stock devices are told {told}" if told else ""))  # fmt: skip
+    elif addresses.mqtt_endpoint and config.mqtt_broker == "embedded":
         lines.append(f"stock devices use the embedded MQTT broker at {addresses.mqtt_endpoint}")
     return lines
 
 
-def _announce(config: Config, run: Running) -> None:
+def _announce(config: Config, run: Running, *, desktop: bool = False) -> None:
     heap.settle()  # the gateway is up: what start-up made stays, for good
-    for line in announcement(config, run.addresses):
+    for line in announcement(config, run.addresses, desktop=desktop):
         logger.info("%s", line)
     device = config.device_listen
     if device.is_loopback:
@@ -102,7 +100,7 @@ async def stdio(config: Config) -> int:
     from gateway.app import running
 
     async with _relay_hint(config), running(config) as run:
-        _announce(config, run)
+        _announce(config, run, desktop=True)
         server = run.gateway.frontend.server
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
@@ -206,35 +204,19 @@ def _request(config: Config, url: str | None, token: str | None, path: str,
 
 def devices(config: Config, url: str | None, token: str | None) -> int:
     """Print a table of the running gateway's devices."""
-    rows = [("DEVICE", "ID", "STATE", "LAST SEEN", "BOARD", "TOOLS")]
-    for d in _all_devices(config, url, token):
-        state = "online" if d["online"] else "offline"
-        if d.get("state", "approved") != "approved":
-            state += f", {d['state']}"
-        rows.append((d["device"], d["id"], state, d["last_seen"], d["board"] or "-",
-                     str(len(d["tools"]))))  # fmt: skip
-    if len(rows) == 1:
-        print("no devices yet")
-        return 0
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    _, body = _request(config, url, token, "/api/dashboard/devices")
+    print("\n".join(tables.device_table(body["devices"])))
     return 0
 
 
-def _all_devices(config: Config, url: str | None, token: str | None) -> list[dict[str, Any]]:
-    """Every device of the gateway, following its pages."""
-    devices: list[dict[str, Any]] = []
-    cursor: str | None = None
-    while True:
-        query = "?" + urllib.parse.urlencode({"cursor": cursor}) if cursor else ""
-        _, body = _request(config, url, token, "/api/devices" + query)
-        devices += body["devices"]
-        cursor = body.get("next_cursor")
-        if not cursor:
-            return devices
+def show_device(config: Config, url: str | None, token: str | None, device: str) -> int:
+    """Print one device of the running gateway and its tools, user-only ones marked."""
+    query = urllib.parse.urlencode({"device": device})
+    status, body = _request(config, url, token, "/api/dashboard/tools?" + query)
+    if status != 200:
+        raise GatewayError(f"unknown device {device!r}" if status == 404 else body["error"])
+    print("\n".join(tables.tool_table(body["device"], body["tools"])))
+    return 0
 
 
 _DONE = {"forget": "forgotten", "approve": "approved", "reject": "rejected"}

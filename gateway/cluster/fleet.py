@@ -179,7 +179,7 @@ class Fleet:
         device = self._registry.learn(DeviceRecord(
             device_id=record.device_id, alias=record.alias, board=record.board,
             transport=record.transport, state=record.state, binding=record.binding,
-            first_seen=record.at, last_seen=record.at))  # fmt: skip
+            server_info=record.server_info, first_seen=record.at, last_seen=record.at))  # fmt: skip
         self._take_catalogue(device, record)
         self._attach(record.device_id)
 

@@ -51,6 +51,9 @@ class Config:
     hello_timeout: float = 3.0
     adoption: str = "manual"
     max_pending: int = 500  # devices waiting for approval; new ones past it are refused
+    # new devices the shared device token approves; past either, they wait for approval
+    token_joins_per_hour: int = 50
+    token_joins_total: int = 500
     pending_expiry: float = 7 * 24 * 3600.0  # a pending device unseen this long is dropped
     max_message_bytes: int = 65536
     tools_mode: str = "auto"
@@ -59,8 +62,10 @@ class Config:
     offline_tools: str = "keep"
     offline_grace: float = 30.0
     audit_log: bool = True
+    audit_logins_per_minute: int = 60  # login records written a minute; the rest are counted
     host_allowed_hosts: tuple[str, ...] = ()
     host_allowed_origins: tuple[str, ...] = ()
+    host_session_idle_timeout: float = 300.0  # an MCP HTTP session unused this long is closed
     devices: Mapping[str, DeviceOptions] = field(default_factory=dict)
     mqtt_mode: str = "embedded"
     mqtt_host: str = "localhost"

@@ -110,7 +110,7 @@ class Admission:
         if not is_device_id(device_id):
             return self._refused(device_id, transport, peer, "malformed device id")
         issued = None
-        trusted = token_matches(secret, self._device_tokens)
+        trusted = shared = token_matches(secret, self._device_tokens)
         if not trusted:
             issued = self._enrollment.check(secret, device_id)
             trusted = issued is not None
@@ -130,7 +130,7 @@ class Admission:
         if issued is not None and self._registry.get(device_id) is None:
             self._registry.adopt(device_id, issued.name)  # named as it was enrolled
         refusal = self._registry.admit(device_id, trusted=trusted, client_id=presented,
-                                       transport=transport, peer=peer)  # fmt: skip
+                                       transport=transport, peer=peer, shared=shared)  # fmt: skip
         if refusal is None and issued is not None:
             self._enrollment.admit(secret, device_id)  # the token is this device's from now on
         return refusal

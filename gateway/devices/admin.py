@@ -40,6 +40,7 @@ class DeviceAdmin(KnownDevices):
         transport: str,
         board: str | None = None,
         peer: str | None = None,
+        shared: bool = False,
     ) -> str | None:
         """Decide whether ``device_id`` may check in or connect; None, or why it may not.
 
@@ -50,7 +51,9 @@ class DeviceAdmin(KnownDevices):
         bound to the identity it presented (``client_id``: a Client-Id, or over MQTT what its
         credential stands for): a later attempt with another one is refused, recorded as a
         conflict (the device's ``conflict``, the log, the audit log), never swapped in.
-        ``peer`` is the address it came from, for the records.
+        ``peer`` is the address it came from, for the records. ``shared``: the token is the
+        shared one, which approves at most ``[devices] token_joins_*`` new devices (past them
+        they wait as pending, ``token_joins.py``).
         """
         device_id = device_id.lower()
         actor = Actor(transport, peer)
@@ -63,7 +66,7 @@ class DeviceAdmin(KnownDevices):
             return why
         device = self._devices.get(device_id)
         if device is None:
-            return self._first_contact(device_id, trusted, client_id, board, actor)
+            return self._first_contact(device_id, trusted, shared, client_id, board, actor)
         record = device.record
         if record.state == REJECTED:
             why = f"device {device_id} was rejected"
@@ -87,7 +90,10 @@ class DeviceAdmin(KnownDevices):
             self.logins.note(CONFLICT, actor, device_id=device_id, alias=device.alias,
                              reason=device.conflict)  # fmt: skip
             return f"device {device_id} is bound to another identity"
-        if record.state == PENDING and (trusted or self._clock() < self.pairing_until):
+        if record.state == PENDING and (
+            self._clock() < self.pairing_until
+            or (trusted and self._token_may_approve(shared, device_id, actor))
+        ):
             self.approve(device, client_id)
         elif record.binding is None and client_id is not None and record.state == APPROVED:
             # Approved before it ever logged in (enrolled, or known to an older version): the
@@ -98,10 +104,11 @@ class DeviceAdmin(KnownDevices):
         return None
 
     def _first_contact(
-        self, device_id: str, trusted: bool, client_id: str | None, board: str | None,
-        actor: Actor,
+        self, device_id: str, trusted: bool, shared: bool, client_id: str | None,
+        board: str | None, actor: Actor,
     ) -> str | None:  # fmt: skip
-        adopt = trusted or self._config.adoption == "auto" or self._clock() < self.pairing_until
+        adopt = self._config.adoption == "auto" or self._clock() < self.pairing_until
+        adopt = adopt or (trusted and self._token_may_approve(shared, device_id, actor))
         if not adopt:
             self.expire_pending()
         if not adopt and not self._room_to_wait(actor, device_id):
@@ -118,6 +125,18 @@ class DeviceAdmin(KnownDevices):
                            "approve %s", device.label,
                            device.alias if device.named else device_id)  # fmt: skip
         return None
+
+    def _token_may_approve(self, shared: bool, device_id: str, actor: Actor) -> bool:
+        """Whether a device's token approves it; past the shared token's caps it waits."""
+        if not shared:
+            return True
+        capped = self.token_joins.take()
+        if capped is not None:
+            self._full.warning("token_joins", "new device %s from %s presented the shared device "
+                               "token, and %s: it waits for approval (esp-mcp-gateway devices "
+                               "approve %s)", device_id, actor.where, capped,
+                               device_id)  # fmt: skip
+        return capped is None
 
     def _room_to_wait(self, actor: Actor, device_id: str) -> bool:
         """Whether one more device may wait for approval; say so when it may not."""
@@ -269,7 +288,7 @@ class DeviceAdmin(KnownDevices):
         return alias
 
     def learn(self, record: DeviceRecord) -> Device:
-        """cluster: take the fleet's decisions on a device (state, alias, binding, board).
+        """cluster: take the fleet's facts on a device (state, alias, binding, board, firmware).
 
         What another replica decided arrives here from the broker; the device is made if it
         is new. Its tools are decided again when its alias changed, and shown or hidden by
@@ -279,6 +298,7 @@ class DeviceAdmin(KnownDevices):
         mine = device.record
         mine.board = record.board or mine.board
         mine.transport = record.transport or mine.transport
+        mine.server_info = record.server_info or mine.server_info  # its firmware version
         mine.state, mine.binding = record.state, record.binding
         if record.alias != mine.alias and not self._config.device(record.device_id).name:
             if self._by_alias.get(mine.alias) is device:

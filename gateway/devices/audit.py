@@ -4,7 +4,12 @@ Each record says who (``caller``), what (``kind``: ``call``, ``admin`` or ``logi
 the ``action``), to which device, from where (``from``: the address it came from, when known),
 the ``outcome`` and when. A call's record also holds its arguments and how long it took.
 
-The file is private (mode 0600 in the 0700 data dir). Writing it never fails a call: when the
+Admin actions also go to a file of their own (``audit-admin.log`` beside ``audit.log``), read
+for ``kind="admin"``: however many login or call records follow an approval, even enough to
+rotate it out of ``audit.log``, its record stays (login records are also capped a minute,
+``logins.py``).
+
+The files are private (mode 0600 in the 0700 data dir). Writing it never fails a call: when the
 disk is full or the data dir read-only the record is lost, the first failure is logged (once, not
 at every call), the file is opened again for the next record, and when records are written again
 the log says so and how many were lost.
@@ -62,10 +67,10 @@ CallWatcher = Callable[[str, float], None]
 class _AuditFile(logging.handlers.RotatingFileHandler):
     """The rotating file, made 0600; a record that cannot be written is counted, not raised."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int) -> None:
         # delay: the file opens at the first record, so that opening is retried like writing.
         super().__init__(
-            path, maxBytes=_MAX_BYTES, backupCount=_BACKUPS, encoding="utf-8", delay=True
+            path, maxBytes=max_bytes, backupCount=_BACKUPS, encoding="utf-8", delay=True
         )
         self.lost = 0  # records not written since the last one that was
 
@@ -95,10 +100,14 @@ class _AuditFile(logging.handlers.RotatingFileHandler):
 
 
 class AuditLog:
-    """Appends call records to ``audit.log`` in the data dir (rotated at 10 MB, 5 kept)."""
+    """Appends call records to ``audit.log`` in the data dir (rotated at 10 MB, 5 kept);
+    admin records also to ``audit-admin.log`` (rotated alike)."""
 
-    def __init__(self, path: Path | None, *, flush_delay: float = _FLUSH_DELAY) -> None:
+    def __init__(
+        self, path: Path | None, *, flush_delay: float = _FLUSH_DELAY, max_bytes: int = _MAX_BYTES
+    ) -> None:
         self.path = path
+        self.admin_path = admin_path_of(path) if path is not None else None
         self.writes = 0  # batches written (or tried) so far
         self.watchers: list[CallWatcher] = []
         self.replica: str | None = None  # cluster: each record says which replica wrote it
@@ -106,13 +115,19 @@ class AuditLog:
         self._logger.propagate = False  # audit records go to the file, not the console
         self._logger.setLevel(logging.INFO)
         self._handler: _AuditFile | None = None
+        self._admin = logging.getLogger(f"gateway.devices.audit.{id(self)}.admin")
+        self._admin.propagate = False
+        self._admin.setLevel(logging.INFO)
+        self._admin_handler: _AuditFile | None = None
         self._flush_delay = flush_delay
         self._held: list[str] = []  # formatted records waiting for their write
         self._flush_timer: asyncio.TimerHandle | None = None
         if path is not None:
             private_dir(path.parent)
-            self._handler = _AuditFile(path)
+            self._handler = _AuditFile(path, max_bytes)
             self._logger.addHandler(self._handler)
+            self._admin_handler = _AuditFile(admin_path_of(path), max_bytes)
+            self._admin.addHandler(self._admin_handler)
 
     def record(
         self,
@@ -125,8 +140,10 @@ class AuditLog:
         outcome: str,
         message: str | None,
         started: float,
+        origin: str | None = None,
     ) -> None:
-        """Write one call's record; a failure to write it is logged, never raised."""
+        """Write one call's record (``origin``: the address it came from); a failure to write
+        it is logged, never raised."""
         seconds = time.monotonic() - started
         for watcher in self.watchers:
             watcher(outcome, seconds)
@@ -136,6 +153,7 @@ class AuditLog:
             "time": _now(),
             "kind": "call",
             "caller": caller,
+            "from": origin,
             "device_id": device_id,
             "device": alias,
             "tool": tool,
@@ -166,13 +184,15 @@ class AuditLog:
             "outcome": outcome,
             "message": message,
         }
-        self._hold(entry)
+        line = self._hold(entry)
         if kind == "admin":  # rare, and acknowledged to a user: on disk before they are told
             self.flush()
+            self._admin.info("%s", line)
 
-    def _hold(self, entry: dict[str, Any]) -> None:
-        """Format ``entry`` now; write it with the records that follow it shortly."""
-        self._held.append(json.dumps(entry, ensure_ascii=False, default=str))
+    def _hold(self, entry: dict[str, Any]) -> str:
+        """Format ``entry`` now (returned); write it with the records that follow it shortly."""
+        line = json.dumps(entry, ensure_ascii=False, default=str)
+        self._held.append(line)
         if len(self._held) >= _MAX_BATCH:
             self.flush()
         elif self._flush_timer is None:
@@ -180,8 +200,9 @@ class AuditLog:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop (the CLI, a script): nothing to wait for
                 self.flush()
-                return
+                return line
             self._flush_timer = loop.call_later(self._flush_delay, self.flush)
+        return line
 
     def flush(self) -> None:
         """Write the records held so far, in one write; never raises."""
@@ -200,6 +221,10 @@ class AuditLog:
             self._logger.removeHandler(self._handler)
             self._handler.close()
             self._handler = None
+        if self._admin_handler is not None:
+            self._admin.removeHandler(self._admin_handler)
+            self._admin_handler.close()
+            self._admin_handler = None
 
     def page(
         self, *, device: str | None = None, outcome: str | None = None,
@@ -208,7 +233,7 @@ class AuditLog:
         """Records newest first, those of ``device`` (alias or id), ``outcome`` and ``kind`` only.
 
         ``outcome`` ``"failed"`` stands for every outcome but ``ok``; ``kind`` is one of
-        ``KINDS``. A page holds ``limit``
+        ``KINDS`` (``admin`` reads the admin file). A page holds ``limit``
         records at most and reads a few MB of the log at most; ``next_cursor`` (when more may
         follow) is where the next page starts reading, so records written meanwhile never
         shift a page.
@@ -219,7 +244,7 @@ class AuditLog:
         if kind is not None and kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         self.flush()
-        files = self._files()
+        files = self._files(self.admin_path if kind == "admin" else self.path)
         start = (0, files[0].stat().st_size if files else 0)
         if cursor is not None:
             try:
@@ -242,13 +267,19 @@ class AuditLog:
                 }
         return {"records": records}
 
-    def _files(self) -> list[Path]:
-        """The log and its rotated copies, newest first (the rotation's own naming)."""
-        if self.path is None:
+    @staticmethod
+    def _files(path: Path | None) -> list[Path]:
+        """The log at ``path`` and its rotated copies, newest first (the rotation's naming)."""
+        if path is None:
             return []
-        names = [self.path, *(self.path.with_name(f"{self.path.name}.{n}")
-                              for n in range(1, _BACKUPS + 1))]  # fmt: skip
+        names = [path, *(path.with_name(f"{path.name}.{n}")
+                         for n in range(1, _BACKUPS + 1))]  # fmt: skip
         return [path for path in names if path.exists()]
+
+
+def admin_path_of(path: Path) -> Path:
+    """The admin records' own file beside the audit log at ``path``: ``audit-admin.log``."""
+    return path.with_name(f"{path.stem}-admin{path.suffix}")
 
 
 _stamp: tuple[int, str] = (-1, "")

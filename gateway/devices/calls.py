@@ -55,11 +55,13 @@ class CallRouter:
         self._photos = photos
 
     async def call(
-        self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False
-    ) -> JsonObject:
+        self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False,
+        origin: str | None = None,
+    ) -> JsonObject:  # fmt: skip
         """Call ``tool`` with ``arguments``; return the device's result.
 
-        ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools.
+        ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools;
+        ``origin`` is the address the call came from (the audit record's ``from``).
 
         Raises:
             CallRejected: refused by policy, or arguments that fail the schema.
@@ -92,6 +94,7 @@ class CallRouter:
         finally:
             self._audit.record(
                 caller=caller,
+                origin=origin,
                 device_id=device.device_id,
                 alias=device.alias,
                 tool=tool.spec.name,

@@ -27,6 +27,7 @@ __all__ = [
     "DeviceTool",
     "UpstreamStatus",
     "Verdict",
+    "tool_counts",
     "verdict",
 ]
 
@@ -130,9 +131,31 @@ class Device:
         """The tools of its catalogue that were not served, and why."""
         return self.catalogue.rejected if self.catalogue is not None else ()
 
+    @property
+    def tool_counts(self) -> str:
+        """How its tools are counted everywhere: "17 tools for hosts, 3 user-only"."""
+        return tool_counts(
+            hosts=sum(t.refusal is None for t in self.tools.values()),
+            user_only=sum(
+                t.refusal is not None and t.user_refusal is None for t in self.tools.values()
+            ),  # fmt: skip
+            denied=sum(t.user_refusal is not None for t in self.tools.values()),
+        )
+
     def tool(self, name: str) -> DeviceTool | None:
         """The tool called ``name`` (its own name, e.g. ``self.lamp.turn_on``)."""
         return self.tools.get(name)
+
+
+def tool_counts(*, hosts: int, user_only: int, denied: int = 0) -> str:
+    """ "17 tools for hosts, 3 user-only" (", 1 denied" when the policy denies some): the one
+    wording of a device's tool count, in the log, the CLI and the dashboard alike.
+
+    Hosts (the model) see the first; user-only tools (reboot, upgrade) are for the person at
+    the CLI or dashboard; denied ones (``[policy]``) for nobody.
+    """
+    text = f"{hosts} tool{'' if hosts == 1 else 's'} for hosts, {user_only} user-only"
+    return text + (f", {denied} denied" if denied else "")
 
 
 @dataclass(frozen=True, slots=True, eq=False)

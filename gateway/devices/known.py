@@ -25,6 +25,7 @@ from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.pages import KnownPages
 from gateway.devices.store import DeviceRecord, Store
+from gateway.devices.token_joins import TokenJoins
 from gateway.net.limits import ThrottledLog
 
 __all__ = ["KnownDevices"]
@@ -60,9 +61,10 @@ class KnownDevices:
         self._by_alias: dict[str, Device] = {}
         self.online_count = 0
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
+        self.token_joins = TokenJoins(config.token_joins_per_hour, config.token_joins_total)
         # Admin actions and refused logins go to the audit log (who, what, from where).
         self.audit = audit or AuditLog(None)
-        self.logins = LoginRecords(self.audit)
+        self.logins = LoginRecords(self.audit, per_minute=config.audit_logins_per_minute)
         self.waiting: dict[str, Device] = {}  # the pending devices, at most [devices] max_pending
         self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
         self._committed_decisions = 0

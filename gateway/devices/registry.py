@@ -168,10 +168,10 @@ class DeviceRegistry(DeviceAdmin):
             self._learn_board(device, board)
         record.server_info = server_info
         record.last_seen = self._clock()
-        logger.info("device %s lists %d tools", device.label, len(catalogue.tools))
         if catalogue is not device.catalogue:
             if record.catalogue is not None:  # its row goes once no device refers to it
                 self._store.release_catalogue(record.catalogue)
             record.catalogue = catalogue.digest
             self._use(device, catalogue)
+        logger.info("device %s lists %s", device.label, device.tool_counts)
         self._save(record)  # after _use: its watchers see the catalogue in use (cluster)

@@ -196,8 +196,9 @@ class _Api:
         if isinstance(tool, str):
             return JSONResponse({"error": tool}, 400)
         try:
+            actor = actor_of(request)
             result = await self.router.call(
-                tool, arguments, caller=actor_of(request).who, user=True
+                tool, arguments, caller=actor.who, origin=actor.where, user=True
             )
         except CallRejected as exc:
             return JSONResponse({"error": str(exc)}, 400)
@@ -294,7 +295,13 @@ def build_host_app(
 
     ``trouble`` says why ``/healthz`` must fail (None when all is well).
     """
-    manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
+    # A session nobody uses (a host that quit without DELETE) ends after the idle timeout; an
+    # open GET stream (a host listening for changes) keeps it.
+    manager = StreamableHTTPSessionManager(
+        app=frontend.server,
+        security_settings=_SDK_CHECKS_OFF,
+        session_idle_timeout=config.host_session_idle_timeout,
+    )
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = _Api(frontend, registry, router, enroll, photos)
     api.trouble = trouble

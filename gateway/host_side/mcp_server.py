@@ -16,7 +16,6 @@ from typing import Any
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
-from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
@@ -228,8 +227,6 @@ class McpFrontend:
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
-            # 2026-era clients may reuse a list this long; tools/list_changed says when sooner.
-            cache_hints={"tools/list": CacheHint(ttl_ms=60_000, scope="private")},
         )
         # Registered by method rather than as on_list_tools: the handler answers in wire form
         # (a dict, which the SDK validates as it would a model), so that no SDK Tool model is
@@ -273,8 +270,8 @@ class McpFrontend:
         if tools and tools[0] is _META_TOOLS[0] and self.app.negotiated(ctx):
             tools = [_wire(self.app.with_panel(LIST_DEVICES)), *tools[1:]]
         # What a ListToolsResult dumps to: 2026-era sessions require resultType (the SDK's
-        # check of the result drops it for older ones; the cache hint fills ttlMs, cacheScope).
-        result: JsonObject = {"tools": tools, "resultType": "complete"}
+        # check of the result drops it for older ones), and the cache hint (tool_listing.py).
+        result: JsonObject = {"tools": tools, "resultType": "complete", **self.lister.cache_hint()}
         if following is not None:
             result["nextCursor"] = following
         return result
@@ -336,8 +333,9 @@ class McpFrontend:
     async def _invoke(
         self, ctx: Context, tool: DeviceTool, arguments: JsonObject
     ) -> types.CallToolResult:
+        origin = getattr(getattr(ctx.request, "client", None), "host", None)  # None: stdio
         try:
-            result = await self._router.call(tool, arguments, caller=_caller(ctx))
+            result = await self._router.call(tool, arguments, caller=_caller(ctx), origin=origin)
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
         return to_call_result(result)

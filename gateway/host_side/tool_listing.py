@@ -13,6 +13,11 @@ made and dumped only to be validated again (at 1,000 devices, 25,000 models per 
 of the listing's CPU). A tool's dict costs about a microsecond and shares its schemas with the
 device's catalogue, which devices of the same firmware share; nothing is kept between requests.
 
+Cache hints (2026-era clients reuse a list for its ``ttlMs``): a few seconds while the fleet
+changes, so that a host which does not subscribe to changes sees a board that joins within
+them; longer once nothing changed for a while. Always ``private``: the list depends on the
+caller (the fleet panel's ``list_devices`` for hosts that render it).
+
 Modes (``[tools] mode``, DESIGN.md "Tool naming"): ``per-device`` lists every device tool by its
 own MCP name; ``grouped`` lists a tool that devices share (same name, same schema) once, named
 after the tool, with a required ``device`` argument that routes the call; ``meta`` lists only
@@ -44,6 +49,9 @@ JsonObject = dict[str, Any]
 PAGE_BYTES = 200_000  # a page's tools as JSON, about; the reply stays well under 256 KB
 ENUM_LIMIT = 64  # a group's `device` argument lists its aliases up to this many devices
 _KEPT_LISTINGS = 8  # listings a cursor may still point into
+CHANGING_TTL_MS = 2_000  # tools/list cache hint while the fleet changes
+SETTLED_TTL_MS = 10_000  # ... once it has not changed for _SETTLED_AFTER
+_SETTLED_AFTER = 300.0  # seconds
 _ENTRY_OVERHEAD = 190  # bytes a tool adds beyond its name, description and schema (measured)
 
 
@@ -94,6 +102,7 @@ class ToolLister:
         self._listings: OrderedDict[int, Listing] = OrderedDict()
         self._mode = ""
         self.listings_made = 0  # for tests: listings made so far (once per change, not request)
+        self.changed_at = time.monotonic()  # when the list last changed (as far as hosts know)
 
     def current(self) -> Listing:
         """The listing of what hosts see now."""
@@ -102,9 +111,16 @@ class ToolLister:
         if listing is None:
             listing = self._listings[version] = self._make(version)
             self.listings_made += 1
+            self.changed_at = time.monotonic()
             while len(self._listings) > _KEPT_LISTINGS:
                 self._listings.popitem(last=False)
         return listing
+
+    def cache_hint(self) -> JsonObject:
+        """The ``ttlMs`` and ``cacheScope`` of a ``tools/list`` result now."""
+        self.current()  # a change not yet made into a listing is a change now
+        settled = time.monotonic() - self.changed_at >= _SETTLED_AFTER
+        return {"ttlMs": SETTLED_TTL_MS if settled else CHANGING_TTL_MS, "cacheScope": "private"}
 
     def page(self, cursor: str | None) -> tuple[list[JsonObject], bool, str | None]:
         """The device tools of the page ``cursor`` points at (wire form), whether it is the

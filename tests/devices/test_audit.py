@@ -13,7 +13,7 @@ import pytest
 
 from gateway.devices import audit
 from gateway.devices.audit import Actor, AuditLog
-from gateway.devices.logins import CONFLICT, REFUSED, LoginRecords
+from gateway.devices.logins import CONFLICT, HELD_BACK, REFUSED, LoginRecords
 
 
 def record(log: AuditLog, tool: str) -> None:
@@ -179,4 +179,61 @@ def test_login_records_are_throttled_per_device_and_bounded(tmp_path: Path) -> N
     assert conflicts == ["bound (and 49 more like it in the last 61 s)", "bound"]
     lines = (tmp_path / "audit.log").read_text().splitlines()
     assert sum('"10.0.0.9"' in line for line in lines) == 1
+    log.close()
+
+
+def test_admin_records_outlive_any_flood_of_other_records(tmp_path: Path) -> None:
+    """An approval stays readable by ``kind=admin`` after enough login records to rotate it out
+    of ``audit.log`` (its own file, 0600); the unified page still shows the newest records."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, max_bytes=8192)
+    log.event("admin", "approve", Actor("dashboard", "10.0.0.5"), device_id="aa:01", alias="a")
+    for n in range(2000):
+        log.event("login", "login refused", Actor("websocket", f"10.9.{n // 256}.{n % 256}"),
+                  device_id=None, outcome="refused", message="invalid token")  # fmt: skip
+    main = [path, *(path.with_name(f"audit.log.{n}") for n in range(1, 6))]
+    assert not any('"approve"' in p.read_text() for p in main if p.exists())  # rotated away
+    [admin] = log.page(kind="admin")["records"]
+    assert (admin["action"], admin["device"], admin["from"]) == ("approve", "a", "10.0.0.5")
+    assert log.page(limit=1)["records"][0]["from"] == "10.9.7.207"
+    assert stat.S_IMODE(audit.admin_path_of(path).stat().st_mode) == 0o600
+    log.close()
+
+
+def test_login_records_from_thousands_of_addresses_are_capped_a_minute(tmp_path: Path) -> None:
+    """Rotating addresses defeats the per-address throttle, not the cap: 20,000 refusals from
+    20,000 addresses write 60 records, then one that counts the rest when the minute ends."""
+    now = [0.0]
+    log = AuditLog(tmp_path / "audit.log")
+    logins = LoginRecords(log, interval=60, clock=lambda: now[0], per_minute=60)
+    for n in range(20_000):
+        logins.note(REFUSED, Actor("websocket", f"10.{n // 65536}.{n // 256 % 256}.{n % 256}"),
+                    device_id=None, known=False, reason="invalid token")  # fmt: skip
+    assert logins.held_back == 20_000 - 60
+    now[0] = 61
+    logins.note(REFUSED, Actor("websocket", "10.200.0.1"), device_id=None, known=False,
+                reason="invalid token")  # fmt: skip
+    records = log.page(kind="login", limit=500)["records"]
+    assert len(records) == 62
+    assert records[0]["from"] == "10.200.0.1"  # a new minute: written again
+    assert records[1]["action"] == HELD_BACK
+    assert records[1]["message"].startswith("19940 more login records held back")
+    log.close()
+
+
+@pytest.mark.anyio
+async def test_the_held_back_record_is_written_when_the_minute_ends(tmp_path: Path) -> None:
+    """The count is written when its minute ends even if no login follows (a timer), and at
+    the latest when the gateway stops (``end_minute``)."""
+    log = AuditLog(tmp_path / "audit.log", flush_delay=0)
+    logins = LoginRecords(log, per_minute=1)
+    for n in range(3):
+        logins.note(REFUSED, Actor("mqtt", f"10.0.0.{n}"), device_id=None, known=False,
+                    reason="invalid token")  # fmt: skip
+    assert logins.held_back == 2 and logins._summary is not None
+    logins.end_minute()  # as the gateway does when it stops
+    assert logins._summary is None
+    [summary, first] = log.page(kind="login")["records"]
+    assert summary["message"].startswith("2 more login records held back")
+    assert first["from"] == "10.0.0.0"
     log.close()

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.config import DeviceOptions
 from gateway.devices.audit import Actor
-from gateway.devices.store import Store
+from gateway.devices.store import DeviceRecord, Store
 from tests.conftest import make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
@@ -462,4 +462,18 @@ async def test_the_shared_token_does_not_approve_a_waiting_stock_device_for_some
         registry.admit("aa:90", trusted=True, client_id="uuid-real", transport="websocket") is None
     )
     assert (device.record.state, device.record.binding) == ("approved", "uuid-real")
+    stack.close()
+
+
+def test_a_fleet_record_brings_the_devices_firmware_version(tmp_path: Path) -> None:
+    """cluster: a device another replica saw (no catalogue here yet, e.g. pending) shows its
+    firmware version here too; a later record without one keeps it."""
+    stack = Stack(make_config(tmp_path))
+    info = {"name": "bread", "version": "1.9.2"}
+    seen = DeviceRecord(device_id="aa:07", alias="desk", first_seen=1.0, last_seen=1.0,
+                        state="pending", server_info=info)  # fmt: skip
+    assert stack.registry.learn(seen).firmware == "1.9.2"
+    renamed = DeviceRecord(device_id="aa:07", alias="den", first_seen=2.0, last_seen=2.0,
+                           state="pending")  # fmt: skip
+    assert stack.registry.learn(renamed).firmware == "1.9.2"
     stack.close()

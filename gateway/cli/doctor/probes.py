@@ -97,7 +97,8 @@ def writable_probe(path: Path) -> str | None:
     except OSError as exc:
         return f"cannot create files in {target}: {exc.strerror or exc}"
     if target == path:
-        for name in ("registry.sqlite3", "audit.log", "device_token", "mqtt_secret"):
+        for name in ("registry.sqlite3", "audit.log", "audit-admin.log", "device_token",
+                     "mqtt_secret"):  # fmt: skip
             file = path / name
             if file.exists() and not os.access(file, os.R_OK | os.W_OK):
                 return f"{file} is not readable and writable by this user"
@@ -107,7 +108,7 @@ def writable_probe(path: Path) -> str | None:
 def exposed_probe(path: Path) -> list[str]:
     """The data dir and the gateway's files in it that other users may read or write."""
     names = ("", "registry.sqlite3", "registry.sqlite3-wal", "registry.sqlite3-shm", "audit.log",
-             "device_token", "mqtt_secret")  # fmt: skip
+             "audit-admin.log", "device_token", "mqtt_secret")  # fmt: skip
     found = []
     for name in names:
         try:

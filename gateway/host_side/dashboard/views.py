@@ -6,19 +6,18 @@ included, with what the model may do with it: the dashboard is the user's own co
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gateway.config import Config, is_loopback_host
 from gateway.devices.calls import format_time
 from gateway.devices.policy import is_user_only
 from gateway.devices.registry import APPROVED, Device
+from gateway.host_side.dashboard.host_configs import HOSTS, host_configs
 from gateway.net.public import OTA_PATH, PublicAddress
 
-__all__ = ["device_summary", "device_tools", "host_configs", "setup_facts"]
+__all__ = ["device_summary", "device_tools", "setup_facts"]
 
 JsonObject = dict[str, Any]
-SERVER_NAME = "esp32"
 
 
 def status(device: Device) -> str:
@@ -40,7 +39,7 @@ def device_summary(device: Device) -> JsonObject:
         "firmware": device.firmware,
         "transport": record.transport,
         "last_seen": format_time(record.last_seen),
-        "tools": len(device.tools),
+        "tools": device.tool_counts,  # "17 tools for hosts, 3 user-only"
         "rejected": [{"tool": r.tool, "reason": r.reason} for r in device.rejected],
     }
     if device.conflict is not None:
@@ -83,29 +82,8 @@ def setup_facts(
         "mcp_url": mcp_url,
         "host_token_required": bool(config.host_token),
         "voice_proxy": _voice_proxy(config),
-        "configs": host_configs(mcp_url, bool(config.host_token)),
-    }
-
-
-def host_configs(mcp_url: str, token: bool) -> dict[str, str]:
-    """Ready-to-paste MCP host configs for this gateway (the host token as a placeholder)."""
-    bearer = "Bearer <host token>"
-    desktop: JsonObject = {
-        "command": "esp-mcp-gateway",
-        "args": ["stdio", "--connect", mcp_url],
-    }
-    if token:
-        desktop["env"] = {"GATEWAY_HOST_TOKEN": "<host token>"}
-    vscode: JsonObject = {"type": "http", "url": mcp_url}
-    if token:
-        vscode["headers"] = {"Authorization": bearer}
-    code = f"claude mcp add --transport http {SERVER_NAME} {mcp_url}"
-    if token:
-        code += f' --header "Authorization: {bearer}"'
-    return {
-        "claude_desktop": json.dumps({"mcpServers": {SERVER_NAME: desktop}}, indent=2),
-        "claude_code": code,
-        "vscode": json.dumps({"servers": {SERVER_NAME: vscode}}, indent=2),
+        "configs": host_configs(mcp_url, bool(config.host_token), config.data_dir),
+        "hosts": [{"key": key, "title": title, "note": note} for key, title, note in HOSTS],
     }
 
 

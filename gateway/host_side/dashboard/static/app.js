@@ -165,6 +165,15 @@ async function pair() {
 
 // --- audit log -------------------------------------------------------------------------------
 
+// A record's time (ISO 8601, the writer's local offset) as the devices tab shows times:
+// "2026-11-22 03:15:02 UTC". Unreadable times are shown as written.
+function shownTime(time) {
+  const date = new Date(String(time || "").replace(/([+-]\d\d)(\d\d)$/, "$1:$2"));
+  if (Number.isNaN(date.getTime())) return time || "";
+  const iso = date.toISOString();
+  return `${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`;
+}
+
 async function loadAudit(more) {
   const filter = new FormData(document.getElementById("audit-filter"));
   const query = new URLSearchParams({limit: "50"});
@@ -178,7 +187,7 @@ async function loadAudit(more) {
     const what = kind === "call" ? el("code", {text: r.tool}) : el("span", {text: r.action});
     const detail = kind === "call" ? el("code", {text: JSON.stringify(r.arguments)}) : el("span", {text: r.message || ""});
     return el("tr", {"data-outcome": r.outcome, "data-kind": kind},
-      el("td", {text: r.time}), el("td", {text: kind}), el("td", {text: r.caller}), el("td", {text: r.from || ""}),
+      el("td", {text: shownTime(r.time)}), el("td", {text: kind}), el("td", {text: r.caller}), el("td", {text: r.from || ""}),
       el("td", {text: r.device || r.device_id || ""}), el("td", {}, what), el("td", {}, detail),
       el("td", {class: r.outcome === "ok" ? "ok" : "error", text: r.outcome, title: r.message || ""}),
       el("td", {text: r.duration_ms ?? ""}));
@@ -218,10 +227,20 @@ function copyButton(text) {
   return button;
 }
 
-function fact(list, label, value, note) {
+function fact(list, label, value, note, secret = false) {
   if (!value) return;
-  list.append(el("dt", {text: label}), el("dd", {}, el("code", {text: value}), copyButton(value),
-    ...(note ? [el("small", {text: note})] : [])));
+  // A secret stays masked (shoulder-surfing, screen sharing) until asked for; Copy copies it.
+  const code = el("code", {text: secret ? "•".repeat(12) : value});
+  const show = secret ? [el("button", {type: "button", class: "reveal", text: "Show"})] : [];
+  for (const button of show) {
+    button.addEventListener("click", () => {
+      const hidden = button.textContent === "Show";
+      code.textContent = hidden ? value : "•".repeat(12);
+      button.textContent = hidden ? "Hide" : "Show";
+    });
+  }
+  list.append(el("dt", {text: label}), el("dd", {"data-secret": secret ? "masked" : null}, code, ...show,
+    copyButton(value), ...(note ? [el("small", {text: note})] : [])));
 }
 
 async function loadSetup() {
@@ -229,7 +248,7 @@ async function loadSetup() {
   state.websocketUrl = setup.websocket_url;
   const list = document.getElementById("setup-devices");
   list.replaceChildren();
-  fact(list, "Device token", setup.device_token, "what our firmware and the simulator present");
+  fact(list, "Device token", setup.device_token, "what our firmware and the simulator present", true);
   fact(list, "Device WebSocket URL", setup.websocket_url);
   fact(list, "OTA URL (stock xiaozhi firmware)", setup.ota_url,
     "set it as the board's OTA address: it checks in, then waits for your approval here");
@@ -240,10 +259,15 @@ async function loadSetup() {
       "their check-ins and conversations go on to it through the gateway (docs/voice-proxy.md)");
     for (const [device, url] of Object.entries(proxy.devices)) fact(list, `Voice server of ${device}`, url);
   }
-  const names = {claude_desktop: "Claude Desktop (claude_desktop_config.json)", claude_code: "Claude Code",
-    vscode: "VS Code (.vscode/mcp.json)"};
-  document.getElementById("host-configs").replaceChildren(...Object.entries(setup.configs).map(([key, text]) =>
-    el("div", {class: "config", "data-host": key}, el("h3", {text: names[key] || key}), el("pre", {text}), copyButton(text))));
+  // The hosts in the gateway's order, each with which entry to pick and where it goes; any
+  // other config the gateway offers follows under its own key.
+  const hosts = setup.hosts || [];
+  const known = new Set(hosts.map((h) => h.key));
+  const rest = Object.keys(setup.configs).filter((key) => !known.has(key)).map((key) => ({key, title: key, note: ""}));
+  document.getElementById("host-configs").replaceChildren(...[...hosts, ...rest].filter((h) => setup.configs[h.key]).map((h) =>
+    el("div", {class: "config", "data-host": h.key}, el("h3", {text: h.title}),
+      ...(h.note ? [el("p", {class: "note", text: h.note})] : []),
+      el("pre", {text: setup.configs[h.key]}), copyButton(setup.configs[h.key]))));
 }
 
 async function enroll(event) {
