@@ -67,10 +67,27 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "host_side": [
-        {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
+        {
+            "tool_listing",
+            "device_listing",
+            "photo_resources",
+            "relay",
+            "call_results",
+            "fleet_app",
+            "callers",
+        },
         {"mcp_server"},
         {"dashboard", "metrics"},
+        {"oauth"},  # the OAuth authorization server: its consent page signs in as the dashboard
         {"http"},
+    ],
+    "host_side/oauth": [
+        {"origin", "store", "client_documents"},
+        {"consent_requests", "guard"},
+        {"provider"},
+        {"consent"},
+        {"site"},
+        {"apps"},
     ],
     "cli": [{"flashing", "doctor", "heap"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],

@@ -44,7 +44,12 @@ _FLUSH_DELAY = 0.05  # seconds a record may wait for others to share its write
 _MAX_BATCH = 256  # records held at most: a burst is written at once beyond this
 
 CLI_AGENT = "esp-mcp-gateway-cli"  # the CLI's User-Agent: its changes are audited as the CLI's
-KINDS = ("call", "admin", "login")  # what a record is about; records before 0.x hold calls only
+KINDS = (
+    "call",
+    "admin",
+    "login",
+    "oauth",
+)  # what a record is about; records before 0.x hold calls only
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +172,7 @@ class AuditLog:
             "message": message,
         }
         self._hold(entry)
-        if kind == "admin":  # rare, and acknowledged to a user: on disk before they are told
+        if kind in ("admin", "oauth"):  # rare, and acknowledged: on disk before anyone is told
             self.flush()
 
     def _hold(self, entry: dict[str, Any]) -> None:

@@ -9,16 +9,11 @@ says only that the gateway is alive; how many devices are online is for the host
 from __future__ import annotations
 
 import fnmatch
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp.server.auth.middleware.bearer_auth import (
-    BearerAuthBackend,
-    RequireAuthMiddleware,
-)
-from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -48,6 +43,7 @@ from gateway.host_side.dashboard.session import SessionAuthBackend, actor_of
 from gateway.host_side.device_listing import DeviceQuery, list_devices
 from gateway.host_side.mcp_server import McpFrontend, resolve_tool
 from gateway.host_side.metrics import GatewayMetrics
+from gateway.host_side.oauth import BearerTokens, ConnectedApps, OAuthSite
 from gateway.host_side.photo_resources import photo_routes
 from gateway.net.addresses import is_wildcard
 from gateway.net.rate_limit import configured_limiter, rate_limited
@@ -115,19 +111,6 @@ class HostOriginGuard:
                 await PlainTextResponse("Invalid Origin header", 403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-class StaticTokenVerifier:
-    """The SDK's ``TokenVerifier`` for one shared host token."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        """Accept exactly the configured token."""
-        if hmac.compare_digest(token.encode(), self._token):
-            return AccessToken(token=token, client_id="host", scopes=[])
-        return None
 
 
 class _SseEndpoint:
@@ -289,10 +272,12 @@ def build_host_app(
     dashboard: Dashboard | None = None,
     metrics: GatewayMetrics | None = None,
     trouble: Callable[[], str | None] | None = None,
+    oauth: OAuthSite | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``).
 
-    ``trouble`` says why ``/healthz`` must fail (None when all is well).
+    ``trouble`` says why ``/healthz`` must fail (None when all is well). With ``oauth`` the
+    listener is also an OAuth authorization server, and apps' tokens open the MCP routes.
     """
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
@@ -305,10 +290,13 @@ def build_host_app(
     def guard(app: ASGIApp) -> ASGIApp:
         return RequireAuthMiddleware(app, required_scopes=[]) if token else app
 
+    def mcp_guard(app: ASGIApp) -> ASGIApp:  # 401s that point at the OAuth metadata
+        return oauth.require(app, tokenless=not token) if oauth is not None else guard(app)
+
     routes = [
-        Route("/mcp", endpoint=guard(StreamableHTTPASGIApp(manager))),
-        Route("/sse", endpoint=guard(_SseEndpoint(frontend, sse)), methods=["GET"]),
-        Mount("/messages/", app=guard(sse.handle_post_message)),
+        Route("/mcp", endpoint=mcp_guard(StreamableHTTPASGIApp(manager))),
+        Route("/sse", endpoint=mcp_guard(_SseEndpoint(frontend, sse)), methods=["GET"]),
+        Mount("/messages/", app=mcp_guard(sse.handle_post_message)),
         Route("/api/devices", endpoint=guard(_Endpoint(api.devices)), methods=["GET"]),
         Route("/api/call", endpoint=guard(_Endpoint(api.call)), methods=["POST"]),
         *(
@@ -328,11 +316,15 @@ def build_host_app(
         routes.append(Route("/metrics", guard(_Endpoint(metrics.endpoint)), methods=["GET"]))
     if dashboard is not None:  # the companion dashboard at / (gateway/dashboard)
         routes += dashboard.routes(guard, _Endpoint)
+    if oauth is not None:
+        routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
-    if token:
-        backend: AuthenticationBackend = BearerAuthBackend(StaticTokenVerifier(token))
-        if dashboard is not None:  # or a signed-in dashboard session (with CSRF to change things)
+    if token or oauth is not None:
+        backend: AuthenticationBackend = BearerTokens(token, oauth.verify if oauth else None)
+        if (
+            dashboard is not None and token
+        ):  # or a signed-in dashboard session (with CSRF to change things)
             backend = SessionAuthBackend(backend, dashboard.sessions)
         middleware.append(
             Middleware(AuthenticationMiddleware, backend=backend, on_error=_auth_refused)

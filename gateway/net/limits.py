@@ -79,6 +79,9 @@ class ListenerLimits:
     # A dashboard session cookie authenticates a browser's connection as the bearer token does
     # the CLI's: given a Cookie header's value, True when it holds a live session.
     session: Callable[[bytes], bool] | None = None
+    # An app's OAuth access token (gateway/host_side/oauth) authenticates its connection too:
+    # given the token, True when it is a live one.
+    app_token: Callable[[bytes], bool] | None = None
 
     def trusts(self, headers: Headers) -> bool:
         """Does a request with ``headers`` authenticate its connection?"""
@@ -91,6 +94,8 @@ class ListenerLimits:
             name = name.lower()
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 if hmac.compare_digest(value[7:].strip(), expected):
+                    return True
+                if self.app_token is not None and self.app_token(value[7:].strip()):
                     return True
             elif name == b"cookie" and self.session is not None and self.session(value):
                 return True

@@ -1,0 +1,176 @@
+"""Client ID metadata documents: an app whose ``client_id`` is an https URL describes itself there.
+
+The gateway fetches that URL on the app's behalf, so the fetch is what a hostile app would aim at
+the owner's network: only https, only public addresses (each name is resolved and every address
+checked before connecting; ``[oauth] metadata_networks`` may add others), at most ``MAX_BYTES``,
+``TIMEOUT`` seconds in all, ``MAX_REDIRECTS`` redirects, each checked again. The document must
+name the very URL it came from as its ``client_id``. A document that passed is kept for
+``CACHE_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import socket
+import time
+import urllib.parse
+from collections import OrderedDict
+from typing import Any
+
+import anyio
+import httpx2
+from mcp.shared.auth import OAuthClientInformationFull
+from pydantic import ValidationError
+
+from gateway.net.limits import Network, in_networks
+
+__all__ = ["ClientDocumentError", "ClientDocuments", "is_document_id"]
+
+MAX_BYTES = 16 * 1024
+TIMEOUT = 5.0
+MAX_REDIRECTS = 3
+CACHE_SECONDS = 300.0
+_MAX_CACHED = 256
+
+
+class ClientDocumentError(Exception):
+    """The client's metadata document cannot be used; the message says why."""
+
+
+def is_document_id(client_id: str) -> bool:
+    """True for a client id that names a metadata document (an https URL)."""
+    return client_id.startswith("https://")
+
+
+class ClientDocuments:
+    """Fetch, check and cache client metadata documents."""
+
+    def __init__(self, allowed: tuple[Network, ...] = ()) -> None:
+        self._allowed = allowed
+        self._cache: OrderedDict[str, tuple[float, OAuthClientInformationFull]] = OrderedDict()
+
+    def cached(self, url: str) -> OAuthClientInformationFull | None:
+        """The document fetched for ``url`` lately, if any."""
+        found = self._cache.get(url)
+        if found is None or found[0] < time.monotonic():
+            return None
+        return found[1]
+
+    async def get(self, url: str) -> OAuthClientInformationFull:
+        """The app described at ``url``.
+
+        Raises:
+            ClientDocumentError: the URL or the document is unusable, or the fetch failed.
+        """
+        found = self.cached(url)
+        if found is not None:
+            return found
+        _check_url(url)
+        try:
+            with anyio.fail_after(TIMEOUT):
+                body = await self._fetch(url)
+        except TimeoutError:
+            raise ClientDocumentError(f"{url} did not answer within {TIMEOUT:g} s") from None
+        client = _parse(url, body)
+        self._cache[url] = (time.monotonic() + CACHE_SECONDS, client)
+        while len(self._cache) > _MAX_CACHED:
+            self._cache.popitem(last=False)
+        return client
+
+    async def _fetch(self, url: str) -> bytes:
+        async with httpx2.AsyncClient(follow_redirects=False, timeout=TIMEOUT) as http:
+            for _ in range(MAX_REDIRECTS + 1):
+                await self._check_destination(url)
+                async with http.stream("GET", url, headers={"Accept": "application/json"}) as r:
+                    if r.is_redirect and "location" in r.headers:
+                        url = urllib.parse.urljoin(url, r.headers["location"])
+                        _check_url(url)
+                        continue
+                    if r.status_code != 200:
+                        raise ClientDocumentError(f"{url} answered HTTP {r.status_code}")
+                    body = bytearray()
+                    async for chunk in r.aiter_bytes():
+                        body += chunk
+                        if len(body) > MAX_BYTES:
+                            raise ClientDocumentError(
+                                f"{url}: the document is larger than {MAX_BYTES} bytes"
+                            )
+                    return bytes(body)
+        raise ClientDocumentError(f"{url}: more than {MAX_REDIRECTS} redirects")
+
+    async def _check_destination(self, url: str) -> None:
+        """Refuse a host that resolves to an address an app has no business making us reach."""
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname or "", parts.port or 443
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                host, port, type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            raise ClientDocumentError(f"{host}: name not found ({exc.strerror})") from None
+        for *_, sockaddr in found:
+            refusal = self.refusal(str(sockaddr[0]))
+            if refusal is not None:
+                raise ClientDocumentError(f"{host} resolves to {sockaddr[0]}, {refusal}")
+
+    def refusal(self, address: str) -> str | None:
+        """Why ``address`` may not be fetched from, or None when it may."""
+        if in_networks(address, self._allowed):
+            return None
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if ip.is_loopback or ip.is_unspecified:
+            return "this machine"
+        if ip.is_link_local:
+            return "a link-local address"
+        if not ip.is_global:
+            return "a private address"
+        return None
+
+
+def _check_url(url: str) -> None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        raise ClientDocumentError(f"client_id {url!r} is not a URL") from None
+    if len(url) > 2048 or parts.scheme != "https" or not parts.hostname:
+        raise ClientDocumentError(f"client_id {url!r} must be an https URL")
+    if parts.path in ("", "/") or parts.fragment or parts.username or parts.password:
+        raise ClientDocumentError(
+            f"client_id {url!r} must have a path and no fragment or credentials"
+        )
+
+
+def _parse(url: str, body: bytes) -> OAuthClientInformationFull:
+    try:
+        document: Any = json.loads(body)
+    except ValueError:
+        raise ClientDocumentError(f"{url}: the document is not JSON") from None
+    if not isinstance(document, dict):
+        raise ClientDocumentError(f"{url}: the document is not a JSON object")
+    if document.get("client_id") != url:
+        raise ClientDocumentError(
+            f"{url}: the document's client_id {document.get('client_id')!r} is not its own URL"
+        )
+    if document.get("token_endpoint_auth_method", "none") != "none":
+        raise ClientDocumentError(f"{url}: only public clients (auth method none) are supported")
+    document = {
+        key: document[key]
+        for key in ("client_id", "client_name", "client_uri", "logo_uri", "redirect_uris")
+        if key in document
+    }
+    try:
+        return OAuthClientInformationFull.model_validate(
+            {
+                **document,
+                "token_endpoint_auth_method": "none",
+                "grant_types": ["authorization_code", "refresh_token"],
+                "response_types": ["code"],
+            }
+        )
+    except ValidationError as exc:
+        raise ClientDocumentError(f"{url}: {exc.errors()[0]['msg']}") from None
