@@ -212,7 +212,7 @@ def _page(body: str, status: int = 200, redirect: ConsentRequest | None = None) 
         "Content-Security-Policy": csp,
         "X-Frame-Options": "DENY",
         "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
+        "Referrer-Policy": "same-origin",  # "no-referrer" makes the form's Origin null
         "Cache-Control": "no-store",
     }
     document = (
