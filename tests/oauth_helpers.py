@@ -11,8 +11,12 @@ Other clients (the TypeScript SDK, mcp-remote) reuse ``oauth_gateway``, ``Consen
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import secrets
 import socket
 import subprocess
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -164,9 +168,15 @@ class MemoryStorage:
         self.client = client_info
 
 
-def sdk_auth(run: Running, owner: ConsentBrowser, callback: Callback, *,
-             name: str = "SDK test app", metadata_url: str | None = None,
-             storage: MemoryStorage | None = None) -> OAuthClientProvider:  # fmt: skip
+def sdk_auth(
+    run: Running,
+    owner: ConsentBrowser,
+    callback: Callback,
+    *,
+    name: str = "SDK test app",
+    metadata_url: str | None = None,
+    storage: MemoryStorage | None = None,
+) -> OAuthClientProvider:
     """The MCP SDK's ``OAuthClientProvider`` for ``run``'s /mcp, with Chromium as its browser."""
 
     async def redirect(url: str) -> None:
@@ -180,9 +190,13 @@ def sdk_auth(run: Running, owner: ConsentBrowser, callback: Callback, *,
         token_endpoint_auth_method="none" if metadata_url else "client_secret_post",
     )
     return OAuthClientProvider(
-        run.mcp_url, metadata, storage or MemoryStorage(), redirect_handler=redirect,
-        callback_handler=callback.result, client_metadata_url=metadata_url,
-    )  # fmt: skip
+        run.mcp_url,
+        metadata,
+        storage or MemoryStorage(),
+        redirect_handler=redirect,
+        callback_handler=callback.result,
+        client_metadata_url=metadata_url,
+    )
 
 
 @asynccontextmanager
@@ -199,11 +213,27 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert),
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -213,8 +243,14 @@ async def https_server(app: ASGIApp, cert: Path, key: Path) -> AsyncIterator[str
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning",
-                            ssl_certfile=str(cert), ssl_keyfile=str(key))  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_config=None,
+        log_level="warning",
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+    )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]), name="https-documents")
     try:
@@ -223,3 +259,76 @@ async def https_server(app: ASGIApp, cert: Path, key: Path) -> AsyncIterator[str
         server.should_exit = server.force_exit = True
         await asyncio.wait_for(serving, bound(10))
         sock.close()
+
+
+# --- an app's part by hand (for the refusals the SDK would never provoke) ----------------------
+
+
+def pkce() -> tuple[str, str]:
+    """A PKCE verifier and its S256 challenge."""
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest())
+    return verifier, challenge.decode().rstrip("=")
+
+
+async def register(http: httpx2.AsyncClient, redirect: str, name: str = "Manual app") -> Any:
+    """Register an app (RFC 7591) as a public client; returns the gateway's answer (JSON)."""
+    answer = await http.post(
+        "/register",
+        json={
+            "client_name": name,
+            "redirect_uris": [redirect],
+            "token_endpoint_auth_method": "none",
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+        },
+    )
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def authorize_url(base: str, client_id: str, redirect: str, challenge: str, **extra: str) -> str:
+    """The /authorize URL an app sends the owner's browser to."""
+    query = {
+        "response_type": "code",
+        "client_id": client_id,
+        "redirect_uri": redirect,
+        "code_challenge": challenge,
+        "code_challenge_method": "S256",
+        "state": "st4te",
+        **extra,
+    }
+    return f"{base}/authorize?{urllib.parse.urlencode(query)}"
+
+
+@dataclass
+class ManualGrant:
+    """A registered app, the code the owner's consent gave it, and its PKCE verifier."""
+
+    client_id: str
+    redirect: str
+    code: str
+    verifier: str
+
+    def redeem_form(self, **changes: str) -> dict[str, str]:
+        """The token request's form (``changes`` replace or add fields; "" drops one)."""
+        form = {
+            "grant_type": "authorization_code",
+            "code": self.code,
+            "client_id": self.client_id,
+            "redirect_uri": self.redirect,
+            "code_verifier": self.verifier,
+            **changes,
+        }
+        return {key: value for key, value in form.items() if value != ""}
+
+
+async def manual_grant(
+    http: httpx2.AsyncClient, owner: ConsentBrowser, callback: Callback, base: str
+) -> ManualGrant:
+    """Register, send Chromium through consent, and return the code it brought back."""
+    client = await register(http, callback.url)
+    verifier, challenge = pkce()
+    await owner.consent(authorize_url(base, client["client_id"], callback.url, challenge))
+    query = await callback.next()
+    return ManualGrant(client["client_id"], callback.url, query["code"], verifier)
