@@ -47,8 +47,9 @@ def is_document_id(client_id: str) -> bool:
 class ClientDocuments:
     """Fetch, check and cache client metadata documents."""
 
-    def __init__(self, allowed: tuple[Network, ...] = ()) -> None:
+    def __init__(self, allowed: tuple[Network, ...] = (), timeout: float = TIMEOUT) -> None:
         self._allowed = allowed
+        self.timeout = timeout
         self._cache: OrderedDict[str, tuple[float, OAuthClientInformationFull]] = OrderedDict()
 
     def cached(self, url: str) -> OAuthClientInformationFull | None:
@@ -69,10 +70,12 @@ class ClientDocuments:
             return found
         _check_url(url)
         try:
-            with anyio.fail_after(TIMEOUT):
+            with anyio.fail_after(self.timeout):
                 body = await self._fetch(url)
-        except TimeoutError:
-            raise ClientDocumentError(f"{url} did not answer within {TIMEOUT:g} s") from None
+        except (TimeoutError, httpx2.TimeoutException):
+            raise ClientDocumentError(f"{url} did not answer within {self.timeout:g} s") from None
+        except httpx2.HTTPError as exc:  # refused, TLS not trusted, broken answer...
+            raise ClientDocumentError(f"{url} could not be fetched: {exc}") from None
         client = _parse(url, body)
         self._cache[url] = (time.monotonic() + CACHE_SECONDS, client)
         while len(self._cache) > _MAX_CACHED:
@@ -80,7 +83,7 @@ class ClientDocuments:
         return client
 
     async def _fetch(self, url: str) -> bytes:
-        async with httpx2.AsyncClient(follow_redirects=False, timeout=TIMEOUT) as http:
+        async with httpx2.AsyncClient(follow_redirects=False, timeout=self.timeout) as http:
             for _ in range(MAX_REDIRECTS + 1):
                 await self._check_destination(url)
                 async with http.stream("GET", url, headers={"Accept": "application/json"}) as r:
