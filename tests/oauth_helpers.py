@@ -324,11 +324,11 @@ class ManualGrant:
 
 
 async def manual_grant(
-    http: httpx2.AsyncClient, owner: ConsentBrowser, callback: Callback, base: str
+    http: httpx2.AsyncClient, owner: ConsentBrowser, callback: Callback, base: str, **extra: str
 ) -> ManualGrant:
     """Register, send Chromium through consent, and return the code it brought back."""
     client = await register(http, callback.url)
     verifier, challenge = pkce()
-    await owner.consent(authorize_url(base, client["client_id"], callback.url, challenge))
+    await owner.consent(authorize_url(base, client["client_id"], callback.url, challenge, **extra))
     query = await callback.next()
     return ManualGrant(client["client_id"], callback.url, query["code"], verifier)

@@ -11,6 +11,8 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -20,6 +22,7 @@ from gateway.app import Running
 from gateway.host_side.oauth.client_documents import ClientDocumentError, ClientDocuments
 from gateway.net.limits import networks
 from tests.conftest import asgi_server, bound
+from tests.e2e.helpers import listed_device
 from tests.oauth_helpers import (
     HOST_TOKEN,
     authorize_url,
@@ -37,6 +40,7 @@ from tests.oauth_helpers import (
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 ADMIN = {"Authorization": f"Bearer {HOST_TOKEN}"}
+VOLUME = "sim-esp32_0001_audio_speaker_set_volume"
 STREAM = {"Accept": "application/json, text/event-stream"}
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -239,6 +243,28 @@ async def test_app_tokens_never_open_the_dashboard_or_admin_api(tmp_path: Path) 
             await http.get("/api/oauth/apps", headers=app),
         ]
     assert [answer.status_code for answer in answers] == [401, 401, 401, 401]
+
+
+async def test_app_allowed_to_list_only_cannot_call_tools(tmp_path: Path) -> None:
+    """An app the owner let list devices (scope devices.list) sees the tools, and a call gets
+    a clear isError, never reaching the device."""
+    async with (
+        oauth_gateway(tmp_path) as run,
+        listed_device(run, "02:00:00:00:00:01") as dev,
+        callback_server() as callback,
+        consent_browser() as owner,
+        http_to(run) as http,
+    ):
+        grant = await manual_grant(http, owner, callback, base_url(run), scope="devices.list")
+        token = (await http.post("/token", data=grant.redeem_form())).json()["access_token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=bound(10)) as app_http:
+            async with Client(streamable_http_client(run.mcp_url, http_client=app_http)) as client:
+                listed = [tool.name for tool in (await client.list_tools()).tools]
+                result = await client.call_tool(VOLUME, {"volume": 3})
+    assert VOLUME in listed
+    assert result.is_error and "tools.call" in result.content[0].text  # type: ignore[union-attr]
+    assert dev.calls == []
 
 
 async def test_registration_flood_is_rate_limited_and_capped(tmp_path: Path) -> None:
