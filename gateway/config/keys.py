@@ -73,6 +73,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("host", "allowed_origins", "host_allowed_origins", string_list),
     ("host", "public_url", "host_public_url", public_base_url),
     ("host", "trusted_proxies", "host_trusted_proxies", networks),
+    ("host", "ingress_peers", "host_ingress_peers", networks),
     ("oauth", "enabled", "oauth_enabled", boolean),
     ("oauth", "http_networks", "oauth_http_networks", networks),
     ("oauth", "max_clients", "oauth_max_clients", integer),

@@ -65,6 +65,8 @@ class Config:
     host_public_url: str | None = None
     # Proxies whose X-Forwarded-Proto/Host/For headers the host listener believes
     host_trusted_proxies: tuple[str, ...] = ()
+    # Home Assistant's ingress proxy (the Supervisor, 172.30.32.2): the dashboard trusts it
+    host_ingress_peers: tuple[str, ...] = ()
     # [oauth]: the host listener as an OAuth 2.1 authorization server (gateway/host_side/oauth)
     oauth_enabled: bool = True
     oauth_http_networks: tuple[str, ...] = ()  # plain HTTP may get tokens here (and loopback)

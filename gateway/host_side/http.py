@@ -46,6 +46,7 @@ from gateway.host_side.metrics import GatewayMetrics
 from gateway.host_side.oauth import BearerTokens, ConnectedApps, OAuthSite
 from gateway.host_side.photo_resources import photo_routes
 from gateway.net.addresses import is_wildcard
+from gateway.net.networks import networks
 from gateway.net.rate_limit import configured_limiter, rate_limited
 
 __all__ = ["HostOriginGuard", "build_host_app", "host_patterns"]
@@ -325,7 +326,8 @@ def build_host_app(
         if (
             dashboard is not None and token
         ):  # or a signed-in dashboard session (with CSRF to change things)
-            backend = SessionAuthBackend(backend, dashboard.sessions)
+            ingress = networks(config.host_ingress_peers)  # Home Assistant's ingress proxy
+            backend = SessionAuthBackend(backend, dashboard.sessions, ingress)
         middleware.append(
             Middleware(AuthenticationMiddleware, backend=backend, on_error=_auth_refused)
         )

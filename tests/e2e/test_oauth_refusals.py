@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from gateway.app import Running
 from gateway.host_side.oauth.client_documents import ClientDocumentError, ClientDocuments
-from gateway.net.limits import networks
+from gateway.net.networks import networks
 from tests.conftest import asgi_server, bound
 from tests.e2e.helpers import listed_device
 from tests.oauth_helpers import (

@@ -24,7 +24,7 @@ import httpx2
 from mcp.shared.auth import OAuthClientInformationFull
 from pydantic import ValidationError
 
-from gateway.net.limits import Network, in_networks
+from gateway.net.networks import Network, in_networks
 
 __all__ = ["ClientDocumentError", "ClientDocuments", "is_document_id"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from starlette.requests import HTTPConnection
 
 from gateway.config import Config
-from gateway.net.limits import Network, in_networks, networks
+from gateway.net.networks import Network, in_networks, networks
 
 __all__ = ["CURRENT", "MCP_PATH", "Origin", "OriginRules"]
 

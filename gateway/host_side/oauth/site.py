@@ -43,7 +43,7 @@ from gateway.host_side.oauth.guard import AppStreams, RequireToken
 from gateway.host_side.oauth.origin import CURRENT, OriginRules
 from gateway.host_side.oauth.provider import SCOPES, GatewayProvider
 from gateway.host_side.oauth.store import ACCESS, OAuthStore
-from gateway.net.limits import networks
+from gateway.net.networks import networks
 from gateway.net.rate_limit import RateLimiter, rate_limited
 
 __all__ = ["OAuthSite"]
