@@ -36,7 +36,7 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     "net": [
-        {"addresses", "websocket", "networks"},
+        {"addresses", "destinations", "websocket", "networks"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},
     ],
