@@ -1,8 +1,10 @@
 """Client ID metadata documents: an app whose ``client_id`` is an https URL describes itself there.
 
 The gateway fetches that URL on the app's behalf, so the fetch is what a hostile app would aim at
-the owner's network: only https, only public addresses (each name is resolved and every address
-checked before connecting; ``[oauth] metadata_networks`` may add others), at most ``MAX_BYTES``,
+the owner's network: only https, only public addresses (the voice proxy's rules,
+``gateway.net.destinations``: resolved once, checked after resolution, and the request sent to the
+address checked; private addresses refused too; ``[oauth] metadata_networks`` may add others),
+at most ``MAX_BYTES``,
 ``TIMEOUT`` seconds in all, ``MAX_REDIRECTS`` redirects, each checked again. The document must
 name the very URL it came from as its ``client_id``. A document that passed is kept for
 ``CACHE_SECONDS``.
@@ -10,10 +12,8 @@ name the very URL it came from as its ``client_id``. A document that passed is k
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
-import socket
 import time
 import urllib.parse
 from collections import OrderedDict
@@ -24,6 +24,14 @@ import httpx2
 from mcp.shared.auth import OAuthClientInformationFull
 from pydantic import ValidationError
 
+from gateway.net.addresses import host_port
+from gateway.net.destinations import (
+    LINK_LOCAL,
+    THIS_MACHINE,
+    DestinationRefused,
+    address_reach,
+    resolve_destination,
+)
 from gateway.net.networks import Network, in_networks
 
 __all__ = ["ClientDocumentError", "ClientDocuments", "is_document_id"]
@@ -85,53 +93,61 @@ class ClientDocuments:
     async def _fetch(self, url: str) -> bytes:
         async with httpx2.AsyncClient(follow_redirects=False, timeout=self.timeout) as http:
             for _ in range(MAX_REDIRECTS + 1):
-                await self._check_destination(url)
-                async with http.stream("GET", url, headers={"Accept": "application/json"}) as r:
+                r = await http.send(await self._pinned(http, url), stream=True)
+                try:
                     if r.is_redirect and "location" in r.headers:
                         url = urllib.parse.urljoin(url, r.headers["location"])
                         _check_url(url)
                         continue
-                    if r.status_code != 200:
-                        raise ClientDocumentError(f"{url} answered HTTP {r.status_code}")
-                    body = bytearray()
-                    async for chunk in r.aiter_bytes():
-                        body += chunk
-                        if len(body) > MAX_BYTES:
-                            raise ClientDocumentError(
-                                f"{url}: the document is larger than {MAX_BYTES} bytes"
-                            )
-                    return bytes(body)
+                    return await _body(url, r)
+                finally:
+                    await r.aclose()
         raise ClientDocumentError(f"{url}: more than {MAX_REDIRECTS} redirects")
 
-    async def _check_destination(self, url: str) -> None:
-        """Refuse a host that resolves to an address an app has no business making us reach."""
+    async def _pinned(self, http: httpx2.AsyncClient, url: str) -> httpx2.Request:
+        """A GET of ``url`` sent to the address checked, never to a second DNS answer (the
+        TLS handshake and the Host header still name the host)."""
         parts = urllib.parse.urlsplit(url)
-        host, port = parts.hostname or "", parts.port or 443
-        try:
-            found = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
-            )
-        except OSError as exc:
-            raise ClientDocumentError(f"{host}: name not found ({exc.strerror})") from None
-        for *_, sockaddr in found:
-            refusal = self.refusal(str(sockaddr[0]))
-            if refusal is not None:
-                raise ClientDocumentError(f"{host} resolves to {sockaddr[0]}, {refusal}")
+        address = await self.checked_address(parts.hostname or "", parts.port or 443)
+        pinned = parts._replace(netloc=host_port(address, parts.port or 443))
+        return http.build_request(
+            "GET", urllib.parse.urlunsplit(pinned),
+            headers={"Accept": "application/json", "Host": parts.netloc},
+            extensions={"sni_hostname": parts.hostname},
+        )  # fmt: skip
 
-    def refusal(self, address: str) -> str | None:
-        """Why ``address`` may not be fetched from, or None when it may."""
-        if in_networks(address, self._allowed):
-            return None
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        if ip.is_loopback or ip.is_unspecified:
-            return "this machine"
-        if ip.is_link_local:
-            return "a link-local address"
-        if not ip.is_global:
-            return "a private address"
-        return None
+    async def checked_address(self, host: str, port: int) -> str:
+        """The address to fetch from: the voice proxy's rules (gateway/net/destinations.py:
+        never this machine or the link-local network, checked after resolution), and no
+        private address either; ``[oauth] metadata_networks`` lets listed ones through.
+
+        Raises:
+            ClientDocumentError: ``host`` does not resolve, or leads where it must not.
+        """
+        try:
+            destination = await resolve_destination(host, port, allow=(THIS_MACHINE, LINK_LOCAL))
+        except DestinationRefused as exc:
+            raise ClientDocumentError(str(exc)) from None
+        if in_networks(destination.address, self._allowed):
+            return destination.address
+        place = address_reach(destination.address)
+        if place is None and not ipaddress.ip_address(destination.address.split("%")[0]).is_global:
+            place = "a private address"
+        if place is not None:
+            raise ClientDocumentError(f"{host} leads to {place} ({destination.address})")
+        return destination.address
+
+
+async def _body(url: str, response: httpx2.Response) -> bytes:
+    """The document, read up to ``MAX_BYTES``."""
+    if response.status_code != 200:
+        raise ClientDocumentError(f"{url} answered HTTP {response.status_code}")
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > MAX_BYTES:
+            raise ClientDocumentError(f"{url}: the document is larger than {MAX_BYTES} bytes")
+    return bytes(body)
 
 
 def _check_url(url: str) -> None:
