@@ -35,7 +35,7 @@ from mcp.shared.auth import (
     OAuthClientMetadata,
     OAuthToken,
 )
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -113,19 +113,19 @@ class ConsentBrowser:
     decision: str = "allow"  # or "deny"
     pages: list[Page] = field(default_factory=list)
 
-    async def open(self, url: str) -> Page:
-        """The consent page for an authorization URL, in a fresh browser profile."""
-        context = await self.browser.new_context()
+    async def open(self, url: str, context: BrowserContext | None = None) -> Page:
+        """``url`` in a new page, in ``context`` or a fresh browser profile."""
+        context = context or await self.browser.new_context()
         page = await context.new_page()
         page.set_default_timeout(ms(10))
         self.pages.append(page)
         await page.goto(url)
         return page
 
-    async def consent(self, url: str) -> Page:
+    async def consent(self, url: str, context: BrowserContext | None = None) -> Page:
         """Open ``url``, sign in with the host token if asked, press Allow (or Deny), and wait
         until the browser has left the gateway for the app's redirect URI."""
-        page = await self.open(url)
+        page = await self.open(url, context)
         await page.wait_for_selector("#allow")
         token_field = page.locator('input[name="token"]')
         if self.token is not None and await token_field.count():

@@ -181,6 +181,31 @@ async def test_sdk_client_by_client_metadata_document(
     assert [(a["client_id"], a["name"]) for a in apps] == [(url, "Document app")]
 
 
+async def test_signed_in_dashboard_session_counts_on_the_consent_page(tmp_path: Path) -> None:
+    """An owner already signed in to the dashboard in this browser just presses Allow."""
+    storage = MemoryStorage()
+    async with (
+        oauth_gateway(tmp_path) as run,
+        callback_server() as callback,
+        consent_browser() as owner,
+    ):
+        dashboard = await signed_in_dashboard(owner, run, "#apps")
+        owner.token = None  # would fail the flow if the page asked for it
+
+        async def redirect(url: str) -> None:
+            page = await owner.open(url, dashboard.context)
+            await page.wait_for_selector("#allow")
+            assert await page.locator('input[name="token"]').count() == 0
+            async with page.expect_navigation():
+                await page.click("#allow")
+
+        auth = sdk_auth(run, owner, callback, storage=storage)
+        auth.context.redirect_handler = redirect
+        async with sdk_client(run, auth) as client:
+            await client.list_tools()
+    assert storage.tokens is not None
+
+
 async def test_refresh_rotates_and_tokens_survive_a_restart(tmp_path: Path) -> None:
     """Tokens are kept (hashed) in the data dir: after a restart the app's refresh token still
     works, once: the new pair replaces it, and the old one presented again revokes the grant."""

@@ -340,6 +340,28 @@ async def test_consent_page_cannot_be_framed(tmp_path: Path) -> None:
     assert framed_allow is None
 
 
+async def test_wrong_host_token_on_the_consent_page_grants_nothing(tmp_path: Path) -> None:
+    """A wrong host token in the page's password field is refused (the page says so); the
+    request can still be answered with the right one."""
+    async with (
+        oauth_gateway(tmp_path) as run,
+        callback_server() as callback,
+        consent_browser() as owner,
+        http_to(run) as http,
+    ):
+        client = await register(http, callback.url)
+        url = authorize_url(base_url(run), client["client_id"], callback.url, pkce()[1])
+        owner.token = "not-the-host-token"
+        with pytest.raises(AssertionError, match="not this gateway's host token"):
+            await owner.consent(url)
+        page = owner.pages[-1]
+        assert await connected_apps(http) == [] and callback.received == []
+        await page.fill('input[name="token"]', HOST_TOKEN)
+        async with page.expect_navigation():
+            await page.click("#allow")
+        assert "code" in await callback.next()
+
+
 async def test_owner_denies_and_no_token_is_issued(tmp_path: Path) -> None:
     """Deny sends the browser back with access_denied (and iss, state); no app is connected."""
     async with (
