@@ -128,6 +128,32 @@ async def test_replayed_code_is_refused_and_revokes_the_first_grant(tmp_path: Pa
     assert refresh.status_code == 400
 
 
+async def test_app_revokes_its_token_rfc7009(tmp_path: Path) -> None:
+    """An app that gives its refresh token up (RFC 7009) ends the grant: its access token is
+    a 401 from then on, and the app leaves Connected apps."""
+    async with (
+        oauth_gateway(tmp_path) as run,
+        callback_server() as callback,
+        consent_browser() as owner,
+        http_to(run) as http,
+    ):
+        grant = await manual_grant(http, owner, callback, base_url(run))
+        tokens = (await http.post("/token", data=grant.redeem_form())).json()
+        assert await connected_apps(http) == ["Manual app"]
+        revoked = await http.post(
+            "/revoke",
+            # client_secret: the SDK's revocation handler wants the field, even empty
+            data={
+                "token": tokens["refresh_token"],
+                "client_id": grant.client_id,
+                "client_secret": "",
+            },
+        )
+        refused_with_pointer(await mcp_with(http, tokens["access_token"]), run)
+        assert await connected_apps(http) == []
+    assert revoked.status_code == 200
+
+
 async def test_bad_redirect_uris_and_open_redirect_tricks_are_refused(tmp_path: Path) -> None:
     """Registration refuses redirect URIs that are not https or loopback, or that carry a
     fragment; /authorize refuses any redirect URI but the registered one, answering the browser

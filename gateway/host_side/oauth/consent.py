@@ -180,7 +180,7 @@ def _form(
     shown_error = (
         f'<p id="error" class="error" role="alert">{html.escape(error)}</p>' if error else ""
     )
-    return f"""<form id="login" method="post" action="consent">
+    return f"""<form id="login" class="consent" method="post" action="consent">
   <h1>Allow <span id="app-name">{name}</span>?</h1>
   <p>The app <strong>{name}</strong> (<code id="client-id">{client_id}</code>) asks to reach
   your devices through this gateway. After you answer, your browser returns to

@@ -24,6 +24,7 @@ from mcp.server.auth.routes import build_metadata
 from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, RequestBodyLimitMiddleware
 from mcp.shared.auth import ProtectedResourceMetadata
+from starlette.datastructures import FormData
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, request_response
@@ -68,6 +69,7 @@ class OAuthSite:
         self.config = config
         self.rules = OriginRules(config)
         self.store = OAuthStore(config.data_dir / "oauth.sqlite3")
+        self.store.expire()  # codes and tokens that ended while the gateway was down
         self.consents = ConsentRequests()
         self.documents = ClientDocuments(networks(config.oauth_metadata_networks))
         self.provider = GatewayProvider(config, self.store, self.documents, self.consents, audit)
@@ -135,7 +137,9 @@ class OAuthSite:
             Route("/register", self._issuing(register), methods=["POST"]),
             Route(
                 "/revoke",
-                self._issuing(RevocationHandler(provider, authenticator).handle),
+                self._issuing(
+                    _public_revocation(RevocationHandler(provider, authenticator).handle)
+                ),
                 methods=["POST"],
             ),
             *(
@@ -205,3 +209,16 @@ class OAuthSite:
             }
         )
         return await ProtectedResourceMetadataHandler(metadata).handle(request)
+
+
+def _public_revocation(handler: Handler) -> Handler:
+    """The SDK's revocation handler, for public clients too: RFC 7009 §2.1 has them send only
+    ``client_id``, but the handler's form model requires a ``client_secret`` field."""
+
+    async def revoke(request: Request) -> Response:
+        form = await request.form()
+        if "client_secret" not in form:  # Starlette hands the handler this parsed form again
+            request._form = FormData([*form.multi_items(), ("client_secret", "")])
+        return await handler(request)
+
+    return revoke
