@@ -154,6 +154,34 @@ async def test_app_revokes_its_token_rfc7009(tmp_path: Path) -> None:
     assert revoked.status_code == 200
 
 
+async def test_tokens_go_out_over_plain_http_only_on_loopback_and_listed_networks(
+    tmp_path: Path,
+) -> None:
+    """A LAN client (as a proxy on this machine reports it) asking for a token over plain HTTP
+    is refused with the reason; over HTTPS, or from a listed network, it is served. The consent
+    page works over plain HTTP from the LAN, as the dashboard does."""
+    lan = {"X-Forwarded-For": "192.168.1.20"}
+    form = {
+        "grant_type": "authorization_code",
+        "code": "x",
+        "client_id": "nobody",
+        "code_verifier": "v" * 43,
+    }
+    async with oauth_gateway(tmp_path) as run, http_to(run) as http:
+        plain = await http.post("/token", data=form, headers=lan)
+        register_plain = await http.post("/register", json={}, headers=lan)
+        https = await http.post("/token", data=form, headers={**lan, "X-Forwarded-Proto": "https"})
+        metadata = await http.get("/.well-known/oauth-authorization-server", headers=lan)
+    async with oauth_gateway(tmp_path / "listed", oauth_http_networks=("192.168.1.0/24",)) as run:
+        async with http_to(run) as http:
+            listed = await http.post("/token", data=form, headers=lan)
+    assert plain.status_code == 403 and "HTTPS" in plain.json()["error_description"]
+    assert register_plain.status_code == 403
+    assert https.status_code == 401  # past the rule: an unknown client
+    assert listed.status_code == 401
+    assert metadata.status_code == 200
+
+
 async def test_bad_redirect_uris_and_open_redirect_tricks_are_refused(tmp_path: Path) -> None:
     """Registration refuses redirect URIs that are not https or loopback, or that carry a
     fragment; /authorize refuses any redirect URI but the registered one, answering the browser

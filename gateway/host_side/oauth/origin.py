@@ -71,7 +71,7 @@ class OriginRules:
         issuer = self.public_url or f"{scheme}://{host}"
         public_https = bool(self.public_url and self.public_url.startswith("https://"))
         secure = scheme == "https" or public_https
-        may_issue = secure or in_networks(peer, self._http)
+        may_issue = secure or in_networks(address, self._http)  # the client, not its proxy
         return Origin(issuer, address, may_issue)
 
 

@@ -131,10 +131,10 @@ class OAuthSite:
             ),
             Route(
                 "/token",
-                self._issuing(TokenHandler(provider, authenticator).handle),
+                self._issuing(TokenHandler(provider, authenticator).handle, tokens=True),
                 methods=["POST"],
             ),
-            Route("/register", self._issuing(register), methods=["POST"]),
+            Route("/register", self._issuing(register, tokens=True), methods=["POST"]),
             Route(
                 "/revoke",
                 self._issuing(
@@ -148,12 +148,20 @@ class OAuthSite:
             ),
         ]
 
-    def _issuing(self, handler: Handler) -> ASGIApp:
-        """``handler`` for origins that may get tokens, with the origin set for the provider."""
+    def _issuing(self, handler: Handler, tokens: bool = False) -> ASGIApp:
+        """``handler`` with the request's origin set for the provider; with ``tokens`` (the
+        token endpoint, registration), only for origins that may get tokens. The consent page
+        and /authorize work over plain HTTP anywhere, as the dashboard does: what they hand out
+        is a code, worth nothing without the app's PKCE verifier at the token endpoint."""
 
         async def issuing(request: Request) -> Response:
             origin = self.rules.of(request)
-            if not origin.may_issue:
+            if tokens and not origin.may_issue:
+                logger.warning(
+                    "refused a token request over plain HTTP from %s: list its network "
+                    "in [oauth] http_networks, or use HTTPS",
+                    origin.address,
+                )
                 return JSONResponse(
                     {"error": "invalid_request", "error_description": _INSECURE},
                     403,
