@@ -455,6 +455,11 @@ def hostile_documents(base: list[str]) -> Starlette:
             }
         )
 
+    async def script(request: Request) -> Response:
+        return JSONResponse(
+            {"client_id": f"{base[0]}/script.json", "redirect_uris": ["javascript:alert(1)"]}
+        )
+
     async def slow(request: Request) -> Response:
         await anyio.sleep_forever()
         raise AssertionError
@@ -465,6 +470,7 @@ def hostile_documents(base: list[str]) -> Starlette:
             Route("/loop.json", loop),
             Route("/mismatch.json", mismatch),
             Route("/slow.json", slow),
+            Route("/script.json", script),
         ]
     )
 
@@ -482,7 +488,7 @@ async def test_hostile_client_metadata_documents_are_refused(
         answers = {}
         async with oauth_gateway(tmp_path / "a", oauth_metadata_networks=("127.0.0.0/8",)) as run:
             async with http_to(run) as http:
-                for name in ("huge", "loop", "mismatch"):
+                for name in ("huge", "loop", "mismatch", "script"):
                     url = authorize_url(
                         base_url(run), f"{served}/{name}.json", "http://127.0.0.1:9/cb", pkce()[1]
                     )
@@ -507,6 +513,7 @@ async def test_hostile_client_metadata_documents_are_refused(
     assert "larger than" in why["huge"]
     assert "redirects" in why["loop"]
     assert "is not its own URL" in why["mismatch"]
+    assert "cannot be a redirect URI" in why["script"]
     assert "this machine" in why["loopback"]
     assert "private address" in why["private"]
     assert "link-local" in why["link-local"]

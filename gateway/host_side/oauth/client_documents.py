@@ -34,7 +34,7 @@ from gateway.net.destinations import (
 )
 from gateway.net.networks import Network, in_networks
 
-__all__ = ["ClientDocumentError", "ClientDocuments", "is_document_id"]
+__all__ = ["ClientDocumentError", "ClientDocuments", "is_document_id", "redirect_refusal"]
 
 MAX_BYTES = 16 * 1024
 TIMEOUT = 5.0
@@ -150,6 +150,24 @@ async def _body(url: str, response: httpx2.Response) -> bytes:
     return bytes(body)
 
 
+def redirect_refusal(uri: str) -> str | None:
+    """Why ``uri`` cannot be a redirect URI (RFC 9700 §4.1, RFC 8252 §7), or None."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+    except ValueError:
+        return f"{uri!r} is not a URL"
+    if parts.fragment or parts.username or parts.password:
+        return f"{uri!r}: no fragment or credentials in a redirect URI"
+    scheme = parts.scheme.lower()
+    if scheme in ("javascript", "data", "file", "vbscript", "about", "blob"):
+        return f"{uri!r}: scheme {scheme} cannot be a redirect URI"
+    if scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+        return f"{uri!r}: http redirect URIs must be on loopback; use https"
+    if scheme in ("http", "https") and not parts.hostname:
+        return f"{uri!r} has no host"
+    return None
+
+
 def _check_url(url: str) -> None:
     try:
         parts = urllib.parse.urlsplit(url)
@@ -177,6 +195,10 @@ def _parse(url: str, body: bytes) -> OAuthClientInformationFull:
         )
     if document.get("token_endpoint_auth_method", "none") != "none":
         raise ClientDocumentError(f"{url}: only public clients (auth method none) are supported")
+    for uri in document.get("redirect_uris") or ():
+        refusal = redirect_refusal(uri) if isinstance(uri, str) else f"{uri!r} is not a URL"
+        if refusal is not None:
+            raise ClientDocumentError(f"{url}: {refusal}")
     document = {
         key: document[key]
         for key in ("client_id", "client_name", "client_uri", "logo_uri", "redirect_uris")

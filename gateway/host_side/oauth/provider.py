@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable
 
 from mcp.server.auth.provider import (
@@ -31,12 +30,13 @@ from gateway.host_side.oauth.client_documents import (
     ClientDocumentError,
     ClientDocuments,
     is_document_id,
+    redirect_refusal,
 )
 from gateway.host_side.oauth.consent_requests import ConsentRequests
 from gateway.host_side.oauth.origin import CURRENT
 from gateway.host_side.oauth.store import ACCESS, CODE, REFRESH, Grant, OAuthStore, new_secret
 
-__all__ = ["SCOPES", "GatewayProvider", "redirect_refusal"]
+__all__ = ["SCOPES", "GatewayProvider"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,24 +45,6 @@ logger = logging.getLogger(__name__)
 SCOPES = ("devices.list", "tools.call")
 CODE_LIFETIME = 120.0
 UNUSED_CLIENT_AGE = 3600.0  # an app registered this long ago and never granted is forgotten
-
-
-def redirect_refusal(uri: str) -> str | None:
-    """Why ``uri`` cannot be a redirect URI (RFC 9700 §4.1, RFC 8252 §7), or None."""
-    try:
-        parts = urllib.parse.urlsplit(uri)
-    except ValueError:
-        return f"{uri!r} is not a URL"
-    if parts.fragment or parts.username or parts.password:
-        return f"{uri!r}: no fragment or credentials in a redirect URI"
-    scheme = parts.scheme.lower()
-    if scheme in ("javascript", "data", "file", "vbscript", "about", "blob"):
-        return f"{uri!r}: scheme {scheme} cannot be a redirect URI"
-    if scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
-        return f"{uri!r}: http redirect URIs must be on loopback; use https"
-    if scheme in ("http", "https") and not parts.hostname:
-        return f"{uri!r} has no host"
-    return None
 
 
 class GatewayProvider(
@@ -107,7 +89,7 @@ class GatewayProvider(
             raise RegistrationError(
                 "invalid_client_metadata",
                 f"this gateway has {kept} registered apps, its limit ([oauth] max_clients); "
-                "try again later, or revoke unused apps on the dashboard",
+                "apps never allowed, or revoked, are forgotten an hour after they registered",
             )
         origin = CURRENT.get(None)
         address = origin.address if origin else None

@@ -141,12 +141,12 @@ class OAuthStore:
         return json.loads(found[0]) if found else None
 
     def prune_clients(self, unused_for: float) -> int:
-        """Forget apps registered ``unused_for`` seconds ago that were never granted anything;
-        returns how many apps stay registered."""
+        """Forget apps registered ``unused_for`` seconds ago that hold no live grant (never
+        allowed, or revoked); returns how many apps stay registered."""
         with self._write() as db:
             db.execute(
                 "DELETE FROM clients WHERE created < ? AND client_id NOT IN "
-                "(SELECT client_id FROM grants)",
+                "(SELECT client_id FROM grants WHERE revoked_at IS NULL)",
                 (self._clock() - unused_for,),
             )
             return int(db.execute("SELECT COUNT(*) FROM clients").fetchone()[0])
