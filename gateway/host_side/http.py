@@ -8,6 +8,7 @@ says only that the gateway is alive; how many devices are online is for the host
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import json
 from collections.abc import Awaitable, Callable
@@ -132,8 +133,14 @@ Enroll = Callable[[str], dict[str, Any]]
 class _Api:
     """The small JSON API the CLI uses (``devices``, ``call``, ``enroll``)."""
 
-    def __init__(self, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter,
-                 enroll: Enroll | None, photos: PhotoStore | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        frontend: McpFrontend,
+        registry: DeviceRegistry,
+        router: CallRouter,
+        enroll: Enroll | None,
+        photos: PhotoStore | None,
+    ) -> None:
         self.frontend, self.registry, self.router = frontend, registry, router
         self._enroll = enroll
         self._photos = photos
@@ -237,9 +244,14 @@ class _Api:
         if verb == "approve" and device.record.state == PENDING and device.conflict:
             # Two clients checked in with this id: approving would bind the first, maybe not
             # the user's own board. Start over rather than guess.
-            return JSONResponse({"error": f"two clients claim the id of {device.alias} "
-                                 f"({device.conflict}): forget it, restart your device so it "
-                                 "checks in again, then approve it"}, 409)  # fmt: skip
+            return JSONResponse(
+                {
+                    "error": f"two clients claim the id of {device.alias} "
+                    f"({device.conflict}): forget it, restart your device so it "
+                    "checks in again, then approve it"
+                },
+                409,
+            )
         session = device.session
         action(device)
         if close and session is not None:
@@ -307,7 +319,7 @@ def build_host_app(
                 ("approve", api.approve),
                 ("reject", api.reject),
                 ("pair", api.pair),
-            )  # fmt: skip
+            )
         ),
         Route("/api/enroll", endpoint=guard(_Endpoint(enroll_limited)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),
@@ -319,6 +331,7 @@ def build_host_app(
         routes += dashboard.routes(guard, _Endpoint)
     if oauth is not None:
         routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
+        oauth.provider.on_revoke.append(_SessionEnder(manager))
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
     if token or oauth is not None:
@@ -344,6 +357,33 @@ async def _json_body(request: Request) -> Any:
         return json.loads(await request.body())
     except ValueError:
         return None
+
+
+class _SessionEnder:
+    """Revoking an app ends its streamable-HTTP sessions too, not only its open requests.
+
+    The SDK's manager records who opened each session (``_session_owners``, private: pinned
+    ``mcp==2.3.*``); its own ``_discard_session`` forgets one (404 from then on) and terminates
+    its transport.
+    """
+
+    def __init__(self, manager: StreamableHTTPSessionManager) -> None:
+        self.manager = manager
+        self._ending: set[asyncio.Task[None]] = set()
+
+    def __call__(self, client_id: str) -> None:
+        manager = self.manager
+        owned = [
+            sid for sid, owner in manager._session_owners.items() if owner["client_id"] == client_id
+        ]
+        for session_id in owned:
+            transport = manager._server_instances.get(session_id)
+            if transport is not None:
+                task = asyncio.get_running_loop().create_task(
+                    manager._discard_session(session_id, transport), name="end-app-session"
+                )
+                self._ending.add(task)
+                task.add_done_callback(self._ending.discard)
 
 
 class _Endpoint:

@@ -114,6 +114,8 @@ async def test_sdk_client_registers_gets_consent_calls_a_tool_and_is_revoked(
         token = storage.tokens.access_token
         async with httpx2.AsyncClient(base_url=base_url(run), timeout=bound(10)) as http:
             stream = await open_stream(http, token)
+            sessions = run.gateway._manager._session_owners  # the SDK's record of who opened each
+            assert [o for o in sessions.values() if o["client_id"] == storage.client.client_id]
             page = await signed_in_dashboard(owner, run, "#apps")
             row = page.locator(f'#apps tr[data-client="{storage.client.client_id}"]')
             assert await row.locator(".name").inner_text() == "Porch lamp helper"
@@ -125,6 +127,7 @@ async def test_sdk_client_registers_gets_consent_calls_a_tool_and_is_revoked(
                         pass
                 except httpx2.RemoteProtocolError:
                     pass  # cut mid-stream: ended all the same
+            assert not [o for o in sessions.values() if o["client_id"] == storage.client.client_id]
             after = await http.post(
                 "/mcp",
                 headers={**STREAM, "Authorization": f"Bearer {token}"},
