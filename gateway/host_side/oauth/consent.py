@@ -168,6 +168,11 @@ def _form(
     scopes = params.scopes or list(_WHAT)
     asks = "".join(f"<li>{html.escape(_WHAT.get(s, s))}</li>" for s in scopes)
     client_id = html.escape(client.client_id)
+    if client.client_id.startswith("https://"):
+        domain = urllib.parse.urlsplit(client.client_id).netloc
+        vouched = f"described by its owner at {html.escape(domain)}"
+    else:  # dynamic registration: anyone can register any name
+        vouched = "registered itself with this gateway: its name is its own claim"
     token = (
         (
             '<label>Host token <input name="token" type="password" '
@@ -182,9 +187,10 @@ def _form(
     )
     return f"""<form id="login" class="consent" method="post" action="consent">
   <h1>Allow <span id="app-name">{name}</span>?</h1>
-  <p>The app <strong>{name}</strong> (<code id="client-id">{client_id}</code>) asks to reach
-  your devices through this gateway. After you answer, your browser returns to
-  <strong id="redirect-host">{where}</strong>.</p>
+  <p>The app <strong>{name}</strong> (<code id="client-id">{client_id}</code>,
+  <span id="vouched">{vouched}</span>) asks to reach your devices through this
+  gateway. After you answer, your browser returns to <strong id="redirect-host">{where}</strong>.
+  </p>
   <p>It asks to:</p><ul id="scopes">{asks}</ul>
   <p>It can never approve devices, change settings, or use tools meant for you only. You can
   revoke it at any time under Connected apps on the dashboard.</p>
