@@ -45,6 +45,7 @@ from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.http import build_host_app
 from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
+from gateway.host_side.oauth import OAuthSite
 from gateway.net.addresses import Addresses, lan_address
 from gateway.net.descriptors import accept_errors_throttled, raise_fd_limit
 from gateway.net.limits import Guard, listener_limits
@@ -119,10 +120,13 @@ class Gateway:
         self.dashboard = Dashboard(
             config, self.registry, self.audit, self.public, lambda: self.device_tokens[0]
         )
+        self.oauth = (
+            OAuthSite(config, self.audit, self.dashboard.sessions) if config.oauth_enabled else None
+        )
         self.host_app, self._manager = build_host_app(
             config, self.frontend, self.registry, self.router, self.admission.enroll, self.photos,
             dashboard=self.dashboard, metrics=self.metrics,
-            trouble=self.cluster.health if self.cluster else None,
+            trouble=self.cluster.health if self.cluster else None, oauth=self.oauth,
         )  # fmt: skip
         if self.cluster is not None:  # cluster: records and series say which replica
             self.audit.replica = self.metrics.replica = self.cluster.replica
@@ -186,6 +190,9 @@ class Gateway:
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
         self._stack.callback(self.registry.logins.end_minute)  # its summary, before closing
+
+        if self.oauth is not None:
+            self._stack.callback(self.oauth.close)
         self._stack.callback(self.frontend.notifier.listen_handler.close)
         if self.proxy is not None:
             self._stack.push_async_callback(self.proxy.aclose)
@@ -209,7 +216,11 @@ class Gateway:
         """The connection guard of the ``device`` or ``host`` listener, counted in /metrics."""
         limits = listener_limits(self.config, listener)
         if listener == "host":  # a signed-in dashboard authenticates its connections
-            limits = dataclasses.replace(limits, session=self.dashboard.sessions.valid)
+            limits = dataclasses.replace(
+                limits,
+                session=self.dashboard.sessions.valid,
+                app_token=self.oauth.live if self.oauth else None,
+            )
         guard = Guard(limits)
         self.metrics.refusals[listener] = lambda: guard.refused
         return guard

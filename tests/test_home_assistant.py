@@ -105,7 +105,7 @@ def test_every_variable_is_a_gateway_setting() -> None:
     """Every variable the add-on sets is one the gateway reads (the voice server's one too)."""
     known = {env_name(table, key) for table, key, _, _ in FIELDS}
     assert "GATEWAY_UPSTREAM_OTA_URL" in set(RUN.ENVIRONMENT.values())
-    assert set(RUN.ENVIRONMENT.values()) <= known
+    assert set(RUN.ENVIRONMENT.values()) | set(RUN.HOME_ASSISTANT) <= known
 
 
 def test_the_add_on_is_built_on_the_gateway_s_image_of_its_version() -> None:
@@ -135,6 +135,8 @@ def test_options_become_the_gateway_s_settings() -> None:
     assert (config.mqtt_username, config.mqtt_password) == ("gateway", "secret")
     assert config.mqtt_listen is None and config.log_level == "debug"
     assert "GATEWAY_MQTT_PUBLIC_ENDPOINT" not in env  # empty: the gateway's default
+    assert config.host_ingress_peers == ("172.30.32.2",)  # the Supervisor's ingress, no other
+    assert config.oauth_http_networks == ("172.30.32.0/23",)  # HA's MCP client gets tokens
     assert RUN.mcp_url(options) == "http://192.168.1.20:8766/mcp"
     embedded = load_config(env=RUN.environment({**CONFIG["options"], "host_token": "x" * 32,
                                                 "mqtt_mode": "embedded"}))  # fmt: skip

@@ -36,7 +36,7 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     "net": [
-        {"addresses", "destinations", "websocket"},
+        {"addresses", "destinations", "websocket", "networks"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},
     ],
@@ -68,10 +68,27 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "host_side": [
-        {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
+        {
+            "tool_listing",
+            "device_listing",
+            "photo_resources",
+            "relay",
+            "call_results",
+            "fleet_app",
+            "callers",
+        },
         {"mcp_server"},
         {"dashboard", "metrics"},
+        {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*
         {"http"},
+    ],
+    "host_side/oauth": [
+        {"origin", "store", "client_documents"},
+        {"consent_requests", "guard"},
+        {"provider"},
+        {"consent"},
+        {"site"},
+        {"apps"},
     ],
     "cli": [{"flashing", "doctor", "heap", "tables"}, {"commands"}],
     "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],

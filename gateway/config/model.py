@@ -66,6 +66,22 @@ class Config:
     host_allowed_hosts: tuple[str, ...] = ()
     host_allowed_origins: tuple[str, ...] = ()
     host_session_idle_timeout: float = 300.0  # an MCP HTTP session unused this long is closed
+
+    # The host side's public base URL (https://...): the OAuth issuer and resource name it
+    host_public_url: str | None = None
+    # Proxies whose X-Forwarded-Proto/Host/For headers the host listener believes
+    host_trusted_proxies: tuple[str, ...] = ()
+    # Home Assistant's ingress proxy (the Supervisor, 172.30.32.2): the dashboard trusts it
+    host_ingress_peers: tuple[str, ...] = ()
+    # [oauth]: the host listener as an OAuth 2.1 authorization server (gateway/host_side/oauth)
+    oauth_enabled: bool = True
+    oauth_http_networks: tuple[str, ...] = ()  # plain HTTP may get tokens here (and loopback)
+    oauth_max_clients: int = 100  # registered apps at most (dynamic registration)
+    oauth_registrations_per_minute: float = 5.0  # per address
+    oauth_access_token_lifetime: float = 3600.0
+    oauth_refresh_token_lifetime: float = 90 * 24 * 3600.0
+    # Client metadata documents are fetched from public addresses only, and from these
+    oauth_metadata_networks: tuple[str, ...] = ()
     devices: Mapping[str, DeviceOptions] = field(default_factory=dict)
     mqtt_mode: str = "embedded"
     mqtt_host: str = "localhost"

@@ -151,6 +151,17 @@ def networks(key: str, value: object) -> tuple[str, ...]:
     return texts
 
 
+def public_base_url(key: str, value: object) -> str | None:
+    """An http(s) base URL without query or fragment, its trailing slash dropped; "" is None."""
+    text = optional_string(key, value)
+    if text is None:
+        return None
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(key, f"expected a URL like https://gateway.example.com, got {text!r}")
+    return text.rstrip("/")
+
+
 def host_token(key: str, value: object) -> str | None:
     text = optional_string(key, value)
     if text is not None and len(text) < MIN_HOST_TOKEN:

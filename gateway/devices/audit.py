@@ -1,13 +1,14 @@
 """The audit log: one JSON line per device call, admin action and refused device login.
 
-Each record says who (``caller``), what (``kind``: ``call``, ``admin`` or ``login``; the tool or
-the ``action``), to which device, from where (``from``: the address it came from, when known),
-the ``outcome`` and when. A call's record also holds its arguments and how long it took.
+Each record says who (``caller``), what (``kind``: ``call``, ``admin``, ``login`` or ``oauth``;
+the tool or the ``action``), to which device, from where (``from``: the address it came from,
+when known), the ``outcome`` and when. A call's record also holds its arguments and how long
+it took.
 
-Admin actions also go to a file of their own (``audit-admin.log`` beside ``audit.log``), read
-for ``kind="admin"``: however many login or call records follow an approval, even enough to
-rotate it out of ``audit.log``, its record stays (login records are also capped a minute,
-``logins.py``).
+Admin actions and OAuth grants also go to a file of their own (``audit-admin.log`` beside
+``audit.log``), read for ``kind="admin"`` and ``kind="oauth"``: however many login or call
+records follow an approval, even enough to rotate it out of ``audit.log``, its record stays
+(login records are also capped a minute, ``logins.py``).
 
 The files are private (mode 0600 in the 0700 data dir). Writing it never fails a call: when the
 disk is full or the data dir read-only the record is lost, the first failure is logged (once, not
@@ -49,7 +50,15 @@ _FLUSH_DELAY = 0.05  # seconds a record may wait for others to share its write
 _MAX_BATCH = 256  # records held at most: a burst is written at once beyond this
 
 CLI_AGENT = "esp-mcp-gateway-cli"  # the CLI's User-Agent: its changes are audited as the CLI's
-KINDS = ("call", "admin", "login")  # what a record is about; records before 0.x hold calls only
+KINDS = (
+    "call",
+    "admin",
+    "login",
+    "oauth",
+)  # what a record is about; records before 0.x hold calls only
+# Kinds also written to the admin file, so that no flood of login or call records hides them:
+# the owner's actions and the grants of the apps they let in.
+KEPT_APART = ("admin", "oauth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +194,7 @@ class AuditLog:
             "message": message,
         }
         line = self._hold(entry)
-        if kind == "admin":  # rare, and acknowledged to a user: on disk before they are told
+        if kind in KEPT_APART:  # rare, and acknowledged to a user: on disk before they are told
             self.flush()
             self._admin.info("%s", line)
 
@@ -233,7 +242,7 @@ class AuditLog:
         """Records newest first, those of ``device`` (alias or id), ``outcome`` and ``kind`` only.
 
         ``outcome`` ``"failed"`` stands for every outcome but ``ok``; ``kind`` is one of
-        ``KINDS`` (``admin`` reads the admin file). A page holds ``limit``
+        ``KINDS`` (``admin`` and ``oauth`` read the admin file). A page holds ``limit``
         records at most and reads a few MB of the log at most; ``next_cursor`` (when more may
         follow) is where the next page starts reading, so records written meanwhile never
         shift a page.
@@ -244,7 +253,7 @@ class AuditLog:
         if kind is not None and kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         self.flush()
-        files = self._files(self.admin_path if kind == "admin" else self.path)
+        files = self._files(self.admin_path if kind in KEPT_APART else self.path)
         start = (0, files[0].stat().st_size if files else 0)
         if cursor is not None:
             try:

@@ -8,17 +8,11 @@ says only that the gateway is alive; how many devices are online is for the host
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
-import hmac
-import json
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-from mcp.server.auth.middleware.bearer_auth import (
-    BearerAuthBackend,
-    RequireAuthMiddleware,
-)
-from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -32,24 +26,18 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Config
-from gateway.devices.calls import CallRouter, format_time
-from gateway.devices.device import PENDING
+from gateway.devices.calls import CallRouter
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import Device, DeviceRegistry
-from gateway.errors import (
-    CallRejected,
-    DeviceBusy,
-    DeviceError,
-    DeviceTimeout,
-    StorageUnavailable,
-)
+from gateway.devices.registry import DeviceRegistry
+from gateway.host_side.api import Enroll, HostApi
 from gateway.host_side.dashboard import Dashboard
-from gateway.host_side.dashboard.session import SessionAuthBackend, actor_of
-from gateway.host_side.device_listing import DeviceQuery, list_devices
-from gateway.host_side.mcp_server import McpFrontend, resolve_tool
+from gateway.host_side.dashboard.session import SessionAuthBackend
+from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
+from gateway.host_side.oauth import BearerTokens, ConnectedApps, OAuthSite
 from gateway.host_side.photo_resources import photo_routes
 from gateway.net.addresses import is_wildcard
+from gateway.net.networks import networks
 from gateway.net.rate_limit import configured_limiter, rate_limited
 
 __all__ = ["HostOriginGuard", "build_host_app", "host_patterns"]
@@ -117,19 +105,6 @@ class HostOriginGuard:
         await self.app(scope, receive, send)
 
 
-class StaticTokenVerifier:
-    """The SDK's ``TokenVerifier`` for one shared host token."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        """Accept exactly the configured token."""
-        if hmac.compare_digest(token.encode(), self._token):
-            return AccessToken(token=token, client_id="host", scopes=[])
-        return None
-
-
 class _SseEndpoint:
     """``GET /sse``: one legacy SSE MCP session per request (an ASGI app, not a view)."""
 
@@ -142,144 +117,6 @@ class _SseEndpoint:
             await server.run(read, write, server.create_initialization_options())
 
 
-Enroll = Callable[[str], dict[str, Any]]
-
-
-class _Api:
-    """The small JSON API the CLI uses (``devices``, ``call``, ``enroll``)."""
-
-    def __init__(self, frontend: McpFrontend, registry: DeviceRegistry, router: CallRouter,
-                 enroll: Enroll | None, photos: PhotoStore | None) -> None:  # fmt: skip
-        self.frontend, self.registry, self.router = frontend, registry, router
-        self._enroll = enroll
-        self._photos = photos
-        self.trouble: Callable[[], str | None] | None = None
-
-    async def enroll(self, request: Request) -> Response:
-        """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
-        try:
-            body: Any = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"error": "the body must be JSON"}, 400)
-        name = body.get("name") if isinstance(body, dict) else None
-        if not isinstance(name, str) or not name.strip() or len(name) > 64:
-            return JSONResponse({"error": "name must be a string of 1 to 64 characters"}, 400)
-        if self._enroll is None:
-            return JSONResponse({"error": "this gateway does not issue device tokens"}, 404)
-        try:
-            return JSONResponse(self._enroll(name.strip()))
-        except StorageUnavailable as exc:  # a full or read-only data dir: try again later
-            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
-
-    async def devices(self, request: Request) -> Response:
-        """One page of devices; query parameters name, state, board and cursor as list_devices."""
-        try:
-            query = DeviceQuery(dict(request.query_params))
-        except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, 400)
-        return JSONResponse(list_devices(self.registry, query))
-
-    async def call(self, request: Request) -> Response:
-        try:
-            body: Any = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"error": "the body must be JSON"}, 400)
-        if not isinstance(body, dict) or not isinstance(body.get("device"), str):
-            return JSONResponse({"error": "expected {device, tool, arguments}"}, 400)
-        device = self.registry.find(body["device"])
-        if device is None:
-            return JSONResponse({"error": f"unknown device {body['device']!r}"}, 404)
-        ref, arguments = body.get("tool"), body.get("arguments") or {}
-        if not isinstance(ref, str) or not isinstance(arguments, dict):
-            return JSONResponse({"error": "tool must be a string, arguments an object"}, 400)
-        tool = resolve_tool(self.registry, device, ref)
-        if isinstance(tool, str):
-            return JSONResponse({"error": tool}, 400)
-        try:
-            actor = actor_of(request)
-            result = await self.router.call(
-                tool, arguments, caller=actor.who, origin=actor.where, user=True
-            )
-        except CallRejected as exc:
-            return JSONResponse({"error": str(exc)}, 400)
-        except DeviceError as exc:
-            if isinstance(exc, DeviceBusy):  # come back later, not a broken device
-                return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "1"})
-            return JSONResponse({"error": str(exc)}, 504 if isinstance(exc, DeviceTimeout) else 502)
-        return JSONResponse({"result": result})
-
-    async def forget(self, request: Request) -> Response:
-        """Remove a device and its names for good (``esp-mcp-gateway devices forget``)."""
-        return await self._device_action(request, "forget", self._forget, close=True)
-
-    def _forget(self, device: Device) -> None:
-        self.registry.forget(device)
-        if self._photos is not None:
-            self._photos.forget(device.device_id)
-
-    async def approve(self, request: Request) -> Response:
-        """Let a pending device serve its tools (``esp-mcp-gateway devices approve``)."""
-        return await self._device_action(request, "approve", self.registry.approve)
-
-    async def reject(self, request: Request) -> Response:
-        """Refuse a device from now on (``esp-mcp-gateway devices reject``)."""
-        return await self._device_action(request, "reject", self.registry.reject, close=True)
-
-    async def pair(self, request: Request) -> Response:
-        """Approve new devices as they arrive for a while (``esp-mcp-gateway devices pair``)."""
-        body = await _json_body(request)
-        seconds = body.get("seconds", 120) if isinstance(body, dict) else None
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not 0 < seconds <= 3600
-        ):
-            return JSONResponse({"error": "seconds must be a number from 1 to 3600"}, 400)
-        until = self.registry.pair(float(seconds))
-        # Pairing itself is held in memory (a restart ends it); the approvals it makes are saved.
-        await self.registry.settle("pair", None, actor_of(request), f"for {seconds:g} s")
-        return JSONResponse({"pairing_for": seconds, "until": format_time(until)})
-
-    async def _device_action(
-        self, request: Request, verb: str, action: Callable[[Device], None], close: bool = False
-    ) -> Response:
-        """Do ``action`` to the device the body names; answer once it is saved (and audited)."""
-        body = await _json_body(request)
-        ref = body.get("device") if isinstance(body, dict) else None
-        if not isinstance(ref, str):
-            return JSONResponse({"error": "expected {device}: its name or id"}, 400)
-        device = self.registry.find(ref)
-        if device is None:
-            return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
-        if verb == "approve" and device.record.state == PENDING and device.conflict:
-            # Two clients checked in with this id: approving would bind the first, maybe not
-            # the user's own board. Start over rather than guess.
-            return JSONResponse({"error": f"two clients claim the id of {device.alias} "
-                                 f"({device.conflict}): forget it, restart your device so it "
-                                 "checks in again, then approve it"}, 409)  # fmt: skip
-        session = device.session
-        action(device)
-        if close and session is not None:
-            await session.aclose()  # if it comes back, the registry decides anew
-        try:
-            await self.registry.settle(verb, device, actor_of(request))
-        except StorageUnavailable as exc:  # done in memory, not on disk: the user must know
-            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
-        done = {"approve": "approved", "reject": "rejected", "forget": "forgotten"}[verb]
-        return JSONResponse({done: {"device": device.alias, "id": device.device_id}})
-
-    async def health(self, request: Request) -> Response:
-        """Alive; the device count only for a request that carries the host token."""
-        body: dict[str, object] = {"status": "ok"}
-        trouble = self.trouble() if self.trouble is not None else None
-        if trouble is not None:  # cluster: cut from the broker (gateway/cluster)
-            return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
-        user = request.scope.get("user")  # set by the bearer auth when a host token is configured
-        if user is not None and user.is_authenticated:
-            body["devices_online"] = self.registry.online_count
-        return JSONResponse(body)
-
-
 def build_host_app(
     config: Config,
     frontend: McpFrontend,
@@ -290,10 +127,12 @@ def build_host_app(
     dashboard: Dashboard | None = None,
     metrics: GatewayMetrics | None = None,
     trouble: Callable[[], str | None] | None = None,
+    oauth: OAuthSite | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``).
 
-    ``trouble`` says why ``/healthz`` must fail (None when all is well).
+    ``trouble`` says why ``/healthz`` must fail (None when all is well). With ``oauth`` the
+    listener is also an OAuth authorization server, and apps' tokens open the MCP routes.
     """
     # A session nobody uses (a host that quit without DELETE) ends after the idle timeout; an
     # open GET stream (a host listening for changes) keeps it.
@@ -303,7 +142,7 @@ def build_host_app(
         session_idle_timeout=config.host_session_idle_timeout,
     )
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
-    api = _Api(frontend, registry, router, enroll, photos)
+    api = HostApi(frontend, registry, router, enroll, photos)
     api.trouble = trouble
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
@@ -312,10 +151,13 @@ def build_host_app(
     def guard(app: ASGIApp) -> ASGIApp:
         return RequireAuthMiddleware(app, required_scopes=[]) if token else app
 
+    def mcp_guard(app: ASGIApp) -> ASGIApp:  # 401s that point at the OAuth metadata
+        return oauth.require(app, tokenless=not token) if oauth is not None else guard(app)
+
     routes = [
-        Route("/mcp", endpoint=guard(StreamableHTTPASGIApp(manager))),
-        Route("/sse", endpoint=guard(_SseEndpoint(frontend, sse)), methods=["GET"]),
-        Mount("/messages/", app=guard(sse.handle_post_message)),
+        Route("/mcp", endpoint=mcp_guard(StreamableHTTPASGIApp(manager))),
+        Route("/sse", endpoint=mcp_guard(_SseEndpoint(frontend, sse)), methods=["GET"]),
+        Mount("/messages/", app=mcp_guard(sse.handle_post_message)),
         Route("/api/devices", endpoint=guard(_Endpoint(api.devices)), methods=["GET"]),
         Route("/api/call", endpoint=guard(_Endpoint(api.call)), methods=["POST"]),
         *(
@@ -325,7 +167,7 @@ def build_host_app(
                 ("approve", api.approve),
                 ("reject", api.reject),
                 ("pair", api.pair),
-            )  # fmt: skip
+            )
         ),
         Route("/api/enroll", endpoint=guard(_Endpoint(enroll_limited)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),
@@ -335,12 +177,18 @@ def build_host_app(
         routes.append(Route("/metrics", guard(_Endpoint(metrics.endpoint)), methods=["GET"]))
     if dashboard is not None:  # the companion dashboard at / (gateway/dashboard)
         routes += dashboard.routes(guard, _Endpoint)
+    if oauth is not None:
+        routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
+        oauth.provider.on_revoke.append(_SessionEnder(manager))
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
-    if token:
-        backend: AuthenticationBackend = BearerAuthBackend(StaticTokenVerifier(token))
-        if dashboard is not None:  # or a signed-in dashboard session (with CSRF to change things)
-            backend = SessionAuthBackend(backend, dashboard.sessions)
+    if token or oauth is not None:
+        backend: AuthenticationBackend = BearerTokens(token, oauth.verify if oauth else None)
+        if (
+            dashboard is not None and token
+        ):  # or a signed-in dashboard session (with CSRF to change things)
+            ingress = networks(config.host_ingress_peers)  # Home Assistant's ingress proxy
+            backend = SessionAuthBackend(backend, dashboard.sessions, ingress)
         middleware.append(
             Middleware(AuthenticationMiddleware, backend=backend, on_error=_auth_refused)
         )
@@ -351,12 +199,31 @@ def _auth_refused(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     return JSONResponse({"error": str(exc)}, 403)
 
 
-async def _json_body(request: Request) -> Any:
-    """The request's JSON body, or None when it is not JSON."""
-    try:
-        return json.loads(await request.body())
-    except ValueError:
-        return None
+class _SessionEnder:
+    """Revoking an app ends its streamable-HTTP sessions too, not only its open requests.
+
+    The SDK's manager records who opened each session (``_session_owners``, private: pinned
+    ``mcp==2.3.*``); its own ``_discard_session`` forgets one (404 from then on) and terminates
+    its transport.
+    """
+
+    def __init__(self, manager: StreamableHTTPSessionManager) -> None:
+        self.manager = manager
+        self._ending: set[asyncio.Task[None]] = set()
+
+    def __call__(self, client_id: str) -> None:
+        manager = self.manager
+        owned = [
+            sid for sid, owner in manager._session_owners.items() if owner["client_id"] == client_id
+        ]
+        for session_id in owned:
+            transport = manager._server_instances.get(session_id)
+            if transport is not None:
+                task = asyncio.get_running_loop().create_task(
+                    manager._discard_session(session_id, transport), name="end-app-session"
+                )
+                self._ending.add(task)
+                task.add_done_callback(self._ending.discard)
 
 
 class _Endpoint:

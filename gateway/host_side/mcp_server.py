@@ -34,6 +34,7 @@ from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side.call_results import text_content, to_call_result
+from gateway.host_side.callers import call_refusal, caller_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
@@ -333,9 +334,12 @@ class McpFrontend:
     async def _invoke(
         self, ctx: Context, tool: DeviceTool, arguments: JsonObject
     ) -> types.CallToolResult:
+        refusal = call_refusal(ctx)
+        if refusal is not None:
+            return _error(refusal)
         origin = getattr(getattr(ctx.request, "client", None), "host", None)  # None: stdio
         try:
-            result = await self._router.call(tool, arguments, caller=_caller(ctx), origin=origin)
+            result = await self._router.call(tool, arguments, caller=caller_of(ctx), origin=origin)
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
         return to_call_result(result)
@@ -384,11 +388,3 @@ def resolve_tool(registry: DeviceRegistry, device: Device, ref: str) -> DeviceTo
     if rejected is not None:
         return f"device {device.alias}: tool {rejected.tool!r} was rejected: {rejected.reason}"
     return f"device {device.alias} has no tool {ref!r}"
-
-
-def _caller(ctx: Context) -> str:
-    request = ctx.request
-    client = getattr(request, "client", None)
-    where = f"http:{client.host}" if client is not None else "stdio"
-    params = ctx.session.client_params
-    return f"{where} {params.client_info.name}" if params is not None else where

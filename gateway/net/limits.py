@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.config import Config
+from gateway.net.networks import Network, in_networks, networks
 from gateway.net.websocket import LeanWebSocket
 
 __all__ = ["Guard", "ListenerLimits", "Slot", "ThrottledLog", "in_networks", "listener_limits",
@@ -44,24 +44,7 @@ logger = logging.getLogger(__name__)
 
 _QUEUED_MESSAGES = 2  # a WebSocket's messages waiting for the app before it stops reading
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Headers = Sequence[tuple[bytes, bytes]]
-
-
-def networks(texts: Sequence[str]) -> tuple[Network, ...]:
-    """Parse addresses or networks ("127.0.0.0/8", "::1"); the config checked them already."""
-    return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
-
-
-def in_networks(address: str, nets: Sequence[Network]) -> bool:
-    """True when ``address`` (IPv4-mapped IPv6 included) lies in one of ``nets``."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return any(ip in net for net in nets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,21 +59,27 @@ class ListenerLimits:
     exempt: tuple[Network, ...] = ()
     trust_requests: bool = False
     bearer: str | None = None
-    # A dashboard session cookie authenticates a browser's connection as the bearer token does
-    # the CLI's: given a Cookie header's value, True when it holds a live session.
+    # A dashboard session cookie (given a Cookie header's value) and an app's OAuth access token
+    # (given the token) authenticate a connection as the host token does, when live; requests
+    # from trusted_peers (Home Assistant's ingress proxy) too.
     session: Callable[[bytes], bool] | None = None
+    app_token: Callable[[bytes], bool] | None = None
+    trusted_peers: tuple[Network, ...] = ()
 
-    def trusts(self, headers: Headers) -> bool:
-        """Does a request with ``headers`` authenticate its connection?"""
+    def trusts(self, headers: Headers, peer: str = "") -> bool:
+        """Does a request with ``headers`` from ``peer`` authenticate its connection?"""
         if not self.trust_requests:
             return False
-        if self.bearer is None:
+        if self.bearer is None or in_networks(peer, self.trusted_peers):
             return True
         expected = self.bearer.encode()
         for name, value in headers:
             name = name.lower()
             if name == b"authorization" and value[:7].lower() == b"bearer ":
-                if hmac.compare_digest(value[7:].strip(), expected):
+                token = value[7:].strip()
+                if hmac.compare_digest(token, expected) or (
+                    self.app_token and self.app_token(token)
+                ):
                     return True
             elif name == b"cookie" and self.session is not None and self.session(value):
                 return True
@@ -113,6 +102,7 @@ def listener_limits(config: Config, listener: str) -> ListenerLimits:
         # requests by the host token.
         trust_requests=host,
         bearer=config.host_token if host else None,
+        trusted_peers=networks(config.host_ingress_peers) if host else (),
     )
 
 
@@ -227,8 +217,9 @@ class Slot:
     def request_started(self, headers: Headers | None = None) -> None:
         """A request's headers are complete; they may authenticate the connection."""
         self._handshake_at = None
-        if headers is not None and not self.authenticated and self.guard.limits.trusts(headers):
-            self.authenticate()
+        if headers is not None and not self.authenticated:
+            if self.guard.limits.trusts(headers, self.address):
+                self.authenticate()
 
     def authenticate(self) -> None:
         """The app accepted the connection: no authentication deadline, no per-address count."""

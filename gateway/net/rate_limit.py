@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.config import Config
-from gateway.net.limits import Network, ThrottledLog, in_networks, networks
+from gateway.net.limits import ThrottledLog
+from gateway.net.networks import Network, in_networks, networks
 
 __all__ = ["RateLimiter", "configured_limiter", "rate_limited"]
 

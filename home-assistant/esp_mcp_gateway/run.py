@@ -36,6 +36,16 @@ ENVIRONMENT = {
 }
 
 
+# Set whatever the options say. Home Assistant documents that ingress requests come from the
+# Supervisor's 172.30.32.2 only: the dashboard trusts that peer (HA signed its user in already),
+# and no other. HA's own MCP client reaches the add-on over its internal network (172.30.32.0/23)
+# in plain HTTP, where the gateway may then issue it OAuth tokens.
+HOME_ASSISTANT = {
+    "GATEWAY_HOST_INGRESS_PEERS": "172.30.32.2",
+    "GATEWAY_OAUTH_HTTP_NETWORKS": "172.30.32.0/23",
+}
+
+
 class OptionsError(Exception):
     """The options cannot run the gateway; the message says what to change, and where."""
 
@@ -61,6 +71,7 @@ def environment(options: dict[str, Any]) -> dict[str, str]:
     }
     if env.get("GATEWAY_MQTT_MODE") != "embedded":
         env["GATEWAY_MQTT_LISTEN"] = "off"  # no broker in the add-on unless asked for
+    env.update(HOME_ASSISTANT)
     return env
 
 

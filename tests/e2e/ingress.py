@@ -23,9 +23,13 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trail
 
 
 @asynccontextmanager
-async def ingress(upstream: str, prefix: str) -> AsyncIterator[str]:
-    """Serve ``upstream`` under ``prefix``; yields the proxy's base URL (without the prefix)."""
-    async with httpx2.AsyncClient(base_url=upstream, timeout=None) as client:
+async def ingress(upstream: str, prefix: str, source: str | None = None) -> AsyncIterator[str]:
+    """Serve ``upstream`` under ``prefix``; yields the proxy's base URL (without the prefix).
+
+    ``source``: the address the proxy connects from (127.0.0.2 plays the Supervisor's).
+    """
+    transport = httpx2.AsyncHTTPTransport(local_address=source) if source else None
+    async with httpx2.AsyncClient(base_url=upstream, timeout=None, transport=transport) as client:
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
             path = scope["path"]

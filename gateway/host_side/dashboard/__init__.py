@@ -40,6 +40,7 @@ from gateway.host_side.dashboard.session import (
     cookie_value,
 )
 from gateway.host_side.dashboard.views import device_summary, device_tools, setup_facts
+from gateway.net.networks import in_networks, networks
 from gateway.net.public import PublicAddress
 from gateway.net.rate_limit import RateLimiter, rate_limited
 
@@ -76,6 +77,7 @@ class Dashboard:
         self.config, self.registry, self.audit, self.public = config, registry, audit, public
         self.device_token = device_token
         self.sessions = Sessions(config.host_token)
+        self.ingress = networks(config.host_ingress_peers)  # Home Assistant's ingress proxy
 
     def routes(self, guard: Guard, endpoint: Callable[[Handler], ASGIApp]) -> list[BaseRoute]:
         """Routes for the host app; ``guard`` requires auth, ``endpoint`` makes a view an app."""
@@ -103,13 +105,13 @@ class Dashboard:
 
     async def index(self, request: Request) -> Response:
         """The dashboard, or the sign-in page for a browser that has not signed in."""
-        if self.sessions.required and self.sessions.get(request.cookies.get(COOKIE)) is None:
+        if self._must_sign_in(request) and self.sessions.get(request.cookies.get(COOKIE)) is None:
             return RedirectResponse("login", 303)  # relative: it works behind a path prefix
         return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
 
     async def login_page(self, request: Request) -> Response:
         """The sign-in form (nothing to sign in to without a host token)."""
-        if not self.sessions.required:
+        if not self._must_sign_in(request):
             return RedirectResponse("./", 303)
         return FileResponse(STATIC / "login.html", headers=PAGE_HEADERS)
 
@@ -125,12 +127,17 @@ class Dashboard:
                             samesite="strict", secure=request.url.scheme == "https")  # fmt: skip
         return response
 
+    def _must_sign_in(self, request: Request) -> bool:
+        """A host token is set, and the request is not Home Assistant's ingress proxy's."""
+        peer = request.client.host if request.client else ""
+        return self.sessions.required and not in_networks(peer, self.ingress)
+
     # --- JSON --------------------------------------------------------------------------------
 
     async def session(self, request: Request) -> Response:
         """The CSRF token this page sends with every change (empty without sign-in)."""
         session = self.sessions.get(request.cookies.get(COOKIE))
-        body = {"csrf": session.csrf if session else "", "sign_in": self.sessions.required}
+        body = {"csrf": session.csrf if session else "", "sign_in": self._must_sign_in(request)}
         return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
     async def logout(self, request: Request) -> Response:

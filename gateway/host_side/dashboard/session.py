@@ -29,6 +29,7 @@ from starlette.authentication import (
 from starlette.requests import HTTPConnection, cookie_parser
 
 from gateway.devices.audit import CLI_AGENT, Actor
+from gateway.net.networks import Network, in_networks
 
 __all__ = ["COOKIE", "CSRF_HEADER", "Session", "SessionAuthBackend", "Sessions",
            "actor_of"]  # fmt: skip
@@ -113,8 +114,10 @@ def cookie_value(header: str) -> str | None:
 class SessionAuthBackend(AuthenticationBackend):
     """A bearer token, else a dashboard session cookie (with its CSRF token to change things)."""
 
-    def __init__(self, bearer: AuthenticationBackend, sessions: Sessions) -> None:
-        self.bearer, self.sessions = bearer, sessions
+    def __init__(
+        self, bearer: AuthenticationBackend, sessions: Sessions, ingress: tuple[Network, ...] = ()
+    ) -> None:
+        self.bearer, self.sessions, self.ingress = bearer, sessions, ingress
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
         """Who sent ``conn``, or None (the routes' guard answers 401)."""
@@ -123,6 +126,10 @@ class SessionAuthBackend(AuthenticationBackend):
             return found  # type: ignore[no-any-return]
         if not conn.url.path.startswith(COOKIE_PATHS):
             return None
+        if conn.client is not None and in_networks(conn.client.host, self.ingress):
+            # Home Assistant's ingress signed its user in already; only its proxy is trusted,
+            # and a cross-site request is still refused by the Origin check.
+            return AuthCredentials([]), _DASHBOARD
         session = self.sessions.get(conn.cookies.get(COOKIE))
         if session is None:
             return None
@@ -130,8 +137,10 @@ class SessionAuthBackend(AuthenticationBackend):
             presented = conn.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(presented.encode(), session.csrf.encode()):
                 raise AuthenticationError("missing or wrong CSRF token: reload the dashboard")
-        user = AuthenticatedUser(AccessToken(token="", client_id="dashboard", scopes=[]))
-        return AuthCredentials([]), user
+        return AuthCredentials([]), _DASHBOARD
+
+
+_DASHBOARD = AuthenticatedUser(AccessToken(token="", client_id="dashboard", scopes=[]))
 
 
 def actor_of(connection: HTTPConnection) -> Actor:

@@ -28,7 +28,8 @@ function showError(error) {
 
 // --- pages -----------------------------------------------------------------------------------
 
-const loaders = {devices: () => {}, audit: () => loadAudit(false), photos: loadPhotos, setup: loadSetup};
+const loaders = {devices: () => {}, audit: () => loadAudit(false), photos: loadPhotos, setup: loadSetup,
+  apps: () => loadApps()};
 
 function showPage() {
   const page = (location.hash || "#devices").slice(1);

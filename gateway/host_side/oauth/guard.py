@@ -1,0 +1,146 @@
+"""Who may use the MCP routes: the host token, an app's OAuth token, or (tokenless) anyone local.
+
+``BearerTokens`` is the auth backend of the whole host listener: the static host token counts
+everywhere (as before), an app's access token only on the MCP paths, and only when it was issued
+for this very resource (RFC 8707). ``RequireToken`` answers everyone else on the MCP paths with
+401 and the ``resource_metadata`` pointer (RFC 9728 §5.1), so a client knows where to sign in. On
+a tokenless loopback listener a request without ``Authorization`` still passes, as it always did;
+one with a bad token is refused, so an app learns that its token ended.
+
+``AppStreams`` holds the requests (and their streams) of each app, so that revoking an app ends
+them at once.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+import anyio
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.host_side.callers import app_of
+from gateway.host_side.oauth.origin import OriginRules
+
+__all__ = ["AppStreams", "BearerTokens", "RequireToken"]
+
+Verify = Callable[[str, HTTPConnection], Awaitable[AccessToken | None]]
+
+
+def _on_mcp_path(path: str) -> bool:
+    return path in ("/mcp", "/sse") or path.startswith("/messages/")
+
+
+class BearerTokens(AuthenticationBackend):
+    """The host token anywhere; an app's token (``verify``) on the MCP paths only."""
+
+    def __init__(self, host_token: str | None, verify: Verify | None) -> None:
+        self._host = host_token.encode() if host_token else None
+        self._verify = verify
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
+        """The credentials of ``conn``'s bearer token, or None."""
+        header = conn.headers.get("authorization", "")
+        if not header.lower().startswith("bearer "):
+            return None
+        token = header[7:].strip()
+        if self._host is not None and hmac.compare_digest(token.encode(), self._host):
+            return AuthCredentials([]), AuthenticatedUser(
+                AccessToken(token=token, client_id="host", scopes=[])
+            )
+        if self._verify is None or not _on_mcp_path(conn.url.path):
+            return None
+        access = await self._verify(token, conn)
+        if access is None:
+            return None
+        return AuthCredentials(access.scopes), AuthenticatedUser(access)
+
+
+class AppStreams:
+    """The open requests of each app, ended together when the app is revoked."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, set[anyio.CancelScope]] = {}
+
+    @contextmanager
+    def hold(self, client_id: str) -> Iterator[None]:
+        """Run a request of ``client_id`` so that ``end`` can stop it."""
+        with anyio.CancelScope() as scope:
+            self._live.setdefault(client_id, set()).add(scope)
+            try:
+                yield
+            finally:
+                live = self._live.get(client_id)
+                if live is not None:
+                    live.discard(scope)
+                    if not live:
+                        del self._live[client_id]
+
+    def count(self, client_id: str) -> int:
+        """How many requests of ``client_id`` are open."""
+        return len(self._live.get(client_id, ()))
+
+    def end(self, client_id: str) -> None:
+        """Stop every open request of ``client_id`` now."""
+        for scope in self._live.pop(client_id, set()):
+            scope.cancel()
+
+
+class RequireToken:
+    """ASGI guard of an MCP route: 401 with ``resource_metadata`` without valid credentials."""
+
+    def __init__(
+        self, app: ASGIApp, rules: OriginRules, streams: AppStreams, tokenless: bool
+    ) -> None:
+        self.app, self.rules, self.streams, self.tokenless = app, rules, streams, tokenless
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass a signed-in request on (an app's within its streams), else refuse it."""
+        app = app_of(scope.get("user"))
+        if app is not None:
+            if "devices.list" not in app.scopes:
+                await self._refuse(
+                    scope, send, 403, "insufficient_scope", "Required scope: devices.list"
+                )
+                return
+            with self.streams.hold(app.client_id):
+                await self.app(scope, receive, send)
+            return
+        user = scope.get("user")
+        signed_in = isinstance(user, AuthenticatedUser)
+        sent_token = any(name == b"authorization" for name, _ in scope["headers"])
+        if signed_in or (self.tokenless and not sent_token):
+            await self.app(scope, receive, send)
+            return
+        why = (
+            "the access token is invalid, expired, revoked or for another resource"
+            if sent_token
+            else "authentication required"
+        )
+        await self._refuse(scope, send, 401, "invalid_token", why)
+
+    async def _refuse(self, scope: Scope, send: Send, status: int, error: str, why: str) -> None:
+        origin = self.rules.of(HTTPConnection(scope))
+        challenge = (
+            f'Bearer error="{error}", error_description="{why}", '
+            f'resource_metadata="{origin.resource_metadata}"'
+        )
+        body = json.dumps({"error": error, "error_description": why}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", challenge.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

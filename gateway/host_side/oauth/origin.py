@@ -1,0 +1,84 @@
+"""Where a request came from and which URL it reached: the issuer, the resource, the peer.
+
+The issuer is the host side's configured public URL (``[host] public_url``); without one, the URL
+the request came in on (its Host header, which the Host/Origin guard has checked). A request from
+a configured trusted proxy may name its scheme, host and client in ``X-Forwarded-Proto``,
+``X-Forwarded-Host`` and ``X-Forwarded-For``; anyone else's forwarded headers are ignored.
+
+Tokens go out only over HTTPS, or over plain HTTP from loopback and the private networks the owner
+lists (``[oauth] http_networks``), where the static host token travels the same way today.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from starlette.requests import HTTPConnection
+
+from gateway.config import Config
+from gateway.net.networks import Network, in_networks, networks
+
+__all__ = ["CURRENT", "MCP_PATH", "Origin", "OriginRules"]
+
+MCP_PATH = "/mcp"
+_LOOPBACK = networks(("127.0.0.0/8", "::1"))
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """One request's issuer (``scheme://host[:port]``), client address and right to tokens."""
+
+    issuer: str
+    address: str
+    may_issue: bool
+
+    @property
+    def resource(self) -> str:
+        """The protected resource: the MCP endpoint (RFC 8707, RFC 9728)."""
+        return self.issuer + MCP_PATH
+
+    @property
+    def resource_metadata(self) -> str:
+        """The RFC 9728 metadata URL of the resource (its path form)."""
+        return f"{self.issuer}/.well-known/oauth-protected-resource{MCP_PATH}"
+
+
+# The origin of the OAuth request being handled (set by the routes' wrapper for the provider,
+# whose SDK-defined methods do not see the request).
+CURRENT: ContextVar[Origin] = ContextVar("oauth_origin")
+
+
+class OriginRules:
+    """The config's answer to "which issuer, and may this request get a token"."""
+
+    def __init__(self, config: Config) -> None:
+        self.public_url = config.host_public_url
+        self._proxies: tuple[Network, ...] = networks(config.host_trusted_proxies)
+        self._http: tuple[Network, ...] = _LOOPBACK + networks(config.oauth_http_networks)
+
+    def of(self, conn: HTTPConnection) -> Origin:
+        """The origin of ``conn``."""
+        peer = conn.client.host if conn.client else ""
+        headers = conn.headers
+        scheme, host, address = conn.url.scheme, headers.get("host", ""), peer
+        if self._proxies and in_networks(peer, self._proxies):
+            scheme = _first(headers.get("x-forwarded-proto")) or scheme
+            host = _first(headers.get("x-forwarded-host")) or host
+            address = _last(headers.get("x-forwarded-for")) or peer
+        if scheme not in ("http", "https"):
+            scheme = "http"
+        issuer = self.public_url or f"{scheme}://{host}"
+        public_https = bool(self.public_url and self.public_url.startswith("https://"))
+        secure = scheme == "https" or public_https
+        may_issue = secure or in_networks(address, self._http)  # the client, not its proxy
+        return Origin(issuer, address, may_issue)
+
+
+def _first(value: str | None) -> str | None:
+    return value.split(",")[0].strip() or None if value else None
+
+
+def _last(value: str | None) -> str | None:
+    """The address the trusted proxy itself saw (the last hop it appended)."""
+    return value.split(",")[-1].strip() or None if value else None

@@ -1,0 +1,313 @@
+"""The SDK's ``OAuthAuthorizationServerProvider`` over the gateway's store, consent and audit.
+
+The SDK's handlers (``mcp.server.auth.handlers``) parse and check each request (PKCE S256, the
+redirect URI, client authentication); this provider decides: which apps exist (registered ones, and
+those a client metadata document describes), what the owner consented to (``consent.py`` makes
+the grant and its code), and what each code and token is worth. A code or a rotated refresh token
+presented twice means someone copied it: the grant it came from is revoked at once (RFC 9700).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    AuthorizeError,
+    OAuthAuthorizationServerProvider,
+    RefreshToken,
+    RegistrationError,
+)
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+from gateway.config import Config
+from gateway.devices.audit import Actor, AuditLog
+from gateway.host_side.oauth.client_documents import (
+    ClientDocumentError,
+    ClientDocuments,
+    is_document_id,
+    redirect_refusal,
+)
+from gateway.host_side.oauth.consent_requests import ConsentRequests
+from gateway.host_side.oauth.origin import CURRENT
+from gateway.host_side.oauth.store import ACCESS, CODE, REFRESH, Grant, OAuthStore, new_secret
+
+__all__ = ["SCOPES", "GatewayProvider"]
+
+logger = logging.getLogger(__name__)
+
+# What an app may be granted: listing devices (and their tools), and calling tools. The
+# dashboard's admin actions have no scope: an app's token is accepted on the MCP paths only.
+SCOPES = ("devices.list", "tools.call")
+CODE_LIFETIME = 120.0
+UNUSED_CLIENT_AGE = 3600.0  # an app registered this long ago and never granted is forgotten
+
+
+class GatewayProvider(
+    OAuthAuthorizationServerProvider[AuthorizationCode, RefreshToken, AccessToken]
+):
+    """Apps, grants and tokens for the host listener (the SDK's provider protocol)."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: OAuthStore,
+        documents: ClientDocuments,
+        consents: ConsentRequests,
+        audit: AuditLog,
+    ) -> None:
+        self.config, self.store, self.documents = config, store, documents
+        self.consents, self.audit = consents, audit
+        self.on_revoke: list[Callable[[str], None]] = []  # told the client id of ended grants
+
+    # --- apps ---------------------------------------------------------------------------------
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        """A registered app, or the one a (fetched, checked) metadata document describes."""
+        if is_document_id(client_id):
+            try:
+                client = await self.documents.get(client_id)
+            except ClientDocumentError as exc:
+                logger.warning("client metadata document refused: %s", exc)
+                return None
+            return client.model_copy(update={"scope": " ".join(SCOPES)})
+        info = self.store.client(client_id)
+        return OAuthClientInformationFull.model_validate(info) if info else None
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        """Save an app that registered itself (RFC 7591), within the cap on apps."""
+        for uri in client_info.redirect_uris or ():
+            refusal = redirect_refusal(str(uri))
+            if refusal is not None:
+                raise RegistrationError("invalid_redirect_uri", refusal)
+        kept = self.store.prune_clients(UNUSED_CLIENT_AGE)
+        if kept >= self.config.oauth_max_clients:
+            raise RegistrationError(
+                "invalid_client_metadata",
+                f"this gateway has {kept} registered apps, its limit ([oauth] max_clients); "
+                "apps never allowed, or revoked, are forgotten an hour after they registered",
+            )
+        origin = CURRENT.get(None)
+        address = origin.address if origin else None
+        self.store.save_client(client_info.client_id, client_info.model_dump(mode="json"), address)
+        name = client_info.client_name or "unnamed app"
+        self._audit("register", name, client_info.client_id, address)
+
+    # --- authorization ------------------------------------------------------------------------
+
+    async def authorize(
+        self, client: OAuthClientInformationFull, params: AuthorizationParams
+    ) -> str:
+        """Hold the request for the owner's consent; send the browser to the consent page."""
+        origin = CURRENT.get()
+        if params.resource is not None and not _same_resource(params.resource, origin.resource):
+            raise AuthorizeError(
+                "invalid_target",
+                f"this server is the resource {origin.resource}, not {params.resource}",
+            )
+        request_id = self.consents.hold(client, params, origin)
+        return f"consent?request={request_id}"  # relative: it works behind a path prefix
+
+    def grant(
+        self,
+        client: OAuthClientInformationFull,
+        params: AuthorizationParams,
+        resource: str,
+        actor: Actor,
+    ) -> str:
+        """The owner said yes: save the grant and its code (before the app sees it)."""
+        code = new_secret("gwc_")
+        grant = Grant(
+            id=new_secret(""),
+            client_id=client.client_id,
+            client_name=_name(client),
+            scopes=tuple(params.scopes or SCOPES),
+            resource=resource,
+            redirect=str(params.redirect_uri),
+            granted_at=time.time(),
+            last_used=None,
+            revoked_at=None,
+        )
+        extra = {
+            "challenge": params.code_challenge,
+            "explicit": params.redirect_uri_provided_explicitly,
+        }
+        self.store.add_grant(grant, code, time.time() + CODE_LIFETIME, extra)
+        self._audit(
+            "grant",
+            grant.client_name,
+            client.client_id,
+            actor.where,
+            actor.who,
+            f"scopes {' '.join(grant.scopes)}; redirect to {grant.redirect}",
+        )
+        return code
+
+    def refused(self, client: OAuthClientInformationFull, actor: Actor) -> None:
+        """The owner said no."""
+        self._audit("deny", _name(client), client.client_id, actor.where, actor.who)
+
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: str
+    ) -> AuthorizationCode | None:
+        """The code, if unused; a replayed code revokes the grant it made."""
+        found = self.store.find(authorization_code)
+        if found is None or found.kind != CODE or found.grant.client_id != client.client_id:
+            return None
+        if found.used:
+            self._replayed(found.grant, "an authorization code")
+            return None
+        return AuthorizationCode(
+            code=authorization_code,
+            scopes=list(found.grant.scopes),
+            expires_at=found.expires,
+            client_id=found.grant.client_id,
+            code_challenge=found.extra["challenge"],
+            redirect_uri=found.grant.redirect,  # type: ignore[arg-type]
+            redirect_uri_provided_explicitly=found.extra["explicit"],
+            resource=found.grant.resource,
+        )
+
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
+    ) -> OAuthToken:
+        """Tokens for a code (which can never be redeemed again)."""
+        found = self.store.find(authorization_code.code)
+        assert found is not None  # loaded just before, on the same loop turn
+        return self._tokens(found.grant, authorization_code.code)
+
+    async def load_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: str
+    ) -> RefreshToken | None:
+        """The refresh token, if current; a rotated one presented again revokes the grant."""
+        found = self.store.find(refresh_token)
+        if found is None or found.kind != REFRESH or found.grant.client_id != client.client_id:
+            return None
+        if found.used:
+            self._replayed(found.grant, "a rotated refresh token")
+            return None
+        return RefreshToken(
+            token=refresh_token,
+            client_id=found.grant.client_id,
+            scopes=list(found.grant.scopes),
+            expires_at=int(found.expires),
+            resource=found.grant.resource,
+        )
+
+    async def exchange_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: RefreshToken, scopes: list[str]
+    ) -> OAuthToken:
+        """New tokens for a refresh token, which is spent (rotation)."""
+        found = self.store.find(refresh_token.token)
+        assert found is not None
+        self._audit("refresh", found.grant.client_name, client.client_id, _address())
+        return self._tokens(found.grant, refresh_token.token, scopes)
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        """The access token, if it is one, current and its grant alive."""
+        found = self.store.find(token)
+        if found is None or found.kind != ACCESS or found.expires < time.time():
+            return None
+        grant = found.grant
+        self.store.used(grant.id)
+        return AccessToken(
+            token=token,
+            client_id=grant.client_id,
+            scopes=list(grant.scopes),
+            expires_at=int(found.expires),
+            resource=grant.resource,
+            claims={"app": grant.client_name, "grant": grant.id},
+        )
+
+    async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        """RFC 7009: the app gives a token up; the whole grant ends with it."""
+        found = self.store.find(token.token)
+        if found is not None:
+            self.store.revoke_grant(found.grant.id)
+            self._audit(
+                "revoke",
+                found.grant.client_name,
+                found.grant.client_id,
+                _address(),
+                message="revoked by the app (RFC 7009)",
+            )
+            self._ended(found.grant.client_id)
+
+    def revoke_app(self, client_id: str, actor: Actor) -> list[Grant]:
+        """The owner revokes an app on the dashboard: every grant of it ends now."""
+        ended = self.store.revoke_client(client_id)
+        if ended:
+            self._audit("revoke", ended[0].client_name, client_id, actor.where, actor.who)
+            self._ended(client_id)
+        return ended
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _tokens(self, grant: Grant, spent: str, scopes: list[str] | None = None) -> OAuthToken:
+        access, refresh = new_secret("gwa_"), new_secret("gwr_")
+        now = time.time()
+        lifetime = self.config.oauth_access_token_lifetime
+        self.store.issue(
+            grant.id,
+            spent,
+            {
+                ACCESS: (access, now + lifetime),
+                REFRESH: (refresh, now + self.config.oauth_refresh_token_lifetime),
+            },
+        )
+        return OAuthToken(
+            access_token=access,
+            token_type="Bearer",
+            expires_in=int(lifetime),
+            scope=" ".join(scopes or grant.scopes),
+            refresh_token=refresh,
+        )
+
+    def _replayed(self, grant: Grant, what: str) -> None:
+        self.store.revoke_grant(grant.id)
+        logger.warning("%s of %s was used twice: its grant is revoked", what, grant.client_name)
+        self._audit(
+            "revoke",
+            grant.client_name,
+            grant.client_id,
+            _address(),
+            outcome="refused",
+            message=f"{what} was presented twice: the grant is revoked",
+        )
+        self._ended(grant.client_id)
+
+    def _ended(self, client_id: str) -> None:
+        for watcher in self.on_revoke:
+            watcher(client_id)
+
+    def _audit(
+        self,
+        action: str,
+        name: str,
+        client_id: str,
+        where: str | None,
+        who: str = "oauth",
+        message: str | None = None,
+        outcome: str = "ok",
+    ) -> None:
+        detail = f"app {name!r} ({client_id})" + (f": {message}" if message else "")
+        self.audit.event(
+            "oauth", action, Actor(who, where), device_id=None, outcome=outcome, message=detail
+        )
+
+
+def _name(client: OAuthClientInformationFull) -> str:
+    return (client.client_name or client.client_id)[:100]
+
+
+def _address() -> str | None:
+    origin = CURRENT.get(None)
+    return origin.address if origin else None
+
+
+def _same_resource(given: str, ours: str) -> bool:
+    return given.rstrip("/").lower() == ours.rstrip("/").lower()

@@ -1,0 +1,254 @@
+"""The OAuth server's durable state: registered apps, grants, codes and tokens (``oauth.sqlite3``).
+
+A grant is one consent the owner gave one app; its codes and tokens hang from it, and revoking
+the grant ends them all. Codes and tokens are kept as SHA-256 digests only: a copy of the data
+dir hands out no working token. Every change is committed before the caller answers (the SQLite
+file is opened in autocommit mode), so a token the app was given survives a crash, and one the
+owner revoked stays revoked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.devices.store import open_database
+from gateway.errors import StorageUnavailable
+
+__all__ = ["Grant", "OAuthStore", "StoredToken", "digest", "new_secret"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS clients (
+    client_id  TEXT PRIMARY KEY,
+    info       TEXT NOT NULL,
+    address    TEXT,
+    created    REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS grants (
+    id          TEXT PRIMARY KEY,
+    client_id   TEXT NOT NULL,
+    client_name TEXT NOT NULL,
+    scopes      TEXT NOT NULL,
+    resource    TEXT NOT NULL,
+    redirect    TEXT NOT NULL,
+    granted_at  REAL NOT NULL,
+    last_used   REAL,
+    revoked_at  REAL
+);
+CREATE INDEX IF NOT EXISTS grants_by_client ON grants (client_id);
+CREATE TABLE IF NOT EXISTS tokens (
+    digest   TEXT PRIMARY KEY,
+    kind     TEXT NOT NULL,
+    grant_id TEXT NOT NULL,
+    expires  REAL NOT NULL,
+    used     INTEGER NOT NULL DEFAULT 0,
+    extra    TEXT
+);
+CREATE INDEX IF NOT EXISTS tokens_by_grant ON tokens (grant_id);
+"""
+
+CODE, ACCESS, REFRESH = "code", "access", "refresh"
+_LAST_USE_EVERY = 60.0  # seconds: "last use" is written at most this often per grant
+
+
+def digest(secret: str) -> str:
+    """What is stored of a code or token: its SHA-256, in hex."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def new_secret(prefix: str) -> str:
+    """A fresh code or token: 256 random bits, with a prefix that says what it is."""
+    return prefix + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One consent: ``client_id`` may use ``scopes`` on ``resource`` until revoked."""
+
+    id: str
+    client_id: str
+    client_name: str
+    scopes: tuple[str, ...]
+    resource: str
+    redirect: str
+    granted_at: float
+    last_used: float | None
+    revoked_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredToken:
+    """A code or token found by its digest, with the grant it belongs to."""
+
+    kind: str
+    grant: Grant
+    expires: float
+    used: bool
+    extra: dict[str, Any]
+
+
+class OAuthStore:
+    """The SQLite file, and the few queries the provider and the dashboard need."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        self._db = open_database(path, _SCHEMA)
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._last_use_written: dict[str, float] = {}
+
+    def close(self) -> None:
+        """Close the file."""
+        self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction, committed on exit (or rolled back); a failure says so clearly."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StorageUnavailable(f"cannot save OAuth state: {exc}") from exc
+
+    # --- apps ---------------------------------------------------------------------------------
+
+    def save_client(self, client_id: str, info: dict[str, Any], address: str | None) -> None:
+        """Remember a registered app."""
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO clients VALUES (?, ?, ?, ?)",
+                (client_id, json.dumps(info), address, self._clock()),
+            )
+
+    def client(self, client_id: str) -> dict[str, Any] | None:
+        """A registered app's metadata, as it registered."""
+        row = self._db.execute("SELECT info FROM clients WHERE client_id = ?", (client_id,))
+        found = row.fetchone()
+        return json.loads(found[0]) if found else None
+
+    def prune_clients(self, unused_for: float) -> int:
+        """Forget apps registered ``unused_for`` seconds ago that hold no live grant (never
+        allowed, or revoked); returns how many apps stay registered."""
+        with self._write() as db:
+            db.execute(
+                "DELETE FROM clients WHERE created < ? AND client_id NOT IN "
+                "(SELECT client_id FROM grants WHERE revoked_at IS NULL)",
+                (self._clock() - unused_for,),
+            )
+            return int(db.execute("SELECT COUNT(*) FROM clients").fetchone()[0])
+
+    # --- grants, codes and tokens --------------------------------------------------------------
+
+    def add_grant(self, grant: Grant, code: str, expires: float, extra: dict[str, Any]) -> None:
+        """Record the owner's consent and the code that redeems it, in one transaction."""
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO grants VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+                (
+                    grant.id,
+                    grant.client_id,
+                    grant.client_name,
+                    " ".join(grant.scopes),
+                    grant.resource,
+                    grant.redirect,
+                    grant.granted_at,
+                ),
+            )
+            db.execute(
+                "INSERT INTO tokens VALUES (?, ?, ?, ?, 0, ?)",
+                (digest(code), CODE, grant.id, expires, json.dumps(extra)),
+            )
+
+    def find(self, secret: str) -> StoredToken | None:
+        """The code or token ``secret``, used or not, with its grant."""
+        row = self._db.execute(
+            "SELECT kind, grant_id, expires, used, extra FROM tokens WHERE digest = ?",
+            (digest(secret),),
+        ).fetchone()
+        if row is None:
+            return None
+        grant = self.grant(row[1])
+        if grant is None:
+            return None
+        return StoredToken(row[0], grant, row[2], bool(row[3]), json.loads(row[4] or "{}"))
+
+    def grant(self, grant_id: str) -> Grant | None:
+        """The grant ``grant_id``, revoked or not."""
+        row = self._db.execute("SELECT * FROM grants WHERE id = ?", (grant_id,)).fetchone()
+        return _grant(row) if row else None
+
+    def issue(self, grant_id: str, spent: str, tokens: dict[str, tuple[str, float]]) -> None:
+        """Mark the code or refresh token ``spent`` used and save new ``tokens`` (kind: secret,
+        expiry), in one transaction: the old one can never be redeemed twice."""
+        with self._write() as db:
+            db.execute("UPDATE tokens SET used = 1 WHERE digest = ?", (digest(spent),))
+            for kind, (secret, expires) in tokens.items():
+                db.execute(
+                    "INSERT INTO tokens VALUES (?, ?, ?, ?, 0, NULL)",
+                    (digest(secret), kind, grant_id, expires),
+                )
+            if spent.startswith("gwr_"):  # a rotated refresh: its access tokens end with it
+                db.execute(
+                    "DELETE FROM tokens WHERE grant_id = ? AND kind = ? AND digest != ?",
+                    (grant_id, ACCESS, digest(tokens[ACCESS][0])),
+                )
+
+    def revoke_grant(self, grant_id: str) -> None:
+        """End a grant: its codes and tokens stop working now."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE grants SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                (self._clock(), grant_id),
+            )
+            db.execute("DELETE FROM tokens WHERE grant_id = ?", (grant_id,))
+
+    def revoke_client(self, client_id: str) -> list[Grant]:
+        """End every live grant of an app; returns those it ended."""
+        ended = [grant for grant in self.grants(client_id) if grant.revoked_at is None]
+        for grant in ended:
+            self.revoke_grant(grant.id)
+        return ended
+
+    def grants(self, client_id: str | None = None) -> list[Grant]:
+        """Grants, newest first (of one app, or all)."""
+        query, args = "SELECT * FROM grants", ()
+        if client_id is not None:
+            query, args = query + " WHERE client_id = ?", (client_id,)  # type: ignore[assignment]
+        rows = self._db.execute(query + " ORDER BY granted_at DESC", args).fetchall()
+        return [_grant(row) for row in rows]
+
+    def used(self, grant_id: str) -> None:
+        """Note that a grant's token was just used (written at most once a minute)."""
+        now = self._clock()
+        if now - self._last_use_written.get(grant_id, 0.0) < _LAST_USE_EVERY:
+            return
+        self._last_use_written[grant_id] = now
+        try:
+            with self._write() as db:
+                db.execute("UPDATE grants SET last_used = ? WHERE id = ?", (now, grant_id))
+        except StorageUnavailable:
+            pass  # "last use" is a courtesy: a full disk must not refuse the call itself
+
+    def expire(self) -> None:
+        """Drop codes and tokens past their expiry."""
+        with self._write() as db:
+            db.execute("DELETE FROM tokens WHERE expires < ?", (self._clock() - 3600,))
+
+
+def _grant(row: tuple[Any, ...]) -> Grant:
+    scopes = tuple(row[3].split()) if row[3] else ()
+    return Grant(row[0], row[1], row[2], scopes, row[4], row[5], row[6], row[7], row[8])
