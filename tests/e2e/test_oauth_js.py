@@ -6,7 +6,8 @@
   one on a simulated device; Revoke on the dashboard makes its next call a 401.
 - mcp-remote, started with no token by an MCP SDK client over stdio, runs the whole sign-in
   itself. It opens the browser through the ``open`` package, whose bundled xdg-open (with no
-  desktop to ask) runs ``$BROWSER``: ours hands the URL to Chromium.
+  desktop to ask) runs ``$BROWSER``: ours hands the URL to Chromium. After Revoke it opens the
+  consent page again, and only the owner's new Allow lets its next call through.
 
 Both packages come from npm into .ci/node (tests/programs.py); everything runs on loopback.
 """
@@ -212,10 +213,14 @@ async def browser_for(owner: ConsentBrowser, folder: Path) -> AsyncIterator[Open
         tasks.cancel_scope.cancel()
 
 
-async def test_mcp_remote_signs_in_through_chromium_and_relays_tools(tmp_path: Path) -> None:
+async def test_mcp_remote_signs_in_through_chromium_and_asks_again_after_revoke(
+    tmp_path: Path,
+) -> None:
     """mcp-remote with no token: it meets the 401, registers, opens the consent page in the
     browser (Chromium, through $BROWSER), takes the code at its own callback, and an MCP SDK
-    client on its stdio lists tools and calls one on the device, as the app it registered."""
+    client on its stdio lists tools and calls one on the device, as the app it registered.
+    After Revoke on the dashboard the next call gets through only once the owner, asked again
+    in the browser, allows it again."""
     remote = npm_package("mcp-remote")
     proxy = remote / json.loads((remote / "package.json").read_text())["bin"]["mcp-remote"]
     async with (
@@ -232,18 +237,30 @@ async def test_mcp_remote_signs_in_through_chromium_and_relays_tools(tmp_path: P
         }
         params = StdioServerParameters(command=program("node"), args=[str(proxy), run.mcp_url],
                                        env=env)  # fmt: skip
-        with anyio.fail_after(bound(90)):
+        with anyio.fail_after(bound(120)):
             async with Client(params, mode="legacy") as client:
                 names = [tool.name for tool in (await client.list_tools()).tools]
                 result = await client.call_tool(VOLUME, {"volume": 42})
-        async with httpx2.AsyncClient(base_url=base_url(run), timeout=bound(10)) as http:
-            apps = (await http.get("/api/oauth/apps", headers=ADMIN)).json()["apps"]
+                async with httpx2.AsyncClient(base_url=base_url(run), timeout=bound(10)) as http:
+                    apps = (await http.get("/api/oauth/apps", headers=ADMIN)).json()["apps"]
+                (app,) = apps
+                signed_in = list(browser.urls)
+                await revoke_in_dashboard(owner, run, app["client_id"])
+                again = await client.call_tool(VOLUME, {"volume": 9})
         records = audit_records(run, tmp_path / "data")
-    assert VOLUME in names and not result.is_error
-    assert ("self.audio_speaker.set_volume", {"volume": 42}) in dev.calls
-    (url,) = browser.urls  # one sign-in, in the browser it opened
+    assert VOLUME in names and not result.is_error and not again.is_error
+    assert dev.calls[-2:] == [("self.audio_speaker.set_volume", {"volume": 42}),
+                              ("self.audio_speaker.set_volume", {"volume": 9})]  # fmt: skip
+    (url,) = signed_in  # one sign-in, in the browser it opened
     assert url.startswith(f"{base_url(run)}/authorize?")
-    (app,) = apps
     assert app["name"] == "MCP CLI Proxy"  # mcp-remote's own registration
     call = next(r for r in records if r["kind"] == "call")
     assert app["client_id"] in call["caller"]
+    # The revoked token got nothing: the second call waited for the owner's second Allow.
+    assert len(browser.urls) == 2
+    timeline = [
+        f"call {r['arguments'].get('volume')}" if r["kind"] == "call" else r["action"]
+        for r in records
+        if r["kind"] == "call" or r.get("action") in ("grant", "revoke")
+    ]
+    assert timeline == ["grant", "call 42", "revoke", "grant", "call 9"]
