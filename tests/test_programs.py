@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.programs import COVERAGE_GATE, DEBIAN, INSTALL_MCPB, gate_arguments, install
+from tests.programs import (
+    COVERAGE_GATE,
+    DEBIAN,
+    INSTALL_MCPB,
+    NPM_PACKAGES,
+    PINNED,
+    gate_arguments,
+    install,
+)
 
 
 def bare_path(tmp_path: Path, *programs: str) -> str:
@@ -21,6 +29,13 @@ def bare_path(tmp_path: Path, *programs: str) -> str:
         (where / name).write_text("#!/bin/sh\nexit 1\n")
         (where / name).chmod(0o755)
     return str(where)
+
+
+def installed(root: Path, name: str, version: str) -> None:
+    """``name`` at ``version`` in ``root``'s .ci/node, as npm leaves it."""
+    folder = root / ".ci" / "node" / "node_modules" / name
+    folder.mkdir(parents=True)
+    (folder / "package.json").write_text(f'{{"name": "{name}", "version": "{version}"}}')
 
 
 class Recorder:
@@ -46,9 +61,14 @@ def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(
     assert update == ["apt-get", "update", "-q"]
     assert apt[-len(set(DEBIAN.values())) :] == sorted(set(DEBIAN.values()))
     assert "install" in apt and "-y" in apt and "DEBIAN_FRONTEND=noninteractive" in apt
-    assert npm[:3] == ["npm", "install", "--prefix"] and npm[-1] == "@anthropic-ai/mcpb@2"
+    assert npm[:3] == ["npm", "install", "--prefix"]
+    assert npm[-3:] == [
+        "@anthropic-ai/mcpb@2",
+        "@modelcontextprotocol/sdk@1.32.2",
+        "mcp-remote@0.15.1",
+    ]
     assert "--silent" not in npm
-    assert "installing the mcpb CLI for the .mcpb tests: npm install" in capsys.readouterr().err
+    assert "installing npm packages for the tests (mcpb, " in capsys.readouterr().err
 
 
 def test_with_passwordless_sudo_apt_get_runs_under_sudo(tmp_path: Path) -> None:
@@ -79,11 +99,15 @@ def test_without_root_or_sudo_or_npm_it_says_what_to_run_and_installs_nothing(
     assert debian.startswith("mosquitto, mosquitto_passwd, socat, openssl, chromium: not root")
     assert "sudo apt-get install chromium mosquitto openssl socat" in debian
     assert "npm is not installed" in mcpb and INSTALL_MCPB in mcpb
+    assert mcpb.startswith("mcpb, @modelcontextprotocol/sdk@1.32.2, mcp-remote@0.15.1: npm")
 
 
 def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
     run = Recorder(fails="update")
-    problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path, "mcpb"))
+    for name, version in NPM_PACKAGES.items():
+        installed(tmp_path, name, version)
+    problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path, "mcpb"),
+                       root=tmp_path)  # fmt: skip
     assert len(run.commands) == 1 and problems == [
         "mosquitto, mosquitto_passwd, socat, openssl, chromium: apt-get install "
         "chromium mosquitto openssl socat failed"
@@ -93,8 +117,22 @@ def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
 def test_nothing_missing_nothing_run(tmp_path: Path) -> None:
     run = Recorder()
     path = bare_path(tmp_path, *DEBIAN, "mcpb")
-    assert install([], run=run, euid=0, sudo=lambda: True, path=path) == []
+    for name, version in NPM_PACKAGES.items():
+        installed(tmp_path, name, version)
+    assert install([], run=run, euid=0, sudo=lambda: True, path=path, root=tmp_path) == []
     assert run.commands == []
+
+
+def test_an_npm_package_of_another_version_is_installed_at_the_pinned_one(tmp_path: Path) -> None:
+    """An older mcp-remote left in .ci/node is replaced; what is already pinned is left alone."""
+    run = Recorder()
+    installed(tmp_path, "mcp-remote", "0.1.0")
+    installed(tmp_path, "@modelcontextprotocol/sdk", NPM_PACKAGES["@modelcontextprotocol/sdk"])
+    path = bare_path(tmp_path, *DEBIAN, "mcpb", "npm")
+    assert install([], run=run, euid=0, sudo=lambda: True, path=path, root=tmp_path) == []
+    (npm,) = run.commands
+    assert npm[-1] == f"mcp-remote@{NPM_PACKAGES['mcp-remote']}" in PINNED
+    assert not any(a.startswith("@modelcontextprotocol/sdk") for a in npm)
 
 
 @pytest.mark.parametrize("no_skips", [False, True])
