@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tests.programs import COVERAGE_GATE, DEBIAN, INSTALL_MCPB, gate_arguments, install
+from tests.programs import DEBIAN, INSTALL_MCPB, announce, install
 
 
 def bare_path(tmp_path: Path, *programs: str) -> str:
@@ -92,35 +90,16 @@ def test_nothing_missing_nothing_run(tmp_path: Path) -> None:
     assert run.commands == []
 
 
-@pytest.mark.parametrize("no_skips", [False, True])
-def test_the_gate_is_90_percent_of_everything_when_nothing_was_skipped(no_skips: bool) -> None:
-    arguments, note = gate_arguments([], no_skips=no_skips)
-    assert f"--fail-under={COVERAGE_GATE}" in arguments and COVERAGE_GATE == 90
-    assert not any(a.startswith("--omit") for a in arguments) and note == ""
-
-
-def test_skips_for_missing_programs_leave_out_only_what_their_tests_cover() -> None:
-    """Without mosquitto the MQTT modules are left out, said aloud; 90% of the rest holds."""
-    arguments, note = gate_arguments(["mosquitto", "socat"], no_skips=False)
-    (omit,) = [a for a in arguments if a.startswith("--omit=")]
-    assert set(omit.removeprefix("--omit=").split(",")) == {
-        "gateway/device_side/transports/mqtt/transport.py",
-        "gateway/device_side/transports/mqtt/liveness.py",
-        "gateway/cli/flashing/serial_tools.py",
-        "gateway/cli/flashing/board.py",
-        "gateway/cli/flashing/commands.py",
+def test_up_front_each_missing_program_is_named_with_its_command_and_its_tests() -> None:
+    """From the last full run's record: which test files will skip, and how many tests."""
+    tests = {
+        "tests/a.py::test_one": ["mosquitto"],
+        "tests/a.py::test_two": ["mosquitto", "openssl"],
+        "tests/b.py::test_three": ["socat"],
     }
-    assert f"--fail-under={COVERAGE_GATE}" in arguments
-    assert "mosquitto, socat" in note and "asks 90% of the rest" in note
-
-
-def test_ci_leaves_nothing_out() -> None:
-    """Under GATEWAY_TESTS_NO_SKIPS the skip itself failed the run; the gate stays whole."""
-    arguments, note = gate_arguments(["mosquitto"], no_skips=True)
-    assert not any(a.startswith("--omit") for a in arguments) and note == ""
-
-
-def test_a_program_no_module_depends_on_changes_nothing() -> None:
-    """mcpb's tests check the bundle, not gateway code: its skip omits nothing."""
-    arguments, note = gate_arguments(["mcpb"], no_skips=False)
-    assert not any(a.startswith("--omit") for a in arguments) and note == ""
+    mosquitto, nats = announce(["mosquitto", "mcpb"], tests)
+    assert mosquitto == (
+        "mosquitto is not installed (sudo apt-get install mosquitto): its tests will skip: "
+        "2 in tests/a.py (2)"
+    )
+    assert nats == f"mcpb is not installed ({INSTALL_MCPB}): its tests will skip"
