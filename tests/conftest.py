@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 from gateway.app import Running, running
 from gateway.config import Config, ListenAddress
 from tests.bounds import bound, exceeded_hint
+from tests.ports import refusing_port
 from tests.programs import HINTS
 
 DEVICE_TOKEN = "device-secret-for-tests"
@@ -83,6 +84,13 @@ def listener_tasks() -> int:
     """Tasks of the running loop that run gateway or uvicorn code (not a test's clients)."""
     frames = [getattr(t.get_coro(), "cr_frame", None) for t in asyncio.all_tasks()]
     return sum(f is not None and _gateway_side(f.f_globals.get("__name__")) for f in frames)
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port where connections are refused, held so that nobody else binds it."""
+    with refusing_port() as port:
+        yield port
 
 
 @pytest.fixture
