@@ -52,5 +52,5 @@ def exceeded_hint() -> str:
     return (
         f"a bounded wait ran out: bounds are scaled by {ENV} ({user_factor():g}) times this "
         f"machine's load per CPU ({machine_factor():.2g}, {cpus()} CPUs); on a slow or busy "
-        f"machine rerun with {ENV}=3 (or more)"
+        f"machine rerun with {ENV}={max(3.0, 2 * user_factor()):g}"
     )

@@ -138,10 +138,17 @@ async def asgi_server(app: ASGIApp, name: str) -> AsyncIterator[str]:
         sock.close()
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
     """Know which test runs (for ``program()``), and name it as the coverage context of the
-    subprocesses it starts, as pytest-cov's ``--cov-context=test`` names its own lines."""
+    subprocesses it starts, as pytest-cov's ``--cov-context=test`` names its own lines.
+
+    pytest-timeout's limit for a whole test (pyproject.toml ``timeout``) scales like every
+    bound, with the load when the test starts (tests/bounds.py)."""
+    config: Any = item.config
+    if getattr(config, "_env_timeout", None):
+        nominal = config.__dict__.setdefault("_gateway_nominal_timeout", config._env_timeout)
+        config._env_timeout = bound(nominal)
     _current_test.append(item.nodeid)
     measured = os.environ.get(_SUBPROCESS_COVERAGE)
     if measured is not None and item.config.getoption("cov_context", None) == "test":

@@ -54,3 +54,19 @@ def test_a_run_out_bound_names_the_factor(tmp_path: Path) -> None:
     assert done.stdout.count("GATEWAY_TESTS_TIMEOUT_FACTOR=3") == 1, done.stdout
     assert "bounds are scaled by GATEWAY_TESTS_TIMEOUT_FACTOR (1)" in done.stdout
     assert "load per CPU" in done.stdout
+
+
+def test_pytest_timeout_s_limit_scales_too(tmp_path: Path) -> None:
+    """pyproject.toml's whole-test limit is a bound like the others: 1 s times factor 20 lets a
+    test of 2 s finish."""
+    (tmp_path / "test_long.py").write_text(
+        "import time\ndef test_two_seconds():\n    time.sleep(2)\n"  # the clock is the subject
+    )
+    env = {**os.environ, "GATEWAY_TESTS_TIMEOUT_FACTOR": "20"}
+    env.pop("GATEWAY_TESTS_NO_SKIPS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         "-q", "-o", "timeout=1", str(tmp_path / "test_long.py"), "--rootdir", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=bound(120),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
