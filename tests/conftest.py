@@ -20,13 +20,11 @@ from starlette.types import ASGIApp
 
 from gateway.app import Running, running
 from gateway.config import Config, ListenAddress
-from tests.bounds import bound, exceeded_hint
+from tests.bounds import bound, exceeded_hint  # tests import bound from here
 from tests.ports import refusing_port
 from tests.programs import HINTS
 
 DEVICE_TOKEN = "device-secret-for-tests"
-
-__all__ = ["bound"]  # tests import it from here: tests/bounds.py scales it for the machine
 
 # The programs the tests drive that pip cannot install, and what lacked in this run (for the
 # coverage gate, tests/programs.py).
