@@ -6,9 +6,17 @@ the commands instead of running apt-get or npm.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.programs import DEBIAN, INSTALL_MCPB, announce, install
+import pytest
+
+from tests.conftest import bound
+from tests.programs import DEBIAN, INSTALL_MCPB, NPM, ROOT, absent, announce, install
 
 
 def bare_path(tmp_path: Path, *programs: str) -> str:
@@ -116,3 +124,20 @@ def test_up_front_each_missing_program_is_named_with_its_command_and_its_tests()
         "2 in tests/a.py (2)"
     )
     assert nats == f"mcpb is not installed ({INSTALL_MCPB}): its tests will skip"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a mount namespace needs root and unshare (CI has both)")  # fmt: skip
+def test_ci_s_bare_machine_lacks_every_program_of_the_list() -> None:
+    """.ci/without-programs hides whatever tests/programs.py lists (a program added there is
+    hidden too), empties .ci/node, and installs nothing; outside, nothing changed."""
+    code = (
+        "import json, os; from tests.programs import absent; "
+        "print(json.dumps([absent(), os.environ.get('GATEWAY_TESTS_NO_INSTALL')]))"
+    )
+    done = subprocess.run([str(ROOT / ".ci" / "without-programs"), sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=bound(60))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lacking, no_install = json.loads(done.stdout)
+    assert set(DEBIAN) | set(NPM) <= set(lacking) and no_install == "1"
+    assert not set(DEBIAN) & set(absent())  # this machine keeps them
