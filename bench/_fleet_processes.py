@@ -11,6 +11,7 @@ import ctypes
 import json
 import multiprocessing
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -49,9 +50,23 @@ class RunBroken(Exception):
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now, for a child that must be told its port (mosquitto cannot bind
+    port 0): one outside the kernel's ephemeral range, so no program binding port 0 meanwhile
+    gets it (tests/ports.py does the same for the suite)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    choices = [*range(20000, low), *range(high + 1, 65536)]
+    for _ in range(100):
+        port = random.SystemRandom().choice(choices)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RunBroken("no free loopback port outside the ephemeral range")
 
 
 def _die_with_parent() -> None:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ import aiomqtt
 from gateway.device_side.transports.mqtt import honour_cancellation
 from gateway.simulator import DeviceMcpServer, default_tools
 from tests.conftest import bound, program
+from tests.ports import outside_ephemeral
 
 JsonObject = dict[str, Any]
 
@@ -37,13 +37,6 @@ MQTT_HELLO: JsonObject = {
     "features": {"mcp": True, "glyph_push": False},
     "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60},
 }
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now (mosquitto cannot report an ephemeral one)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Mosquitto:
@@ -61,7 +54,8 @@ class Mosquitto:
         self._acl = acl
         self._username_as_clientid = username_as_clientid
         self._persistence = persistence
-        self.port = free_port()
+        self.port = outside_ephemeral()  # mosquitto cannot bind port 0: tests/ports.py
+        self._started = False
         self._dir = workdir
         self._users = users
         self.tls = tls
@@ -117,7 +111,20 @@ class Mosquitto:
         return conf
 
     async def start(self) -> None:
-        """Start it, and return once it listens (it says so on stderr)."""
+        """Start it, and return once it listens (it says so on stderr). On its first start,
+        a port another picker took first is given up for another (tests/ports.py)."""
+        for _attempt in range(1 if self._started else 5):
+            if await self._start_once() or self._started:
+                break
+            self.log.clear()
+            self.port = outside_ephemeral()
+        assert self.log and " running" in self.log[-1], "".join(self.log)
+        self._started = True
+        assert self._proc is not None and self._proc.stderr is not None
+        self._drain = asyncio.create_task(self._read_rest(self._proc.stderr), name="mosquitto.log")
+
+    async def _start_once(self) -> bool:
+        """Start mosquitto; whether it runs (False: its port was taken, and it exited)."""
         conf = self._write_config()
         self._proc = await asyncio.create_subprocess_exec(
             self.program, "-c", str(conf), stderr=asyncio.subprocess.PIPE
@@ -128,9 +135,11 @@ class Mosquitto:
                 while line := (await self._proc.stderr.readline()).decode():
                     self.log.append(line)
                     if " running" in line:
-                        break
-        assert self.log and " running" in self.log[-1], "".join(self.log)
-        self._drain = asyncio.create_task(self._read_rest(self._proc.stderr), name="mosquitto.log")
+                        return True
+        if any("Address already in use" in line for line in self.log):
+            await self._proc.wait()
+            return False
+        return True  # some other failure: start() says what the log says
 
     async def _read_rest(self, stream: asyncio.StreamReader) -> None:
         while line := await stream.readline():

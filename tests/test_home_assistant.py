@@ -4,10 +4,13 @@ gateway's settings through its entry point (home-assistant/esp_mcp_gateway/run.p
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import json
 import os
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -53,7 +56,8 @@ def test_the_repository_has_what_the_add_on_store_reads() -> None:
     repository = load(ROOT / "repository.yaml")
     assert {"name", "url", "maintainer"} <= set(repository)
     for name in ("config.yaml", "build.yaml", "Dockerfile", "run.py", "DOCS.md", "README.md",
-                 "translations/en.yaml", "icon.png", "logo.png"):  # fmt: skip
+                 "translations/en.yaml", "icon.png", "logo.png", "CHANGELOG.md",
+                 "apparmor.txt"):  # fmt: skip
         assert (ADDON / name).is_file(), name
     # The Supervisor finds add-ons by their config file: this must be the repository's only one.
     found = [p for p in ROOT.rglob("config.y*ml") if ".venv" not in p.parts and "node_modules"
@@ -160,3 +164,90 @@ def test_the_data_dir_becomes_the_gateway_user_s(tmp_path: Path) -> None:
     assert {p.stat().st_uid for p in [tmp_path, *tmp_path.glob("**/*")]
             if p.name != "options.json"} == {10001}  # fmt: skip
     assert (tmp_path / "options.json").stat().st_uid == 0
+
+
+def test_the_add_on_installs_the_image_the_release_publishes() -> None:
+    """``image:`` (HA's way for prebuilt images): the multi-arch manifest the release workflow
+    pushes, built from this folder for every arch the add-on lists, tagged with its version."""
+    workflow = load(ROOT / ".github/workflows/release.yml")
+    owner = CONFIG["image"].split("/")[1]
+    pushed = workflow["env"]["ADDON_IMAGE"].replace("${{ github.repository_owner }}", owner)
+    assert CONFIG["image"] == pushed == f"{IMAGE}-addon" and "{arch}" not in CONFIG["image"]
+    [step] = [s for s in workflow["jobs"]["images"]["steps"]
+              if s.get("with", {}).get("context") == "home-assistant/esp_mcp_gateway"]  # fmt: skip
+    platforms = {p.removeprefix("linux/") for p in step["with"]["platforms"].split(",")}
+    assert {"amd64": "amd64", "arm64": "aarch64"}.keys() == platforms
+    assert set(CONFIG["arch"]) == {"amd64", "aarch64"}
+    assert step["with"]["tags"] == "${{ env.ADDON_IMAGE }}:${{ needs.version.outputs.version }}"
+    assert "BUILD_FROM=${{ env.IMAGE }}:" in step["with"]["build-args"]
+
+
+def test_the_add_on_s_changelog_apparmor_and_watchdog() -> None:
+    """HA shows CHANGELOG.md on update: its newest entry is this version. The AppArmor profile
+    is named after the slug; the watchdog polls /healthz on the host listener."""
+    changelog = (ADDON / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## (\S+)", changelog, re.M)
+    assert newest is not None and newest.group(1) == __version__ == CONFIG["version"]
+    apparmor = (ADDON / "apparmor.txt").read_text()
+    assert re.search(rf"^profile {CONFIG['slug']} flags=", apparmor, re.M)
+    assert "/data/** rwk" in apparmor and "capability setuid" in apparmor
+    assert CONFIG["watchdog"] == f"http://[HOST]:[PORT:{RUN.HOST_PORT}]/healthz"
+    assert CONFIG["services"] == ["mqtt:want"]
+
+
+@pytest.fixture
+def supervisor() -> Iterator[tuple[str, list[str]]]:
+    """The Supervisor's services API on loopback: /services/mqtt as the Mosquitto add-on
+    provides it (/none: no provider). Yields its URL and the tokens it was sent."""
+    tokens: list[str] = []
+
+    class Supervisor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            tokens.append(self.headers.get("Authorization", ""))
+            if self.path != "/services/mqtt":
+                self.send_error(400)
+                return
+            body = json.dumps({"result": "ok", "data": {
+                "host": "core-mosquitto", "port": 1883, "ssl": False, "protocol": "3.1.1",
+                "username": "addons", "password": "from-the-supervisor"}}).encode()  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Supervisor)  # port 0: it says which
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", tokens
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_external_mqtt_without_a_host_takes_home_assistant_s_broker(
+    supervisor: tuple[str, list[str]],
+) -> None:
+    """mqtt_mode external, mqtt_host empty: broker and login come from the Supervisor."""
+    url, tokens = supervisor
+    options = {"host_token": "x" * 32, "mqtt_mode": "external", "log_level": "info"}
+    assert RUN.wants_supervisor_mqtt(options)
+    env = RUN.environment(options)
+    env.update(RUN.supervisor_mqtt(RUN.ask_supervisor(f"{url}/services/mqtt", "sup-token")))
+    config = load_config(env=env)
+    assert (config.mqtt_mode, config.mqtt_host, config.mqtt_port) == (
+        "external", "core-mosquitto", 1883)  # fmt: skip
+    assert (config.mqtt_username, config.mqtt_password) == ("addons", "from-the-supervisor")
+    assert tokens == ["Bearer sup-token"]
+    assert not RUN.wants_supervisor_mqtt({**options, "mqtt_host": "10.0.0.5"})  # typed: kept
+
+
+def test_without_a_broker_add_on_it_says_what_to_install(
+    supervisor: tuple[str, list[str]],
+) -> None:
+    url, _ = supervisor
+    with pytest.raises(RUN.OptionsError, match="install the Mosquitto broker add-on"):
+        RUN.supervisor_mqtt(RUN.ask_supervisor(f"{url}/none", "sup-token"))

@@ -21,8 +21,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tests import programs
-from tests.conftest import bound, missing_program
-from tests.e2e.test_stdio_and_cli import free_port
+from tests.conftest import bound, missing_program, uses_program
 from tests.test_icons import png_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +31,7 @@ pytestmark = pytest.mark.e2e
 
 def mcpb_cli() -> Path:
     """The mcpb CLI's script (cli.js): .ci/node's, else one on PATH; skip if there is none."""
+    uses_program(programs.MCPB)
     found = programs.mcpb_cli()
     if found is None or shutil.which("node") is None:
         missing_program(programs.MCPB)
@@ -110,9 +110,9 @@ async def test_the_bundle_starts_under_uv_and_lists_tools(unpacked: Path, tmp_pa
         # The machine's CAs, as pip uses them (a registry behind a TLS-inspecting proxy).
         "UV_NATIVE_TLS": os.environ.get("UV_NATIVE_TLS", "1"),
         **config["env"],
-        # Not the defaults 8765/8766: other tests and gateways may hold them.
-        "GATEWAY_DEVICE_LISTEN": f"127.0.0.1:{free_port()}",
-        "GATEWAY_HOST_LISTEN": f"127.0.0.1:{free_port()}",
+        # Not the defaults 8765/8766 (other tests and gateways may hold them): port 0.
+        "GATEWAY_DEVICE_LISTEN": "127.0.0.1:0",
+        "GATEWAY_HOST_LISTEN": "127.0.0.1:0",
         "GATEWAY_MQTT_LISTEN": "off",
     }
     params = StdioServerParameters(command=str(uv), args=config["args"], env=env)

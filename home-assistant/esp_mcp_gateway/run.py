@@ -5,6 +5,10 @@ Home Assistant writes what the user set on the add-on's Configuration tab to
 comes from the image (both listeners on every interface, the data dir on /data). Run as root,
 this makes /data the gateway user's, then becomes that user and runs ``esp-mcp-gateway serve``.
 A missing host token stops it with a message saying where to set it.
+
+With ``mqtt_mode: external`` and no ``mqtt_host``, the broker and its login are Home Assistant's
+MQTT service (config.yaml ``services: mqtt:want``; the Mosquitto add-on provides it), asked of
+the Supervisor's API with the token it gives every add-on: nothing to type.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.error
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,7 @@ OPTIONS = Path("/data/options.json")
 DATA = Path("/data")
 GATEWAY_UID = 10001  # the image's gateway user (Dockerfile: ARG UID)
 HOST_PORT = 8766
+SUPERVISOR_MQTT = "http://supervisor/services/mqtt"
 
 # option -> environment variable; options left empty keep the gateway's defaults.
 ENVIRONMENT = {
@@ -75,6 +82,47 @@ def environment(options: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+def wants_supervisor_mqtt(options: dict[str, Any]) -> bool:
+    """External MQTT with no broker named: the one Home Assistant's MQTT service names."""
+    return options.get("mqtt_mode") == "external" and not str(options.get("mqtt_host") or "")
+
+
+def supervisor_mqtt(service: dict[str, Any]) -> dict[str, str]:
+    """The ``GATEWAY_MQTT_*`` settings of the Supervisor's MQTT service answer
+    (``{"data": {"host", "port", "username", "password", "ssl"}}``).
+
+    Raises:
+        OptionsError: there is no MQTT service (no broker add-on), or it names no broker.
+    """
+    data = service.get("data") or {}
+    if not data.get("host"):
+        raise OptionsError(
+            "mqtt_mode is external but Home Assistant has no MQTT broker: install the Mosquitto "
+            "broker add-on, or set mqtt_host (and its login) on the Configuration tab"
+        )
+    env = {"GATEWAY_MQTT_HOST": str(data["host"]), "GATEWAY_MQTT_PORT": str(data.get("port", 1883))}
+    if data.get("username"):
+        env["GATEWAY_MQTT_USERNAME"] = str(data["username"])
+        env["GATEWAY_MQTT_PASSWORD"] = str(data.get("password") or "")
+    env["GATEWAY_MQTT_TLS"] = "true" if data.get("ssl") else "false"
+    return env
+
+
+def ask_supervisor(url: str, token: str) -> dict[str, Any]:
+    """GET ``url`` of the Supervisor's API with the add-on's token."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            found: dict[str, Any] = json.loads(answer.read())
+            return found
+    except urllib.error.HTTPError as exc:
+        if exc.code in (400, 404):  # no provider of the service: no broker add-on
+            return {}
+        raise OptionsError(f"the Supervisor refused the MQTT service: HTTP {exc.code}") from exc
+    except (OSError, ValueError) as exc:
+        raise OptionsError(f"cannot ask the Supervisor for the MQTT broker: {exc}") from exc
+
+
 def mcp_url(options: dict[str, Any]) -> str:
     """Where MCP hosts reach the add-on: the public URL's host on the host listener's port."""
     host = urllib.parse.urlsplit(str(options.get("public_url") or "")).hostname
@@ -92,6 +140,11 @@ def main() -> None:
     try:
         options = json.loads(OPTIONS.read_text(encoding="utf-8"))
         env = environment(options)
+        if wants_supervisor_mqtt(options):
+            token = os.environ.get("SUPERVISOR_TOKEN", "")
+            env.update(supervisor_mqtt(ask_supervisor(SUPERVISOR_MQTT, token)))
+            print(f"esp-mcp-gateway add-on: MQTT broker {env['GATEWAY_MQTT_HOST']}:"
+                  f"{env['GATEWAY_MQTT_PORT']} from Home Assistant", file=sys.stderr)  # fmt: skip
     except (OSError, ValueError, OptionsError) as exc:
         print(f"esp-mcp-gateway add-on: cannot start: {exc}", file=sys.stderr)
         sys.exit(1)

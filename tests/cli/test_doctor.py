@@ -26,7 +26,8 @@ from gateway.cli.doctor import (
 )
 from gateway.config import Config, ListenAddress, load_config
 from tests.conftest import bound, gateway
-from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
+from tests.e2e.test_stdio_and_cli import cli, cli_env
+from tests.ports import outside_ephemeral, refusing_port
 
 LAN = "http://192.168.1.20:8765"
 
@@ -412,11 +413,13 @@ def not_http() -> Iterator[int]:
 
 def test_tcp_probe(not_http: int) -> None:
     assert tcp_probe("127.0.0.1", not_http, bound(2)) is None
-    assert tcp_probe("127.0.0.1", free_port(), bound(2)) is not None
+    with refusing_port() as nothing_there:
+        assert tcp_probe("127.0.0.1", nothing_there, bound(2)) is not None
 
 
 def test_listener_probe_tells_the_gateway_from_nothing_and_others(not_http: int) -> None:
-    assert listener_probe("127.0.0.1", free_port(), bound(2)) == "nothing"
+    with refusing_port() as nothing_there:
+        assert listener_probe("127.0.0.1", nothing_there, bound(2)) == "nothing"
     assert listener_probe("127.0.0.1", not_http, bound(2)) == "other"
 
 
@@ -438,11 +441,12 @@ async def test_listener_probe_finds_a_running_gateway(tmp_path: Path) -> None:
 @pytest.mark.e2e
 async def test_doctor_command(tmp_path: Path) -> None:
     """`doctor` exits 0 on a sound setup, 1 with each problem and its fix, never a traceback."""
-    port = free_port()
+    # doctor probes these and binds none: ports no port-0 binder gets meanwhile (tests/ports.py)
+    port = outside_ephemeral()
     sound = cli_env(
         tmp_path,
         GATEWAY_DEVICE_LISTEN=f"0.0.0.0:{port}",
-        GATEWAY_HOST_LISTEN=f"0.0.0.0:{free_port()}",
+        GATEWAY_HOST_LISTEN=f"0.0.0.0:{outside_ephemeral()}",
         GATEWAY_HOST_TOKEN="a-long-random-host-token-0123456789",
         GATEWAY_PUBLIC_URL=f"http://192.0.2.10:{port}",
     )
@@ -462,8 +466,8 @@ async def test_doctor_in_a_dev_container_accepts_the_default_host_listener(tmp_p
     """Issue 14: `doctor` in a dev container called loopback (the default) a problem, exit 1."""
     env = cli_env(
         tmp_path,
-        GATEWAY_DEVICE_LISTEN=f"0.0.0.0:{free_port()}",
-        GATEWAY_HOST_LISTEN=f"127.0.0.1:{free_port()}",  # the default address, a free port
+        GATEWAY_DEVICE_LISTEN=f"0.0.0.0:{outside_ephemeral()}",
+        GATEWAY_HOST_LISTEN=f"127.0.0.1:{outside_ephemeral()}",  # the default address, free
         container="docker",  # what dev containers and Podman set: the detection sees a container
     )
     code, out, err = await cli("doctor", env=env)

@@ -14,7 +14,8 @@ from gateway.cli.doctor import Finding, Probes, diagnose
 from gateway.cli.doctor.probes import tls_probe
 from gateway.config import Config, DeviceOptions, ListenAddress
 from gateway.device_side.upstream.mqtt_settings import MqttUpstreams
-from tests.mqtt_helpers import Mosquitto, free_port
+from tests.mqtt_helpers import Mosquitto
+from tests.ports import refusing_port
 from tests.upstream_server import UpstreamServer
 
 pytestmark = pytest.mark.anyio
@@ -72,20 +73,21 @@ async def brokers(config: Config, probes: Probes) -> list[Finding]:
 async def test_the_upstream_brokers_of_mqtt_devices_are_reached_without_a_login(
     tmp_path: Path,
 ) -> None:
-    async with Mosquitto(tmp_path / "broker", users={"u": "p"}) as broker:
-        keep_broker(tmp_path, "aa:bb:cc:dd:ee:01", f"127.0.0.1:{broker.port}")
-        keep_broker(tmp_path, "aa:bb:cc:dd:ee:02", f"127.0.0.1:{broker.port}")
-        keep_broker(tmp_path, "aa:bb:cc:dd:ee:03", f"127.0.0.1:{free_port()}")  # nothing there
-        found = await brokers(setup(tmp_path, upstream_ota_url="http://127.0.0.1:9/"), Probes())
-        [up] = [f for f in found if f"127.0.0.1:{broker.port} " in f.message]
-        [down] = [f for f in found if f is not up]
-        await broker.stop()  # its log complete: it saw the probe's connection, and no login
-    assert up.level == "ok" and f"mqtt://127.0.0.1:{broker.port}" in up.message
-    assert "aa:bb:cc:dd:ee:01, aa:bb:cc:dd:ee:02 can be reached (TCP)" in up.message
-    assert down.level == "problem" and "aa:bb:cc:dd:ee:03 cannot be reached" in down.message
-    assert "refused" in down.message.lower() and "restart the device" in down.fix
-    assert any("New connection from 127.0.0.1" in line for line in broker.log)
-    assert not any("New client connected" in line for line in broker.log)
+    with refusing_port() as nothing_there:  # bound, not listening: refused
+        async with Mosquitto(tmp_path / "broker", users={"u": "p"}) as broker:
+            keep_broker(tmp_path, "aa:bb:cc:dd:ee:01", f"127.0.0.1:{broker.port}")
+            keep_broker(tmp_path, "aa:bb:cc:dd:ee:02", f"127.0.0.1:{broker.port}")
+            keep_broker(tmp_path, "aa:bb:cc:dd:ee:03", f"127.0.0.1:{nothing_there}")
+            found = await brokers(setup(tmp_path, upstream_ota_url="http://127.0.0.1:9/"), Probes())
+            [up] = [f for f in found if f"127.0.0.1:{broker.port} " in f.message]
+            [down] = [f for f in found if f is not up]
+            await broker.stop()  # its log complete: it saw the probe's connection, and no login
+        assert up.level == "ok" and f"mqtt://127.0.0.1:{broker.port}" in up.message
+        assert "aa:bb:cc:dd:ee:01, aa:bb:cc:dd:ee:02 can be reached (TCP)" in up.message
+        assert down.level == "problem" and "aa:bb:cc:dd:ee:03 cannot be reached" in down.message
+        assert "refused" in down.message.lower() and "restart the device" in down.fix
+        assert any("New connection from 127.0.0.1" in line for line in broker.log)
+        assert not any("New client connected" in line for line in broker.log)
 
 
 def port_8883_free() -> bool:

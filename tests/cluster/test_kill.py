@@ -17,7 +17,8 @@ from gateway.simulator import SimulatedDevice
 from tests.cluster.conftest import PREFIX, Proxy, cluster_options, eventually
 from tests.cluster.test_faults import call_text, online, tool
 from tests.conftest import DEVICE_TOKEN, bound, gateway
-from tests.mqtt_helpers import Mosquitto, MqttDevice, free_port
+from tests.mqtt_helpers import Mosquitto, MqttDevice
+from tests.ports import announced_ports
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -30,10 +31,8 @@ async def replica_process(
 ) -> AsyncIterator[tuple[int, asyncio.subprocess.Process]]:
     """A replica in its own process (``esp-mcp-gateway serve``); yields its device port once it
     has joined the cluster (it says so on stderr)."""
-    device_port = free_port()
     env = {**os.environ, "GATEWAY_DATA_DIR": str(data_dir), "GATEWAY_DEVICE_TOKEN": DEVICE_TOKEN,
-           "GATEWAY_DEVICE_LISTEN": f"127.0.0.1:{device_port}",
-           "GATEWAY_HOST_LISTEN": f"127.0.0.1:{free_port()}",
+           "GATEWAY_DEVICE_LISTEN": "127.0.0.1:0", "GATEWAY_HOST_LISTEN": "127.0.0.1:0",
            "GATEWAY_CLUSTER_BROKER": f"mqtt://127.0.0.1:{broker_port}",
            "GATEWAY_CLUSTER_NAME": PREFIX, "GATEWAY_CLUSTER_REPLICA": name}  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
@@ -41,11 +40,14 @@ async def replica_process(
     )
     assert proc.stderr is not None
     try:
-        async with asyncio.timeout(bound(20)):
-            while b"joined the cluster" not in (line := await proc.stderr.readline()):
-                assert line, "the replica exited before joining"
+        said = ""
+        async with asyncio.timeout(bound(20)):  # its ports (it binds port 0), then its joining
+            while "joined the cluster" not in said or "devices" not in announced_ports(said):
+                line = (await proc.stderr.readline()).decode()
+                assert line, f"the replica exited before joining: {said}"
+                said += line
         drain = asyncio.create_task(proc.stderr.read())
-        yield device_port, proc
+        yield announced_ports(said)["devices"], proc
         drain.cancel()
     finally:
         if proc.returncode is None:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +17,7 @@ import pytest
 
 import device_fw
 from tests.conftest import DEVICE_TOKEN, bound, program
+from tests.ports import outside_ephemeral
 
 FIRMWARE = Path(device_fw.FIRMWARE_DIR)
 TESTS = Path(__file__).parent
@@ -46,14 +46,6 @@ def run_on_micropython(script: str, *args: str) -> str:
 def passed_checks(output: str) -> list[str]:
     """The names of the checks a scenario printed as ``PASS <name>``, in order."""
     return [line.split()[1] for line in output.splitlines() if line.startswith("PASS ")]
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (for servers that cannot report port 0)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Firmware:
@@ -178,24 +170,36 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
     for index, (user, password) in enumerate(users.items()):
         flags = ["-b", "-c"] if index == 0 else ["-b"]
         subprocess.run([passwd, *flags, str(password_file), user, password], check=True)
-    port, auth_port = free_port(), free_port()
-    lines = [
-        "per_listener_settings true",
-        "persistence false",
-        "log_dest stderr",
-        f"listener {port} 127.0.0.1",
-        "allow_anonymous true",
-        f"listener {auth_port} 127.0.0.1",
-        "allow_anonymous false",
-        f"password_file {password_file}",
-    ]
-    if os.geteuid() == 0:
-        lines.append("user root")  # else mosquitto drops to a user that cannot read the files
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text("\n".join(lines) + "\n")
-    process = subprocess.Popen([broker, "-c", str(conf)], stderr=subprocess.PIPE, text=True)
-    log: list[str] = []
-    drainer = _wait_until_running(process, log)
+    # mosquitto cannot bind port 0: ports the kernel never hands out for it, and other ones
+    # if another picker took them first (tests/ports.py).
+    for _attempt in range(5):
+        port, auth_port = outside_ephemeral(), outside_ephemeral()
+        lines = [
+            "per_listener_settings true",
+            "persistence false",
+            "log_dest stderr",
+            f"listener {port} 127.0.0.1",
+            "allow_anonymous true",
+            f"listener {auth_port} 127.0.0.1",
+            "allow_anonymous false",
+            f"password_file {password_file}",
+        ]
+        if os.geteuid() == 0:
+            lines.append("user root")  # else mosquitto drops to a user that cannot read them
+        conf = tmp_path / "mosquitto.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        process = subprocess.Popen([broker, "-c", str(conf)], stderr=subprocess.PIPE, text=True)
+        log: list[str] = []
+        drainer = _wait_until_running(process, log)
+        if drainer is not None:
+            break
+        process.wait(timeout=bound(10))
+        if process.stderr is not None:
+            process.stderr.close()
+        if not any("Address already in use" in line for line in log):
+            raise RuntimeError("mosquitto did not start: " + "".join(log))
+    else:
+        raise RuntimeError("mosquitto found its ports taken five times: " + "".join(log))
     try:
         yield Broker(port, auth_port, users)
     finally:
@@ -206,9 +210,9 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
             process.stderr.close()
 
 
-def _wait_until_running(process: subprocess.Popen[str], log: list[str]) -> threading.Thread:
+def _wait_until_running(process: subprocess.Popen[str], log: list[str]) -> threading.Thread | None:
     """Wait for mosquitto's "running" log line (it listens by then), then keep draining its
-    log in a thread so that a full pipe never blocks the broker."""
+    log in a thread so that a full pipe never blocks the broker. None: it exited instead."""
     assert process.stderr is not None
     stderr = process.stderr
     ready = threading.Event()
@@ -218,10 +222,14 @@ def _wait_until_running(process: subprocess.Popen[str], log: list[str]) -> threa
             log.append(line)
             if " running" in line:
                 ready.set()
+        ready.set()  # it exited
 
     drainer = threading.Thread(target=drain, name="test.mosquitto.log", daemon=True)
     drainer.start()
     if not ready.wait(bound(10)):
         process.kill()
         raise RuntimeError("mosquitto did not start: " + "".join(log))
+    if not any(" running" in line for line in log):
+        drainer.join(bound(10))
+        return None
     return drainer

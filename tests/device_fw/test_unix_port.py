@@ -13,8 +13,9 @@ from mcp import Client
 from gateway.app import Running
 from gateway.config import ListenAddress
 from tests.conftest import bound, gateway
-from tests.device_fw.conftest import firmware_config, free_port, running_firmware
+from tests.device_fw.conftest import firmware_config, running_firmware
 from tests.e2e.helpers import Inbox, has_tools, until
+from tests.ports import outside_ephemeral
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -154,7 +155,7 @@ async def test_a_call_that_times_out_is_cancelled_on_the_firmware(tmp_path: Path
 async def test_firmware_reconnects_by_itself_after_a_gateway_restart(tmp_path: Path) -> None:
     """Stop the gateway, start a new one on the same port and data dir: the firmware comes back
     on its own and its tools work again."""
-    port = free_port()
+    port = outside_ephemeral()  # both gateways bind it: one the kernel never hands to port 0
     # Tools hidden while offline: the device coming back is then a change the test can await.
     options: dict[str, Any] = {
         "device_listen": ListenAddress("127.0.0.1", port),

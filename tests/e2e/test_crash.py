@@ -21,7 +21,8 @@ import pytest
 from tests.conftest import bound, gateway
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.test_first_hour import read_until
-from tests.e2e.test_stdio_and_cli import cli_env, free_port
+from tests.e2e.test_stdio_and_cli import cli_env
+from tests.ports import announced_ports
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -58,15 +59,15 @@ async def change(http: httpx2.AsyncClient, base: str, n: int) -> bool:
 async def test_every_acknowledged_change_survives_a_sigkill(tmp_path: Path) -> None:
     """Approve, reject, rename and forget in four parallel loops; SIGKILL after 60 answers;
     after a restart each answered change is in the registry."""
-    data, device_port, host_port = tmp_path / "data", free_port(), free_port()
-    env = cli_env(data, GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{device_port}",
-                  GATEWAY_HOST_LISTEN=f"127.0.0.1:{host_port}",
+    data = tmp_path / "data"
+    env = cli_env(data, GATEWAY_DEVICE_LISTEN="127.0.0.1:0", GATEWAY_HOST_LISTEN="127.0.0.1:0",
                   GATEWAY_OTA_TRANSPORT="websocket")  # fmt: skip
     process = await anyio.open_process([sys.executable, "-m", "gateway", "serve"], env=env)
     acknowledged: list[int] = []
     killed = anyio.Event()
     try:
-        await read_until(process, "MCP hosts connect to")
+        ports = announced_ports("\n".join(await read_until(process, "MCP hosts connect to")))
+        device_port, host_port = ports["devices"], ports["hosts"]  # it bound port 0
         async with httpx2.AsyncClient(timeout=bound(10)) as http:
             await check_in_all(http, f"http://127.0.0.1:{device_port}")
             host = f"http://127.0.0.1:{host_port}"

@@ -25,7 +25,8 @@ from gateway.config import ListenAddress
 from gateway.devices.device import Device
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import until
-from tests.e2e.test_stdio_and_cli import cli, cli_env, free_port
+from tests.e2e.test_stdio_and_cli import cli, cli_env
+from tests.ports import outside_ephemeral  # the ports these compare with what serve says
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -71,7 +72,7 @@ async def test_token_does_not_import_the_mcp_sdk(tmp_path: Path) -> None:
 
 async def test_serve_says_where_to_connect_in_usable_addresses(tmp_path: Path) -> None:
     """Ours come first; no wildcard URL, no placeholder, a token command that runs as typed."""
-    device, host = free_port(), free_port()
+    device, host = outside_ephemeral(), outside_ephemeral()
     env = cli_env(
         tmp_path,
         GATEWAY_DEVICE_LISTEN=f"0.0.0.0:{device}",
@@ -97,7 +98,7 @@ async def test_serve_with_a_loopback_host_listener_prints_a_loopback_mcp_url(
     tmp_path: Path,
 ) -> None:
     """The default: hosts on this machine, at 127.0.0.1."""
-    host = free_port()
+    host = outside_ephemeral()
     env = cli_env(
         tmp_path,
         GATEWAY_DEVICE_LISTEN="127.0.0.1:0",
@@ -168,7 +169,7 @@ async def test_serve_with_the_mqtt_port_taken_says_what_to_do(tmp_path: Path) ->
 
 async def test_stdio_beside_a_running_serve_names_stdio_connect(tmp_path: Path) -> None:
     """Claude Desktop's `stdio` entry while `serve` holds the ports: use the running gateway."""
-    device, host = free_port(), free_port()
+    device, host = outside_ephemeral(), outside_ephemeral()
     listen = {
         "device_listen": ListenAddress("127.0.0.1", device),
         "host_listen": ListenAddress("127.0.0.1", host),
@@ -298,9 +299,11 @@ async def test_simulate_finds_the_gateway_from_the_same_settings_under_one_name(
     assert not any(re.search(r"(?<!sim-)esp32_0001", line) for line in said), said
 
 
-async def test_simulate_gives_up_on_a_wrong_url_saying_why(tmp_path: Path) -> None:
+async def test_simulate_gives_up_on_a_wrong_url_saying_why(
+    tmp_path: Path, refused_port: int
+) -> None:
     """Nothing listens there: after --give-up seconds, one line naming the URL and the cause."""
-    url = f"ws://127.0.0.1:{free_port()}/xiaozhi/v1/"
+    url = f"ws://127.0.0.1:{refused_port}/xiaozhi/v1/"
     code, _, err = await cli("simulate", "--url", url, "--token", "t", "--give-up", "1",
                              env=cli_env(tmp_path))  # fmt: skip
     assert code == 1

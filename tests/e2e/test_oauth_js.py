@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.app import Running
 from tests import programs
-from tests.conftest import asgi_server, bound, missing_program, program
+from tests.conftest import asgi_server, bound, missing_program, uses_program
 from tests.e2e.helpers import listed_device
 from tests.e2e.test_oauth import ADMIN, SIM, VOLUME, audit_records, signed_in_dashboard
 from tests.oauth_helpers import (
@@ -53,12 +54,20 @@ TS_CLIENT = Path(__file__).with_name("ts_oauth_client.mjs")
 
 
 def npm_package(name: str) -> Path:
-    """The pinned npm package ``name`` in .ci/node; skip, saying how to install it, if absent."""
-    program("node")
+    """The pinned npm package ``name`` in .ci/node; skip, saying how to install it, if absent
+    (or node is: it comes with npm, which installed the package)."""
+    uses_program(name)
     folder = programs.npm_package(name)
-    if folder is None:
+    if folder is None or shutil.which("node") is None:
         missing_program(name)
     return folder
+
+
+def node() -> str:
+    """The node that runs the npm packages (npm_package() checked it is there)."""
+    found = shutil.which("node")
+    assert found is not None
+    return found
 
 
 @dataclass
@@ -100,7 +109,7 @@ async def ts_app(run: Running, redirect: str, name: str, log: Path) -> AsyncIter
     """The TypeScript SDK app for ``run``'s /mcp; its stderr goes to ``log``."""
     sdk = npm_package("@modelcontextprotocol/sdk")
     modules = sdk.parent.parent  # .ci/node/node_modules from .../@modelcontextprotocol/sdk
-    command = [program("node"), str(TS_CLIENT), str(modules), run.mcp_url, redirect, name]
+    command = [node(), str(TS_CLIENT), str(modules), run.mcp_url, redirect, name]
     with log.open("wb") as errors:
         async with await anyio.open_process(command, stderr=errors) as process:
             try:
@@ -235,7 +244,7 @@ async def test_mcp_remote_signs_in_through_chromium_and_asks_again_after_revoke(
             "MCP_REMOTE_CONFIG_DIR": str(tmp_path / "mcp-auth"),
             "BROWSER": str(browser.command),
         }
-        params = StdioServerParameters(command=program("node"), args=[str(proxy), run.mcp_url],
+        params = StdioServerParameters(command=node(), args=[str(proxy), run.mcp_url],
                                        env=env)  # fmt: skip
         with anyio.fail_after(bound(120)):
             async with Client(params, mode="legacy") as client:

@@ -19,7 +19,7 @@ from mcp_types.version import LATEST_MODERN_VERSION
 from gateway.host_side.relay import RELAY_ERROR
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
-from tests.e2e.test_stdio_and_cli import cli_env, free_port
+from tests.e2e.test_stdio_and_cli import cli_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -92,9 +92,11 @@ async def test_a_refused_host_token_is_a_clear_mcp_error_and_one_line(
     assert error.message in one_line(stderr)
 
 
-async def test_an_unreachable_gateway_is_a_clear_mcp_error_and_one_line(tmp_path: Path) -> None:
+async def test_an_unreachable_gateway_is_a_clear_mcp_error_and_one_line(
+    tmp_path: Path, refused_port: int
+) -> None:
     """Not a 105-line ExceptionGroup: the URL and why it cannot be reached."""
-    url = f"http://127.0.0.1:{free_port()}/mcp"
+    url = f"http://127.0.0.1:{refused_port}/mcp"
     error, stderr = await refused(relay(url, tmp_path, HOST_TOKEN), tmp_path / "stderr")
     assert error.code == RELAY_ERROR
     assert error.message == f"cannot reach the gateway at {url}: connection refused"
@@ -102,10 +104,12 @@ async def test_an_unreachable_gateway_is_a_clear_mcp_error_and_one_line(tmp_path
 
 
 @pytest.mark.parametrize("where", ["gateway", "wrong token", "nothing"])
-async def test_the_relay_exits_when_stdin_closes(tmp_path: Path, where: str) -> None:
+async def test_the_relay_exits_when_stdin_closes(
+    tmp_path: Path, where: str, refused_port: int
+) -> None:
     """Like plain `stdio`: the host closing stdin ends the relay at once, status 0."""
     async with gateway(tmp_path / "gw", host_token=HOST_TOKEN) as run:
-        url = run.mcp_url if where != "nothing" else f"http://127.0.0.1:{free_port()}/mcp"
+        url = run.mcp_url if where != "nothing" else f"http://127.0.0.1:{refused_port}/mcp"
         token = HOST_TOKEN if where == "gateway" else "wrong-token"
         args = ["stdio", "--connect", url, "--token", token]
         process = await anyio.open_process(

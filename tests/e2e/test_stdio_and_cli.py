@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,16 +17,11 @@ from gateway.app import Running
 from gateway.simulator import SimulatedDevice
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.e2e.helpers import Inbox, listed_device, until
+from tests.ports import outside_ephemeral, refusing_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 SIMULATED = [f"sim-esp32_{n:04d}" for n in range(1, 6)]  # `simulate --count 5`
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cli_env(data_dir: Path, **extra: str) -> dict[str, str]:
@@ -52,11 +46,13 @@ async def cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
 
 def stdio_gateway(data_dir: Path) -> tuple[StdioServerParameters, str]:
     """`esp-mcp-gateway stdio` as an MCP host starts it, and its device WebSocket URL."""
-    device_port = free_port()
+    # The host starts it, so its log is not ours to read for a port 0's: the device port is one
+    # the kernel never hands out for port 0 (tests/ports.py).
+    device_port = outside_ephemeral()
     env = cli_env(
         data_dir,
         GATEWAY_DEVICE_LISTEN=f"127.0.0.1:{device_port}",
-        GATEWAY_HOST_LISTEN=f"127.0.0.1:{free_port()}",
+        GATEWAY_HOST_LISTEN="127.0.0.1:0",
         GATEWAY_DEVICE_TOKEN=DEVICE_TOKEN,
     )
     params = StdioServerParameters(command=sys.executable, args=["-m", "gateway", "stdio"], env=env)
@@ -125,9 +121,10 @@ async def test_devices_and_call_commands(tmp_path: Path) -> None:
 
 async def test_cli_reports_an_unreachable_gateway_in_one_line(tmp_path: Path) -> None:
     """No traceback when nothing listens at the URL."""
-    code, _, err = await cli(
-        "devices", "--url", f"http://127.0.0.1:{free_port()}", env=cli_env(tmp_path)
-    )
+    with refusing_port() as nothing_there:
+        code, _, err = await cli(
+            "devices", "--url", f"http://127.0.0.1:{nothing_there}", env=cli_env(tmp_path)
+        )
     assert code == 1
     assert "cannot reach the gateway" in err and "Traceback" not in err
 

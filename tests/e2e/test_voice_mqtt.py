@@ -34,7 +34,8 @@ from tests.conftest import bound, gateway
 from tests.device_side.test_ota import STOCK_HEADERS
 from tests.e2e.helpers import has_tools, until
 from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device, tool_name, wait_listed
-from tests.mqtt_helpers import Mosquitto, MqttDevice, free_port, stock_accepts_hello
+from tests.mqtt_helpers import Mosquitto, MqttDevice, stock_accepts_hello
+from tests.ports import outside_ephemeral
 from tests.upstream_mqtt import UpstreamMqttServer, upstream_broker
 from tests.upstream_server import UpstreamServer
 
@@ -390,7 +391,9 @@ async def test_an_mqtt_section_the_gateway_cannot_use_is_a_clear_error(
 async def test_after_a_gateway_restart_the_device_finds_its_server_again(tmp_path: Path) -> None:
     """A device checks in only at boot: the server's settings kept in the data dir serve it when
     it joins the broker of a gateway started since."""
-    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    # The same broker port for both gateways (a device keeps it): one the kernel never hands
+    # out for port 0 (tests/ports.py).
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", outside_ephemeral())}
     async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
         settings = {**listen, "upstream_ota_url": server.ota.ota_url}
         async with gateway(tmp_path / "gw", **settings) as run:
@@ -413,7 +416,9 @@ async def test_a_broker_kept_where_the_server_has_no_say_is_not_followed(
 ) -> None:
     """Settings kept before the destination check existed: the device is served by the gateway
     alone, its broker never reached, and listings say why."""
-    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    # The same broker port for both gateways (a device keeps it): one the kernel never hands
+    # out for port 0 (tests/ports.py).
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", outside_ephemeral())}
     async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
         settings = {**listen, "upstream_ota_url": server.ota.ota_url}
         async with gateway(tmp_path / "gw", **settings) as run:

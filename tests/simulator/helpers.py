@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import http
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,14 +12,14 @@ from typing import Any
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-# Slow machines scale every bound by this factor (STYLE.md rule 13); nothing waits on a clock.
-TIMEOUT_FACTOR = float(os.environ.get("GATEWAY_TESTS_TIMEOUT_FACTOR", "1"))
+from tests.bounds import bound as scaled
+
 PATH = "/xiaozhi/v1/"
 
 
 def bound(seconds: float = 5.0) -> float:
-    """A wait bound in seconds, scaled for slow machines."""
-    return seconds * TIMEOUT_FACTOR
+    """A wait bound in seconds, scaled for this machine (tests/bounds.py)."""
+    return scaled(seconds)
 
 
 class MiniGateway:

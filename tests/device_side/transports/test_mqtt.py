@@ -14,7 +14,8 @@ from gateway.device_side.broker import Topics
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink, MqttTransport
 from gateway.devices.link import LinkClosed
 from tests.conftest import bound
-from tests.mqtt_helpers import Mosquitto, MqttDevice, free_port
+from tests.mqtt_helpers import Mosquitto, MqttDevice
+from tests.ports import refusing_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -159,10 +160,11 @@ def test_link_drops_a_flood_and_nothing_after_closing() -> None:
 
 async def test_publish_without_a_broker_raises_link_closed() -> None:
     """Sending while the gateway has no broker fails at once."""
-    t = MqttTransport(BrokerLogin("127.0.0.1", free_port()), Topics(), retry=(0.05, 0.1))
-    async with t:
-        with pytest.raises(LinkClosed):
-            await t.publish(DEVICE, "{}")
+    with refusing_port() as port:
+        t = MqttTransport(BrokerLogin("127.0.0.1", port), Topics(), retry=(0.05, 0.1))
+        async with t:
+            with pytest.raises(LinkClosed):
+                await t.publish(DEVICE, "{}")
 
 
 async def test_a_session_the_gateway_ended_is_not_reopened_by_stray_messages(

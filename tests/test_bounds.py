@@ -1,0 +1,72 @@
+"""Bounds scale with the machine by themselves, and a test that runs out of one says how to
+widen them (tests/bounds.py, tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import bounds
+from tests.conftest import bound
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_busy_machine_stretches_every_bound() -> None:
+    """Load per CPU is the factor: 6 runnable on 2 CPUs waits three times as long."""
+    assert bounds.machine_factor(load=6.0, cpu_count=2) == 3.0
+    assert bounds.machine_factor(load=0.5, cpu_count=2) == 1.0  # idle: never shorter
+    assert bounds.machine_factor(load=6.0, cpu_count=8) == 1.0
+
+
+def test_the_user_factor_multiplies_the_machine_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_TESTS_TIMEOUT_FACTOR", "3")
+    assert bound(10) == pytest.approx(30 * bounds.machine_factor(), rel=0.5)
+    assert bound(10) >= 30
+
+
+def test_a_run_out_bound_names_the_factor(tmp_path: Path) -> None:
+    """The failure report carries a "bounds" section naming GATEWAY_TESTS_TIMEOUT_FACTOR, the
+    factor and the load it ran with; a failure of another kind does not."""
+    (tmp_path / "test_slow.py").write_text(
+        "import anyio, pytest\n"
+        "from tests.conftest import bound\n"
+        "async def _wait():\n"
+        "    with anyio.fail_after(bound(0.01)):\n"
+        "        await anyio.Event().wait()\n"
+        "def test_runs_out():\n"
+        "    anyio.run(_wait)\n"
+        "def test_plain_failure():\n"
+        "    assert 1 == 2\n"
+    )
+    env = {**os.environ, "GATEWAY_TESTS_TIMEOUT_FACTOR": "1"}
+    env.pop("GATEWAY_TESTS_NO_SKIPS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         "-q", str(tmp_path / "test_slow.py"), "--rootdir", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=bound(120),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("GATEWAY_TESTS_TIMEOUT_FACTOR=3") == 1, done.stdout
+    assert "bounds are scaled by GATEWAY_TESTS_TIMEOUT_FACTOR (1)" in done.stdout
+    assert "load per CPU" in done.stdout
+
+
+def test_pytest_timeout_s_limit_scales_too(tmp_path: Path) -> None:
+    """pyproject.toml's whole-test limit is a bound like the others: 1 s times factor 20 lets a
+    test of 2 s finish."""
+    (tmp_path / "test_long.py").write_text(
+        "import time\ndef test_two_seconds():\n    time.sleep(2)\n"  # the clock is the subject
+    )
+    env = {**os.environ, "GATEWAY_TESTS_TIMEOUT_FACTOR": "20"}
+    env.pop("GATEWAY_TESTS_NO_SKIPS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         "-q", "-o", "timeout=1", str(tmp_path / "test_long.py"), "--rootdir", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=bound(120),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
