@@ -212,6 +212,7 @@ class Gateway:
 
     async def _start_mqtt(self) -> None:
         config = self.config
+        login: BrokerLogin | list[BrokerLogin]
         if self.broker is not None:
             await self._stack.enter_async_context(self.broker)
             self.ota.broker_port = self.broker.port
@@ -220,7 +221,7 @@ class Gateway:
                                 broker.gateway_password)  # fmt: skip
             presence = self.broker.presence()
         elif self.cluster is not None and config.mqtt_mode != "off":
-            login, presence = self.cluster.login, None  # cluster: devices on the cluster broker
+            login, presence = self.cluster.logins, None  # cluster: devices on the cluster broker
         elif config.mqtt_broker == "external":
             login = BrokerLogin(
                 config.mqtt_host,

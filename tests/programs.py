@@ -30,6 +30,10 @@ DEBIAN = {
     "socat": "socat",
     "openssl": "openssl",
     "chromium": "chromium",
+    # A real 3-node broker cluster (JetStream + MQTT) for the cluster's failover tests
+    # (tests/nats_cluster.py). Debian installs it in /usr/sbin, with a systemd unit the tests
+    # neither use nor need: they start their own nodes on ports the kernel picks.
+    "nats-server": "nats-server",
 }
 # Programs .ci/run may ask for beyond the suite's (``install EXTRA``) whose package is named
 # otherwise: the arm64 image is built and run under qemu's user-mode emulation.
@@ -59,6 +63,8 @@ COVERS = {
         f"gateway/cli/flashing/{name}.py" for name in ("serial_tools", "board", "commands")
     ),
     "chromium": ("gateway/host_side/dashboard/*",),  # the dashboard, driven in a browser
+    # a node that refuses subscriptions while JetStream elects a leader (tests/cluster/test_nats)
+    "nats-server": ("gateway/device_side/transports/mqtt/failover.py",),
 }
 COVERAGE_GATE = 90
 
@@ -69,9 +75,18 @@ def mcpb_cli(path: str | None = None, root: Path = ROOT) -> str | None:
     return str(local) if local.exists() else shutil.which(MCPB, path=path)
 
 
+def which(program: str, path: str | None = None) -> str | None:
+    """``program`` on ``path`` (default: PATH), else in /usr/sbin (where Debian puts
+    nats-server, and which a user's PATH may lack)."""
+    found = shutil.which(program, path=path)
+    if found is None and path is None:
+        found = shutil.which(program, path="/usr/sbin:/sbin")
+    return found
+
+
 def missing(programs: Iterable[str], path: str | None = None) -> list[str]:
-    """The ``programs`` not on ``path`` (default: PATH), in order."""
-    return [p for p in programs if shutil.which(p, path=path) is None]
+    """The ``programs`` not on ``path`` (default: PATH, and /usr/sbin), in order."""
+    return [p for p in programs if which(p, path) is None]
 
 
 def apt_prefix(euid: int, sudo: Callable[[], bool]) -> list[str] | None:

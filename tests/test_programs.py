@@ -71,8 +71,10 @@ def test_without_root_or_sudo_or_npm_it_says_what_to_run_and_installs_nothing(
     problems = install([], run=run, euid=1000, sudo=lambda: False, path=path, root=tmp_path)
     assert run.commands == []
     debian, mcpb = problems
-    assert debian.startswith("mosquitto, mosquitto_passwd, socat, openssl, chromium: not root")
-    assert "sudo apt-get install chromium mosquitto openssl socat" in debian
+    assert debian.startswith(
+        "mosquitto, mosquitto_passwd, socat, openssl, chromium, nats-server: not root"
+    )
+    assert "sudo apt-get install chromium mosquitto nats-server openssl socat" in debian
     assert "npm is not installed" in mcpb and INSTALL_MCPB in mcpb
 
 
@@ -80,8 +82,8 @@ def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
     run = Recorder(fails="update")
     problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path, "mcpb"))
     assert len(run.commands) == 1 and problems == [
-        "mosquitto, mosquitto_passwd, socat, openssl, chromium: apt-get install "
-        "chromium mosquitto openssl socat failed"
+        "mosquitto, mosquitto_passwd, socat, openssl, chromium, nats-server: apt-get install "
+        "chromium mosquitto nats-server openssl socat failed"
     ]
 
 

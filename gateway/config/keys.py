@@ -14,6 +14,7 @@ from gateway.config.listen import listen, optional_listen
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.values import (
     boolean,
+    broker_urls,
     choice,
     count,
     firmware_version,
@@ -22,7 +23,6 @@ from gateway.config.values import (
     integer,
     log_level,
     networks,
-    optional_broker_url,
     optional_endpoint,
     optional_interval,
     optional_path,
@@ -102,7 +102,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("limits", "enroll_per_minute", "limits_enroll_per_minute", positive_number),
     ("limits", "enroll_burst", "limits_enroll_burst", integer),
     ("limits", "mqtt_max_packet_bytes", "limits_mqtt_max_packet_bytes", integer),
-    ("cluster", "broker", "cluster_broker", optional_broker_url),
+    ("cluster", "broker", "cluster_broker", broker_urls),
     ("cluster", "name", "cluster_name", topic_prefix),
     ("cluster", "replica", "cluster_replica", optional_replica_name),
     ("cluster", "username", "cluster_username", optional_string),

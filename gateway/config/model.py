@@ -100,8 +100,8 @@ class Config:
     # The upstream's model may also use the other devices' tools (docs/voice-proxy.md); opt-in
     upstream_fleet_tools: bool = False
     # [cluster]: replicas on an MQTT broker cluster (gateway/cluster, docs/cluster.md); off
-    # while broker is None
-    cluster_broker: str | None = None
+    # while broker is empty; its nodes' URLs, tried in turn (failover)
+    cluster_broker: tuple[str, ...] = ()
     cluster_name: str = "esp-mcp-cluster"
     cluster_replica: str | None = None
     cluster_username: str | None = None
