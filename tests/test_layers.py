@@ -79,7 +79,7 @@ INNER: dict[str, list[set[str]]] = {
         {"findings"},
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
-    "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
+    "device_side/transports/mqtt": [{"failover"}, {"client", "link"}, {"liveness"}, {"transport"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 import aiomqtt
 from paho.mqtt.reasoncodes import ReasonCode
-
-if TYPE_CHECKING:  # client.py builds on this module
-    from gateway.device_side.transports.mqtt.client import BrokerLogin
 
 __all__ = ["Failover", "refused", "subscribe_all"]
 
@@ -29,10 +26,23 @@ _REFUSED = 0x80  # SUBACK: the first failure code (MQTT 3.1.1 0x80, MQTT 5 0x80 
 _ASK_AGAIN = 0.5  # seconds between two asks of a refused subscription
 
 
-class Failover:
+class Node(Protocol):
+    """Where a broker node listens (client.py's ``BrokerLogin``)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+N = TypeVar("N", bound=Node)
+
+
+class Failover(Generic[N]):
     """The broker nodes a client tries, in turn; ``current`` is the one to try now."""
 
-    def __init__(self, logins: Sequence[BrokerLogin], retry: tuple[float, float]) -> None:
+    def __init__(self, logins: Sequence[N], retry: tuple[float, float]) -> None:
         if not logins:
             raise ValueError("at least one broker login")
         self.logins = tuple(logins)
@@ -42,7 +52,7 @@ class Failover:
         self._delay = retry[0]
 
     @property
-    def current(self) -> BrokerLogin:
+    def current(self) -> N:
         return self.logins[self._index]
 
     @property
