@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from gateway.cluster import Cluster
+from gateway.cluster.broker_auth import BrokerAuth
 from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
@@ -105,7 +107,7 @@ class Gateway:
                                        mqtt_proxies=self._mqtt_proxies())  # fmt: skip
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
-            **self._proxy_parts(),
+            **self._proxy_parts(), extra=self._cluster_routes(),
         )  # fmt: skip
         self.metrics = GatewayMetrics(
             self.registry,
@@ -250,6 +252,16 @@ class Gateway:
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)
+
+    def _cluster_routes(self) -> list[BaseRoute]:
+        """The cluster broker's login check (EMQX's HTTP authentication), when it has a token."""
+        token = self.config.cluster_auth_token
+        if self.cluster is None or token is None:
+            return []
+        config = self.config
+        auth = BrokerAuth(token, config.cluster_username, config.cluster_password,
+                          self.admission.mqtt)  # fmt: skip
+        return [auth.route()]
 
     def _mqtt_devices(self) -> list[str]:
         return [d.device_id for d in self.registry.devices() if d.record.transport == "mqtt"]

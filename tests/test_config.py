@@ -172,6 +172,8 @@ def test_cluster_broker_lists_the_nodes_to_fail_over_to(tmp_path: Path) -> None:
     path.write_text("[cluster]\nbroker = [1883]\n")
     with pytest.raises(ConfigError, match="list of strings"):
         load_config(path, env=env)
+    with pytest.raises(ConfigError, match="CLUSTER_AUTH_TOKEN.*16 or more"):
+        load_config(None, env={**env, "GATEWAY_CLUSTER_AUTH_TOKEN": "short"})
 
 
 def test_upstream_from_file_per_device_and_environment(tmp_path: Path) -> None:

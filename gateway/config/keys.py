@@ -14,6 +14,7 @@ from gateway.config.listen import listen, optional_listen
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.values import (
     boolean,
+    broker_auth_token,
     broker_urls,
     choice,
     count,
@@ -107,6 +108,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("cluster", "replica", "cluster_replica", optional_replica_name),
     ("cluster", "username", "cluster_username", optional_string),
     ("cluster", "password", "cluster_password", optional_string),
+    ("cluster", "auth_token", "cluster_auth_token", broker_auth_token),
     ("cluster", "ca_file", "cluster_ca_file", optional_path),
 )
 

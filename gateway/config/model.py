@@ -107,6 +107,8 @@ class Config:
     cluster_username: str | None = None
     cluster_password: str | None = None
     cluster_ca_file: Path | None = None
+    # The broker's HTTP authentication shows it to POST /cluster/broker-auth; None: no endpoint
+    cluster_auth_token: str | None = None
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:

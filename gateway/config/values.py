@@ -162,6 +162,16 @@ def host_token(key: str, value: object) -> str | None:
     return text
 
 
+def broker_auth_token(key: str, value: object) -> str | None:
+    """The token the cluster broker shows the gateway's login check: as long as a host token."""
+    text = optional_string(key, value)
+    if text is not None and len(text) < MIN_HOST_TOKEN:
+        raise ConfigError(
+            key, f"has {len(text)} characters; use {MIN_HOST_TOKEN} or more, e.g. {TOKEN_COMMAND}"
+        )
+    return text
+
+
 def log_level(key: str, value: object) -> str:
     return choice("debug", "info", "warning", "error")(key, string(key, value).lower())
 
