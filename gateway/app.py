@@ -80,6 +80,7 @@ class Gateway:
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
         # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
+        # unless it holds this replica's MQTT devices ([cluster] mqtt_devices = "replica")
         self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
         # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
         self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
@@ -98,7 +99,7 @@ class Gateway:
             )
             if config.mqtt_broker == "embedded"
             and config.mqtt_listen is not None
-            and self.cluster is None
+            and (self.cluster is None or config.cluster_mqtt_devices == "replica")
             else None
         )
         self.mqtt: MqttTransport | None = None
@@ -215,6 +216,8 @@ class Gateway:
     async def _start_mqtt(self) -> None:
         config = self.config
         login: BrokerLogin | list[BrokerLogin]
+        # cluster, devices on the cluster broker: one replica owns each device's session
+        on_cluster = self.cluster if self.broker is None else None
         if self.broker is not None:
             await self._stack.enter_async_context(self.broker)
             self.ota.broker_port = self.broker.port
@@ -243,12 +246,12 @@ class Gateway:
             probe_interval=None if presence is not None else config.mqtt_probe_interval,
             keepalive_interval=config.mqtt_keepalive_interval,
             known=self._mqtt_devices,
-            # cluster: one replica owns each device's session; the others call it directly
-            owns=self.cluster.owns if self.cluster is not None else None,
-            foreign=self.cluster.remote.on_reply if self.cluster is not None else None,
+            # (the others call it directly on its topics)
+            owns=on_cluster.owns if on_cluster is not None else None,
+            foreign=on_cluster.remote.on_reply if on_cluster is not None else None,
         )
-        if self.cluster is not None:
-            self.cluster.fleet.live_changed = self.mqtt.reown
+        if on_cluster is not None:
+            on_cluster.fleet.live_changed = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)

@@ -73,6 +73,7 @@ class Cluster:
         self.client = ClusterClient(self.logins, self.topics, self.replica, self._on_message,
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known
+        self._devices_on_broker = config.cluster_mqtt_devices == "broker"
         self._since = 0.0  # when this replica last joined: the others tell its rejoins apart
         self._handoff: asyncio.TimerHandle | None = None  # armed while cut from the broker
         self.handed_off = False  # cut for HANDOFF: serves no WebSocket device until it rejoins
@@ -126,7 +127,10 @@ class Cluster:
     ) -> tuple[DeviceLink, Callable[[], None]]:
         """Bridge a local device onto the broker for the other replicas (an MQTT device this
         replica owns: announced only); the link to serve, and what to call when it ends."""
-        direct = isinstance(link, MqttLink)
+        # An MQTT device on the cluster broker is called there; one on this replica's own
+        # broker ([cluster] mqtt_devices = "replica") only through this replica, as a WebSocket
+        # device.
+        direct = isinstance(link, MqttLink) and self._devices_on_broker
         bridged = self.bridge.wrap(link, device_id, session, direct=direct)
         if self.handed_off and not direct:  # to a replica that can serve it, through the balancer
             self.bridge.hand_off([device_id])

@@ -109,6 +109,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("cluster", "username", "cluster_username", optional_string),
     ("cluster", "password", "cluster_password", optional_string),
     ("cluster", "auth_token", "cluster_auth_token", broker_auth_token),
+    ("cluster", "mqtt_devices", "cluster_mqtt_devices", choice("broker", "replica")),
     ("cluster", "ca_file", "cluster_ca_file", optional_path),
 )
 

@@ -109,6 +109,10 @@ class Config:
     cluster_ca_file: Path | None = None
     # The broker's HTTP authentication shows it to POST /cluster/broker-auth; None: no endpoint
     cluster_auth_token: str | None = None
+    # Where MQTT devices log in: the cluster broker (its auto-subscribe reaches stock devices:
+    # EMQX), or each replica's embedded broker ([mqtt] listen), which holds them as it holds
+    # WebSocket devices, bridged onto the cluster (brokers without auto-subscribe)
+    cluster_mqtt_devices: str = "broker"
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:
