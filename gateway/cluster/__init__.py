@@ -132,7 +132,7 @@ class Cluster:
         # device.
         direct = isinstance(link, MqttLink) and self._devices_on_broker
         bridged = self.bridge.wrap(link, device_id, session, direct=direct)
-        if self.handed_off and not direct:  # to a replica that can serve it, through the balancer
+        if self.handed_off and not isinstance(link, MqttLink):  # elsewhere, through the balancer
             self.bridge.hand_off([device_id])
         return bridged, lambda: self._ended(bridged)
 
@@ -176,7 +176,10 @@ class Cluster:
 
     def _hand_off(self) -> None:
         self.handed_off = True
-        held = [d for d, direct in self.bridge.held_links().items() if not direct]
+        # WebSocket devices only: closing its session would not move an MQTT device, which
+        # stays logged in to its broker.
+        links = self.bridge.held_links().items()
+        held = [d for d, link in links if not isinstance(link.inner, MqttLink)]
         logger.warning("replica %s cut from every cluster broker node for %g s: closing its %d "
                        "WebSocket devices, to reconnect to a replica that can serve them",
                        self.replica, HANDOFF, len(held))  # fmt: skip

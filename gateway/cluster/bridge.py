@@ -84,9 +84,9 @@ class Bridge:
         """The devices bridged here now, with their session ids."""
         return {device_id: session for device_id, (_, session) in self._links.items()}
 
-    def held_links(self) -> dict[str, bool]:
-        """The devices bridged here now: is each an MQTT device (``direct``)?"""
-        return {device_id: link.direct for device_id, (link, _) in self._links.items()}
+    def held_links(self) -> dict[str, BridgedLink]:
+        """The devices bridged here now, with their links."""
+        return {device_id: link for device_id, (link, _) in self._links.items()}
 
     def hand_off(self, device_ids: list[str]) -> None:
         """Close the links of ``device_ids``: they reconnect, through the balancer, elsewhere."""

@@ -115,8 +115,11 @@ async def test_a_broker_node_killed_under_calls_its_replica_fails_over(tmp_path:
             assert cluster.login.port != nats.nodes[0].mqtt_port  # moved, with no restart
             assert back < bound(FAILOVER_BOUND), f"calls served again after {back:.1f} s"
             assert max(o[3] for o in calls.outcomes) < bound(SILENT_CALL_BOUND)
+            # Each failure says why: through gw-a, or gw-b's own broker node dropping it a
+            # moment (NATS does, while it elects) and the device offline here meanwhile.
+            reasons = ("replica gw-a", "cluster broker", "is offline")
             for _, error, text, _ in calls.outcomes:
-                assert not error or "replica gw-a" in text or "cluster broker" in text, text
+                assert not error or any(reason in text for reason in reasons), text
             await eventually([b], online(WS))
 
 
@@ -205,7 +208,14 @@ async def test_a_cold_replica_joins_the_nats_cluster_knowing_the_fleet(tmp_path:
             await eventually([one], online(MQTT))
             async with gateway(tmp_path / "gw-3", **cluster_options([n3, n1], "gw-3")) as cold:
                 await eventually([cold], online(WS))
-                await eventually([cold], online(MQTT))
-                for device_id in (WS, MQTT):
-                    lamp = tool(cold, device_id, "self.lamp.turn_on")
-                    assert await call_text(cold, lamp, {}) == (False, "true")
+                lamp = tool(cold, WS, "self.lamp.turn_on")
+                assert await call_text(cold, lamp, {}) == (False, "true")
+                # The join may move the MQTT device's session to gw-3 (rendezvous hashing),
+                # which takes it offline a moment (the hand-over, cluster-state's part of
+                # issue 28): call once it is online again.
+                async with asyncio.timeout(bound(20)):
+                    while True:
+                        await eventually([cold], online(MQTT))
+                        lamp = tool(cold, MQTT, "self.lamp.turn_on")
+                        if await call_text(cold, lamp, {}) == (False, "true"):
+                            break
