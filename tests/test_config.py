@@ -144,19 +144,36 @@ def test_call_bounds_from_file_and_environment(tmp_path: Path) -> None:
 def test_cluster_table_from_file_and_environment(tmp_path: Path) -> None:
     """[cluster] is off by default; the broker is a mqtt(s) URL, the replica a topic-safe name."""
     env = {"GATEWAY_DATA_DIR": str(tmp_path)}
-    assert load_config(None, env=env).cluster_broker is None
+    assert load_config(None, env=env).cluster_broker == ()
     path = tmp_path / "gateway.toml"
     path.write_text(
         '[cluster]\nbroker = "mqtts://emqx:8883"\nname = "fleet"\nca_file = "/ca.pem"\n'
     )
     config = load_config(path, env={**env, "GATEWAY_CLUSTER_REPLICA": "gw-1"})
-    assert (config.cluster_broker, config.cluster_name) == ("mqtts://emqx:8883", "fleet")
+    assert (config.cluster_broker, config.cluster_name) == (("mqtts://emqx:8883",), "fleet")
     assert config.cluster_replica == "gw-1" and config.cluster_ca_file == Path("/ca.pem")
     for bad in ("http://emqx", "mqtt://", "mqtt://u:p@emqx", "mqtt://emqx:port", "mqtt://e/x"):
         with pytest.raises(ConfigError, match="CLUSTER_BROKER"):
             load_config(None, env={**env, "GATEWAY_CLUSTER_BROKER": bad})
     with pytest.raises(ConfigError, match="CLUSTER_REPLICA"):
         load_config(None, env={**env, "GATEWAY_CLUSTER_REPLICA": "gw/1"})
+
+
+def test_cluster_broker_lists_the_nodes_to_fail_over_to(tmp_path: Path) -> None:
+    """A TOML array, or comma-separated in the environment; each URL checked alone."""
+    env = {"GATEWAY_DATA_DIR": str(tmp_path)}
+    path = tmp_path / "gateway.toml"
+    path.write_text('[cluster]\nbroker = ["mqtt://emqx1:1883", "mqtt://emqx2"]\n')
+    assert load_config(path, env=env).cluster_broker == ("mqtt://emqx1:1883", "mqtt://emqx2")
+    nodes = {**env, "GATEWAY_CLUSTER_BROKER": "mqtt://n1:1883, mqtt://n2:1883,"}
+    assert load_config(None, env=nodes).cluster_broker == ("mqtt://n1:1883", "mqtt://n2:1883")
+    with pytest.raises(ConfigError, match="CLUSTER_BROKER.*http://n2"):
+        load_config(None, env={**env, "GATEWAY_CLUSTER_BROKER": "mqtt://n1,http://n2"})
+    path.write_text("[cluster]\nbroker = [1883]\n")
+    with pytest.raises(ConfigError, match="list of strings"):
+        load_config(path, env=env)
+    with pytest.raises(ConfigError, match="CLUSTER_AUTH_TOKEN.*16 or more"):
+        load_config(None, env={**env, "GATEWAY_CLUSTER_AUTH_TOKEN": "short"})
 
 
 def test_upstream_from_file_per_device_and_environment(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
-    "cluster": [{"records", "replica"}, {"client", "remote", "bridge"}, {"fleet"}],
+    "cluster": [{"records", "replica", "broker_auth"}, {"client", "remote", "bridge"}, {"fleet"}],
     "device_side": [
         {"broker", "vision"},
         {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards
@@ -97,7 +97,7 @@ INNER: dict[str, list[set[str]]] = {
         {"findings"},
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
-    "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
+    "device_side/transports/mqtt": [{"failover"}, {"client", "link"}, {"liveness"}, {"transport"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 

@@ -302,7 +302,13 @@ def token(config: Config) -> int:
 
 def check_config(config: Config) -> int:
     """Print the effective configuration, secrets redacted."""
-    secret = {"host_token", "device_tokens", "mqtt.password", "cluster.password"}
+    secret = {
+        "host_token",
+        "device_tokens",
+        "mqtt.password",
+        "cluster.password",
+        "cluster.auth_token",
+    }
     for key, value in settings(config):  # the keys as the TOML file spells them
         if key in secret and value:
             value = "(set)"

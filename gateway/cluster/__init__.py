@@ -9,6 +9,11 @@ device's; the others call it directly on the broker, and the request ids keep ea
 replies apart.
 ``async with Cluster(...)`` returns once the replica has joined: its number claimed, the fleet
 known.
+
+Failover (docs/cluster.md): the client moves to the next broker node at once when its node
+dies. A replica cut from every node for ``HANDOFF`` seconds closes its WebSocket devices (and
+any that reach it meanwhile), so that they reconnect through the balancer to a replica that
+can serve them; its /healthz says 503 from the first moment.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ __all__ = ["Cluster"]
 
 logger = logging.getLogger(__name__)
 
-_RESYNC_BEATS = 30  # heartbeats between two readings of every retained record (5 minutes)
+_RESYNC_BEATS = round(300 / HEARTBEAT)  # heartbeats between two readings of every record
+HANDOFF = 30.0  # seconds cut from every broker node before the WebSocket devices are handed off
 _RECORDS_IN_FLIGHT = 256  # records published and not yet acknowledged by the broker
 
 
@@ -52,10 +58,11 @@ class Cluster:
             )
         self.topics = ClusterTopics(config.cluster_name)
         self.replica = replica_name(config)
-        self.login: BrokerLogin = broker_login(
-            config.cluster_broker, config.cluster_username, config.cluster_password,
-            config.cluster_ca_file,
-        )  # fmt: skip
+        self.logins: list[BrokerLogin] = [
+            broker_login(url, config.cluster_username, config.cluster_password,
+                         config.cluster_ca_file)
+            for url in config.cluster_broker
+        ]  # fmt: skip
         self.no = 0  # claimed when joining
         self.ids = id_slice(1)
         self._registry = registry
@@ -63,9 +70,13 @@ class Cluster:
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
         self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
-        self.client = ClusterClient(self.login, self.topics, self.replica, self._on_message,
+        self.client = ClusterClient(self.logins, self.topics, self.replica, self._on_message,
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known
+        self._devices_on_broker = config.cluster_mqtt_devices == "broker"
+        self._since = 0.0  # when this replica last joined: the others tell its rejoins apart
+        self._handoff: asyncio.TimerHandle | None = None  # armed while cut from the broker
+        self.handed_off = False  # cut for HANDOFF: serves no WebSocket device until it rejoins
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Cluster:
@@ -85,11 +96,18 @@ class Cluster:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._handoff is not None:
+            self._handoff.cancel()
         if self.client.connected.is_set():  # leave cleanly: the others need no will to know
             await self.client.publish(self.topics.replica(self.replica), b"", retain=True)
         await cancel_all(self._tasks)
 
     # --- what the gateway asks -------------------------------------------------------------
+
+    @property
+    def login(self) -> BrokerLogin:
+        """The broker node this replica is on, or tries next."""
+        return self.client.login
 
     def health(self) -> str | None:
         """None while the replica is on the broker, else why it is not healthy."""
@@ -109,8 +127,13 @@ class Cluster:
     ) -> tuple[DeviceLink, Callable[[], None]]:
         """Bridge a local device onto the broker for the other replicas (an MQTT device this
         replica owns: announced only); the link to serve, and what to call when it ends."""
-        direct = isinstance(link, MqttLink)
+        # An MQTT device on the cluster broker is called there; one on this replica's own
+        # broker ([cluster] mqtt_devices = "replica") only through this replica, as a WebSocket
+        # device.
+        direct = isinstance(link, MqttLink) and self._devices_on_broker
         bridged = self.bridge.wrap(link, device_id, session, direct=direct)
+        if self.handed_off and not isinstance(link, MqttLink):  # elsewhere, through the balancer
+            self.bridge.hand_off([device_id])
         return bridged, lambda: self._ended(bridged)
 
     def _ended(self, link: BridgedLink) -> None:
@@ -133,17 +156,34 @@ class Cluster:
 
     async def _on_ready(self) -> None:
         """Joined (again): claim a number the first time, say we live, reconcile the fleet."""
+        self._since = time.time()
         if self.no == 0:
             await self._claim()
         else:
             await self._say_alive()
         self.fleet.rejoined()
         self._joined = True
+        if self._handoff is not None:
+            self._handoff.cancel()
+        self._handoff, self.handed_off = None, False
         self.fleet.live_changed()  # the MQTT devices this replica owns now
 
     def _lost(self) -> None:
         self._joined = False
         self.fleet.lost()
+        if self._handoff is None:
+            self._handoff = asyncio.get_running_loop().call_later(HANDOFF, self._hand_off)
+
+    def _hand_off(self) -> None:
+        self.handed_off = True
+        # WebSocket devices only: closing its session would not move an MQTT device, which
+        # stays logged in to its broker.
+        links = self.bridge.held_links().items()
+        held = [d for d, link in links if not isinstance(link.inner, MqttLink)]
+        logger.warning("replica %s cut from every cluster broker node for %g s: closing its %d "
+                       "WebSocket devices, to reconnect to a replica that can serve them",
+                       self.replica, HANDOFF, len(held))  # fmt: skip
+        self.bridge.hand_off(held)
 
     async def _claim(self) -> None:
         for _ in range(3):
@@ -164,14 +204,18 @@ class Cluster:
         self.bridge.own_ids = self.ids
 
     async def _say_alive(self) -> None:
-        record = ReplicaRecord(self.no, time.time())
+        record = ReplicaRecord(self.no, time.time(), self._since)
         await self.client.publish(self.topics.replica(self.replica), record.encode(), retain=True)
 
     async def _heartbeat(self) -> None:
         beats = 0
+        loop = asyncio.get_running_loop()
         while True:
+            due = loop.time() + HEARTBEAT
             await asyncio.sleep(HEARTBEAT)
             if self.client.connected.is_set():
+                if loop.time() - due < HEARTBEAT:  # not after a stall: what we heard is recent
+                    self.fleet.fail_silent()
                 await self._say_alive()
                 for name in self.fleet.expire():
                     await self.client.publish(self.topics.replica(name), b"", retain=True)

@@ -84,6 +84,17 @@ class Bridge:
         """The devices bridged here now, with their session ids."""
         return {device_id: session for device_id, (_, session) in self._links.items()}
 
+    def held_links(self) -> dict[str, BridgedLink]:
+        """The devices bridged here now, with their links."""
+        return {device_id: link for device_id, (link, _) in self._links.items()}
+
+    def hand_off(self, device_ids: list[str]) -> None:
+        """Close the links of ``device_ids``: they reconnect, through the balancer, elsewhere."""
+        for device_id in device_ids:
+            held = self._links.get(device_id)
+            if held is not None:
+                self._later(held[0].aclose())
+
     def holds(self, device_id: str) -> bool:
         return device_id in self._links
 

@@ -5,7 +5,10 @@ that tells the others this replica is gone (an empty retained ``P/replica/<name>
 barrier (``sync``): after subscribing, a message published to the replica's own sync topic
 comes back only after every retained record the broker sent for the subscriptions, so "the
 whole fleet is known" is an event, not a guess. Losing the broker is told at once
-(``on_lost``); the client reconnects with backoff (0.5 s doubling, at most 5 s).
+(``on_lost``); the client reconnects to the next node of the broker cluster at once (``[cluster]
+broker`` lists them), and waits with backoff (0.5 s doubling, at most 5 s) only once every node
+failed in a row (failover.py). A node that refuses a subscription (a NATS node while JetStream
+elects a leader) is asked again for ``_SUBSCRIBE_PATIENCE``, then left for the next.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import secrets
 import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import aiomqtt
@@ -23,13 +26,17 @@ import aiomqtt
 from gateway.cluster.records import ClusterTopics
 from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation
 from gateway.device_side.transports.mqtt import BrokerLogin
+from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 
 __all__ = ["ClusterClient", "broker_login"]
 
 logger = logging.getLogger(__name__)
 
-_KEEPALIVE = 10  # seconds: the broker fires our will within 1.5 of these after a silent death
+# seconds: the broker fires our will within 1.5 of these after a silent death, and we leave a
+# node that went silent within 1.5 of them
+_KEEPALIVE = 5
 _RETRY = (0.5, 5.0)
+_SUBSCRIBE_PATIENCE = 30.0
 _SYNC_AGAIN = 5.0  # seconds: far above a loaded broker's echo, far below a host's patience
 
 
@@ -48,14 +55,14 @@ class ClusterClient:
 
     def __init__(
         self,
-        login: BrokerLogin,
+        logins: Sequence[BrokerLogin],
         topics: ClusterTopics,
         replica: str,
         on_message: Callable[[str, bytes], None],
         on_ready: Callable[[], Awaitable[None]],
         on_lost: Callable[[], None],
     ) -> None:
-        self.login = login
+        self.nodes = Failover(logins, _RETRY)
         self.topics = topics
         self.replica = replica
         self.connected = asyncio.Event()
@@ -66,19 +73,25 @@ class ClusterClient:
         self._sync: dict[str, asyncio.Future[None]] = {}
 
     @property
+    def login(self) -> BrokerLogin:
+        """The node connected to, or tried next."""
+        return self.nodes.current
+
+    @property
     def where(self) -> str:
-        return f"{self.login.host}:{self.login.port}"
+        return self.nodes.where
 
     async def run(self) -> None:
         """Stay connected (forever; cancel to stop)."""
-        delay, failure = _RETRY[0], ""
+        failure = ""
         while True:
             client = self._client_for()
+            where = self.where
             try:
                 async with client:
                     honour_cancellation()
-                    for topic in self.topics.subscriptions(self.replica):
-                        await client.subscribe(topic, qos=1)
+                    topics = [(topic, 1) for topic in self.topics.subscriptions(self.replica)]
+                    await subscribe_all(client, topics, _SUBSCRIBE_PATIENCE)
                     honour_cancellation()
                     self._client = client
                     reader = asyncio.create_task(self._read(client), name="gateway.cluster.read")
@@ -87,7 +100,8 @@ class ClusterClient:
                         await asyncio.wait((reader, ready), return_when=asyncio.FIRST_COMPLETED)
                         if ready.done():
                             ready.result()
-                            failure, delay = "", _RETRY[0]
+                            failure = ""
+                            self.nodes.ready()
                             self.connected.set()
                         await reader
                     finally:
@@ -96,14 +110,14 @@ class ClusterClient:
                         # Now, not after aiomqtt's goodbye, which may wait out its timeout.
                         self._lost()
             except aiomqtt.MqttError as exc:
-                if str(exc) != failure:
-                    failure = str(exc)
-                    logger.warning("cluster broker at %s: %s; retrying", self.where, failure)
+                if f"{where}: {exc}" != failure:  # once per node and reason, not every retry
+                    failure = f"{where}: {exc}"
+                    then = "retrying" if len(self.nodes.logins) == 1 else "trying the next node"
+                    logger.warning("cluster broker at %s: %s; %s", where, exc or "lost", then)
             finally:
                 self._lost()
             honour_cancellation()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _RETRY[1])
+            await asyncio.sleep(self.nodes.failed())
 
     def _lost(self) -> None:
         """The broker is gone (idempotent): say so once."""
@@ -185,7 +199,7 @@ class ClusterClient:
         return True
 
     def _client_for(self) -> aiomqtt.Client:
-        login = self.login
+        login = self.nodes.current
         will = aiomqtt.Will(self.topics.replica(self.replica), b"", qos=1, retain=True)
         client = aiomqtt.Client(
             login.host,

@@ -38,8 +38,12 @@ __all__ = ["Fleet"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes, bool], Awaitable[bool]]
-HEARTBEAT = 10.0  # seconds between a replica's records; silent for _SILENT of them: gone
-_SILENT = 3
+HEARTBEAT = 2.0  # seconds between a replica's records; silent for _SILENT of them: gone
+_SILENT = 15
+# Calls through a replica silent for this many heartbeats fail (its will may have died with
+# its broker node): bound to CALLS_SILENT_AFTER + HEARTBEAT seconds, not the 30 s of _SILENT.
+_CALLS_SILENT = 3
+CALLS_SILENT_AFTER = _CALLS_SILENT * HEARTBEAT
 
 
 class Fleet:
@@ -238,7 +242,11 @@ class Fleet:
             self._replica_gone(name, f"replica {name} went away")
             return
         record = ReplicaRecord.read(payload)
-        new = name not in self.live
+        known = self.live.get(name)
+        new = known is None
+        if known is not None and known.since != record.since:  # it lost the broker meanwhile
+            self._remote.fail(f"replica {name} lost the cluster broker during the call",
+                              replica=name)  # fmt: skip
         self.live[name] = record
         self._heard[name] = time.monotonic()
         if new:
@@ -264,6 +272,14 @@ class Fleet:
         for name in silent:
             self._replica_gone(name, f"replica {name} fell silent")
         return silent
+
+    def fail_silent(self) -> None:
+        """Fail the calls through the replicas silent for ``CALLS_SILENT_AFTER`` seconds: they
+        are cut off, or died with the broker node that held their will."""
+        limit = time.monotonic() - CALLS_SILENT_AFTER
+        for name, heard in self._heard.items():
+            if heard < limit and name != self.replica:
+                self._remote.fail(f"replica {name} fell silent during the call", replica=name)
 
     def lost(self) -> None:
         """This replica lost the broker: what it reached through it is unreachable now."""

@@ -2,8 +2,8 @@
 
 Under the cluster's prefix ``P`` (``[cluster] name``), docs/cluster.md:
 
-- ``P/replica/<name>`` (retained; its last will empties it): ``{"no", "at"}``, a live replica
-  and its id slice, said again every heartbeat.
+- ``P/replica/<name>`` (retained; its last will empties it): ``{"no", "at", "since"}``, a live
+  replica and its id slice, said again every heartbeat (``since``: when it last joined).
 - ``P/device/<id>`` (retained; any replica, the last writer wins): the fleet's facts on a
   device, or a tombstone once it is forgotten.
 - ``P/catalogue/<digest>`` (retained): the accepted tool entries, shared by identical firmware.
@@ -121,10 +121,12 @@ def _time(value: JsonObject) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaRecord:
-    """A live replica: its number (the top bits of its request ids) and when it said so."""
+    """A live replica: its number (the top bits of its request ids), when it said so, and when
+    it last joined the broker (a new ``since``: what was sent to it before may be lost)."""
 
     no: int
     at: float
+    since: float = 0.0
 
     @classmethod
     def read(cls, payload: bytes) -> ReplicaRecord:
@@ -132,10 +134,17 @@ class ReplicaRecord:
         no = value.get("no")
         if isinstance(no, bool) or not isinstance(no, int) or not 1 <= no <= 127:
             raise BadRecord("no is not a replica number in 1..127")
-        return cls(no, _time(value))
+        since = value.get("since", 0.0)
+        if (
+            isinstance(since, bool)
+            or not isinstance(since, int | float)
+            or not math.isfinite(since)
+        ):
+            raise BadRecord("since is not a time")
+        return cls(no, _time(value), float(since))
 
     def encode(self) -> bytes:
-        return json.dumps({"no": self.no, "at": self.at}).encode()
+        return json.dumps({"no": self.no, "at": self.at, "since": self.since}).encode()
 
 
 @dataclass(frozen=True, slots=True)

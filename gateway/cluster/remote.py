@@ -95,7 +95,8 @@ class RemoteCalls:
         frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
         down = direct or self._topics.bridge(device_id, "down")
         try:
-            if not await self._publish(down, frame.encode()):
+            # (failed meanwhile, when the broker went while it was sent: that error stands)
+            if not await self._publish(down, frame.encode()) and not future.done():
                 future.set_exception(
                     DeviceUnavailable(device_id, "this replica is cut from the cluster broker")
                 )

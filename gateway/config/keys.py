@@ -14,6 +14,8 @@ from gateway.config.listen import listen, optional_listen
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.values import (
     boolean,
+    broker_auth_token,
+    broker_urls,
     choice,
     count,
     firmware_version,
@@ -22,7 +24,6 @@ from gateway.config.values import (
     integer,
     log_level,
     networks,
-    optional_broker_url,
     optional_endpoint,
     optional_interval,
     optional_path,
@@ -117,11 +118,13 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("limits", "enroll_per_minute", "limits_enroll_per_minute", positive_number),
     ("limits", "enroll_burst", "limits_enroll_burst", integer),
     ("limits", "mqtt_max_packet_bytes", "limits_mqtt_max_packet_bytes", integer),
-    ("cluster", "broker", "cluster_broker", optional_broker_url),
+    ("cluster", "broker", "cluster_broker", broker_urls),
     ("cluster", "name", "cluster_name", topic_prefix),
     ("cluster", "replica", "cluster_replica", optional_replica_name),
     ("cluster", "username", "cluster_username", optional_string),
     ("cluster", "password", "cluster_password", optional_string),
+    ("cluster", "auth_token", "cluster_auth_token", broker_auth_token),
+    ("cluster", "mqtt_devices", "cluster_mqtt_devices", choice("broker", "replica")),
     ("cluster", "ca_file", "cluster_ca_file", optional_path),
 )
 

@@ -121,13 +121,19 @@ class Config:
     # The upstream's model may also use the other devices' tools (docs/voice-proxy.md); opt-in
     upstream_fleet_tools: bool = False
     # [cluster]: replicas on an MQTT broker cluster (gateway/cluster, docs/cluster.md); off
-    # while broker is None
-    cluster_broker: str | None = None
+    # while broker is empty; its nodes' URLs, tried in turn (failover)
+    cluster_broker: tuple[str, ...] = ()
     cluster_name: str = "esp-mcp-cluster"
     cluster_replica: str | None = None
     cluster_username: str | None = None
     cluster_password: str | None = None
     cluster_ca_file: Path | None = None
+    # The broker's HTTP authentication shows it to POST /cluster/broker-auth; None: no endpoint
+    cluster_auth_token: str | None = None
+    # Where MQTT devices log in: the cluster broker (its auto-subscribe reaches stock devices:
+    # EMQX), or each replica's embedded broker ([mqtt] listen), which holds them as it holds
+    # WebSocket devices, bridged onto the cluster (brokers without auto-subscribe)
+    cluster_mqtt_devices: str = "broker"
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:

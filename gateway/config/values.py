@@ -173,6 +173,16 @@ def host_token(key: str, value: object) -> str | None:
     return text
 
 
+def broker_auth_token(key: str, value: object) -> str | None:
+    """The token the cluster broker shows the gateway's login check: as long as a host token."""
+    text = optional_string(key, value)
+    if text is not None and len(text) < MIN_HOST_TOKEN:
+        raise ConfigError(
+            key, f"has {len(text)} characters; use {MIN_HOST_TOKEN} or more, e.g. {TOKEN_COMMAND}"
+        )
+    return text
+
+
 def log_level(key: str, value: object) -> str:
     return choice("debug", "info", "warning", "error")(key, string(key, value).lower())
 
@@ -180,11 +190,15 @@ def log_level(key: str, value: object) -> str:
 _REPLICA_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def optional_broker_url(key: str, value: object) -> str | None:
+def broker_urls(key: str, value: object) -> tuple[str, ...]:
+    """Broker URLs, tried in turn (a TOML array, or comma-separated); empty: none."""
+    if isinstance(value, str) and not value.strip():
+        return ()
+    return tuple(_broker_url(key, text) for text in string_list(key, value))
+
+
+def _broker_url(key: str, text: str) -> str:
     """``mqtt://host:port`` or ``mqtts://host:port`` (the port defaults to 1883 / 8883)."""
-    text = optional_string(key, value)
-    if text is None:
-        return None
     parts = urllib.parse.urlsplit(text)
     try:
         parts.port  # noqa: B018 (raises on a port that is not a number)

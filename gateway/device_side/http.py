@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from gateway.config import Config
 from gateway.device_side.admission import Admission
@@ -32,12 +34,13 @@ def build_device_app(
     *,
     proxied: Proxied | None = None,
     elsewhere: Elsewhere | None = None,
+    extra: Sequence[BaseRoute] = (),
 ) -> DeviceSocketFront:
     """The app the device listener serves; OTA and uploads only where enabled.
 
     Beside voice servers (docs/voice-proxy.md), ``proxied`` takes over the WebSocket sessions
     of the devices it proxies and ``elsewhere`` forwards the camera uploads the gateway did
-    not ask for.
+    not ask for. ``extra``: routes of the layers above (the cluster broker's login check).
     """
 
     async def health(request: Request) -> JSONResponse:
@@ -55,4 +58,5 @@ def build_device_app(
     if vision is not None:
         limit = config.vision_max_photo_bytes
         routes += VisionEndpoint(vision, photos, limit, elsewhere).routes()
+    routes += extra
     return DeviceSocketFront(Starlette(routes=[*routes, Route("/healthz", health)]), sockets)

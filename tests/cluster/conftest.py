@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,14 @@ PREFIX = "fleet"
 Check = Callable[[DeviceRegistry], bool]
 
 
-def cluster_options(broker_port: int, replica: str, **overrides: Any) -> dict[str, Any]:
-    """The config of one replica: the cluster broker; MQTT devices come through it too."""
+def cluster_options(broker: int | Sequence[str], replica: str, **overrides: Any) -> dict[str, Any]:
+    """The config of one replica: the cluster broker (a port on loopback, or the URLs of a
+    cluster's nodes); MQTT devices come through it too."""
     scheme = "mqtts" if overrides.get("cluster_ca_file") else "mqtt"
     return {
-        "cluster_broker": f"{scheme}://127.0.0.1:{broker_port}",
+        "cluster_broker": (f"{scheme}://127.0.0.1:{broker}",)
+        if isinstance(broker, int)
+        else tuple(broker),  # fmt: skip
         "cluster_name": PREFIX,
         "cluster_replica": replica,
         "mqtt_keepalive_interval": None,

@@ -27,7 +27,7 @@ async def _publish(topic: str, payload: bytes, retain: bool = False) -> bool:
 
 
 def fleet_on(tmp_path: Path) -> tuple[Stack, Fleet]:
-    stack = Stack(make_config(tmp_path, cluster_broker="mqtt://127.0.0.1:1"))
+    stack = Stack(make_config(tmp_path, cluster_broker=("mqtt://127.0.0.1:1",)))
     remote = RemoteCalls(TOPICS, id_slice(1), _publish, 65536)
     bridge = Bridge(TOPICS, "gw-1", id_slice(1), _publish)
     return stack, Fleet(stack.registry, TOPICS, "gw-1", remote, bridge)

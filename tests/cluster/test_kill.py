@@ -27,13 +27,15 @@ WS, MQTT = "02:00:00:00:00:07", "aa:bb:cc:dd:ee:07"
 
 @contextlib.asynccontextmanager
 async def replica_process(
-    data_dir: Path, broker_port: int, name: str
+    data_dir: Path, broker: int | str, name: str
 ) -> AsyncIterator[tuple[int, asyncio.subprocess.Process]]:
-    """A replica in its own process (``esp-mcp-gateway serve``); yields its device port once it
-    has joined the cluster (it says so on stderr)."""
+    """A replica in its own process (``esp-mcp-gateway serve``) on the broker at a loopback
+    port, or at ``GATEWAY_CLUSTER_BROKER``'s URLs; yields its device port once it has joined
+    the cluster (it says so on stderr)."""
+    urls = f"mqtt://127.0.0.1:{broker}" if isinstance(broker, int) else broker
     env = {**os.environ, "GATEWAY_DATA_DIR": str(data_dir), "GATEWAY_DEVICE_TOKEN": DEVICE_TOKEN,
            "GATEWAY_DEVICE_LISTEN": "127.0.0.1:0", "GATEWAY_HOST_LISTEN": "127.0.0.1:0",
-           "GATEWAY_CLUSTER_BROKER": f"mqtt://127.0.0.1:{broker_port}",
+           "GATEWAY_CLUSTER_BROKER": urls,
            "GATEWAY_CLUSTER_NAME": PREFIX, "GATEWAY_CLUSTER_REPLICA": name}  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", env=env, stderr=asyncio.subprocess.PIPE

@@ -148,7 +148,7 @@ async def test_a_lost_sync_token_is_asked_for_again(
 
     async with Mosquitto(tmp_path / "broker") as broker:
         login = broker_login(f"mqtt://127.0.0.1:{broker.port}", None, None, None)
-        joining = ClusterClient(login, ClusterTopics(PREFIX), "gw-x", lambda t, d: None,
+        joining = ClusterClient([login], ClusterTopics(PREFIX), "gw-x", lambda t, d: None,
                                 on_ready, lambda: None)  # fmt: skip
         publish, lost = joining.publish, []
 

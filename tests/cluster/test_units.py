@@ -99,3 +99,18 @@ async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awa
     with pytest.raises(DeviceUnavailable, match="cut from the cluster broker"):
         await calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {})
     assert calls.in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_a_call_failed_while_its_publish_fails_keeps_the_first_error() -> None:
+    """The broker goes while a call is being sent: the call fails with why (the loss seen
+    during the publish), not with an internal error."""
+    calls: RemoteCalls
+
+    async def publish_as_the_broker_goes(topic: str, payload: bytes) -> bool:
+        calls.fail("this replica is cut from the cluster broker (lost)")
+        return False
+
+    calls = RemoteCalls(ClusterTopics("fleet"), id_slice(5), publish_as_the_broker_goes, 65536)
+    with pytest.raises(DeviceUnavailable, match=r"\(lost\)"):
+        await calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {})

@@ -65,7 +65,7 @@ async def test_a_cluster_registry_renames_the_first_device_when_a_second_takes_i
     kitchen = DeviceOptions(name="kitchen")
     config = make_config(
         tmp_path,
-        cluster_broker="mqtt://127.0.0.1:1",
+        cluster_broker=("mqtt://127.0.0.1:1",),
         devices={"aa:bb:cc:dd:ee:01": kitchen, "aa:bb:cc:dd:ee:02": kitchen},
     )
     stack = Stack(config)

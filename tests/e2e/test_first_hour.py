@@ -240,9 +240,13 @@ async def test_a_registry_that_cannot_be_opened_is_one_sentence(tmp_path: Path) 
 async def test_check_config_prints_the_keys_of_the_toml_file(tmp_path: Path) -> None:
     """`calls.timeout`, as the file spells it, not the internal `call_timeout`."""
     config = tmp_path / "gateway.toml"
-    config.write_text('[calls]\ntimeout = 12\n[devices."aa:bb"]\nname = "desk"\n')
+    config.write_text(
+        '[calls]\ntimeout = 12\n[devices."aa:bb"]\nname = "desk"\n'
+        '[cluster]\nauth_token = "broker-auth-secret-0123456789"\n'
+    )
     code, out, _ = await cli("check-config", "--config", str(config), env=cli_env(tmp_path))
     assert code == 0
+    assert "cluster.auth_token = (set)" in out.splitlines() and "secret-0123" not in out
     assert "calls.timeout = 12.0" in out.splitlines() and "call_timeout" not in out
     assert "mqtt.mode = embedded" in out.splitlines() and "mqtt_mode" not in out
     assert 'devices."aa:bb".name = desk' in out.splitlines()

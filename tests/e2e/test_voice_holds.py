@@ -23,8 +23,9 @@ from tests.device_side.test_ota import STOCK_HEADERS
 from tests.e2e.helpers import has_tools, until
 from tests.e2e.test_mqtt import EMBEDDED, ota_check_in, stock_device
 from tests.e2e.test_voice_mqtt import STOCK, model_tools, proxied, voice_server
-from tests.mqtt_helpers import MQTT_HELLO, MqttDevice, free_port, stock_accepts_hello
+from tests.mqtt_helpers import MQTT_HELLO, MqttDevice, stock_accepts_hello
 from tests.net.test_destinations import patch_resolver
+from tests.ports import outside_ephemeral
 from tests.upstream_mqtt import UpstreamMqttServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -87,7 +88,7 @@ async def test_five_reconnects_in_a_row_each_get_their_conversation(tmp_path: Pa
 
 
 async def test_after_a_gateway_restart_the_first_hello_is_answered(tmp_path: Path) -> None:
-    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", outside_ephemeral())}
     async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
         settings = {**listen, "upstream_ota_url": server.ota.ota_url}
         async with gateway(tmp_path / "gw", **settings) as run:
@@ -157,7 +158,7 @@ async def test_the_servers_broker_is_reached_at_the_address_checked(
     """A broker named by a host name: resolved (and checked) by the gateway, then connected to
     at that address; paho never resolves the name itself (only the patched resolver knows it)."""
     asked = patch_resolver(monkeypatch, {"broker.test": ["127.0.0.1"]})
-    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", free_port())}
+    listen = {**EMBEDDED, "mqtt_listen": ListenAddress("127.0.0.1", outside_ephemeral())}
     async with voice_server(tmp_path / "upstream", STOCK_HEADERS["Device-Id"]) as server:
         settings = {**listen, "upstream_ota_url": server.ota.ota_url}
         async with gateway(tmp_path / "gw", **settings) as run:

@@ -1,8 +1,9 @@
 """The gateway's one MQTT client (aiomqtt, on the event loop) and the broker it logs in to.
 
-``BrokerClient.run()`` connects, subscribes, hands every message on, and reconnects with
-backoff for as long as it runs; losing the broker is told to the transport at once, so its links
-close now (pending calls fail now, not at their timeout).
+``BrokerClient.run()`` connects, subscribes, hands every message on, and reconnects for as long
+as it runs (to a broker cluster's next node at once, failover.py; then with backoff); losing
+the broker is told to the transport at once, so its links close now (pending calls fail now,
+not at their timeout).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import aiomqtt
 
 from gateway.device_side.broker.aiomqtt_fixes import consume_disconnect, honour_cancellation
+from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 from gateway.devices.link import LinkClosed
 
 __all__ = ["BrokerClient", "BrokerLogin", "honour_cancellation"]
@@ -26,6 +28,7 @@ logger = logging.getLogger(__package__)  # one logger for the whole transport
 
 _KEEPALIVE = 30  # seconds: the gateway notices a dead broker within about 1.5 of these
 _PENDING_PUBLISHES_WARNING = 5000
+_SUBSCRIBE_PATIENCE = 30.0  # seconds a node may refuse a subscription before the next is tried
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +54,7 @@ class BrokerClient:
 
     def __init__(
         self,
-        login: BrokerLogin,
+        login: BrokerLogin | Sequence[BrokerLogin],
         subscriptions: Sequence[tuple[str, int]],
         *,
         on_connected: Callable[[], None],
@@ -59,15 +62,19 @@ class BrokerClient:
         on_message: Callable[[str, object], None],
         retry: tuple[float, float],
     ) -> None:
-        self.login = login
+        self._nodes = Failover([login] if isinstance(login, BrokerLogin) else login, retry)
         self.client_id = f"esp-mcp-gateway-{secrets.token_hex(4)}"
         self.connected = asyncio.Event()
         self._subscriptions = subscriptions
         self._on_connected = on_connected
         self._on_disconnected = on_disconnected
         self._on_message = on_message
-        self._retry = retry
         self._client: aiomqtt.Client | None = None
+
+    @property
+    def login(self) -> BrokerLogin:
+        """The broker node connected to, or tried next."""
+        return self._nodes.current
 
     async def publish(self, topic: str, payload: bytes) -> None:
         """Publish ``payload`` on ``topic`` (QoS 1).
@@ -102,20 +109,20 @@ class BrokerClient:
         return client
 
     async def run(self) -> None:
-        """Stay connected (forever): subscribe, hand messages on, reconnect with backoff."""
-        delay, longest = self._retry
-        where = f"{self.login.host}:{self.login.port}"
+        """Stay connected (forever): subscribe, hand messages on, reconnect (the next node
+        first, then with backoff)."""
         failure = ""
         while True:
             client = self._client_for()
+            where = self._nodes.where
             try:
                 async with client:
                     honour_cancellation()
-                    for topic, qos in self._subscriptions:
-                        await client.subscribe(topic, qos=qos)
+                    await subscribe_all(client, self._subscriptions, _SUBSCRIBE_PATIENCE)
                     honour_cancellation()
                     logger.info("connected to the MQTT broker at %s", where)
-                    failure, delay = "", self._retry[0]
+                    failure = ""
+                    self._nodes.ready()
                     self._client = client
                     self.connected.set()
                     self._on_connected()
@@ -131,5 +138,4 @@ class BrokerClient:
                 self._on_disconnected()
                 consume_disconnect(client)
             honour_cancellation()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, longest)
+            await asyncio.sleep(self._nodes.failed())

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 
 from gateway.device_side.broker import PresenceFeed, Topics
@@ -46,7 +46,7 @@ class MqttTransport:
 
     def __init__(
         self,
-        login: BrokerLogin,
+        login: BrokerLogin | Sequence[BrokerLogin],
         topics: Topics,
         *,
         presence: PresenceFeed | None = None,
@@ -61,7 +61,7 @@ class MqttTransport:
         """Prepare the transport; nothing connects before ``async with``.
 
         Args:
-            login: the broker to connect to.
+            login: the broker to connect to (a cluster's nodes: tried in turn).
             topics: the device topics.
             presence: the embedded broker's connect/leave events; None for an external broker.
             probe_interval: seconds between presence probes; None disables probing.
@@ -74,7 +74,6 @@ class MqttTransport:
             owns: cluster: does this replica run the device's session? None: every device.
             foreign: cluster: takes each message of a device another replica owns.
         """
-        self.login = login
         self.topics = topics
         self._client = BrokerClient(
             login,

@@ -1,0 +1,221 @@
+"""Replicas on a real broker cluster: 3 nats-server nodes with JetStream and MQTT
+(tests/nats_cluster.py). A node dies under calls, a replica is cut off for good, a replica is
+SIGKILLed, a cold replica joins."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import gateway.cluster as cluster_module
+from gateway.app import Running
+from gateway.cluster.fleet import CALLS_SILENT_AFTER, HEARTBEAT
+from gateway.simulator import SimulatedDevice
+from tests.cluster.conftest import Proxy, cluster_options, eventually
+from tests.cluster.test_faults import call_text, online, tool
+from tests.cluster.test_kill import replica_process
+from tests.conftest import DEVICE_TOKEN, bound, gateway
+from tests.mqtt_helpers import MqttDevice
+from tests.nats_cluster import NatsCluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+WS, MQTT = "02:00:00:00:00:28", "aa:bb:cc:dd:ee:28"
+# The longest a call through a silent replica may wait (docs/cluster.md): its silence noticed
+# at a heartbeat, and one heartbeat more; plus a margin for a loaded machine.
+SILENT_CALL_BOUND = CALLS_SILENT_AFTER + HEARTBEAT + 2
+FAILOVER_BOUND = 30  # seconds from a node's death to calls served again (docs/cluster.md)
+
+
+@contextlib.asynccontextmanager
+async def ws_device(url: str, device_id: str = WS) -> AsyncIterator[SimulatedDevice]:
+    """A WebSocket device that stays connected to ``url`` (reconnecting like firmware)."""
+    device = SimulatedDevice(url, DEVICE_TOKEN, device_id=device_id)
+    serving = asyncio.create_task(device.run_forever())
+    try:
+        yield device
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+
+
+def device_url(port: int) -> str:
+    return f"ws://127.0.0.1:{port}/xiaozhi/v1/"
+
+
+class Calls:
+    """Callers calling one tool on one replica in a loop; each call's outcome and duration."""
+
+    def __init__(self, run: Running, name: str, callers: int = 3) -> None:
+        self.outcomes: list[tuple[float, bool, str, float]] = []  # start, error, text, seconds
+        self._run, self._name = run, name
+        self._changed = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._caller()) for _ in range(callers)]
+
+    async def _caller(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            error, text = await call_text(self._run, self._name, {})
+            self.outcomes.append((start, error, text, loop.time() - start))
+            self._changed.set()
+
+    async def until(self, done: object) -> None:
+        """Until ``done()`` holds for the outcomes so far."""
+        assert callable(done)
+        while not done():
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def test_a_broker_node_killed_under_calls_its_replica_fails_over(tmp_path: Path) -> None:
+    """gw-a is on node 1 (its list: 1, 2, 3) and holds a WebSocket device; gw-b, on node 3,
+    calls it in a loop. Kill node 1: gw-a is on another node within seconds, with no restart;
+    no call hangs past the stated bound, each failure says why, and calls succeed again."""
+    async with NatsCluster(tmp_path / "nats") as nats:
+        n1, n2, n3 = nats.urls
+        a_options = cluster_options([n1, n2, n3], "gw-a")
+        b_options = cluster_options([n3, n2, n1], "gw-b")
+        async with gateway(tmp_path / "gw-a", **a_options) as a, \
+                gateway(tmp_path / "gw-b", **b_options) as b, \
+                ws_device(device_url(a.device_port)):  # fmt: skip
+            await eventually([a, b], online(WS))
+            calls = Calls(b, tool(b, WS, "self.lamp.turn_on"))
+            try:
+                async with asyncio.timeout(bound(20)):
+                    await calls.until(lambda: sum(not o[1] for o in calls.outcomes) >= 3)
+                loop = asyncio.get_running_loop()
+                killed = loop.time()
+                await nats.nodes[0].kill()
+
+                def served_after_kill() -> bool:
+                    return any(start > killed and not error
+                               for start, error, _, _ in calls.outcomes)  # fmt: skip
+
+                # NATS elects new leaders for the streams the dead node led (4-9 s idle,
+                # measured up to 25 s on a loaded CI machine): the replica is back after that.
+                async with asyncio.timeout(bound(FAILOVER_BOUND)):
+                    await calls.until(served_after_kill)
+                back = loop.time() - killed
+            finally:
+                await calls.stop()
+            cluster = a.gateway.cluster
+            assert cluster is not None and cluster.health() is None
+            assert cluster.login.port != nats.nodes[0].mqtt_port  # moved, with no restart
+            assert back < bound(FAILOVER_BOUND), f"calls served again after {back:.1f} s"
+            assert max(o[3] for o in calls.outcomes) < bound(SILENT_CALL_BOUND)
+            # Each failure says why: through gw-a, or gw-b's own broker node dropping it a
+            # moment (NATS does, while it elects) and the device offline here meanwhile.
+            reasons = ("replica gw-a", "cluster broker", "is offline")
+            for _, error, text, _ in calls.outcomes:
+                assert not error or any(reason in text for reason in reasons), text
+            await eventually([b], online(WS))
+
+
+async def test_a_replica_cut_off_for_good_fails_calls_soon_and_hands_its_devices_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gw-a knows node 1 only; its WebSocket device came through the balancer. Kill node 1:
+    its last will dies with the node. gw-b's call through gw-a fails within the stated bound,
+    not at the 30 s a replica needs to be counted gone; after HANDOFF gw-a closes the device,
+    which reconnects through the balancer to gw-b and is callable there."""
+    handoff = CALLS_SILENT_AFTER + 2 * HEARTBEAT  # shorter than shipped: the test waits it out
+    monkeypatch.setattr(cluster_module, "HANDOFF", handoff)
+    async with NatsCluster(tmp_path / "nats") as nats:
+        n1, n2, n3 = nats.urls
+        a_options = cluster_options([n1], "gw-a")
+        b_options = cluster_options([n3, n2], "gw-b")
+        async with gateway(tmp_path / "gw-a", **a_options) as a, \
+                gateway(tmp_path / "gw-b", **b_options) as b, \
+                Proxy(a.device_port) as balancer, \
+                ws_device(device_url(balancer.port)) as device:  # fmt: skip
+            await eventually([a, b], online(WS))
+            slow = tool(b, WS, "self.slow.wait")
+            call = asyncio.create_task(call_text(b, slow, {"seconds": 60}))
+            await device.wait_for_call("self.slow.wait", bound(10))
+            balancer.target = b.device_port  # the balancer's next pick: gw-b
+            loop = asyncio.get_running_loop()
+            killed = loop.time()
+            await nats.nodes[0].kill()
+            async with asyncio.timeout(bound(SILENT_CALL_BOUND)):
+                error, text = await call
+            assert error and "replica gw-a fell silent" in text, text
+            assert loop.time() - killed > CALLS_SILENT_AFTER - 1  # not failed before it was due
+            cluster = a.gateway.cluster
+            assert cluster is not None and cluster.health() is not None  # /healthz: 503
+            local = b.gateway.registry
+
+            def here(_: object) -> bool:
+                device = local.get(WS)
+                return bool(device and device.online and device.session is not None
+                            and type(device.session).__name__ != "RemoteSession")  # fmt: skip
+
+            await eventually([b], here)  # handed off: reconnected through the balancer
+            assert loop.time() - killed > handoff  # kept while gw-a might still come back
+            lamp = tool(b, WS, "self.lamp.turn_on")
+            assert await call_text(b, lamp, {}) == (False, "true")
+
+
+async def test_sigkill_a_replica_on_the_nats_cluster(tmp_path: Path) -> None:
+    """A replica process on node 1 is SIGKILLed during a call from a replica on node 2: the
+    node fires its will, the call fails at once; its device reconnects elsewhere."""
+    async with NatsCluster(tmp_path / "nats") as nats:
+        n1, n2, n3 = nats.urls
+        live_options = cluster_options([n2, n3], "gw-live")
+        dying = replica_process(tmp_path / "dead", f"{n1},{n2}", "gw-dead")
+        async with dying as (dead_port, dead), \
+                gateway(tmp_path / "live", **live_options) as live, \
+                Proxy(dead_port) as balancer, \
+                ws_device(device_url(balancer.port)) as device:  # fmt: skip
+            await eventually([live], online(WS))
+            slow = tool(live, WS, "self.slow.wait")
+            call = asyncio.create_task(call_text(live, slow, {"seconds": 60}))
+            await device.wait_for_call("self.slow.wait", bound(10))
+            balancer.target = live.device_port
+            dead.send_signal(signal.SIGKILL)
+            async with asyncio.timeout(bound(SILENT_CALL_BOUND)):
+                error, text = await call
+            assert error and "replica gw-dead" in text, text
+            await eventually([live], online(WS))
+            lamp = tool(live, WS, "self.lamp.turn_on")
+            assert await call_text(live, lamp, {}) == (False, "true")
+
+
+async def test_a_cold_replica_joins_the_nats_cluster_knowing_the_fleet(tmp_path: Path) -> None:
+    """Two replicas serve a WebSocket and an MQTT device on nodes 1 and 2; a third starts
+    cold on node 3 (its own empty data dir): it knows both, online with their tools, from
+    JetStream's retained records, and calls both."""
+    async with NatsCluster(tmp_path / "nats") as nats:
+        n1, n2, n3 = nats.urls
+        first = cluster_options([n1, n2], "gw-1")
+        second = cluster_options([n2, n3], "gw-2")
+        mqtt = MqttDevice("127.0.0.1", nats.nodes[1].mqtt_port, MQTT, DEVICE_TOKEN, stock=False)
+        async with gateway(tmp_path / "gw-1", **first) as one, \
+                gateway(tmp_path / "gw-2", **second), \
+                ws_device(device_url(one.device_port)), mqtt:  # fmt: skip
+            await eventually([one], online(WS))
+            await eventually([one], online(MQTT))
+            async with gateway(tmp_path / "gw-3", **cluster_options([n3, n1], "gw-3")) as cold:
+                await eventually([cold], online(WS))
+                lamp = tool(cold, WS, "self.lamp.turn_on")
+                assert await call_text(cold, lamp, {}) == (False, "true")
+                # The join may move the MQTT device's session to gw-3 (rendezvous hashing),
+                # which takes it offline a moment (the hand-over, cluster-state's part of
+                # issue 28): call once it is online again.
+                async with asyncio.timeout(bound(20)):
+                    while True:
+                        await eventually([cold], online(MQTT))
+                        lamp = tool(cold, MQTT, "self.lamp.turn_on")
+                        if await call_text(cold, lamp, {}) == (False, "true"):
+                            break
