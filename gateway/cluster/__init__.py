@@ -26,7 +26,7 @@ from gateway.cluster.records import ClusterTopics, ReplicaRecord
 from gateway.cluster.remote import RemoteCalls
 from gateway.cluster.replica import id_slice, owner_of, pick_number, replica_name
 from gateway.config import Config
-from gateway.device_side.broker import Topics
+from gateway.device_side.broker import DeviceCredentials, Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink
 from gateway.devices.link import DeviceLink
@@ -59,6 +59,7 @@ class Cluster:
         self.no = 0  # claimed when joining
         self.ids = id_slice(1)
         self._registry = registry
+        registry.binding_key = DeviceCredentials(config.data_dir).binding_key()
         self.remote = RemoteCalls(self.topics, self.ids, self._publish, config.max_message_bytes)
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
@@ -67,6 +68,7 @@ class Cluster:
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known
         self._tasks: list[asyncio.Task[None]] = []
+        self._reread: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Cluster:
         self._tasks = [
@@ -87,7 +89,7 @@ class Cluster:
     ) -> None:
         if self.client.connected.is_set():  # leave cleanly: the others need no will to know
             await self.client.publish(self.topics.replica(self.replica), b"", retain=True)
-        await cancel_all(self._tasks)
+        await cancel_all([*self._tasks, *([self._reread] if self._reread else [])])
 
     # --- what the gateway asks -------------------------------------------------------------
 
@@ -176,8 +178,16 @@ class Cluster:
                 for name in self.fleet.expire():
                     await self.client.publish(self.topics.replica(name), b"", retain=True)
                 beats += 1
-                if beats % _RESYNC_BEATS == 0:  # records the broker may have dropped for us
-                    await self.client.resubscribe()
+                if beats % _RESYNC_BEATS == 0:  # records the broker may have dropped or lost
+                    self._reread = asyncio.create_task(self._read_again())
+
+    async def _read_again(self) -> None:
+        """Read every retained record again; publish again what the broker lost (a task of
+        its own: losing the broker meanwhile cancels its barrier, not the heartbeat)."""
+        self.fleet.reading()
+        if await self.client.resubscribe():
+            await self.client.sync()
+            self.fleet.repair()
 
     async def _pump(self) -> None:
         """Publish the fleet's records in order, many at once: a join storm is thousands of

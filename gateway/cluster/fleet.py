@@ -32,6 +32,7 @@ from gateway.cluster.remote import RemoteCalls, RemoteSession
 from gateway.devices.catalogue import digest_of
 from gateway.devices.registry import Device, DeviceRegistry
 from gateway.devices.store import DeviceRecord
+from gateway.devices.tokens import same_identity, seal
 
 __all__ = ["Fleet"]
 
@@ -60,6 +61,9 @@ class Fleet:
         self._contents: dict[str, str] = {}  # a local catalogue's digest -> its content digest
         self._waiting: dict[str, set[str]] = {}  # catalogue digest -> devices waiting for it
         self._presence: dict[str, Presence] = {}
+        # What the broker sent since the last (re)join or re-read: what ``repair`` need not say.
+        self._on_broker: dict[str, tuple[float, str]] = {}  # device id -> its record's (at, by)
+        self._catalogues_on_broker: set[str] = set()
         self._heard: dict[str, float] = {}  # replica -> monotonic time of its last record
         self._applying = False
         self._closing: set[asyncio.Task[None]] = set()
@@ -89,19 +93,44 @@ class Fleet:
         self._tell(mine)
 
     def _tell(self, mine: FleetRecord) -> None:
-        if mine.catalogue is not None and mine.catalogue not in self._catalogues:
-            device = self._registry.get(mine.device_id)
-            if device is not None and device.catalogue is not None:
-                entries: list[object] = [tool.as_entry() for tool in device.catalogue.tools]
-                self._catalogues[mine.catalogue] = entries
-                self._send(self._topics.catalogue(mine.catalogue), _json(entries), retain=True)
+        if (entries := self._keep_catalogue(mine)) is not None:
+            assert mine.catalogue is not None
+            self._send(self._topics.catalogue(mine.catalogue), _json(entries), retain=True)
         self._send(self._topics.device(mine.device_id), mine.encode(), retain=True)
 
+    def _keep_catalogue(self, mine: FleetRecord) -> list[object] | None:
+        """The entries of a local device's catalogue the fleet has not seen yet, now kept."""
+        if mine.catalogue is None or mine.catalogue in self._catalogues:
+            return None
+        device = self._registry.get(mine.device_id)
+        if device is None or device.catalogue is None:
+            return None
+        entries: list[object] = [tool.as_entry() for tool in device.catalogue.tools]
+        self._catalogues[mine.catalogue] = entries
+        return entries
+
     def _record_of(self, record: DeviceRecord, at: float) -> FleetRecord:
+        seen = self._sealed(record.client_id) if record.binding is None else None
         return FleetRecord(record.device_id, at, self.replica, alias=record.alias,
-                           state=record.state, board=record.board, binding=record.binding,
-                           transport=record.transport, catalogue=self._content(record),
-                           server_info=record.server_info)  # fmt: skip
+                           state=record.state, board=record.board,
+                           binding=self._sealed(record.binding), transport=record.transport,
+                           catalogue=self._content(record), server_info=record.server_info,
+                           seen=seen)  # fmt: skip
+
+    def _sealed(self, identity: str | None) -> str | None:
+        """An identity as the fleet's records carry it: sealed (never in clear, not even
+        without a key, which the cluster always sets)."""
+        key = self._registry.binding_key
+        return seal(key, identity) if identity is not None and key is not None else None
+
+    def _unsealed(self, sealed: str | None, local: DeviceRecord | None) -> str | None:
+        """The identity this replica knows in clear for ``sealed``, else ``sealed`` itself."""
+        if sealed is None or local is None:
+            return sealed
+        for clear in (local.binding, local.client_id):
+            if same_identity(sealed, clear, self._registry.binding_key):
+                return clear
+        return sealed
 
     def _content(self, record: DeviceRecord) -> str | None:
         """The digest of the accepted tools (what the catalogue record holds)."""
@@ -118,13 +147,40 @@ class Fleet:
 
     def rejoined(self) -> None:
         """After (re)joining: tell the broker what it lacks or what changed here meanwhile."""
-        for device in self._registry.devices():
-            if self._unsaid(device.device_id):
-                mine = self._record_of(device.record, time.time())
-                self._records[device.device_id] = mine
-                self._tell(mine)
+        self.repair()
         for device_id, session in self._bridge.held().items():
             self._bridge.announce(device_id, session)
+
+    def reading(self) -> None:
+        """The broker is about to send every retained record again (a join, a re-read): note
+        afresh which ones it has, for ``repair``."""
+        self._on_broker.clear()
+        self._catalogues_on_broker.clear()
+
+    def repair(self) -> int:
+        """After the barrier: publish again every fact this replica holds that the broker does
+        not have (lost in a restart before it saved them, a recreated broker) or has older,
+        and its own changes the broker never echoed. Returns how many device records."""
+        now, repaired = time.time(), 0
+        for device in self._registry.devices():
+            if self._unsaid(device.device_id):  # changed here while cut off, or never said
+                mine = self._records[device.device_id] = self._record_of(device.record, now)
+                self._keep_catalogue(mine)
+        for known in self._records.values():
+            if not known.forgotten and known.catalogue not in self._catalogues_on_broker:
+                entries = self._catalogues.get(known.catalogue or "")
+                if entries is not None:
+                    assert known.catalogue is not None
+                    self._catalogues_on_broker.add(known.catalogue)
+                    self._send(self._topics.catalogue(known.catalogue), _json(entries), retain=True)
+        for device_id, known in self._records.items():
+            if self._on_broker.get(device_id, (-1.0, "")) < (known.at, known.by):
+                self._send(self._topics.device(device_id), known.encode(), retain=True)
+                repaired += 1
+        if repaired:
+            logger.info("%s: %d device records the broker lacked published again", self.replica,
+                        repaired)  # fmt: skip
+        return repaired
 
     def _unsaid(self, device_id: str) -> bool:
         """Does the broker lack this replica's latest word on the device?"""
@@ -154,6 +210,8 @@ class Fleet:
         if not payload:
             return
         record = FleetRecord.read(device_id, payload)
+        self._on_broker[device_id] = max(self._on_broker.get(device_id, (-1.0, "")),
+                                         (record.at, record.by))  # fmt: skip
         if record.by == self.replica:  # the broker has it: nothing to publish again
             self._echoed[device_id] = max(record.at, self._echoed.get(device_id, 0.0))
         known = self._records.get(device_id)
@@ -176,9 +234,12 @@ class Fleet:
             if device is not None:
                 self._forget(device)
             return
+        local = device.record if device is not None else None
         device = self._registry.learn(DeviceRecord(
             device_id=record.device_id, alias=record.alias, board=record.board,
-            transport=record.transport, state=record.state, binding=record.binding,
+            transport=record.transport, state=record.state,
+            binding=self._unsealed(record.binding, local),
+            client_id=self._unsealed(record.seen, local),
             first_seen=record.at, last_seen=record.at))  # fmt: skip
         self._take_catalogue(device, record)
         self._attach(record.device_id)
@@ -204,9 +265,11 @@ class Fleet:
         self._registry.set_catalogue(device.device_id, entries, record.server_info)
 
     def _on_catalogue(self, digest: str, payload: bytes) -> None:
-        if not payload or digest in self._catalogues:
+        if not payload:
             return
-        self._catalogues[digest] = read_catalogue(digest, payload)
+        if digest not in self._catalogues:
+            self._catalogues[digest] = read_catalogue(digest, payload)
+        self._catalogues_on_broker.add(digest)
         for device_id in self._waiting.pop(digest, set()):
             device, record = self._registry.get(device_id), self._records.get(device_id)
             if device is not None and record is not None and record.catalogue == digest:
@@ -275,6 +338,7 @@ class Fleet:
         self.live.clear()
         self._heard.clear()
         self._remote.fail(why)
+        self.reading()  # the broker sends everything again when this replica is back
         self.live_changed()
         logger.warning("%s: lost the cluster broker; %d calls through it failed", self.replica,
                        in_flight)  # fmt: skip

@@ -153,16 +153,17 @@ class FleetRecord:
     alias: str = ""
     state: str = PENDING
     board: str | None = None
-    binding: str | None = None
+    binding: str | None = None  # sealed (tokens.seal): never a Client-Id in clear
     transport: str | None = None
     catalogue: str | None = None
     server_info: JsonObject | None = None
+    seen: str | None = None  # an unbound device: the Client-Id it checked in with, sealed
 
     @property
     def facts(self) -> tuple[object, ...]:
         """What replicas must agree on (``at`` and ``by`` say only who said it when)."""
         return (self.forgotten, self.alias, self.state, self.board, self.binding,
-                self.transport, self.catalogue)  # fmt: skip
+                self.transport, self.catalogue, self.seen)  # fmt: skip
 
     @classmethod
     def read(cls, device_id: str, payload: bytes) -> FleetRecord:
@@ -183,7 +184,8 @@ class FleetRecord:
             raise BadRecord("server_info is not an object")
         return cls(device_id, at, by, alias=alias, state=state, board=_text(value, "board"),
                    binding=_text(value, "binding"), transport=_text(value, "transport"),
-                   catalogue=_text(value, "catalogue"), server_info=info)  # fmt: skip
+                   catalogue=_text(value, "catalogue"), server_info=info,
+                   seen=_text(value, "seen"))  # fmt: skip
 
     def encode(self) -> bytes:
         if self.forgotten:
@@ -192,6 +194,8 @@ class FleetRecord:
                   "binding": self.binding, "transport": self.transport,
                   "catalogue": self.catalogue, "server_info": self.server_info,
                   "at": self.at, "by": self.by}  # fmt: skip
+        if self.seen is not None:
+            fields["seen"] = self.seen
         return json.dumps(fields, ensure_ascii=False).encode()
 
 

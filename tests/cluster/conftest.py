@@ -11,10 +11,12 @@ from typing import Any
 import anyio
 
 from gateway.app import Running
+from gateway.datadir import create_private
 from gateway.devices.registry import DeviceRegistry
 from tests.conftest import bound, gateway
 
 PREFIX = "fleet"
+SECRET = "0f" * 32  # the replicas' shared mqtt_secret
 
 Check = Callable[[DeviceRegistry], bool]
 
@@ -40,8 +42,15 @@ async def replicas(
         runs = []
         for n in range(1, count + 1):
             options = cluster_options(broker_port, f"gw-{n}", **overrides)
-            runs.append(await stack.enter_async_context(gateway(tmp_path / f"gw-{n}", **options)))
+            data_dir = shared_secret(tmp_path / f"gw-{n}")
+            runs.append(await stack.enter_async_context(gateway(data_dir, **options)))
         yield runs
+
+
+def shared_secret(data_dir: Path) -> Path:
+    """A replica's data dir with the ``mqtt_secret`` every replica shares (docs/cluster.md)."""
+    create_private(data_dir / "mqtt_secret").write_text(SECRET)
+    return data_dir
 
 
 async def eventually(runs: list[Running], check: Check) -> None:
