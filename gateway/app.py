@@ -290,16 +290,20 @@ async def running(config: Config) -> AsyncIterator[Running]:
                      for name in ("device", "host"))  # fmt: skip
     raise_fd_limit(caps[0] * capped + caps[1], chosen=caps != defaults)
     sockets = (bind(config.device_listen, "device"), bind(config.host_listen, "host"))
-    async with accept_errors_throttled(), Gateway(config) as gateway:
-        apps: dict[str, ASGIApp] = {"device": gateway.device_app, "host": gateway.host_app}
-        served = [
-            (name, uvicorn_config(app, config, gateway.guard(name)), sock)
-            for (name, app), sock in zip(apps.items(), sockets, strict=True)
-        ]
-        async with listening(served) as ports:
-            broker = gateway.broker.port if gateway.broker is not None else None
-            # The LAN address probed once here, not again for every device that needs it.
-            addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
-                                     mqtt_port=broker, lan=lan_address())  # fmt: skip
-            gateway.public.addresses = addresses
-            yield Running(gateway, addresses)
+    try:
+        async with accept_errors_throttled(), Gateway(config) as gateway:
+            apps: dict[str, ASGIApp] = {"device": gateway.device_app, "host": gateway.host_app}
+            served = [
+                (name, uvicorn_config(app, config, gateway.guard(name)), sock)
+                for (name, app), sock in zip(apps.items(), sockets, strict=True)
+            ]
+            async with listening(served) as ports:
+                broker = gateway.broker.port if gateway.broker is not None else None
+                # The LAN address probed once here, not again for every device that needs it.
+                addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
+                                         mqtt_port=broker, lan=lan_address())  # fmt: skip
+                gateway.public.addresses = addresses
+                yield Running(gateway, addresses)
+    finally:
+        for sock in sockets:  # also when the gateway never started (a cluster it cannot join)
+            sock.close()

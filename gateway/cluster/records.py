@@ -12,6 +12,8 @@ Under the cluster's prefix ``P`` (``[cluster] name``), docs/cluster.md:
 - ``P/bridge/<id>/down`` and ``/up``: frames for a bridged WebSocket device, and its replies
   to other replicas' calls.
 - ``P/sync/<name>``: the replica's barrier; every retained record came before it.
+- ``P/probe/<name>``: retained for a moment at each join, read back through the wildcard
+  ``P/probe/+``: a broker that does not send retained messages to wildcards is refused.
 
 A record is JSON; one that does not read as its kind is refused alone (``BadRecord``), with a
 log line by the caller. Device logins cannot write any of these (the broker's ACL,
@@ -70,6 +72,10 @@ class ClusterTopics:
 
     def sync(self, name: str) -> str:
         return f"{self.prefix}/sync/{name}"
+
+    def probe(self, name: str) -> str:
+        """The replica's retained probe at join: does the broker send it to a wildcard?"""
+        return f"{self.prefix}/probe/{name}"
 
     def retained(self) -> list[str]:
         """The topics of the retained records (what a replica must know of the fleet)."""

@@ -111,3 +111,48 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
     finally:
         writer.transport.abort()
+
+
+class NoRetainedProxy(Proxy):
+    """A broker like RabbitMQ 3.10's MQTT plugin, as seen by a client: in front of a real
+    mosquitto, it drops every PUBLISH the broker sends with the RETAIN flag (MQTT 3.1.1: the
+    retained messages a new subscription brings), so retained records never reach wildcard
+    subscriptions while live messages do. mosquitto cannot be configured so itself
+    (``retain_available false`` refuses retained publishes instead)."""
+
+    connections = 0  # so far
+    connected = asyncio.Event()  # set at each (made per instance in __aenter__)
+
+    async def __aenter__(self) -> NoRetainedProxy:
+        self.connected = asyncio.Event()
+        await super().__aenter__()
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.connected.set()
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(_pipe(reader, up_writer), _without_retained(up_reader, writer))
+
+
+async def _without_retained(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while first := await reader.read(1):
+            length, shift, header = 0, 0, bytearray(first)
+            while True:  # the remaining length: a varint of 1 to 4 bytes
+                byte = (await reader.readexactly(1))[0]
+                header.append(byte)
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            body = await reader.readexactly(length)
+            if first[0] >> 4 == 3 and first[0] & 1:  # PUBLISH, retained: dropped
+                continue
+            writer.write(bytes(header) + body)
+            await writer.drain()
+    except (ConnectionError, OSError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.transport.abort()

@@ -4,6 +4,8 @@ decided on any replica, and a broker that lost its retained records repaired by 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from gateway.devices.registry import PENDING, DeviceRegistry
 from tests.cluster.conftest import (
     PREFIX,
     Check,
+    NoRetainedProxy,
     cluster_options,
     eventually,
     replicas,
@@ -119,3 +122,48 @@ async def test_a_broker_that_lost_its_state_is_repaired_and_a_cold_replica_takes
                 await eventually([cold, *runs], lists(MQTT_DEVICE))
                 names = {t.name for t in first.gateway.registry.exposed_tools()}
                 assert {t.name for t in cold.gateway.registry.exposed_tools()} == names
+
+
+async def test_a_broker_that_keeps_retained_messages_from_wildcards_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Behind a broker that sends no retained message to a wildcard subscription, a replica
+    would pass its barrier knowing no device: it does not join, and says why in one line that
+    names the broker, however often it tries again."""
+    said = Said()
+    logging.getLogger("gateway.cluster").addHandler(said)
+    async with Mosquitto(tmp_path / "broker") as broker, NoRetainedProxy(broker.port) as fake:
+        options = cluster_options(fake.port, "gw-1")
+
+        async def start() -> None:
+            async with gateway(shared_secret(tmp_path / "gw-1"), **options):
+                raise AssertionError("the replica joined")
+
+        starting = asyncio.create_task(start())
+        try:
+            with anyio.fail_after(bound(20)):
+                await said.error.wait()
+                while fake.connections < 3:  # tried again, twice: said once
+                    await fake.connected.wait()
+                    fake.connected.clear()
+            [line] = said.lines
+            assert f"cluster broker at 127.0.0.1:{fake.port} does not send retained" in line
+            assert "will not serve" in line and not starting.done()
+        finally:
+            logging.getLogger("gateway.cluster").removeHandler(said)
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+
+
+class Said(logging.Handler):
+    """The error lines logged, and an event at each."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+        self.error = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+        self.error.set()
