@@ -244,6 +244,7 @@ class Gateway:
             owns=self.cluster.owns if self.cluster is not None else None,
             foreign=self.cluster.remote.on_reply if self.cluster is not None else None,
         )
+        self.ota.checked_in = self.mqtt.checked_in  # a booting device: probed as it arrives
         if self.cluster is not None:
             self.cluster.fleet.live_changed = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)

@@ -159,7 +159,7 @@ class MqttTransport:
                 peer.link.close()
             elif not live and self.owns(device_id) and peer.heard >= peer.quiet_until:
                 self._open(device_id, fresh=True)
-        self._liveness.probe_now.set()  # devices it owns now and has not heard from: found
+        self._liveness.soon()  # devices it owns now and has not heard from: found
 
     # --- the connection --------------------------------------------------------------------
 
@@ -167,7 +167,12 @@ class MqttTransport:
         for device_id, peer in list(self._peers.items()):
             if peer.on_broker:
                 self._open(device_id, fresh=True)
-        self._liveness.probe_now.set()
+        self._liveness.soon()  # and again: devices come back to a restarted broker in turn
+
+    def checked_in(self, device_id: str) -> None:
+        """The device checked in through OTA (it is booting): look for it on the broker soon."""
+        if self._probe_interval is not None:
+            self._liveness.follow(device_id)
 
     def _disconnected(self) -> None:
         for device_id, peer in list(self._peers.items()):
