@@ -27,12 +27,14 @@ from gateway.cluster.records import (
     Presence,
     ReplicaRecord,
     read_catalogue,
+    sealed,
+    unsealed,
 )
 from gateway.cluster.remote import RemoteCalls, RemoteSession
 from gateway.devices.catalogue import digest_of
+from gateway.devices.device import APPROVED
 from gateway.devices.registry import Device, DeviceRegistry
 from gateway.devices.store import DeviceRecord
-from gateway.devices.tokens import same_identity, seal
 
 __all__ = ["Fleet"]
 
@@ -60,6 +62,7 @@ class Fleet:
         self._catalogues: dict[str, list[object]] = {}  # by content digest
         self._contents: dict[str, str] = {}  # a local catalogue's digest -> its content digest
         self._waiting: dict[str, set[str]] = {}  # catalogue digest -> devices waiting for it
+        self._listed: set[str] = set()  # devices whose tools, as the fleet names them, are here
         self._presence: dict[str, Presence] = {}
         # What the broker sent since the last (re)join or re-read: what ``repair`` need not say.
         self._on_broker: dict[str, tuple[float, str]] = {}  # device id -> its record's (at, by)
@@ -110,27 +113,13 @@ class Fleet:
         return entries
 
     def _record_of(self, record: DeviceRecord, at: float) -> FleetRecord:
-        seen = self._sealed(record.client_id) if record.binding is None else None
+        key = self._registry.binding_key
+        seen = sealed(key, record.client_id) if record.binding is None else None
         return FleetRecord(record.device_id, at, self.replica, alias=record.alias,
                            state=record.state, board=record.board,
-                           binding=self._sealed(record.binding), transport=record.transport,
+                           binding=sealed(key, record.binding), transport=record.transport,
                            catalogue=self._content(record), server_info=record.server_info,
                            seen=seen)  # fmt: skip
-
-    def _sealed(self, identity: str | None) -> str | None:
-        """An identity as the fleet's records carry it: sealed (never in clear, not even
-        without a key, which the cluster always sets)."""
-        key = self._registry.binding_key
-        return seal(key, identity) if identity is not None and key is not None else None
-
-    def _unsealed(self, sealed: str | None, local: DeviceRecord | None) -> str | None:
-        """The identity this replica knows in clear for ``sealed``, else ``sealed`` itself."""
-        if sealed is None or local is None:
-            return sealed
-        for clear in (local.binding, local.client_id):
-            if same_identity(sealed, clear, self._registry.binding_key):
-                return clear
-        return sealed
 
     def _content(self, record: DeviceRecord) -> str | None:
         """The digest of the accepted tools (what the catalogue record holds)."""
@@ -234,12 +223,12 @@ class Fleet:
             if device is not None:
                 self._forget(device)
             return
-        local = device.record if device is not None else None
+        local, key = device.record if device is not None else None, self._registry.binding_key
         device = self._registry.learn(DeviceRecord(
             device_id=record.device_id, alias=record.alias, board=record.board,
             transport=record.transport, state=record.state,
-            binding=self._unsealed(record.binding, local),
-            client_id=self._unsealed(record.seen, local),
+            binding=unsealed(key, record.binding, local),
+            client_id=unsealed(key, record.seen, local),
             first_seen=record.at, last_seen=record.at))  # fmt: skip
         self._take_catalogue(device, record)
         self._attach(record.device_id)
@@ -252,7 +241,11 @@ class Fleet:
             task.add_done_callback(self._closing.discard)
 
     def _take_catalogue(self, device: Device, record: FleetRecord) -> None:
-        if record.catalogue is None or self._content(device.record) == record.catalogue:
+        self._listed.discard(device.device_id)
+        if record.catalogue is None:
+            return
+        if self._content(device.record) == record.catalogue:
+            self._listed.add(device.device_id)
             return
         if device.session is not None and not isinstance(device.session, RemoteSession):
             return  # a session here lists its tools itself
@@ -263,6 +256,7 @@ class Fleet:
             self._waiting.setdefault(record.catalogue, set()).add(device.device_id)
             return
         self._registry.set_catalogue(device.device_id, entries, record.server_info)
+        self._listed.add(device.device_id)
 
     def _on_catalogue(self, digest: str, payload: bytes) -> None:
         if not payload:
@@ -276,6 +270,7 @@ class Fleet:
                 self._applying = True
                 try:
                     self._take_catalogue(device, record)
+                    self._attach(device_id)
                 finally:
                     self._applying = False
 
@@ -352,6 +347,8 @@ class Fleet:
             return
         if presence.replica == self.replica:
             return
+        if device.record.state == APPROVED and not self._tools_here(device):
+            return  # listed once its tools are known here: hosts never see it without them
         session = device.session
         if session is not None and not isinstance(session, RemoteSession):
             return  # it is connected here too: the local link wins
@@ -368,6 +365,13 @@ class Fleet:
             self._registry.connect(device_id, remote, transport="mqtt" if down else "websocket")
         finally:
             self._applying = applying
+
+    def _tools_here(self, device: Device) -> bool:
+        """Are the tools the fleet's record names for the device the ones this replica has?"""
+        record = self._records.get(device.device_id)
+        if record is None or record.catalogue is None:
+            return False
+        return device.device_id in self._listed or self._content(device.record) == record.catalogue
 
     def _detach(self, device_id: str, why: str, *, owner_gone: bool = False) -> None:
         device = self._registry.get(device_id)

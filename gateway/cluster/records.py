@@ -30,6 +30,8 @@ from typing import Any
 from gateway.device_side.broker import is_device_id
 from gateway.devices.catalogue import digest_of
 from gateway.devices.device import APPROVED, PENDING, REJECTED
+from gateway.devices.store import DeviceRecord
+from gateway.devices.tokens import same_identity, seal
 
 __all__ = [
     "BadRecord",
@@ -38,6 +40,8 @@ __all__ = [
     "Presence",
     "ReplicaRecord",
     "read_catalogue",
+    "sealed",
+    "unsealed",
 ]
 
 JsonObject = dict[str, Any]
@@ -244,3 +248,19 @@ def read_catalogue(digest: str, payload: bytes) -> list[object]:
     if digest_of(entries) != digest:
         raise BadRecord("its tools do not hash to the digest that names it")
     return entries
+
+
+def sealed(key: bytes | None, identity: str | None) -> str | None:
+    """An identity as the fleet's records carry it: sealed (``tokens.seal``), never in clear,
+    not even without a key (the cluster always sets one)."""
+    return seal(key, identity) if identity is not None and key is not None else None
+
+
+def unsealed(key: bytes | None, value: str | None, local: DeviceRecord | None) -> str | None:
+    """The identity this replica knows in clear for the sealed ``value``, else ``value``."""
+    if value is None or local is None:
+        return value
+    for clear in (local.binding, local.client_id):
+        if same_identity(value, clear, key):
+            return clear
+    return value
