@@ -58,7 +58,7 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
-    "cluster": [{"records", "replica"}, {"client", "remote", "bridge"}, {"fleet"}],
+    "cluster": [{"records", "replica", "catalogues"}, {"client", "remote", "bridge"}, {"fleet"}],
     "device_side": [
         {"broker", "vision"},
         {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards

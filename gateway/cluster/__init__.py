@@ -116,7 +116,7 @@ class Cluster:
         return bridged, lambda: self._ended(bridged)
 
     def _ended(self, link: BridgedLink) -> None:
-        self.bridge.release(link)
+        self.bridge.release(link, clear=self.fleet.announced_here(link.device_id))
         self.fleet.local_ended(link.device_id)
 
     # --- the broker ------------------------------------------------------------------------

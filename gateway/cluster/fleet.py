@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway.cluster.bridge import Bridge
+from gateway.cluster.catalogues import FleetCatalogues
 from gateway.cluster.records import (
     BadRecord,
     ClusterTopics,
@@ -31,8 +32,7 @@ from gateway.cluster.records import (
     unsealed,
 )
 from gateway.cluster.remote import RemoteCalls, RemoteSession
-from gateway.devices.catalogue import digest_of
-from gateway.devices.device import APPROVED
+from gateway.devices.device import APPROVED, DeviceSession
 from gateway.devices.registry import Device, DeviceRegistry
 from gateway.devices.store import DeviceRecord
 
@@ -59,14 +59,11 @@ class Fleet:
         self._records: dict[str, FleetRecord] = {}  # the latest known, ours included
         self._changed: dict[str, float] = {}  # local changes: when (newer wins on rejoin)
         self._echoed: dict[str, float] = {}  # our own records the broker sent back: when
-        self._catalogues: dict[str, list[object]] = {}  # by content digest
-        self._contents: dict[str, str] = {}  # a local catalogue's digest -> its content digest
-        self._waiting: dict[str, set[str]] = {}  # catalogue digest -> devices waiting for it
+        self._tools = FleetCatalogues(registry)
         self._listed: set[str] = set()  # devices whose tools, as the fleet names them, are here
         self._presence: dict[str, Presence] = {}
         # What the broker sent since the last (re)join or re-read: what ``repair`` need not say.
         self._on_broker: dict[str, tuple[float, str]] = {}  # device id -> its record's (at, by)
-        self._catalogues_on_broker: set[str] = set()
         self._heard: dict[str, float] = {}  # replica -> monotonic time of its last record
         self._applying = False
         self._closing: set[asyncio.Task[None]] = set()
@@ -96,21 +93,10 @@ class Fleet:
         self._tell(mine)
 
     def _tell(self, mine: FleetRecord) -> None:
-        if (entries := self._keep_catalogue(mine)) is not None:
+        if (entries := self._tools.keep(mine.device_id, mine.catalogue)) is not None:
             assert mine.catalogue is not None
             self._send(self._topics.catalogue(mine.catalogue), _json(entries), retain=True)
         self._send(self._topics.device(mine.device_id), mine.encode(), retain=True)
-
-    def _keep_catalogue(self, mine: FleetRecord) -> list[object] | None:
-        """The entries of a local device's catalogue the fleet has not seen yet, now kept."""
-        if mine.catalogue is None or mine.catalogue in self._catalogues:
-            return None
-        device = self._registry.get(mine.device_id)
-        if device is None or device.catalogue is None:
-            return None
-        entries: list[object] = [tool.as_entry() for tool in device.catalogue.tools]
-        self._catalogues[mine.catalogue] = entries
-        return entries
 
     def _record_of(self, record: DeviceRecord, at: float) -> FleetRecord:
         key = self._registry.binding_key
@@ -118,18 +104,8 @@ class Fleet:
         return FleetRecord(record.device_id, at, self.replica, alias=record.alias,
                            state=record.state, board=record.board,
                            binding=sealed(key, record.binding), transport=record.transport,
-                           catalogue=self._content(record), server_info=record.server_info,
-                           seen=seen)  # fmt: skip
-
-    def _content(self, record: DeviceRecord) -> str | None:
-        """The digest of the accepted tools (what the catalogue record holds)."""
-        device = self._registry.get(record.device_id)
-        if device is None or device.catalogue is None:
-            return None
-        digest = device.catalogue.digest
-        if digest not in self._contents:
-            self._contents[digest] = digest_of([t.as_entry() for t in device.catalogue.tools])
-        return self._contents[digest]
+                           catalogue=self._tools.content(record.device_id),
+                           server_info=record.server_info, seen=seen)  # fmt: skip
 
     def _send(self, topic: str, payload: bytes, *, retain: bool) -> None:
         self.outbox.put_nowait((topic, payload, retain))
@@ -144,7 +120,7 @@ class Fleet:
         """The broker is about to send every retained record again (a join, a re-read): note
         afresh which ones it has, for ``repair``."""
         self._on_broker.clear()
-        self._catalogues_on_broker.clear()
+        self._tools.on_broker.clear()
 
     def repair(self) -> int:
         """After the barrier: publish again every fact this replica holds that the broker does
@@ -154,13 +130,13 @@ class Fleet:
         for device in self._registry.devices():
             if self._unsaid(device.device_id):  # changed here while cut off, or never said
                 mine = self._records[device.device_id] = self._record_of(device.record, now)
-                self._keep_catalogue(mine)
+                self._tools.keep(mine.device_id, mine.catalogue)
         for known in self._records.values():
-            if not known.forgotten and known.catalogue not in self._catalogues_on_broker:
-                entries = self._catalogues.get(known.catalogue or "")
+            if not known.forgotten and known.catalogue not in self._tools.on_broker:
+                entries = self._tools.entries.get(known.catalogue or "")
                 if entries is not None:
                     assert known.catalogue is not None
-                    self._catalogues_on_broker.add(known.catalogue)
+                    self._tools.on_broker.add(known.catalogue)
                     self._send(self._topics.catalogue(known.catalogue), _json(entries), retain=True)
         for device_id, known in self._records.items():
             if self._on_broker.get(device_id, (-1.0, "")) < (known.at, known.by):
@@ -237,23 +213,31 @@ class Fleet:
         session = device.session
         self._registry.forget(device)
         if session is not None and not isinstance(session, RemoteSession):
-            self._closing.add(task := asyncio.get_running_loop().create_task(session.aclose()))
-            task.add_done_callback(self._closing.discard)
+            self._close(session)
+
+    def _close(self, session: DeviceSession) -> None:
+        self._closing.add(task := asyncio.get_running_loop().create_task(session.aclose()))
+        task.add_done_callback(self._closing.discard)
+
+    def announced_here(self, device_id: str) -> bool:
+        """Does the device's presence record name this replica (or no replica)?"""
+        presence = self._presence.get(device_id)
+        return presence is None or presence.replica == self.replica
 
     def _take_catalogue(self, device: Device, record: FleetRecord) -> None:
         self._listed.discard(device.device_id)
         if record.catalogue is None:
             return
-        if self._content(device.record) == record.catalogue:
+        if self._tools.content(device.device_id) == record.catalogue:
             self._listed.add(device.device_id)
             return
         if device.session is not None and not isinstance(device.session, RemoteSession):
             return  # a session here lists its tools itself
-        entries = self._catalogues.get(record.catalogue)
+        entries = self._tools.entries.get(record.catalogue)
         logger.debug("%s: catalogue %s for %s: %s", self.replica, record.catalogue[:8],
                      device.device_id, "known" if entries else "awaited")  # fmt: skip
         if entries is None:
-            self._waiting.setdefault(record.catalogue, set()).add(device.device_id)
+            self._tools.waiting.setdefault(record.catalogue, set()).add(device.device_id)
             return
         self._registry.set_catalogue(device.device_id, entries, record.server_info)
         self._listed.add(device.device_id)
@@ -261,10 +245,10 @@ class Fleet:
     def _on_catalogue(self, digest: str, payload: bytes) -> None:
         if not payload:
             return
-        if digest not in self._catalogues:
-            self._catalogues[digest] = read_catalogue(digest, payload)
-        self._catalogues_on_broker.add(digest)
-        for device_id in self._waiting.pop(digest, set()):
+        if digest not in self._tools.entries:
+            self._tools.entries[digest] = read_catalogue(digest, payload)
+        self._tools.on_broker.add(digest)
+        for device_id in self._tools.waiting.pop(digest, set()):
             device, record = self._registry.get(device_id), self._records.get(device_id)
             if device is not None and record is not None and record.catalogue == digest:
                 self._applying = True
@@ -350,7 +334,8 @@ class Fleet:
         if device.record.state == APPROVED and not self._tools_here(device):
             return  # listed once its tools are known here: hosts never see it without them
         session = device.session
-        if session is not None and not isinstance(session, RemoteSession):
+        handed = session is not None and not isinstance(session, RemoteSession)
+        if handed and not (presence.mqtt and self._bridge.direct(device_id)):
             return  # it is connected here too: the local link wins
         if isinstance(session, RemoteSession) and (session.replica, session.session) == (
             presence.replica,
@@ -365,13 +350,18 @@ class Fleet:
             self._registry.connect(device_id, remote, transport="mqtt" if down else "websocket")
         finally:
             self._applying = applying
+        if handed and session is not None:  # its new owner runs it: this session ends now
+            self._close(session)
 
     def _tools_here(self, device: Device) -> bool:
         """Are the tools the fleet's record names for the device the ones this replica has?"""
         record = self._records.get(device.device_id)
         if record is None or record.catalogue is None:
             return False
-        return device.device_id in self._listed or self._content(device.record) == record.catalogue
+        return (
+            device.device_id in self._listed
+            or self._tools.content(device.device_id) == record.catalogue
+        )
 
     def _detach(self, device_id: str, why: str, *, owner_gone: bool = False) -> None:
         device = self._registry.get(device_id)

@@ -45,6 +45,7 @@ class Peer:
     sent: float = 0.0  # loop time of the gateway's last publish to it
     quiet_until: float = 0.0  # loop time before which stray messages open no link
     ended: int = 0  # sessions the gateway ended in a row (the backoff grows with it)
+    leaving: bool = False  # cluster: owned elsewhere now; kept until the new owner has it
 
 
 class Liveness:
