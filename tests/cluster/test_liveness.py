@@ -4,20 +4,25 @@ on a real mosquitto, stock-like devices (no last will, silent until probed)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
+from mcp import Client
 
 from gateway.app import Running
 from gateway.cluster.replica import owner_of
 from gateway.net.addresses import ListenAddress
-from tests.cluster.conftest import eventually, replicas
-from tests.cluster.test_faults import online
-from tests.cluster.test_owner import NAMES
-from tests.conftest import DEVICE_TOKEN, bound
+from tests.cluster.conftest import cluster_options, eventually, replicas, shared_secret
+from tests.cluster.test_faults import call_text, online, tool
+from tests.cluster.test_owner import MQTT, NAMES, behind_proxies, name, owners, run_by
+from tests.cluster.test_owner import stock as stock_device
+from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
+from tests.e2e.helpers import Inbox
 from tests.mqtt_helpers import Mosquitto, MqttDevice
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -100,3 +105,57 @@ async def test_a_rebooted_device_is_found_at_once_whichever_replica_took_its_che
             with anyio.fail_after(bound(10)):
                 await eventually(runs, online(device_id))
             assert rebooted.hellos.empty() and not rebooted.calls  # found by probing alone
+
+
+async def test_a_rejoining_replica_takes_its_devices_back_without_an_offline_blink(
+    tmp_path: Path,
+) -> None:
+    """The owner of an MQTT device is cut, and the replica the rule picks next runs its session.
+    Healed, the owner takes the device back: the replica that held it keeps the session until
+    the owner announces it, so no replica that stayed ever shows the device offline."""
+    async with Mosquitto(tmp_path / "broker") as broker, AsyncExitStack() as stack:
+        proxies = await stack.enter_async_context(behind_proxies(tmp_path, broker.port))
+        runs = [
+            await stack.enter_async_context(
+                gateway(shared_secret(tmp_path / n), **cluster_options(proxy.port, n))
+            )
+            for n, proxy in zip(NAMES, proxies, strict=True)
+        ]
+        device = await stack.enter_async_context(stock_device(broker.port))
+        await device.wait_connected()
+        await device.hello()
+        owner = owner_of(MQTT, NAMES)
+        await eventually(runs, run_by(MQTT, owner))
+        proxies[NAMES.index(owner)].cut()
+        survivors = [r for r in runs if name(r) != owner]
+        await eventually(survivors, run_by(MQTT, owner_of(MQTT, [name(r) for r in survivors])))
+        blinks: list[str] = []
+        for run in survivors:
+            run.gateway.registry.record_watchers.append(offline_watcher(run, blinks))
+        inbox = Inbox()
+        host = Client(survivors[0].mcp_url, mode="legacy", message_handler=inbox)
+        await stack.enter_async_context(host)
+        with anyio.fail_after(bound(5)):
+            await survivors[0].gateway.frontend.notifier.wait_for_sessions(1)
+        proxies[NAMES.index(owner)].heal()
+        await eventually(runs, run_by(MQTT, owner))
+        assert owners(runs) == [owner]
+        assert blinks == []  # never offline on a replica that stayed, not even for a moment
+        for run in runs:
+            assert (await call_text(run, tool(run, MQTT, "self.lamp.get_state"), {}))[0] is False
+        back = runs[NAMES.index(owner)].gateway.registry
+        back.rename(back.get(MQTT), "porch")  # type: ignore[arg-type]
+        await inbox.next_change()
+        assert inbox.count == 1  # the rename's: the hand-back told hosts nothing
+
+
+def offline_watcher(run: Running, blinks: list[str]) -> Callable[[str, object], None]:
+    """Told of every record the registry saves: notes the replica if the device is offline."""
+    registry = run.gateway.registry
+
+    def saved(device_id: str, record: object) -> None:
+        device = registry.get(device_id)
+        if device_id == MQTT and (device is None or not device.online):
+            blinks.append(name(run))
+
+    return saved
