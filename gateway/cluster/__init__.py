@@ -24,7 +24,7 @@ from gateway.cluster.client import ClusterClient, broker_login
 from gateway.cluster.fleet import HEARTBEAT, Fleet
 from gateway.cluster.records import ClusterTopics, ReplicaRecord
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster.replica import id_slice, owner_of, pick_number, replica_name
+from gateway.cluster.replica import Ownership, id_slice, pick_number, replica_name
 from gateway.config import Config
 from gateway.device_side.broker import DeviceCredentials, Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
@@ -67,6 +67,7 @@ class Cluster:
         self.client = ClusterClient(self.login, self.topics, self.replica, self._on_message,
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known
+        self.ownership = Ownership()  # of MQTT devices, kept per live set
         self._tasks: list[asyncio.Task[None]] = []
         self._reread: asyncio.Task[None] | None = None
 
@@ -104,7 +105,8 @@ class Cluster:
         none while it is cut from the broker or rejoining (it would not know who lives)."""
         if not self._joined:
             return False
-        return owner_of(device_id, {*self.fleet.live, self.replica}) == self.replica
+        live = frozenset((*self.fleet.live, self.replica))
+        return self.ownership.owner(device_id, live) == self.replica
 
     def bridged(
         self, link: DeviceLink, device_id: str, session: str
