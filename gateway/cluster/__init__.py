@@ -22,7 +22,7 @@ from types import TracebackType
 from gateway.cluster.bridge import Bridge, BridgedLink
 from gateway.cluster.client import ClusterClient, broker_login
 from gateway.cluster.fleet import HEARTBEAT, Fleet
-from gateway.cluster.records import ClusterTopics, ReplicaRecord
+from gateway.cluster.records import ClusterTopics, ReplicaRecord, key_name
 from gateway.cluster.remote import RemoteCalls
 from gateway.cluster.replica import Ownership, id_slice, pick_number, replica_name
 from gateway.config import Config
@@ -168,7 +168,7 @@ class Cluster:
         self.bridge.own_ids = self.ids
 
     async def _say_alive(self) -> None:
-        record = ReplicaRecord(self.no, time.time())
+        record = ReplicaRecord(self.no, time.time(), key_name(self._registry.binding_key))
         await self.client.publish(self.topics.replica(self.replica), record.encode(), retain=True)
 
     async def _heartbeat(self) -> None:

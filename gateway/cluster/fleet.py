@@ -27,6 +27,7 @@ from gateway.cluster.records import (
     FleetRecord,
     Presence,
     ReplicaRecord,
+    key_name,
     read_catalogue,
     sealed,
     unsealed,
@@ -281,6 +282,10 @@ class Fleet:
             return
         record = ReplicaRecord.read(payload)
         new = name not in self.live
+        if new and record.key not in (None, key_name(self._registry.binding_key)):
+            logger.error("replica %s seals identity bindings with another key: every replica "
+                         "needs the same data_dir/mqtt_secret (docs/cluster.md); until then a "
+                         "device bound on one is refused on the other", name)  # fmt: skip
         self.live[name] = record
         self._heard[name] = time.monotonic()
         if new:

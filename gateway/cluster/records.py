@@ -22,6 +22,8 @@ docs/cluster.md): records come from replicas, but are checked all the same.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ __all__ = [
     "FleetRecord",
     "Presence",
     "ReplicaRecord",
+    "key_name",
     "read_catalogue",
     "sealed",
     "unsealed",
@@ -135,6 +138,7 @@ class ReplicaRecord:
 
     no: int
     at: float
+    key: str | None = None  # names the key that seals its bindings (``key_name``)
 
     @classmethod
     def read(cls, payload: bytes) -> ReplicaRecord:
@@ -142,10 +146,18 @@ class ReplicaRecord:
         no = value.get("no")
         if isinstance(no, bool) or not isinstance(no, int) or not 1 <= no <= 127:
             raise BadRecord("no is not a replica number in 1..127")
-        return cls(no, _time(value))
+        return cls(no, _time(value), _text(value, "key"))
 
     def encode(self) -> bytes:
-        return json.dumps({"no": self.no, "at": self.at}).encode()
+        value: dict[str, object] = {"no": self.no, "at": self.at}
+        if self.key is not None:
+            value["key"] = self.key
+        return json.dumps(value).encode()
+
+
+def key_name(key: bytes | None) -> str | None:
+    """What names the key that seals bindings, and tells nothing of it: replicas compare it."""
+    return hmac.new(key, b"key name", hashlib.sha256).hexdigest()[:16] if key else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.cluster.bridge import Bridge
 from gateway.cluster.fleet import Fleet
-from gateway.cluster.records import ClusterTopics, FleetRecord, Presence, ReplicaRecord
+from gateway.cluster.records import ClusterTopics, FleetRecord, Presence, ReplicaRecord, key_name
 from gateway.cluster.remote import RemoteCalls, RemoteSession
 from gateway.cluster.replica import id_slice
 from gateway.devices.catalogue import digest_of
@@ -123,4 +123,20 @@ async def test_a_remote_device_is_listed_only_once_its_tools_are_known_here(tmp_
     assert not device.online
     fleet.on_record("catalogue", digest, json.dumps(entries).encode())
     assert device.online and device.exposed and list(device.tools) == ["self.lamp.turn_on"]
+    stack.close()
+
+
+async def test_a_replica_with_another_mqtt_secret_is_named_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bindings sealed under another key would be refused here: the replica that has another
+    ``mqtt_secret`` is named in one error line (not at each heartbeat); the key never is."""
+    stack, fleet = fleet_on(tmp_path)
+    stack.registry.binding_key = b"ours"
+    fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0, key_name(b"ours")).encode())
+    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 1.0, key_name(b"theirs")).encode())
+    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 11.0, key_name(b"theirs")).encode())
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "replica gw-3 seals identity bindings with another key" in errors[0]
+    assert "mqtt_secret" in errors[0] and set(fleet.live) == {"gw-2", "gw-3"}
     stack.close()
