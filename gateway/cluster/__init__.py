@@ -64,6 +64,7 @@ class Cluster:
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
         self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
+        self.fleet.owns = self.owns
         self.client = ClusterClient(self.login, self.topics, self.replica, self._on_message,
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known

@@ -72,6 +72,7 @@ class Fleet:
         # own down topic, where an MQTT device another replica owns is called
         self.live_changed: Callable[[], None] = lambda: None
         self.device_down: Callable[[str], str] | None = None
+        self.owns: Callable[[str], bool] = lambda device_id: False  # an MQTT device's session
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
         registry.record_watchers.append(self._on_local)
 
@@ -340,8 +341,10 @@ class Fleet:
             return  # listed once its tools are known here: hosts never see it without them
         session = device.session
         handed = session is not None and not isinstance(session, RemoteSession)
-        if handed and not (presence.mqtt and self._bridge.direct(device_id)):
+        if handed and (not presence.mqtt or not self._bridge.direct(device_id)):
             return  # it is connected here too: the local link wins
+        if handed and self.owns(device_id):
+            return  # its owner runs it here: the other replica hands it back
         if isinstance(session, RemoteSession) and (session.replica, session.session) == (
             presence.replica,
             presence.session,
