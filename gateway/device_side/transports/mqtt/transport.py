@@ -42,7 +42,7 @@ logger = logging.getLogger(__package__)  # one logger for the whole transport
 
 # cluster: seconds a session owned elsewhere now is kept for its new owner to announce it (an
 # owner takes a device in milliseconds; a replica cut from the broker never hears it)
-_HANDOVER = 3.0
+_HANDOVER = 10.0
 
 
 class MqttTransport:
