@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import aiomqtt
@@ -15,16 +16,20 @@ import httpx2
 import pytest
 
 from gateway.app import Running
+from gateway.cluster.replica import owner_of
 from gateway.devices.registry import PENDING, DeviceRegistry
 from tests.cluster.conftest import (
     PREFIX,
     Check,
     NoRetainedProxy,
+    Proxy,
     cluster_options,
     eventually,
     replicas,
     shared_secret,
 )
+from tests.cluster.test_faults import online
+from tests.cluster.test_liveness import joined
 from tests.cluster.test_replicas import MQTT_DEVICE, STOCK, WS_DEVICE, lists
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
@@ -167,3 +172,41 @@ class Said(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
         self.error.set()
+
+
+async def test_a_cold_replica_that_joined_a_wiped_broker_first_finds_its_devices_once_repaired(
+    tmp_path: Path,
+) -> None:
+    """The broker loses its state and a cold replica joins it before the replicas that know the
+    fleet are back. The rule gives it a stock MQTT device it has never heard of; once the others
+    rejoin and repair the broker, it learns the device and looks for it at once: the device is
+    listed everywhere within seconds, not at the next probe round (60 s)."""
+    names = ["gw-1", "gw-2", "gw-cold"]
+    mac = next(
+        m for i in range(256) if owner_of(m := f"aa:bb:cc:dd:ee:{i:02x}", names) == "gw-cold"
+    )
+    async with Mosquitto(tmp_path / "broker") as broker, AsyncExitStack() as stack:
+        proxies = [await stack.enter_async_context(Proxy(broker.port)) for _ in names[:2]]
+        runs = [
+            await stack.enter_async_context(
+                gateway(shared_secret(tmp_path / n), **cluster_options(proxy.port, n))
+            )
+            for n, proxy in zip(names, proxies, strict=False)
+        ]
+        await joined(runs)  # its hello reaches the owner's transport
+        device = MqttDevice("127.0.0.1", broker.port, mac, DEVICE_TOKEN, stock=True, subscribe=True)
+        await stack.enter_async_context(device)
+        await device.wait_connected()
+        await device.hello()
+        await eventually(runs, online(mac))
+        for proxy in proxies:
+            proxy.cut()
+        await broker.stop()
+        await broker.start()  # no retained record at all
+        options = cluster_options(broker.port, "gw-cold")
+        cold = await stack.enter_async_context(gateway(shared_secret(tmp_path / "cold"), **options))
+        assert cold.gateway.registry.get(mac) is None  # it joined an empty broker
+        for proxy in proxies:
+            proxy.heal()
+        with anyio.fail_after(bound(10)):
+            await eventually([cold, *runs], online(mac))
