@@ -265,6 +265,7 @@ class Gateway:
             owns=on_cluster.owns if on_cluster is not None else None,
             foreign=on_cluster.remote.on_reply if on_cluster is not None else None,
         )
+        self.ota.checked_in = self.mqtt.checked_in  # a booting device: probed as it arrives
         if on_cluster is not None:
             on_cluster.fleet.live_changed = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)
@@ -321,16 +322,20 @@ async def running(config: Config) -> AsyncIterator[Running]:
                      for name in ("device", "host"))  # fmt: skip
     raise_fd_limit(caps[0] * capped + caps[1], chosen=caps != defaults)
     sockets = (bind(config.device_listen, "device"), bind(config.host_listen, "host"))
-    async with accept_errors_throttled(), Gateway(config) as gateway:
-        apps: dict[str, ASGIApp] = {"device": gateway.device_app, "host": gateway.host_app}
-        served = [
-            (name, uvicorn_config(app, config, gateway.guard(name)), sock)
-            for (name, app), sock in zip(apps.items(), sockets, strict=True)
-        ]
-        async with listening(served) as ports:
-            broker = gateway.broker.port if gateway.broker is not None else None
-            # The LAN address probed once here, not again for every device that needs it.
-            addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
-                                     mqtt_port=broker, lan=lan_address())  # fmt: skip
-            gateway.public.addresses = addresses
-            yield Running(gateway, addresses)
+    try:
+        async with accept_errors_throttled(), Gateway(config) as gateway:
+            apps: dict[str, ASGIApp] = {"device": gateway.device_app, "host": gateway.host_app}
+            served = [
+                (name, uvicorn_config(app, config, gateway.guard(name)), sock)
+                for (name, app), sock in zip(apps.items(), sockets, strict=True)
+            ]
+            async with listening(served) as ports:
+                broker = gateway.broker.port if gateway.broker is not None else None
+                # The LAN address probed once here, not again for every device that needs it.
+                addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
+                                         mqtt_port=broker, lan=lan_address())  # fmt: skip
+                gateway.public.addresses = addresses
+                yield Running(gateway, addresses)
+    finally:
+        for sock in sockets:  # also when the gateway never started (a cluster it cannot join)
+            sock.close()

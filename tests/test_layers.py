@@ -59,7 +59,11 @@ INNER: dict[str, list[set[str]]] = {
         {"connection"},
         {"calls"},
     ],
-    "cluster": [{"records", "replica", "broker_auth"}, {"client", "remote", "bridge"}, {"fleet"}],
+    "cluster": [
+        {"records", "replica", "broker_auth", "catalogues"},
+        {"client", "remote", "bridge"},
+        {"fleet"},
+    ],
     "device_side": [
         {"broker", "vision"},
         {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards

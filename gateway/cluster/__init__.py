@@ -27,11 +27,11 @@ from types import TracebackType
 from gateway.cluster.bridge import Bridge, BridgedLink
 from gateway.cluster.client import ClusterClient, broker_login
 from gateway.cluster.fleet import HEARTBEAT, Fleet
-from gateway.cluster.records import ClusterTopics, ReplicaRecord
+from gateway.cluster.records import ClusterTopics, ReplicaRecord, key_name
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster.replica import id_slice, owner_of, pick_number, replica_name
+from gateway.cluster.replica import Ownership, id_slice, pick_number, replica_name
 from gateway.config import Config
-from gateway.device_side.broker import Topics
+from gateway.device_side.broker import DeviceCredentials, Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink
 from gateway.devices.link import DeviceLink
@@ -66,18 +66,22 @@ class Cluster:
         self.no = 0  # claimed when joining
         self.ids = id_slice(1)
         self._registry = registry
+        registry.binding_key = DeviceCredentials(config.data_dir).binding_key()
         self.remote = RemoteCalls(self.topics, self.ids, self._publish, config.max_message_bytes)
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
         self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
+        self.fleet.owns = self.owns
         self.client = ClusterClient(self.logins, self.topics, self.replica, self._on_message,
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known
+        self.ownership = Ownership()  # of MQTT devices, kept per live set
         self._devices_on_broker = config.cluster_mqtt_devices == "broker"
         self._since = 0.0  # when this replica last joined: the others tell its rejoins apart
         self._handoff: asyncio.TimerHandle | None = None  # armed while cut from the broker
         self.handed_off = False  # cut for HANDOFF: serves no WebSocket device until it rejoins
         self._tasks: list[asyncio.Task[None]] = []
+        self._reread: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Cluster:
         self._tasks = [
@@ -100,7 +104,7 @@ class Cluster:
             self._handoff.cancel()
         if self.client.connected.is_set():  # leave cleanly: the others need no will to know
             await self.client.publish(self.topics.replica(self.replica), b"", retain=True)
-        await cancel_all(self._tasks)
+        await cancel_all([*self._tasks, *([self._reread] if self._reread else [])])
 
     # --- what the gateway asks -------------------------------------------------------------
 
@@ -120,7 +124,8 @@ class Cluster:
         none while it is cut from the broker or rejoining (it would not know who lives)."""
         if not self._joined:
             return False
-        return owner_of(device_id, {*self.fleet.live, self.replica}) == self.replica
+        live = frozenset((*self.fleet.live, self.replica))
+        return self.ownership.owner(device_id, live) == self.replica
 
     def bridged(
         self, link: DeviceLink, device_id: str, session: str
@@ -137,7 +142,7 @@ class Cluster:
         return bridged, lambda: self._ended(bridged)
 
     def _ended(self, link: BridgedLink) -> None:
-        self.bridge.release(link)
+        self.bridge.release(link, clear=self.fleet.announced_here(link.device_id))
         self.fleet.local_ended(link.device_id)
 
     # --- the broker ------------------------------------------------------------------------
@@ -204,7 +209,9 @@ class Cluster:
         self.bridge.own_ids = self.ids
 
     async def _say_alive(self) -> None:
-        record = ReplicaRecord(self.no, time.time(), self._since)
+        record = ReplicaRecord(
+            self.no, time.time(), self._since, key=key_name(self._registry.binding_key)
+        )
         await self.client.publish(self.topics.replica(self.replica), record.encode(), retain=True)
 
     async def _heartbeat(self) -> None:
@@ -220,8 +227,16 @@ class Cluster:
                 for name in self.fleet.expire():
                     await self.client.publish(self.topics.replica(name), b"", retain=True)
                 beats += 1
-                if beats % _RESYNC_BEATS == 0:  # records the broker may have dropped for us
-                    await self.client.resubscribe()
+                if beats % _RESYNC_BEATS == 0:  # records the broker may have dropped or lost
+                    self._reread = asyncio.create_task(self._read_again())
+
+    async def _read_again(self) -> None:
+        """Read every retained record again; publish again what the broker lost (a task of
+        its own: losing the broker meanwhile cancels its barrier, not the heartbeat)."""
+        self.fleet.reading()
+        if await self.client.resubscribe():
+            await self.client.sync()
+            self.fleet.repair()
 
     async def _pump(self) -> None:
         """Publish the fleet's records in order, many at once: a join storm is thousands of

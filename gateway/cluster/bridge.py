@@ -118,13 +118,20 @@ class Bridge:
         record = Presence(self._replica, session, time.time(), direct).encode()
         self._later(self._publish(self._topics.presence(device_id), record, True))
 
-    def release(self, link: BridgedLink) -> None:
-        """The link ended: clear its presence, unless a newer link of the device took over."""
+    def direct(self, device_id: str) -> bool:
+        """Is the device here an MQTT device whose session this replica owns?"""
+        held = self._links.get(device_id)
+        return held is not None and held[0].direct
+
+    def release(self, link: BridgedLink, *, clear: bool = True) -> None:
+        """The link ended: clear its presence (unless another replica announced the device
+        since: ``clear`` False), unless a newer link of the device took over."""
         held = self._links.get(link.device_id)
         if held is None or held[0] is not link:
             return
         del self._links[link.device_id]
-        self._later(self._publish(self._topics.presence(link.device_id), b"", True))
+        if clear:
+            self._later(self._publish(self._topics.presence(link.device_id), b"", True))
 
     async def up(self, device_id: str, text: str) -> None:
         await self._publish(self._topics.bridge(device_id, "up"), text.encode(), False)

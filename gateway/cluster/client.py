@@ -14,6 +14,7 @@ elects a leader) is asked again for ``_SUBSCRIBE_PATIENCE``, then left for the n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import socket
@@ -28,7 +29,7 @@ from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation
 from gateway.device_side.transports.mqtt import BrokerLogin
 from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 
-__all__ = ["ClusterClient", "broker_login"]
+__all__ = ["BrokerUnfit", "ClusterClient", "broker_login"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,10 @@ def broker_login(
     tls = parts.scheme == "mqtts"
     port = parts.port or (8883 if tls else 1883)
     return BrokerLogin(parts.hostname or "", port, username, password, tls=tls, ca_file=ca_file)
+
+
+class BrokerUnfit(Exception):
+    """The broker lacks what the cluster needs of it (docs/cluster.md, which brokers qualify)."""
 
 
 class ClusterClient:
@@ -114,6 +119,10 @@ class ClusterClient:
                     failure = f"{where}: {exc}"
                     then = "retrying" if len(self.nodes.logins) == 1 else "trying the next node"
                     logger.warning("cluster broker at %s: %s; %s", where, exc or "lost", then)
+            except BrokerUnfit as exc:
+                if str(exc) != failure:
+                    failure = str(exc)
+                    logger.error("%s", failure)
             finally:
                 self._lost()
             honour_cancellation()
@@ -131,6 +140,14 @@ class ClusterClient:
             self._on_lost()
 
     async def _ready(self) -> None:
+        if not await self._serves_retained_to_wildcards():
+            raise BrokerUnfit(
+                f"the cluster broker at {self.where} does not send retained messages to wildcard "
+                f"subscriptions (a retained probe on {self.topics.probe(self.replica)} did not "
+                f"come back on {self.topics.probe('+')} within {_SYNC_AGAIN:g} s): replica "
+                f"{self.replica} cannot learn the fleet there and will not serve; brokers that "
+                "qualify: docs/cluster.md"
+            )
         await self.sync()
         await self._on_ready()
         logger.info("replica %s joined the cluster at %s", self.replica, self.where)
@@ -140,7 +157,7 @@ class ClusterClient:
             payload = message.payload
             data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
             topic = message.topic.value
-            if topic == self.topics.sync(self.replica):
+            if topic in (self.topics.sync(self.replica), self.topics.probe(self.replica)):
                 future = self._sync.pop(data.decode(errors="replace"), None)
                 if future is not None and not future.done():
                     future.set_result(None)
@@ -169,6 +186,31 @@ class ClusterClient:
                 self._sync.pop(token, None)
                 logger.info("replica %s: no echo of its sync token in %s s; asking again",
                             self.replica, _SYNC_AGAIN)  # fmt: skip
+
+    async def _serves_retained_to_wildcards(self) -> bool:
+        """A retained probe under the prefix must come back on a wildcard subscription made
+        after it: the fleet's records reach a joining replica that way. RabbitMQ 3.10's MQTT
+        plugin, for one, sends retained messages only to exact topics, and a replica on it would
+        pass the barrier knowing no device."""
+        client = self._client
+        if client is None:
+            raise aiomqtt.MqttError("the broker went away")
+        token, topic, wildcard = secrets.token_hex(8), self.topics.probe(self.replica), \
+            self.topics.probe("+")  # fmt: skip
+        future = self._sync[token] = asyncio.get_running_loop().create_future()
+        try:
+            await client.publish(topic, token.encode(), qos=1, retain=True)
+            await client.subscribe(wildcard, qos=1)
+            async with asyncio.timeout(_SYNC_AGAIN):
+                await future
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._sync.pop(token, None)
+            with contextlib.suppress(aiomqtt.MqttError):
+                await client.unsubscribe(wildcard)
+                await client.publish(topic, b"", qos=1, retain=True)
 
     async def resubscribe(self) -> bool:
         """Subscribe again to the retained records: the broker sends them all once more.

@@ -20,16 +20,20 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gateway.cluster.bridge import Bridge
+from gateway.cluster.catalogues import FleetCatalogues
 from gateway.cluster.records import (
     BadRecord,
     ClusterTopics,
     FleetRecord,
     Presence,
     ReplicaRecord,
+    key_name,
     read_catalogue,
+    sealed,
+    unsealed,
 )
 from gateway.cluster.remote import RemoteCalls, RemoteSession
-from gateway.devices.catalogue import digest_of
+from gateway.devices.device import APPROVED, DeviceSession
 from gateway.devices.registry import Device, DeviceRegistry
 from gateway.devices.store import DeviceRecord
 
@@ -60,10 +64,11 @@ class Fleet:
         self._records: dict[str, FleetRecord] = {}  # the latest known, ours included
         self._changed: dict[str, float] = {}  # local changes: when (newer wins on rejoin)
         self._echoed: dict[str, float] = {}  # our own records the broker sent back: when
-        self._catalogues: dict[str, list[object]] = {}  # by content digest
-        self._contents: dict[str, str] = {}  # a local catalogue's digest -> its content digest
-        self._waiting: dict[str, set[str]] = {}  # catalogue digest -> devices waiting for it
+        self._tools = FleetCatalogues(registry)
+        self._listed: set[str] = set()  # devices whose tools, as the fleet names them, are here
         self._presence: dict[str, Presence] = {}
+        # What the broker sent since the last (re)join or re-read: what ``repair`` need not say.
+        self._on_broker: dict[str, tuple[float, str]] = {}  # device id -> its record's (at, by)
         self._heard: dict[str, float] = {}  # replica -> monotonic time of its last record
         self._applying = False
         self._closing: set[asyncio.Task[None]] = set()
@@ -71,6 +76,7 @@ class Fleet:
         # own down topic, where an MQTT device another replica owns is called
         self.live_changed: Callable[[], None] = lambda: None
         self.device_down: Callable[[str], str] | None = None
+        self.owns: Callable[[str], bool] = lambda device_id: False  # an MQTT device's session
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
         registry.record_watchers.append(self._on_local)
 
@@ -93,42 +99,59 @@ class Fleet:
         self._tell(mine)
 
     def _tell(self, mine: FleetRecord) -> None:
-        if mine.catalogue is not None and mine.catalogue not in self._catalogues:
-            device = self._registry.get(mine.device_id)
-            if device is not None and device.catalogue is not None:
-                entries: list[object] = [tool.as_entry() for tool in device.catalogue.tools]
-                self._catalogues[mine.catalogue] = entries
-                self._send(self._topics.catalogue(mine.catalogue), _json(entries), retain=True)
+        if (entries := self._tools.keep(mine.device_id, mine.catalogue)) is not None:
+            assert mine.catalogue is not None
+            self._send(self._topics.catalogue(mine.catalogue), _json(entries), retain=True)
         self._send(self._topics.device(mine.device_id), mine.encode(), retain=True)
 
     def _record_of(self, record: DeviceRecord, at: float) -> FleetRecord:
+        key = self._registry.binding_key
+        seen = sealed(key, record.client_id) if record.binding is None else None
         return FleetRecord(record.device_id, at, self.replica, alias=record.alias,
-                           state=record.state, board=record.board, binding=record.binding,
-                           transport=record.transport, catalogue=self._content(record),
-                           server_info=record.server_info)  # fmt: skip
-
-    def _content(self, record: DeviceRecord) -> str | None:
-        """The digest of the accepted tools (what the catalogue record holds)."""
-        device = self._registry.get(record.device_id)
-        if device is None or device.catalogue is None:
-            return None
-        digest = device.catalogue.digest
-        if digest not in self._contents:
-            self._contents[digest] = digest_of([t.as_entry() for t in device.catalogue.tools])
-        return self._contents[digest]
+                           state=record.state, board=record.board,
+                           binding=sealed(key, record.binding), transport=record.transport,
+                           catalogue=self._tools.content(record.device_id),
+                           server_info=record.server_info, seen=seen)  # fmt: skip
 
     def _send(self, topic: str, payload: bytes, *, retain: bool) -> None:
         self.outbox.put_nowait((topic, payload, retain))
 
     def rejoined(self) -> None:
         """After (re)joining: tell the broker what it lacks or what changed here meanwhile."""
-        for device in self._registry.devices():
-            if self._unsaid(device.device_id):
-                mine = self._record_of(device.record, time.time())
-                self._records[device.device_id] = mine
-                self._tell(mine)
+        self.repair()
         for device_id, session in self._bridge.held().items():
             self._bridge.announce(device_id, session)
+
+    def reading(self) -> None:
+        """The broker is about to send every retained record again (a join, a re-read): note
+        afresh which ones it has, for ``repair``."""
+        self._on_broker.clear()
+        self._tools.on_broker.clear()
+
+    def repair(self) -> int:
+        """After the barrier: publish again every fact this replica holds that the broker does
+        not have (lost in a restart before it saved them, a recreated broker) or has older,
+        and its own changes the broker never echoed. Returns how many device records."""
+        now, repaired = time.time(), 0
+        for device in self._registry.devices():
+            if self._unsaid(device.device_id):  # changed here while cut off, or never said
+                mine = self._records[device.device_id] = self._record_of(device.record, now)
+                self._tools.keep(mine.device_id, mine.catalogue)
+        for known in self._records.values():
+            if not known.forgotten and known.catalogue not in self._tools.on_broker:
+                entries = self._tools.entries.get(known.catalogue or "")
+                if entries is not None:
+                    assert known.catalogue is not None
+                    self._tools.on_broker.add(known.catalogue)
+                    self._send(self._topics.catalogue(known.catalogue), _json(entries), retain=True)
+        for device_id, known in self._records.items():
+            if self._on_broker.get(device_id, (-1.0, "")) < (known.at, known.by):
+                self._send(self._topics.device(device_id), known.encode(), retain=True)
+                repaired += 1
+        if repaired:
+            logger.info("%s: %d device records the broker lacked published again", self.replica,
+                        repaired)  # fmt: skip
+        return repaired
 
     def _unsaid(self, device_id: str) -> bool:
         """Does the broker lack this replica's latest word on the device?"""
@@ -158,6 +181,8 @@ class Fleet:
         if not payload:
             return
         record = FleetRecord.read(device_id, payload)
+        self._on_broker[device_id] = max(self._on_broker.get(device_id, (-1.0, "")),
+                                         (record.at, record.by))  # fmt: skip
         if record.by == self.replica:  # the broker has it: nothing to publish again
             self._echoed[device_id] = max(record.at, self._echoed.get(device_id, 0.0))
         known = self._records.get(device_id)
@@ -180,9 +205,12 @@ class Fleet:
             if device is not None:
                 self._forget(device)
             return
+        local, key = device.record if device is not None else None, self._registry.binding_key
         device = self._registry.learn(DeviceRecord(
             device_id=record.device_id, alias=record.alias, board=record.board,
-            transport=record.transport, state=record.state, binding=record.binding,
+            transport=record.transport, state=record.state,
+            binding=unsealed(key, record.binding, local),
+            client_id=unsealed(key, record.seen, local),
             server_info=record.server_info, first_seen=record.at, last_seen=record.at))  # fmt: skip
         self._take_catalogue(device, record)
         self._attach(record.device_id)
@@ -191,32 +219,48 @@ class Fleet:
         session = device.session
         self._registry.forget(device)
         if session is not None and not isinstance(session, RemoteSession):
-            self._closing.add(task := asyncio.get_running_loop().create_task(session.aclose()))
-            task.add_done_callback(self._closing.discard)
+            self._close(session)
+
+    def _close(self, session: DeviceSession) -> None:
+        self._closing.add(task := asyncio.get_running_loop().create_task(session.aclose()))
+        task.add_done_callback(self._closing.discard)
+
+    def announced_here(self, device_id: str) -> bool:
+        """Does the device's presence record name this replica (or no replica)?"""
+        presence = self._presence.get(device_id)
+        return presence is None or presence.replica == self.replica
 
     def _take_catalogue(self, device: Device, record: FleetRecord) -> None:
-        if record.catalogue is None or self._content(device.record) == record.catalogue:
+        self._listed.discard(device.device_id)
+        if record.catalogue is None:
+            return
+        if self._tools.content(device.device_id) == record.catalogue:
+            self._listed.add(device.device_id)
             return
         if device.session is not None and not isinstance(device.session, RemoteSession):
             return  # a session here lists its tools itself
-        entries = self._catalogues.get(record.catalogue)
+        entries = self._tools.entries.get(record.catalogue)
         logger.debug("%s: catalogue %s for %s: %s", self.replica, record.catalogue[:8],
                      device.device_id, "known" if entries else "awaited")  # fmt: skip
         if entries is None:
-            self._waiting.setdefault(record.catalogue, set()).add(device.device_id)
+            self._tools.waiting.setdefault(record.catalogue, set()).add(device.device_id)
             return
         self._registry.set_catalogue(device.device_id, entries, record.server_info)
+        self._listed.add(device.device_id)
 
     def _on_catalogue(self, digest: str, payload: bytes) -> None:
-        if not payload or digest in self._catalogues:
+        if not payload:
             return
-        self._catalogues[digest] = read_catalogue(digest, payload)
-        for device_id in self._waiting.pop(digest, set()):
+        if digest not in self._tools.entries:
+            self._tools.entries[digest] = read_catalogue(digest, payload)
+        self._tools.on_broker.add(digest)
+        for device_id in self._tools.waiting.pop(digest, set()):
             device, record = self._registry.get(device_id), self._records.get(device_id)
             if device is not None and record is not None and record.catalogue == digest:
                 self._applying = True
                 try:
                     self._take_catalogue(device, record)
+                    self._attach(device_id)
                 finally:
                     self._applying = False
 
@@ -247,6 +291,10 @@ class Fleet:
         if known is not None and known.since != record.since:  # it lost the broker meanwhile
             self._remote.fail(f"replica {name} lost the cluster broker during the call",
                               replica=name)  # fmt: skip
+        if new and record.key not in (None, key_name(self._registry.binding_key)):
+            logger.error("replica %s seals identity bindings with another key: every replica "
+                         "needs the same data_dir/mqtt_secret (docs/cluster.md); until then a "
+                         "device bound on one is refused on the other", name)  # fmt: skip
         self.live[name] = record
         self._heard[name] = time.monotonic()
         if new:
@@ -291,6 +339,7 @@ class Fleet:
         self.live.clear()
         self._heard.clear()
         self._remote.fail(why)
+        self.reading()  # the broker sends everything again when this replica is back
         self.live_changed()
         logger.warning("%s: lost the cluster broker; %d calls through it failed", self.replica,
                        in_flight)  # fmt: skip
@@ -304,9 +353,14 @@ class Fleet:
             return
         if presence.replica == self.replica:
             return
+        if device.record.state == APPROVED and not self._tools_here(device):
+            return  # listed once its tools are known here: hosts never see it without them
         session = device.session
-        if session is not None and not isinstance(session, RemoteSession):
+        handed = session is not None and not isinstance(session, RemoteSession)
+        if handed and (not presence.mqtt or not self._bridge.direct(device_id)):
             return  # it is connected here too: the local link wins
+        if handed and self.owns(device_id):
+            return  # its owner runs it here: the other replica hands it back
         if isinstance(session, RemoteSession) and (session.replica, session.session) == (
             presence.replica,
             presence.session,
@@ -320,6 +374,18 @@ class Fleet:
             self._registry.connect(device_id, remote, transport="mqtt" if down else "websocket")
         finally:
             self._applying = applying
+        if handed and session is not None:  # its new owner runs it: this session ends now
+            self._close(session)
+
+    def _tools_here(self, device: Device) -> bool:
+        """Are the tools the fleet's record names for the device the ones this replica has?"""
+        record = self._records.get(device.device_id)
+        if record is None or record.catalogue is None:
+            return False
+        return (
+            device.device_id in self._listed
+            or self._tools.content(device.device_id) == record.catalogue
+        )
 
     def _detach(self, device_id: str, why: str, *, owner_gone: bool = False) -> None:
         device = self._registry.get(device_id)

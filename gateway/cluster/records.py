@@ -12,6 +12,8 @@ Under the cluster's prefix ``P`` (``[cluster] name``), docs/cluster.md:
 - ``P/bridge/<id>/down`` and ``/up``: frames for a bridged WebSocket device, and its replies
   to other replicas' calls.
 - ``P/sync/<name>``: the replica's barrier; every retained record came before it.
+- ``P/probe/<name>``: retained for a moment at each join, read back through the wildcard
+  ``P/probe/+``: a broker that does not send retained messages to wildcards is refused.
 
 A record is JSON; one that does not read as its kind is refused alone (``BadRecord``), with a
 log line by the caller. Device logins cannot write any of these (the broker's ACL,
@@ -20,6 +22,8 @@ docs/cluster.md): records come from replicas, but are checked all the same.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 from dataclasses import dataclass
@@ -28,6 +32,8 @@ from typing import Any
 from gateway.device_side.broker import is_device_id
 from gateway.devices.catalogue import digest_of
 from gateway.devices.device import APPROVED, PENDING, REJECTED
+from gateway.devices.store import DeviceRecord
+from gateway.devices.tokens import same_identity, seal
 
 __all__ = [
     "BadRecord",
@@ -35,7 +41,10 @@ __all__ = [
     "FleetRecord",
     "Presence",
     "ReplicaRecord",
+    "key_name",
     "read_catalogue",
+    "sealed",
+    "unsealed",
 ]
 
 JsonObject = dict[str, Any]
@@ -70,6 +79,10 @@ class ClusterTopics:
 
     def sync(self, name: str) -> str:
         return f"{self.prefix}/sync/{name}"
+
+    def probe(self, name: str) -> str:
+        """The replica's retained probe at join: does the broker send it to a wildcard?"""
+        return f"{self.prefix}/probe/{name}"
 
     def retained(self) -> list[str]:
         """The topics of the retained records (what a replica must know of the fleet)."""
@@ -127,6 +140,7 @@ class ReplicaRecord:
     no: int
     at: float
     since: float = 0.0
+    key: str | None = None  # names the key that seals its bindings (``key_name``)
 
     @classmethod
     def read(cls, payload: bytes) -> ReplicaRecord:
@@ -141,10 +155,18 @@ class ReplicaRecord:
             or not math.isfinite(since)
         ):
             raise BadRecord("since is not a time")
-        return cls(no, _time(value), float(since))
+        return cls(no, _time(value), float(since), _text(value, "key"))
 
     def encode(self) -> bytes:
-        return json.dumps({"no": self.no, "at": self.at, "since": self.since}).encode()
+        value: dict[str, object] = {"no": self.no, "at": self.at, "since": self.since}
+        if self.key is not None:
+            value["key"] = self.key
+        return json.dumps(value).encode()
+
+
+def key_name(key: bytes | None) -> str | None:
+    """What names the key that seals bindings, and tells nothing of it: replicas compare it."""
+    return hmac.new(key, b"key name", hashlib.sha256).hexdigest()[:16] if key else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +184,17 @@ class FleetRecord:
     alias: str = ""
     state: str = PENDING
     board: str | None = None
-    binding: str | None = None
+    binding: str | None = None  # sealed (tokens.seal): never a Client-Id in clear
     transport: str | None = None
     catalogue: str | None = None
     server_info: JsonObject | None = None
+    seen: str | None = None  # an unbound device: the Client-Id it checked in with, sealed
 
     @property
     def facts(self) -> tuple[object, ...]:
         """What replicas must agree on (``at`` and ``by`` say only who said it when)."""
         return (self.forgotten, self.alias, self.state, self.board, self.binding,
-                self.transport, self.catalogue)  # fmt: skip
+                self.transport, self.catalogue, self.seen)  # fmt: skip
 
     @classmethod
     def read(cls, device_id: str, payload: bytes) -> FleetRecord:
@@ -192,7 +215,8 @@ class FleetRecord:
             raise BadRecord("server_info is not an object")
         return cls(device_id, at, by, alias=alias, state=state, board=_text(value, "board"),
                    binding=_text(value, "binding"), transport=_text(value, "transport"),
-                   catalogue=_text(value, "catalogue"), server_info=info)  # fmt: skip
+                   catalogue=_text(value, "catalogue"), server_info=info,
+                   seen=_text(value, "seen"))  # fmt: skip
 
     def encode(self) -> bytes:
         if self.forgotten:
@@ -201,6 +225,8 @@ class FleetRecord:
                   "binding": self.binding, "transport": self.transport,
                   "catalogue": self.catalogue, "server_info": self.server_info,
                   "at": self.at, "by": self.by}  # fmt: skip
+        if self.seen is not None:
+            fields["seen"] = self.seen
         return json.dumps(fields, ensure_ascii=False).encode()
 
 
@@ -243,3 +269,19 @@ def read_catalogue(digest: str, payload: bytes) -> list[object]:
     if digest_of(entries) != digest:
         raise BadRecord("its tools do not hash to the digest that names it")
     return entries
+
+
+def sealed(key: bytes | None, identity: str | None) -> str | None:
+    """An identity as the fleet's records carry it: sealed (``tokens.seal``), never in clear,
+    not even without a key (the cluster always sets one)."""
+    return seal(key, identity) if identity is not None and key is not None else None
+
+
+def unsealed(key: bytes | None, value: str | None, local: DeviceRecord | None) -> str | None:
+    """The identity this replica knows in clear for the sealed ``value``, else ``value``."""
+    if value is None or local is None:
+        return value
+    for clear in (local.binding, local.client_id):
+        if same_identity(value, clear, key):
+            return clear
+    return value

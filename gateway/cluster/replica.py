@@ -22,7 +22,15 @@ from gateway.config import Config
 from gateway.datadir import create_private
 from gateway.errors import GatewayError
 
-__all__ = ["MAX_REPLICAS", "id_slice", "owner_of", "pick_number", "replica_name", "slice_of"]
+__all__ = [
+    "MAX_REPLICAS",
+    "Ownership",
+    "id_slice",
+    "owner_of",
+    "pick_number",
+    "replica_name",
+    "slice_of",
+]
 
 MAX_REPLICAS = 127
 _SLICE_BITS = 24
@@ -61,7 +69,44 @@ def owner_of(device_id: str, replicas: Iterable[str]) -> str:
     """The replica that owns an MQTT device's session: rendezvous (highest random weight)
     hashing, so every replica that knows the same live set picks the same one with no shared
     history, and a replica coming or going moves only the devices it wins or held."""
-    return max(replicas, key=lambda name: hashlib.sha256(f"{name}/{device_id}".encode()).digest())
+    return max(replicas, key=lambda name: _weight(name, device_id))
+
+
+def _weight(name: str, device_id: str) -> bytes:
+    return hashlib.sha256(f"{name}/{device_id}".encode()).digest()
+
+
+class Ownership:
+    """``owner_of``, kept per device for the live set: asked again, nothing is hashed. A replica
+    joining costs one hash per device (does it win?); one leaving, the devices it owned, weighed
+    again against the others when next asked. ``hashes`` counts the work."""
+
+    def __init__(self) -> None:
+        self.hashes = 0
+        self._live: frozenset[str] = frozenset()
+        self._best: dict[str, tuple[bytes, str]] = {}  # device id -> its winning weight, owner
+
+    def owner(self, device_id: str, live: frozenset[str]) -> str:
+        """The owner of ``device_id`` among ``live`` (not empty)."""
+        if live != self._live:
+            self._move(live)
+        best = self._best.get(device_id)
+        if best is None:
+            self.hashes += len(live)
+            best = self._best[device_id] = max((_weight(n, device_id), n) for n in live)
+        return best[1]
+
+    def _move(self, live: frozenset[str]) -> None:
+        gone, new = self._live - live, live - self._live
+        self._live = live
+        for device_id, best in list(self._best.items()):
+            if best[1] in gone:
+                del self._best[device_id]  # weighed again when asked
+                continue
+            for name in new:
+                self.hashes += 1
+                best = max(best, (_weight(name, device_id), name))
+            self._best[device_id] = best
 
 
 def id_slice(no: int) -> range:

@@ -37,7 +37,7 @@ from gateway.devices.enrollment import Enrollment
 from gateway.devices.link import DeviceIdentity
 from gateway.devices.logins import REFUSED
 from gateway.devices.registry import DeviceRegistry
-from gateway.devices.tokens import token_binding, token_matches
+from gateway.devices.tokens import SEALED, same_identity, token_binding, token_matches
 from gateway.net.public import PublicAddress
 
 __all__ = ["Admission"]
@@ -123,6 +123,10 @@ class Admission:
             if device is None:
                 return self._refused(device_id, transport, peer, INVALID)
             issued_for = device.record.binding or device.record.client_id
+            if issued_for is not None and issued_for.startswith(SEALED):  # bound elsewhere
+                seen = device.record.client_id  # the device's credential is for its Client-Id
+                key = self._registry.binding_key
+                issued_for = seen if same_identity(issued_for, seen, key) else None
             if not self._credentials.admits(device_id, issued_for, secret):
                 return self._refused(device_id, transport, peer, INVALID)
             if mqtt:

@@ -163,6 +163,8 @@ class OtaEndpoint:
         self._topics = Topics(config.mqtt_topic_prefix)
         self.broker_port: int | None = None  # the embedded broker's port, once it listens
         self._warned_loopback = False
+        # Told of each device offered MQTT (booting now): the transport looks for it soon.
+        self.checked_in: Callable[[str], None] = lambda device_id: None
 
     @property
     def transport(self) -> str:
@@ -225,6 +227,8 @@ class OtaEndpoint:
             client_id=check_in.client_id,
             transport=self.transport,
         )
+        if "mqtt" in reply:
+            self.checked_in(check_in.device_id)
         offered = " and ".join(name for name in _NVS_SECTIONS if name in reply)
         logger.info("OTA: offered %s %s (%s)", check_in.device_id, offered, client)
         return JSONResponse(reply)

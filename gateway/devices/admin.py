@@ -18,7 +18,7 @@ from gateway.devices.known import KnownDevices
 from gateway.devices.logins import CONFLICT, REFUSED
 from gateway.devices.naming import clean_alias
 from gateway.devices.store import DeviceRecord
-from gateway.devices.tokens import TOKEN_BINDING
+from gateway.devices.tokens import SEALED, TOKEN_BINDING, same_identity
 from gateway.errors import StorageUnavailable
 
 __all__ = ["DeviceAdmin"]
@@ -81,7 +81,7 @@ class DeviceAdmin(KnownDevices):
             holds = record.client_id
             if holds is None and record.state == APPROVED:
                 holds = UNKNOWN  # seen with a token only: only a token binds it
-        if holds is not None and client_id != holds:
+        if holds is not None and not same_identity(holds, client_id, self.binding_key):
             device.conflict = (f"{transport} attempt with {_shown(client_id)} refused: "
                                "the device is bound to another identity")  # fmt: skip
             logger.warning("refused %s login as %s from %s: it presented %s, and the device "
@@ -90,6 +90,10 @@ class DeviceAdmin(KnownDevices):
             self.logins.note(CONFLICT, actor, device_id=device_id, alias=device.alias,
                              reason=device.conflict)  # fmt: skip
             return f"device {device_id} is bound to another identity"
+        if holds is not None and holds.startswith(SEALED) and holds == record.binding:
+            # Bound on another replica (cluster): the device itself is here; keep it in clear.
+            record.binding = client_id
+            self._save(record)
         if record.state == PENDING and (
             self._clock() < self.pairing_until
             or (trusted and self._token_may_approve(shared, device_id, actor))
@@ -300,6 +304,7 @@ class DeviceAdmin(KnownDevices):
         mine.transport = record.transport or mine.transport
         mine.server_info = record.server_info or mine.server_info  # its firmware version
         mine.state, mine.binding = record.state, record.binding
+        mine.client_id = record.client_id or mine.client_id
         if record.alias != mine.alias and not self._config.device(record.device_id).name:
             if self._by_alias.get(mine.alias) is device:
                 del self._by_alias[mine.alias]

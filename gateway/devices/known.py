@@ -75,6 +75,8 @@ class KnownDevices:
         self.discovery_watchers: list[Callable[[float], None]] = []
         # cluster: told of each record saved (the device id and its record) or forgotten (None)
         self.record_watchers: list[Callable[[str, DeviceRecord | None], None]] = []
+        # cluster: the key of the bindings other replicas decided (sealed, tokens.seal)
+        self.binding_key: bytes | None = None
         stored = store.load()
         # cluster: names by the fleet rule, which needs no history (fleet_naming.py)
         self._fleet_names = FleetNames() if config.cluster_broker else None

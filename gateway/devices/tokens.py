@@ -13,10 +13,13 @@ from gateway.config import Config
 from gateway.datadir import FILE_MODE, private_dir, tighten
 
 __all__ = [
+    "SEALED",
     "TOKEN_BINDING",
     "device_tokens",
     "generated_token_path",
     "new_token",
+    "same_identity",
+    "seal",
     "token_binding",
     "stored_secret",
     "token_matches",
@@ -84,3 +87,28 @@ def token_binding(token: str) -> str:
     the shared token is the same on every board, so it binds nothing but itself.
     """
     return TOKEN_BINDING + hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+SEALED = "sealed:"
+
+
+def seal(key: bytes, identity: str) -> str:
+    """A binding as the cluster's records carry it: a keyed digest, never the identity itself.
+
+    For a stock device the Client-Id is enough to get its credentials at the OTA endpoint, so a
+    record anyone on the broker may read must not hold it. The key is one the replicas share
+    (derived from ``mqtt_secret``, docs/cluster.md); an identity already sealed stays as it is.
+    """
+    if identity.startswith(SEALED):
+        return identity
+    digest = hmac.new(key, identity.encode("utf-8", "surrogateescape"), hashlib.sha256)
+    return SEALED + digest.hexdigest()[:32]
+
+
+def same_identity(held: str, presented: str | None, key: bytes | None) -> bool:
+    """Is ``presented`` the identity ``held`` (itself, or sealed with ``key``)?"""
+    if presented is None:
+        return False
+    if held.startswith(SEALED) and not presented.startswith(SEALED):
+        return key is not None and hmac.compare_digest(held, seal(key, presented))
+    return held == presented

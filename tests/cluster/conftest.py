@@ -11,10 +11,12 @@ from typing import Any
 import anyio
 
 from gateway.app import Running
+from gateway.datadir import create_private
 from gateway.devices.registry import DeviceRegistry
 from tests.conftest import bound, gateway
 
 PREFIX = "fleet"
+SECRET = "0f" * 32  # the replicas' shared mqtt_secret
 
 Check = Callable[[DeviceRegistry], bool]
 
@@ -43,8 +45,15 @@ async def replicas(
         runs = []
         for n in range(1, count + 1):
             options = cluster_options(broker_port, f"gw-{n}", **overrides)
-            runs.append(await stack.enter_async_context(gateway(tmp_path / f"gw-{n}", **options)))
+            data_dir = shared_secret(tmp_path / f"gw-{n}")
+            runs.append(await stack.enter_async_context(gateway(data_dir, **options)))
         yield runs
+
+
+def shared_secret(data_dir: Path) -> Path:
+    """A replica's data dir with the ``mqtt_secret`` every replica shares (docs/cluster.md)."""
+    create_private(data_dir / "mqtt_secret").write_text(SECRET)
+    return data_dir
 
 
 async def eventually(runs: list[Running], check: Check) -> None:
@@ -102,6 +111,51 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.transport.abort()
+
+
+class NoRetainedProxy(Proxy):
+    """A broker like RabbitMQ 3.10's MQTT plugin, as seen by a client: in front of a real
+    mosquitto, it drops every PUBLISH the broker sends with the RETAIN flag (MQTT 3.1.1: the
+    retained messages a new subscription brings), so retained records never reach wildcard
+    subscriptions while live messages do. mosquitto cannot be configured so itself
+    (``retain_available false`` refuses retained publishes instead)."""
+
+    connections = 0  # so far
+    connected = asyncio.Event()  # set at each (made per instance in __aenter__)
+
+    async def __aenter__(self) -> NoRetainedProxy:
+        self.connected = asyncio.Event()
+        await super().__aenter__()
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.connected.set()
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(_pipe(reader, up_writer), _without_retained(up_reader, writer))
+
+
+async def _without_retained(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while first := await reader.read(1):
+            length, shift, header = 0, 0, bytearray(first)
+            while True:  # the remaining length: a varint of 1 to 4 bytes
+                byte = (await reader.readexactly(1))[0]
+                header.append(byte)
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            body = await reader.readexactly(length)
+            if first[0] >> 4 == 3 and first[0] & 1:  # PUBLISH, retained: dropped
+                continue
+            writer.write(bytes(header) + body)
+            await writer.drain()
+    except (ConnectionError, OSError, asyncio.IncompleteReadError):
         pass
     finally:
         writer.transport.abort()

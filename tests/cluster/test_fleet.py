@@ -10,9 +10,10 @@ import pytest
 
 from gateway.cluster.bridge import Bridge
 from gateway.cluster.fleet import Fleet
-from gateway.cluster.records import ClusterTopics, FleetRecord, Presence, ReplicaRecord
+from gateway.cluster.records import ClusterTopics, FleetRecord, Presence, ReplicaRecord, key_name
 from gateway.cluster.remote import RemoteCalls, RemoteSession
 from gateway.cluster.replica import id_slice
+from gateway.devices.catalogue import digest_of
 from tests.conftest import make_config
 from tests.fakes import ScriptedSession, Stack
 
@@ -20,6 +21,9 @@ pytestmark = pytest.mark.anyio
 
 DEVICE = "02:00:00:00:00:05"
 TOPICS = ClusterTopics("fleet")
+ENTRIES: list[object] = [{"name": "self.lamp.turn_on", "description": "on",
+                          "inputSchema": {"type": "object", "properties": {}}}]  # fmt: skip
+DIGEST = digest_of(ENTRIES)
 
 
 async def _publish(topic: str, payload: bytes, retain: bool = False) -> bool:
@@ -88,7 +92,9 @@ async def test_a_tombstone_forgets_the_device_and_closes_its_session_here(tmp_pa
 
 async def test_a_silent_replica_is_gone_and_a_past_life_presence_is_cleared(tmp_path: Path) -> None:
     stack, fleet = fleet_on(tmp_path)
-    fleet.on_record("device", DEVICE, record(10.0))
+    fleet.on_record("catalogue", DIGEST, json.dumps(ENTRIES).encode())
+    listed = FleetRecord(DEVICE, 10.0, "gw-2", alias="porch", state="approved", catalogue=DIGEST)
+    fleet.on_record("device", DEVICE, listed.encode())
     fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0).encode())
     fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", 1.0).encode())
     device = stack.registry.get(DEVICE)
@@ -99,4 +105,38 @@ async def test_a_silent_replica_is_gone_and_a_past_life_presence_is_cleared(tmp_
     sent(fleet)
     fleet.on_record("presence", "02:00:00:00:00:06", Presence("gw-1", "s0", 1.0).encode())
     assert sent(fleet) == [(TOPICS.presence("02:00:00:00:00:06"), b"")]  # ours, from a past run
+    stack.close()
+
+
+async def test_a_remote_device_is_listed_only_once_its_tools_are_known_here(tmp_path: Path) -> None:
+    """Its owner announces it before the catalogue record arrives (a storm of joins): hosts
+    here see it online only with its tools, never online and empty."""
+    stack, fleet = fleet_on(tmp_path)
+    entries, digest = ENTRIES, DIGEST
+    fleet.on_record("replica", "gw-2", ReplicaRecord(2, time.time()).encode())
+    fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", time.time()).encode())
+    fleet.on_record("device", DEVICE, record(10.0))  # approved, its tools not listed yet
+    device = stack.registry.get(DEVICE)
+    assert device is not None and not device.online
+    named = FleetRecord(DEVICE, 11.0, "gw-2", alias="porch", state="approved", catalogue=digest)
+    fleet.on_record("device", DEVICE, named.encode())  # its tools named, not here yet
+    assert not device.online
+    fleet.on_record("catalogue", digest, json.dumps(entries).encode())
+    assert device.online and device.exposed and list(device.tools) == ["self.lamp.turn_on"]
+    stack.close()
+
+
+async def test_a_replica_with_another_mqtt_secret_is_named_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bindings sealed under another key would be refused here: the replica that has another
+    ``mqtt_secret`` is named in one error line (not at each heartbeat); the key never is."""
+    stack, fleet = fleet_on(tmp_path)
+    stack.registry.binding_key = b"ours"
+    fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0, key_name(b"ours")).encode())
+    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 1.0, key_name(b"theirs")).encode())
+    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 11.0, key_name(b"theirs")).encode())
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "replica gw-3 seals identity bindings with another key" in errors[0]
+    assert "mqtt_secret" in errors[0] and set(fleet.live) == {"gw-2", "gw-3"}
     stack.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.simulator import SimulatedDevice
-from tests.cluster.conftest import PREFIX, Proxy, cluster_options, eventually
+from tests.cluster.conftest import PREFIX, Proxy, cluster_options, eventually, shared_secret
 from tests.cluster.test_faults import call_text, online, tool
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.mqtt_helpers import Mosquitto, MqttDevice
@@ -63,9 +63,9 @@ async def test_sigkill_a_replica_during_calls(tmp_path: Path) -> None:
     finishes, and the WebSocket device, reconnecting through the balancer, is callable again."""
     async with Mosquitto(tmp_path / "broker") as broker:
         live_options = cluster_options(broker.port, "gw-live")
-        dying = replica_process(tmp_path / "dead", broker.port, "gw-dead")
+        dying = replica_process(shared_secret(tmp_path / "dead"), broker.port, "gw-dead")
         async with dying as (dead_port, dead), \
-                gateway(tmp_path / "live", **live_options) as live, \
+                gateway(shared_secret(tmp_path / "live"), **live_options) as live, \
                 Proxy(dead_port) as balancer:  # fmt: skip
             mqtt = MqttDevice("127.0.0.1", broker.port, MQTT, DEVICE_TOKEN, stock=False)
             ws = SimulatedDevice(f"ws://127.0.0.1:{balancer.port}/xiaozhi/v1/", DEVICE_TOKEN,

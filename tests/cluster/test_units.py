@@ -11,7 +11,15 @@ import pytest
 from gateway.cluster.client import broker_login
 from gateway.cluster.records import BadRecord, ClusterTopics, read_catalogue
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster.replica import MAX_REPLICAS, id_slice, pick_number, replica_name, slice_of
+from gateway.cluster.replica import (
+    MAX_REPLICAS,
+    Ownership,
+    id_slice,
+    owner_of,
+    pick_number,
+    replica_name,
+    slice_of,
+)
 from gateway.errors import DeviceToolError, DeviceUnavailable, GatewayError
 from gateway.protocol import MAX_REQUEST_ID
 from tests.conftest import make_config
@@ -114,3 +122,23 @@ async def test_a_call_failed_while_its_publish_fails_keeps_the_first_error() -> 
     calls = RemoteCalls(ClusterTopics("fleet"), id_slice(5), publish_as_the_broker_goes, 65536)
     with pytest.raises(DeviceUnavailable, match=r"\(lost\)"):
         await calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {})
+
+def test_ownership_is_kept_per_live_set_and_only_moved_devices_are_weighed_again() -> None:
+    """Asked again, nothing is hashed; a replica joining costs one hash per device; one
+    leaving, only the devices it owned, weighed against the others. Always ``owner_of``'s
+    answer."""
+    devices = [f"aa:bb:cc:dd:{i // 256:02x}:{i % 256:02x}" for i in range(1000)]
+    three, four = frozenset({"gw-1", "gw-2", "gw-3"}), frozenset({"gw-1", "gw-2", "gw-3", "gw-4"})
+    ownership = Ownership()
+    owners = {d: ownership.owner(d, three) for d in devices}
+    assert owners == {d: owner_of(d, three) for d in devices}
+    assert ownership.hashes == 3 * 1000
+    for d in devices:  # every probe round, every message asks again
+        ownership.owner(d, three)
+    assert ownership.hashes == 3 * 1000
+    assert {d: ownership.owner(d, four) for d in devices} == {d: owner_of(d, four) for d in devices}
+    assert ownership.hashes == 3 * 1000 + 1000  # does gw-4 win? one hash each
+    held = sum(1 for d in devices if owner_of(d, four) == "gw-4")
+    assert 150 < held < 350
+    assert {d: ownership.owner(d, three) for d in devices} == owners  # gw-4 leaves
+    assert ownership.hashes == 3 * 1000 + 1000 + 3 * held  # only its devices weighed again

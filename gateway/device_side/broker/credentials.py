@@ -36,6 +36,11 @@ class DeviceCredentials:
         digest = hmac.new(self._secret, message, hashlib.sha256)
         return digest.hexdigest()[:_PASSWORD_CHARS]
 
+    def binding_key(self) -> bytes:
+        """The key that seals identity bindings in the cluster's records (tokens.seal): the
+        replicas share ``mqtt_secret``, and whoever holds it could mint credentials anyway."""
+        return hmac.new(self._secret, b"fleet bindings", hashlib.sha256).digest()
+
     def admits(self, device_id: str, client_id: str | None, password: str) -> bool:
         """True if ``password`` is the credential of ``device_id`` with ``client_id``."""
         expected = self.password_for(device_id, client_id).encode()

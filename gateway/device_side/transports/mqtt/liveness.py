@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 
 from gateway.device_side.transports.mqtt.link import MqttLink
@@ -29,6 +29,9 @@ logger = logging.getLogger(__package__)  # one logger for the whole transport
 
 _SILENT_PROBES = 2.5  # probe intervals without a word before a probed device counts as gone
 _PROBE_SESSION = "probe"
+# Seconds after a reconnect or a device's OTA check-in when it is probed again: a device may
+# reach the broker after the gateway did (a broker restart), or a while after its check-in.
+_FOLLOW_UP = (1.0, 3.0, 6.0)
 
 
 @dataclass(slots=True)
@@ -42,6 +45,7 @@ class Peer:
     sent: float = 0.0  # loop time of the gateway's last publish to it
     quiet_until: float = 0.0  # loop time before which stray messages open no link
     ended: int = 0  # sessions the gateway ended in a row (the backoff grows with it)
+    leaving: bool = False  # cluster: owned elsewhere now; kept until the new owner has it
 
 
 class Liveness:
@@ -63,6 +67,36 @@ class Liveness:
         self._forget = forget
         self._known = known
         self._owns = owns  # cluster: only the replica that owns a device probes it
+        self._probing: set[asyncio.Task[None]] = set()
+
+    def soon(self) -> None:
+        """Probe at once, and again a few times over the next seconds (``_FOLLOW_UP``)."""
+        self.probe_now.set()
+        loop = asyncio.get_running_loop()
+        for delay in _FOLLOW_UP:
+            loop.call_later(delay, self.probe_now.set)
+
+    def follow(self, device_id: str) -> None:
+        """A device just checked in through OTA: probe it a few times as it joins the broker.
+        Any replica may: the owner hears the answer on the device's ``up`` topic and opens its
+        session (cluster), so a rebooted device is back in seconds, not at the next round."""
+        loop = asyncio.get_running_loop()
+        for delay in _FOLLOW_UP:
+            loop.call_later(delay, lambda: self._later(self._probe_one(device_id)))
+
+    async def _probe_one(self, device_id: str) -> None:
+        peer = self._peers.get(device_id)
+        if not self._connected.is_set() or (
+            peer is not None and peer.link and not peer.link.closed
+        ):
+            return  # its session is here already
+        with contextlib.suppress(LinkClosed):
+            await self._publish(device_id, encode(mcp_envelope(_PROBE_SESSION, make_probe())))
+
+    def _later(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(work)
+        self._probing.add(task)
+        task.add_done_callback(self._probing.discard)
 
     async def probe_loop(self, interval: float) -> None:
         """Probe every ``interval`` seconds, or at once when ``probe_now`` is set."""

@@ -40,6 +40,10 @@ __all__ = ["MqttTransport"]
 
 logger = logging.getLogger(__package__)  # one logger for the whole transport
 
+# cluster: seconds a session owned elsewhere now is kept for its new owner to announce it (an
+# owner takes a device in milliseconds; a replica cut from the broker never hears it)
+_HANDOVER = 10.0
+
 
 class MqttTransport:
     """The gateway's MQTT client and the devices behind it; ``async with`` runs it."""
@@ -151,14 +155,25 @@ class MqttTransport:
     def reown(self) -> None:
         """cluster: the live replicas changed: close the sessions of devices owned elsewhere
         now, open those of the devices this replica owns now (no device action needed)."""
+        loop = asyncio.get_running_loop()
         for device_id, peer in list(self._peers.items()):
             live = peer.link is not None and not peer.link.closed
             if live and not self.owns(device_id):
-                assert peer.link is not None
-                peer.link.close()
+                # Kept until the new owner announces it (the cluster then hands the device over
+                # and this session ends) or _HANDOVER passes: hosts see no offline blink.
+                if not peer.leaving:
+                    peer.leaving = True
+                    loop.call_later(_HANDOVER, self._handed_over, peer.link)
             elif not live and self.owns(device_id) and peer.heard >= peer.quiet_until:
                 self._open(device_id, fresh=True)
-        self._liveness.probe_now.set()  # devices it owns now and has not heard from: found
+            else:
+                peer.leaving = False
+        self._liveness.soon()  # devices it owns now and has not heard from: found
+
+    def _handed_over(self, link: MqttLink | None) -> None:
+        peer = self._peers.get(link.device_id) if link is not None else None
+        if link is not None and peer is not None and peer.link is link and peer.leaving:
+            link.close()
 
     # --- the connection --------------------------------------------------------------------
 
@@ -166,7 +181,12 @@ class MqttTransport:
         for device_id, peer in list(self._peers.items()):
             if peer.on_broker:
                 self._open(device_id, fresh=True)
-        self._liveness.probe_now.set()
+        self._liveness.soon()  # and again: devices come back to a restarted broker in turn
+
+    def checked_in(self, device_id: str) -> None:
+        """The device checked in through OTA (it is booting): look for it on the broker soon."""
+        if self._probe_interval is not None:
+            self._liveness.follow(device_id)
 
     def _disconnected(self) -> None:
         for device_id, peer in list(self._peers.items()):
@@ -195,7 +215,7 @@ class MqttTransport:
         peer.heard = asyncio.get_running_loop().time()
         if self._foreign is not None and text is not None:
             self._foreign(device_id, text)  # cluster: a reply to a direct call from here?
-        if not self.owns(device_id):
+        if not self.owns(device_id) and not peer.leaving:
             return
         link = peer.link if peer.link is not None and not peer.link.closed else None
         if link is None and peer.heard < peer.quiet_until:
@@ -240,7 +260,7 @@ class MqttTransport:
             return peer.link
         # A live old link is closed by the registry when the new session takes the device over,
         # so the device does not blink offline in between.
-        peer.link = MqttLink(self, device_id)
+        peer.link, peer.leaving = MqttLink(self, device_id), False
         peer.heard = peer.sent = asyncio.get_running_loop().time()
         self._new_links.put_nowait(peer.link)
         return peer.link
