@@ -150,8 +150,12 @@ async def test_a_replica_cut_off_for_good_fails_calls_soon_and_hands_its_devices
             await nats.nodes[0].kill()
             async with asyncio.timeout(bound(SILENT_CALL_BOUND)):
                 error, text = await call
-            assert error and "replica gw-a fell silent" in text, text
-            assert loop.time() - killed > CALLS_SILENT_AFTER - 1  # not failed before it was due
+            # NATS may also drop gw-b's own connection while it elects leaders after the kill;
+            # the call then fails at once for that reason, as clearly, which is no hang either.
+            assert error, text
+            if "this replica is cut from the cluster broker" not in text:
+                assert "replica gw-a fell silent" in text, text
+                assert loop.time() - killed > CALLS_SILENT_AFTER - 1  # not before it was due
             cluster = a.gateway.cluster
             assert cluster is not None and cluster.health() is not None  # /healthz: 503
             local = b.gateway.registry
