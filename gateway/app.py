@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 from gateway.cluster import Cluster
 from gateway.config import Config
 from gateway.device_side.admission import Admission
+from gateway.device_side.boards import Boards
 from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
 from gateway.device_side.http import build_device_app
 from gateway.device_side.ota import OtaEndpoint
@@ -103,6 +104,7 @@ class Gateway:
         self.vision = VisionTokens() if config.vision_enabled else None
         self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
                                        mqtt_proxies=self._mqtt_proxies())  # fmt: skip
+        self.boards = Boards(config, self.registry, self.sessions.serve_board)
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
             **self._proxy_parts(),
@@ -191,6 +193,7 @@ class Gateway:
             await self._stack.enter_async_context(self.cluster)
             self.sessions.request_ids = self.cluster.ids
         await self._start_mqtt()
+        await self._stack.enter_async_context(self.boards)  # started once the ports are known
         return self
 
     async def __aexit__(
@@ -302,4 +305,5 @@ async def running(config: Config) -> AsyncIterator[Running]:
             addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
                                      mqtt_port=broker, lan=lan_address())  # fmt: skip
             gateway.public.addresses = addresses
+            gateway.boards.start([p for p in (*ports, broker) if p is not None])
             yield Running(gateway, addresses)

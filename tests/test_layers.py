@@ -64,7 +64,7 @@ INNER: dict[str, list[set[str]]] = {
         {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards
         {"ota", "transports"},
         {"admission", "sessions"},
-        {"http"},
+        {"http", "boards"},  # boards: devices that serve MCP themselves, the gateway their client
     ],
     "host_side": [
         {"tool_listing", "device_listing", "photo_resources", "relay", "call_results", "fleet_app"},
@@ -73,13 +73,21 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "cli": [{"flashing", "doctor", "heap"}, {"commands"}],
-    "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
+    "config": [
+        {"values"},
+        {"listen", "boards"},
+        {"model"},
+        {"keys"},
+        {"unknown_keys"},
+        {"loading"},
+    ],
     "cli/doctor": [
         {"probes"},
         {"findings"},
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
     "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
+    "device_side/boards": [{"address", "http", "link"}, {"board"}, {"fleet"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 

@@ -108,6 +108,11 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("cluster", "username", "cluster_username", optional_string),
     ("cluster", "password", "cluster_password", optional_string),
     ("cluster", "ca_file", "cluster_ca_file", optional_path),
+    ("mcp_boards", "discover", "boards_discover", boolean),
+    ("mcp_boards", "discover_grace", "boards_discover_grace", positive_number),
+    ("mcp_boards", "ping_interval", "boards_ping_interval", positive_number),
+    ("mcp_boards", "retry_max", "boards_retry_max", positive_number),
+    ("mcp_boards", "max_message_bytes", "boards_max_message_bytes", integer),
 )
 
 
@@ -134,4 +139,8 @@ def settings(config: Config) -> list[tuple[str, object]]:
     for device_id, options in config.devices.items():
         for name in DeviceOptions.__slots__:
             found.append((f'devices."{device_id}".{name}', getattr(options, name)))
+    for index, board in enumerate(config.mcp_devices):
+        found.append((f"mcp_devices[{index}].url", board.url))
+        found.append((f"mcp_devices[{index}].name", board.name))
+        found.append((f"mcp_devices[{index}].token", "set" if board.token else None))
     return found

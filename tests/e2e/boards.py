@@ -1,0 +1,86 @@
+"""Boards played by servers nobody here wrote: the MCP Python SDK's ``MCPServer``.
+
+Each board has a tool that returns an image, a slow tool (it answers once the test releases
+it), and a tool that adds a tool and tells its client the list changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ImageContent
+from starlette.types import ASGIApp
+
+from tests.conftest import bound
+
+# A 1x1 PNG: what a board's camera tool returns, as MCP image content.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg=="
+)
+
+
+@dataclass
+class BoardState:
+    """What the test sees of a board: how it was called, and the slow tool's release."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    slow_started: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: list[str] = field(default_factory=list)
+
+
+def python_board(name: str, state: BoardState) -> MCPServer:
+    """An MCP Python SDK server with the tools every board test uses."""
+    server = MCPServer(name)
+
+    @server.tool(description="Greet someone by name.")
+    def greet(who: str) -> str:
+        state.calls.append("greet")
+        return f"hello {who} from {name}"
+
+    @server.tool(description="Take a photo.")
+    def take_photo() -> ImageContent:
+        state.calls.append("take_photo")
+        data = base64.b64encode(PNG).decode()
+        return ImageContent(type="image", data=data, mime_type="image/png")
+
+    @server.tool(description="Answer once the test lets it.")
+    async def slow() -> str:
+        state.calls.append("slow")
+        state.slow_started.set()
+        await state.release.wait()
+        return "done"
+
+    @server.tool(description="Add a tool named extra.")
+    async def grow(ctx: Context) -> str:
+        state.calls.append("grow")
+        server.add_tool(lambda: "extra!", name="extra", description="Added at run time.")
+        await ctx.session.send_tool_list_changed()  # handshake-era clients hear it here
+        return "grown"
+
+    return server
+
+
+@asynccontextmanager
+async def served(app: ASGIApp, sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """``app`` on uvicorn (its lifespan on: the SDK's session manager runs there) on a loopback
+    socket bound before it starts; yields ``http://127.0.0.1:PORT``."""
+    if sock is None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+    config = uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]), name="board")
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        await asyncio.wait_for(serving, bound(10))
