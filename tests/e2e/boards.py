@@ -32,6 +32,7 @@ class BoardState:
 
     release: asyncio.Event = field(default_factory=asyncio.Event)
     slow_started: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[str] = field(default_factory=list)
 
 
@@ -54,7 +55,11 @@ def python_board(name: str, state: BoardState) -> MCPServer:
     async def slow() -> str:
         state.calls.append("slow")
         state.slow_started.set()
-        await state.release.wait()
+        try:
+            await state.release.wait()
+        except asyncio.CancelledError:
+            state.cancelled.set()
+            raise
         return "done"
 
     @server.tool(description="Add a tool named extra.")
@@ -84,3 +89,4 @@ async def served(app: ASGIApp, sock: socket.socket | None = None) -> AsyncIterat
         server.should_exit = True
         server.force_exit = True
         await asyncio.wait_for(serving, bound(10))
+        sock.close()  # ours, or the caller's duplicate of its listening socket

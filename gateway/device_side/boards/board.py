@@ -69,6 +69,7 @@ class Board:
         self._serve = serve
         self._own_ports = own_ports
         self._task: asyncio.Task[None] | None = None
+        self._link: BoardLink | None = None  # the current attempt's
         self._kind = SSE if urllib.parse.urlsplit(url).path.rstrip("/").endswith("/sse") else (
             STREAMABLE)  # fmt: skip
 
@@ -89,11 +90,13 @@ class Board:
         delay = RETRY_MIN
         failed_kinds = 0
         while True:
+            self._link = None
             try:
                 initialized = await self._attempt()
             except Exception as exc:  # one board's failure must never end the others'
-                logger.warning("board %s: %s", self.url, exc)
-                self.problem, initialized = str(exc) or type(exc).__name__, False
+                self.problem = _reason(exc)
+                logger.warning("board %s: %s", self.url, self.problem)
+                initialized = self._link is not None and self._link.initialized
             if initialized:
                 delay, failed_kinds = RETRY_MIN, 0
             else:
@@ -126,6 +129,7 @@ class Board:
             link = BoardLink(read, write, envelope.new_session_id(),
                              max_bytes=self._config.boards_max_message_bytes,
                              label=self.url)  # fmt: skip
+            self._link = link
             pinger = asyncio.create_task(self._ping(link), name=f"gateway.board.ping[{self.url}]")
             try:
                 await self._serve(link, identity)
@@ -159,3 +163,10 @@ class Board:
             await asyncio.sleep(self._config.boards_ping_interval)
             if not await link.ping():
                 return
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a failed attempt (the SDK's task groups wrap it)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
