@@ -41,6 +41,7 @@ from gateway.errors import (
     DeviceBusy,
     DeviceError,
     DeviceTimeout,
+    GatewayError,
     StorageUnavailable,
 )
 from gateway.host_side.dashboard import Dashboard
@@ -143,6 +144,7 @@ class _SseEndpoint:
 
 
 Enroll = Callable[[str], dict[str, Any]]
+AddBoard = Callable[[str, str | None, str | None], dict[str, Any]]  # (url, name, token)
 
 
 class _Api:
@@ -154,6 +156,7 @@ class _Api:
         self._enroll = enroll
         self._photos = photos
         self.trouble: Callable[[], str | None] | None = None
+        self.add_board: AddBoard | None = None
 
     async def enroll(self, request: Request) -> Response:
         """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
@@ -239,6 +242,29 @@ class _Api:
         await self.registry.settle("pair", None, actor_of(request), f"for {seconds:g} s")
         return JSONResponse({"pairing_for": seconds, "until": format_time(until)})
 
+    async def add(self, request: Request) -> Response:
+        """Add a board that serves MCP itself by URL, approved (``esp-mcp-gateway devices add``)."""
+        body = await _json_body(request)
+        fields = [body.get(k) for k in ("url", "name", "token")] if isinstance(body, dict) else []
+        if (
+            not fields
+            or not isinstance(fields[0], str)
+            or not all(f is None or isinstance(f, str) for f in fields)
+        ):
+            return JSONResponse({"error": "expected {url, name?, token?}"}, 400)
+        if self.add_board is None:
+            return JSONResponse({"error": "this gateway does not add boards"}, 404)
+        url, name, token = fields
+        try:
+            added = self.add_board(str(url), name, token)
+        except GatewayError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        except OSError as exc:  # boards.json: a full or read-only data dir
+            return JSONResponse({"error": f"not saved: {exc}"}, 503, headers={"Retry-After": "60"})
+        await self.registry.settle("add", self.registry.get(added["id"]), actor_of(request),
+                                   added["url"])  # fmt: skip
+        return JSONResponse({"added": added})
+
     async def _device_action(
         self, request: Request, verb: str, action: Callable[[Device], None], close: bool = False
     ) -> Response:
@@ -289,15 +315,17 @@ def build_host_app(
     dashboard: Dashboard | None = None,
     metrics: GatewayMetrics | None = None,
     trouble: Callable[[], str | None] | None = None,
+    add_board: AddBoard | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``).
 
-    ``trouble`` says why ``/healthz`` must fail (None when all is well).
+    ``trouble`` says why ``/healthz`` must fail (None when all is well); ``add_board`` adds a
+    board that serves MCP itself (gateway/device_side/boards).
     """
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = _Api(frontend, registry, router, enroll, photos)
-    api.trouble = trouble
+    api.trouble, api.add_board = trouble, add_board
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token
@@ -318,6 +346,7 @@ def build_host_app(
                 ("approve", api.approve),
                 ("reject", api.reject),
                 ("pair", api.pair),
+                ("add", api.add),
             )  # fmt: skip
         ),
         Route("/api/enroll", endpoint=guard(_Endpoint(enroll_limited)), methods=["POST"]),

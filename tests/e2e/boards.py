@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ImageContent
-from starlette.types import ASGIApp
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tests.conftest import bound
 
@@ -90,3 +91,16 @@ async def served(app: ASGIApp, sock: socket.socket | None = None) -> AsyncIterat
         server.force_exit = True
         await asyncio.wait_for(serving, bound(10))
         sock.close()  # ours, or the caller's duplicate of its listening socket
+
+
+def bearer_only(app: ASGIApp, token: str) -> ASGIApp:
+    """``app`` answering 401 to any request without ``Authorization: Bearer <token>``."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await PlainTextResponse("no", 401)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guarded
