@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ImageContent
-from starlette.responses import PlainTextResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tests.conftest import bound
@@ -104,3 +107,86 @@ def bearer_only(app: ASGIApp, token: str) -> ASGIApp:
         await app(scope, receive, send)
 
     return guarded
+
+
+@dataclass
+class Hostile:
+    """A board that answers JSON-RPC by hand, the way ``behaviour`` says, and counts requests.
+
+    Behaviours: ``endless`` (a page of one tool, and one more page, forever), ``huge`` (pages
+    of about 1 MB, forever), ``bad_schemas`` (good and broken tools), ``big_result`` (a 50 MB
+    call result), ``silent`` (never answers ``initialize``), ``redirect`` (every POST is sent
+    to ``location``).
+    """
+
+    behaviour: str
+    location: str = ""
+    pages: int = 0
+    requests: int = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        self.requests += 1
+        request = Request(scope, receive)
+        if request.method != "POST":
+            await PlainTextResponse("", 405)(scope, receive, send)
+            return
+        if self.behaviour == "redirect":
+            await Response(status_code=307, headers={"Location": self.location})(
+                scope, receive, send
+            )
+            return
+        message = json.loads(await request.body())
+        if "id" not in message:
+            await Response(status_code=202)(scope, receive, send)
+            return
+        if message["method"] == "initialize" and self.behaviour == "silent":
+            await asyncio.Event().wait()
+        result = self._result(message)
+        if isinstance(result, Response):
+            await result(scope, receive, send)
+            return
+        reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+        await JSONResponse(reply)(scope, receive, send)
+
+    def _result(self, message: dict[str, Any]) -> dict[str, Any] | Response:
+        method = message["method"]
+        if method == "initialize":
+            info = {"name": f"hostile-{self.behaviour}", "version": "1"}
+            return {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                    "serverInfo": info}  # fmt: skip
+        if method == "tools/list":
+            return self._page()
+        if method == "tools/call" and self.behaviour == "big_result":
+            return StreamingResponse(_fifty_megabytes(message["id"]), media_type="application/json")
+        return {"content": [{"type": "text", "text": "ok"}]} if method == "tools/call" else {}
+
+    def _page(self) -> dict[str, Any]:
+        self.pages += 1
+        schema = {"type": "object", "properties": {}}
+        good = {"name": "fine", "description": "A good tool.", "inputSchema": schema}
+        if self.behaviour == "bad_schemas":
+            return {"tools": [
+                {"name": "no_schema", "description": "Its schema is a string.",
+                 "inputSchema": "nope"},
+                {"name": "bad_props", "description": "Properties is a number.",
+                 "inputSchema": {"type": "object", "properties": 5}},
+                good,
+            ]}  # fmt: skip
+        if self.behaviour == "huge":
+            tools = [{**good, "name": f"t{self.pages}_{i}", "description": "x" * 100}
+                     for i in range(6000)]  # fmt: skip
+            return {"tools": tools, "nextCursor": f"c{self.pages}"}
+        if self.behaviour == "endless":
+            return {"tools": [{**good, "name": f"t{self.pages}"}], "nextCursor": f"c{self.pages}"}
+        return {"tools": [good]}
+
+
+async def _fifty_megabytes(request_id: object) -> AsyncIterator[bytes]:
+    head = {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text"}]}}
+    yield json.dumps(head)[: -len("}]}}")].encode() + b', "text": "'
+    chunk = b"x" * (1024 * 1024)
+    for _ in range(50):
+        yield chunk
+    yield b'"}]}}'

@@ -70,6 +70,7 @@ class Board:
         self._own_ports = own_ports
         self._task: asyncio.Task[None] | None = None
         self._link: BoardLink | None = None  # the current attempt's
+        self.attempted = asyncio.Event()  # set once an attempt has ended (tests wait on it)
         self._kind = SSE if urllib.parse.urlsplit(url).path.rstrip("/").endswith("/sse") else (
             STREAMABLE)  # fmt: skip
 
@@ -97,6 +98,7 @@ class Board:
                 self.problem = _reason(exc)
                 logger.warning("board %s: %s", self.url, self.problem)
                 initialized = self._link is not None and self._link.initialized
+            self.attempted.set()
             if initialized:
                 delay, failed_kinds = RETRY_MIN, 0
             else:

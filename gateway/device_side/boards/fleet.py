@@ -61,10 +61,9 @@ class Boards:
             timer.cancel()
         await asyncio.gather(*(board.stop() for board in self._boards.values()))
 
-    def status(self, device_id: str) -> str | None:
-        """Why the board ``device_id`` is not connected, if it is a board and that is known."""
-        board = self._boards.get(device_id)
-        return board.problem if board is not None else None
+    def get(self, device_id: str) -> Board | None:
+        """The board that is device ``device_id``, if any."""
+        return self._boards.get(device_id)
 
     def add(self, url: str, name: str | None = None, token: str | None = None) -> dict[str, Any]:
         """Add a board by URL, approved, kept across restarts; return its id and alias.

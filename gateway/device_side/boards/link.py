@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 _PING_PREFIX = "gateway-ping-"  # string ids: the protocol's own requests have int ids
 TOO_LARGE = -32001
+# A whole tool list, all pages together: a xiaozhi device's pages are 64 KB at most, a board's
+# may be as large as any reply (a photo), so its list is bounded as a whole.
+MAX_CATALOGUE_CHARS = 2 * 1024 * 1024
 
 
 class BoardLink:
@@ -52,6 +55,8 @@ class BoardLink:
         self._init_id: object = None
         self._pings = 0
         self._unanswered: str | None = None
+        self._listing: set[object] = set()  # ids of the current listing's tools/list requests
+        self._listed = 0  # characters of the current listing so far
         self.closed = False
         self.initialized = False  # the board answered initialize: it speaks this transport
         self.failure: str | None = None  # why the link ended, if the board's side ended it
@@ -63,6 +68,12 @@ class BoardLink:
         payload = json.loads(text).get("payload")
         if isinstance(payload, dict) and payload.get("method") == "initialize":
             self._init_id = payload.get("id")
+        if isinstance(payload, dict) and payload.get("method") == "tools/list":
+            params = payload.get("params")
+            if not (isinstance(params, dict) and params.get("cursor")):  # a new listing
+                self._listing.clear()
+                self._listed = 0
+            self._listing.add(payload.get("id"))
         await self._send(payload)
 
     async def _send(self, payload: object) -> None:
@@ -133,13 +144,20 @@ class BoardLink:
             # MCP: the client confirms before anything else; the xiaozhi protocol has no such step.
             await self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         text = json.dumps({"session_id": self._session_id, "type": "mcp", "payload": payload})
-        if len(text) > self._max_bytes and message_id is not None and "method" not in payload:
-            size = len(text)
-            error = {"code": TOO_LARGE, "message": f"the board's reply has {size} characters, "
-                     f"more than {self._max_bytes} ([mcp_boards] max_message_bytes)"}  # fmt: skip
-            reply = {"jsonrpc": "2.0", "id": message_id, "error": error}
-            text = json.dumps({"session_id": self._session_id, "type": "mcp", "payload": reply})
-        return text
+        if message_id is None or "method" in payload:
+            return text
+        why = None
+        if len(text) > self._max_bytes:
+            why = (f"the board's reply has {len(text)} characters, more than "
+                   f"{self._max_bytes} ([mcp_boards] max_message_bytes)")  # fmt: skip
+        elif message_id in self._listing:
+            self._listed += len(text)
+            if self._listed > MAX_CATALOGUE_CHARS:
+                why = f"the board's tool list is larger than {MAX_CATALOGUE_CHARS} characters"
+        if why is None:
+            return text
+        reply = {"jsonrpc": "2.0", "id": message_id, "error": {"code": TOO_LARGE, "message": why}}
+        return json.dumps({"session_id": self._session_id, "type": "mcp", "payload": reply})
 
     def _end(self, why: str) -> None:
         if self.failure is None and not self.closed:
