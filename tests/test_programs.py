@@ -43,7 +43,8 @@ def test_as_root_it_installs_the_debian_programs_and_the_mcpb_cli(tmp_path: Path
     assert update == ["apt-get", "update", "-q"]
     assert apt[-len(set(DEBIAN.values())) :] == sorted(set(DEBIAN.values()))
     assert "install" in apt and "-y" in apt and "DEBIAN_FRONTEND=noninteractive" in apt
-    assert npm[:3] == ["npm", "install", "--prefix"] and npm[-1] == "@anthropic-ai/mcpb@2"
+    assert npm[:3] == ["npm", "install", "--prefix"]
+    assert npm[-2:] == ["@anthropic-ai/mcpb@2", "@modelcontextprotocol/sdk@1"]
 
 
 def test_with_passwordless_sudo_apt_get_runs_under_sudo(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Boards played by servers nobody here wrote: the MCP Python SDK's ``MCPServer``.
+"""Boards played by servers nobody here wrote: the MCP Python SDK's ``MCPServer``, the
+TypeScript SDK's ``McpServer`` (``ts_board``), and hostile ones answering by hand (``Hostile``).
 
 Each board has a tool that returns an image, a slow tool (it answers once the test releases
 it), and a tool that adds a tool and tells its client the list changed.
@@ -9,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import shutil
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -22,7 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.conftest import bound
+from tests import programs
+from tests.conftest import bound, missing_program
 
 # A 1x1 PNG: what a board's camera tool returns, as MCP image content.
 PNG = base64.b64decode(
@@ -190,3 +195,24 @@ async def _fifty_megabytes(request_id: object) -> AsyncIterator[bytes]:
     for _ in range(50):
         yield chunk
     yield b'"}]}}'
+
+
+@asynccontextmanager
+async def ts_board(name: str) -> AsyncIterator[str]:
+    """A board played by the MCP TypeScript SDK's server (tests/e2e/ts_board.cjs, node);
+    yields its MCP URL. Skips when the SDK is not installed (tests/programs.py)."""
+    modules = programs.node_modules()
+    if modules is None or shutil.which("node") is None:
+        missing_program(programs.MCP_TS_SDK)
+    script = Path(__file__).with_name("ts_board.cjs")
+    env = {**os.environ, "NODE_PATH": str(modules)}
+    process = await asyncio.create_subprocess_exec(
+        "node", str(script), name, env=env, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        port = int(await asyncio.wait_for(process.stdout.readline(), bound(20)))
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        await process.wait()

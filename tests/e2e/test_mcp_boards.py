@@ -14,8 +14,8 @@ from mcp import Client
 from gateway.config.boards import BoardOptions
 from gateway.device_side.boards import board_id
 from tests.conftest import bound, gateway
-from tests.e2e.boards import PNG, BoardState, python_board, served
-from tests.e2e.helpers import Inbox, has_tools, listed_device, until
+from tests.e2e.boards import PNG, BoardState, python_board, served, ts_board
+from tests.e2e.helpers import Inbox, exposes, has_tools, listed_device, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -142,3 +142,25 @@ async def test_sse_board_is_reached_after_streamable_http_fails(tmp_path: Path) 
             async with Client(run.mcp_url, mode="legacy") as client:
                 greeting = await client.call_tool("attic_greet", {"who": "sam"})
     assert greeting.content[0].text == "hello sam from attic"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_typescript_sdk_board_beside_a_xiaozhi_device(tmp_path: Path, mode: str) -> None:
+    """A board served by the TypeScript SDK: text, image, a changing tool list, a slow tool."""
+    async with ts_board("ts-lamp") as url:
+        boards = (BoardOptions(url, name="tslamp"),)
+        async with gateway(tmp_path, mcp_devices=boards, call_timeout=bound(1)) as run:
+            async with listed_device(run), run.gateway.registry.changes() as changes:
+                await until(changes, has_tools(run, board_id(url)))
+                async with Client(run.mcp_url, mode=mode) as client:
+                    greeting = await client.call_tool("tslamp_greet", {"who": "ada"})
+                    photo = await client.call_tool("tslamp_take_photo", {})
+                    slow = await client.call_tool("tslamp_slow", {})
+                    lamp = await client.call_tool("sim-esp32_0001_lamp_turn_on", {})
+                    await client.call_tool("tslamp_grow", {})
+                    await until(changes, exposes(run, board_id(url), "tslamp_extra"))
+                    extra = await client.call_tool("tslamp_extra", {})
+    assert greeting.content[0].text == "hello ada from ts-lamp"
+    assert base64.b64decode(photo.content[0].data) == PNG
+    assert slow.is_error and "did not answer slow within" in slow.content[0].text
+    assert not lamp.is_error and extra.content[0].text == "extra!"
