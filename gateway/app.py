@@ -306,4 +306,6 @@ async def running(config: Config) -> AsyncIterator[Running]:
                                      mqtt_port=broker, lan=lan_address())  # fmt: skip
             gateway.public.addresses = addresses
             gateway.boards.start([p for p in (*ports, broker) if p is not None])
+            if config.boards_discover:
+                await gateway.boards.discover()
             yield Running(gateway, addresses)

@@ -87,7 +87,7 @@ INNER: dict[str, list[set[str]]] = {
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
     "device_side/transports/mqtt": [{"client", "link"}, {"liveness"}, {"transport"}],
-    "device_side/boards": [{"address", "http", "link"}, {"board"}, {"fleet"}],
+    "device_side/boards": [{"address", "http", "link", "discovery"}, {"board"}, {"fleet"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 

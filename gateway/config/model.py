@@ -112,6 +112,7 @@ class Config:
     mcp_devices: tuple[BoardOptions, ...] = ()
     boards_discover: bool = False
     boards_discover_grace: float = 60.0
+    boards_discover_interfaces: tuple[str, ...] = ()  # addresses to browse on; () = all
     boards_ping_interval: float = 30.0
     boards_retry_max: float = 60.0
     boards_max_message_bytes: int = 4 * 1024 * 1024

@@ -22,6 +22,7 @@ from gateway.config import Config
 from gateway.config.boards import BoardOptions, board_url
 from gateway.datadir import create_private
 from gateway.device_side.boards.board import Board, Serve, board_id
+from gateway.device_side.boards.discovery import Discovery
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError, GatewayError
 
@@ -44,6 +45,7 @@ class Boards:
         self._added: list[BoardOptions] = []
         self._forgetting: dict[str, asyncio.TimerHandle] = {}
         self.own_ports: Collection[int] = ()  # the gateway's listening ports, once known
+        self._discovery: Discovery | None = None
 
     async def __aenter__(self) -> Boards:
         return self
@@ -56,7 +58,15 @@ class Boards:
             if board_id(options.url) not in self._boards:
                 self._start(options, trusted=True)
 
+    async def discover(self) -> None:
+        """Browse mDNS for boards (``[mcp_boards] discover``), once the ports are known."""
+        interfaces = list(self._config.boards_discover_interfaces) or None
+        self._discovery = Discovery(self.discovered, self.vanished, interfaces)
+        await self._discovery.start()
+
     async def __aexit__(self, *exc: object) -> None:
+        if self._discovery is not None:
+            await self._discovery.stop()
         for timer in self._forgetting.values():
             timer.cancel()
         await asyncio.gather(*(board.stop() for board in self._boards.values()))
