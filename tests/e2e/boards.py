@@ -216,3 +216,17 @@ async def ts_board(name: str) -> AsyncIterator[str]:
     finally:
         process.kill()
         await process.wait()
+
+
+class Switchable:
+    """``app``, or a board whose MCP server is down (503 to every request) while ``down``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.down = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.down:
+            await PlainTextResponse("rebooting", 503)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 from pathlib import Path
 
 import anyio
@@ -14,7 +13,7 @@ from mcp import Client
 from gateway.config.boards import BoardOptions
 from gateway.device_side.boards import board_id
 from tests.conftest import bound, gateway
-from tests.e2e.boards import PNG, BoardState, python_board, served, ts_board
+from tests.e2e.boards import PNG, BoardState, Switchable, python_board, served, ts_board
 from tests.e2e.helpers import Inbox, exposes, has_tools, listed_device, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -47,33 +46,30 @@ async def test_host_calls_a_board_beside_a_xiaozhi_device(tmp_path: Path, mode: 
 
 
 async def test_board_goes_offline_keeps_its_tools_and_comes_back(tmp_path: Path) -> None:
-    """A board that stops answering goes offline (tools kept, calls say so) and rejoins."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    overrides = {"mcp_devices": (BoardOptions(url, name="porch"),), "boards_ping_interval": 0.2}
-    async with gateway(tmp_path, **overrides) as run:
-        registry = run.gateway.registry
-        online = lambda: registry.get(board_id(url)).online  # noqa: E731
-        async with registry.device_changes() as changes:
-            async with served(
-                python_board("porch", BoardState()).streamable_http_app(), sock.dup()
-            ):
+    """A board that stops serving MCP goes offline (tools kept, calls say so) and rejoins."""
+    board = Switchable(python_board("porch", BoardState()).streamable_http_app())
+    async with served(board) as base:
+        url = f"{base}/mcp"
+        overrides = {
+            "mcp_devices": (BoardOptions(url, name="porch"),),
+            "boards_ping_interval": bound(1),
+        }
+        async with gateway(tmp_path, **overrides) as run:
+            registry = run.gateway.registry
+            online = lambda: registry.get(board_id(url)).online  # noqa: E731
+            async with registry.device_changes() as changes:
                 await until(changes, has_tools(run, board_id(url)))
-            await until(changes, lambda: not online())  # its pings go unanswered
-            async with Client(run.mcp_url, mode="legacy") as client:
-                names = [t.name for t in (await client.list_tools()).tools]
-                away = await client.call_tool("porch_greet", {"who": "bob"})
-            assert "porch_greet" in names  # offline memory: still listed
-            assert away.is_error and "offline" in away.content[0].text
-            async with served(
-                python_board("porch", BoardState()).streamable_http_app(), sock.dup()
-            ):
-                await until(changes, has_tools(run, board_id(url)))
+                board.down = True  # rebooting: its HTTP server answers 503, no MCP yet
+                await until(changes, lambda: not online())  # its next ping fails
+                async with Client(run.mcp_url, mode="legacy") as client:
+                    names = [t.name for t in (await client.list_tools()).tools]
+                    away = await client.call_tool("porch_greet", {"who": "bob"})
+                board.down = False
+                await until(changes, online)
                 async with Client(run.mcp_url, mode="legacy") as client:
                     back = await client.call_tool("porch_greet", {"who": "bob"})
-    sock.close()
+    assert "porch_greet" in names  # offline memory: still listed
+    assert away.is_error and "offline" in away.content[0].text
     assert back.content[0].text == "hello bob from porch"
 
 

@@ -92,6 +92,7 @@ class Board:
         failed_kinds = 0
         while True:
             self._link = None
+            initialized: bool | None
             try:
                 initialized = await self._attempt()
             except Exception as exc:  # one board's failure must never end the others'
@@ -101,6 +102,8 @@ class Board:
             self.attempted.set()
             if initialized:
                 delay, failed_kinds = RETRY_MIN, 0
+            elif initialized is None:  # refused before any request: no other transport to try
+                pass
             else:
                 failed_kinds += 1
                 self._kind = SSE if self._kind == STREAMABLE else STREAMABLE
@@ -110,8 +113,8 @@ class Board:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._config.boards_retry_max)
 
-    async def _attempt(self) -> bool:
-        """One connection; True if the board answered ``initialize`` on it."""
+    async def _attempt(self) -> bool | None:
+        """One connection; True if the board answered ``initialize`` on it, None if refused."""
         identity = DeviceIdentity(self.device_id, f"board:{self.url}", BOARD_TRANSPORT,
                                   host=urllib.parse.urlsplit(self.url).netloc)  # fmt: skip
         refusal = self._registry.admit(self.device_id, trusted=self.trusted,
@@ -125,7 +128,7 @@ class Board:
             if refusal != self.problem:
                 logger.warning("board %s: not connecting: %s", self.url, refusal)
             self.problem = refusal
-            return True  # nothing to fall back to: wait, then ask again
+            return None  # nothing to fall back to: wait longer each time, then ask again
         assert isinstance(target, Target)
         async with self._transport(target) as (read, write):
             link = BoardLink(read, write, envelope.new_session_id(),
