@@ -157,6 +157,7 @@ class _Api:
         self._photos = photos
         self.trouble: Callable[[], str | None] | None = None
         self.add_board: AddBoard | None = None
+        self.forget_board: Callable[[str], None] | None = None
 
     async def enroll(self, request: Request) -> Response:
         """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
@@ -215,6 +216,8 @@ class _Api:
         return await self._device_action(request, "forget", self._forget, close=True)
 
     def _forget(self, device: Device) -> None:
+        if self.forget_board is not None:  # a board the gateway connects to: not any more
+            self.forget_board(device.device_id)
         self.registry.forget(device)
         if self._photos is not None:
             self._photos.forget(device.device_id)
@@ -316,6 +319,7 @@ def build_host_app(
     metrics: GatewayMetrics | None = None,
     trouble: Callable[[], str | None] | None = None,
     add_board: AddBoard | None = None,
+    forget_board: Callable[[str], None] | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``).
 
@@ -325,7 +329,7 @@ def build_host_app(
     manager = StreamableHTTPSessionManager(app=frontend.server, security_settings=_SDK_CHECKS_OFF)
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = _Api(frontend, registry, router, enroll, photos)
-    api.trouble, api.add_board = trouble, add_board
+    api.trouble, api.add_board, api.forget_board = trouble, add_board, forget_board
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token

@@ -58,3 +58,25 @@ async def test_devices_add_refuses_what_is_not_a_board_url(tmp_path: Path) -> No
         code, _, err = await cli("devices", "add", "ftp://lamp.local/mcp", "--url", host, env=env)
         assert code == 1 and "http:// or https://" in err and "Traceback" not in err
         assert not (tmp_path / "gw" / "boards.json").exists()
+
+
+async def test_devices_forget_stops_a_board_for_good(tmp_path: Path) -> None:
+    """`devices forget` of a board added by URL disconnects it, and it stays gone on restart."""
+    async with served(python_board("attic", BoardState()).streamable_http_app()) as base:
+        url = f"{base}/mcp"
+        async with gateway(tmp_path / "gw") as run:
+            env = cli_env(tmp_path / "cli")
+            host = f"http://127.0.0.1:{run.host_port}"
+            registry = run.gateway.registry
+            async with registry.changes() as changes:
+                code, _, err = await cli("devices", "add", url, "--name", "attic", "--url", host,
+                                         env=env)  # fmt: skip
+                assert code == 0, err
+                await until(changes, has_tools(run, board_id(url)))
+                code, out, err = await cli("devices", "forget", "attic", "--url", host, env=env)
+                assert code == 0, err
+                await until(changes, lambda: registry.get(board_id(url)) is None)
+            assert run.gateway.boards.get(board_id(url)) is None
+        assert json.loads((tmp_path / "gw" / "boards.json").read_text()) == []
+        async with gateway(tmp_path / "gw") as run:
+            assert run.gateway.boards.get(board_id(url)) is None

@@ -103,6 +103,21 @@ class Boards:
         return {"id": board.device_id, "device": device.alias if device else board.device_id,
                 "url": url}  # fmt: skip
 
+    def forget(self, device_id: str) -> None:
+        """Stop connecting to the board ``device_id`` (the owner forgot it); no-op for others."""
+        board = self._boards.pop(device_id, None)
+        if board is None:
+            return
+        if any(board_id(b.url) == device_id for b in self._config.mcp_devices):
+            logger.warning("board %s is in the config ([[mcp_devices]]): it comes back at the "
+                           "next start unless you take it out", board.url)  # fmt: skip
+        if any(b.url == board.url for b in self._added):
+            self._added = [b for b in self._added if b.url != board.url]
+            _save(self._file, self._added)
+        asyncio.get_running_loop().create_task(
+            board.stop(), name=f"gateway.board.stop[{device_id}]"
+        )
+
     def discovered(self, url: str) -> None:
         """A board announced itself at ``url`` (mDNS): connect to it, pending approval."""
         device_id = board_id(url)
