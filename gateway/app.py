@@ -23,6 +23,7 @@ from gateway.cluster import Cluster
 from gateway.cluster.broker_auth import BrokerAuth
 from gateway.config import Config
 from gateway.device_side.admission import Admission
+from gateway.device_side.boards import Boards
 from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
 from gateway.device_side.http import build_device_app
 from gateway.device_side.ota import OtaEndpoint
@@ -109,6 +110,7 @@ class Gateway:
         self.vision = VisionTokens() if config.vision_enabled else None
         self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
                                        mqtt_proxies=self._mqtt_proxies())  # fmt: skip
+        self.boards = Boards(config, self.registry, self.sessions.serve_board)
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
             **self._proxy_parts(), extra=self._cluster_routes(),
@@ -130,6 +132,7 @@ class Gateway:
             config, self.frontend, self.registry, self.router, self.admission.enroll, self.photos,
             dashboard=self.dashboard, metrics=self.metrics,
             trouble=self.cluster.health if self.cluster else None, oauth=self.oauth,
+            add_board=self.boards.add, forget_board=self.boards.forget,
         )  # fmt: skip
         if self.cluster is not None:  # cluster: records and series say which replica
             self.audit.replica = self.metrics.replica = self.cluster.replica
@@ -205,6 +208,7 @@ class Gateway:
             await self._stack.enter_async_context(self.cluster)
             self.sessions.request_ids = self.cluster.ids
         await self._start_mqtt()
+        await self._stack.enter_async_context(self.boards)  # started once the ports are known
         return self
 
     async def __aexit__(
@@ -335,6 +339,9 @@ async def running(config: Config) -> AsyncIterator[Running]:
                 addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
                                          mqtt_port=broker, lan=lan_address())  # fmt: skip
                 gateway.public.addresses = addresses
+                gateway.boards.start([p for p in (*ports, broker) if p is not None])
+                if config.boards_discover:
+                    await gateway.boards.discover()
                 yield Running(gateway, addresses)
     finally:
         for sock in sockets:  # also when the gateway never started (a cluster it cannot join)

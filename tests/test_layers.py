@@ -69,7 +69,7 @@ INNER: dict[str, list[set[str]]] = {
         {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards
         {"ota", "transports"},
         {"admission", "sessions"},
-        {"http"},
+        {"http", "boards"},  # boards: devices that serve MCP themselves, the gateway their client
     ],
     "host_side": [
         {
@@ -95,13 +95,21 @@ INNER: dict[str, list[set[str]]] = {
         {"apps"},
     ],
     "cli": [{"flashing", "doctor", "heap", "tables"}, {"commands"}],
-    "config": [{"values"}, {"listen"}, {"model"}, {"keys"}, {"unknown_keys"}, {"loading"}],
+    "config": [
+        {"values"},
+        {"listen", "boards"},
+        {"model"},
+        {"keys"},
+        {"unknown_keys"},
+        {"loading"},
+    ],
     "cli/doctor": [
         {"probes"},
         {"findings"},
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
     "device_side/transports/mqtt": [{"failover"}, {"client", "link"}, {"liveness"}, {"transport"}],
+    "device_side/boards": [{"address", "http", "link", "discovery"}, {"board"}, {"fleet"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}
 

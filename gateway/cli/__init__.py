@@ -30,9 +30,9 @@ __all__ = ["main"]
 logger = logging.getLogger("gateway")
 
 
-DEVICE_ACTIONS = ("list", "show", "approve", "reject", "forget", "pair")
+DEVICE_ACTIONS = ("list", "show", "approve", "reject", "forget", "pair", "add")
 # Options whose value is a secret: random, so it may begin with "-".
-_SECRET_OPTIONS = ("--token", "--api-token")
+_SECRET_OPTIONS = ("--token", "--api-token", "--board-token")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,11 +67,13 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "action", nargs="?", default="list", choices=DEVICE_ACTIONS,
                 help="list (the default); show DEVICE (its tools); approve, reject or forget "
-                "DEVICE; pair [--for SECONDS]",
+                "DEVICE; pair [--for SECONDS]; add URL (a board that serves MCP itself)",
             )  # fmt: skip
-            command.add_argument("device", nargs="?", help="the device's name or id")
+            command.add_argument("device", nargs="?", help="the device's name or id; add: its URL")
             command.add_argument("--for", dest="seconds", type=float, default=120.0,
                                  help="pair: seconds to approve new devices")  # fmt: skip
+            command.add_argument("--name", help="add: the board's name (tools become NAME_<tool>)")
+            command.add_argument("--board-token", help="add: the bearer token the board wants")
         if name == "call":
             command.add_argument("device", help="device name or id")
             command.add_argument("tool", help="tool name, e.g. self.lamp.turn_on")
@@ -206,6 +208,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run(commands.stdio(config))
     if args.command == "devices" and args.action == "pair":
         return commands.pair(config, args.url, args.token, args.seconds)
+    if args.command == "devices" and args.action == "add":
+        if not args.device:
+            raise GatewayError("devices add needs the board's MCP URL")
+        return commands.add_board(config, args.url, args.token, args.device, args.name,
+                                  args.board_token)  # fmt: skip
     if args.command == "devices" and args.action != "list":
         if not args.device:
             raise GatewayError(f"devices {args.action} needs a DEVICE (its name or id)")

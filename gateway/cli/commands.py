@@ -240,6 +240,20 @@ def device_action(config: Config, url: str | None, token: str | None, action: st
     return 0
 
 
+def add_board(config: Config, url: str | None, token: str | None, board: str, name: str | None,
+              board_token: str | None) -> int:  # fmt: skip
+    """Add a board that serves MCP itself to the running gateway, approved."""
+    status, body = _request(config, url, token, "/api/devices/add",
+                            {"url": board, "name": name, "token": board_token})  # fmt: skip
+    if status != 200:
+        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        return 1
+    added = body["added"]
+    print(f"added {added['device']} ({added['id']}) at {added['url']}; its tools are served "
+          "once the gateway reaches it")  # fmt: skip
+    return 0
+
+
 def pair(config: Config, url: str | None, token: str | None, seconds: float) -> int:
     """Open a pairing window: new devices are approved as they arrive."""
     status, body = _request(config, url, token, "/api/devices/pair", {"seconds": seconds})

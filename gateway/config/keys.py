@@ -126,6 +126,12 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("cluster", "auth_token", "cluster_auth_token", broker_auth_token),
     ("cluster", "mqtt_devices", "cluster_mqtt_devices", choice("broker", "replica")),
     ("cluster", "ca_file", "cluster_ca_file", optional_path),
+    ("mcp_boards", "discover", "boards_discover", boolean),
+    ("mcp_boards", "discover_grace", "boards_discover_grace", positive_number),
+    ("mcp_boards", "discover_interfaces", "boards_discover_interfaces", string_list),
+    ("mcp_boards", "ping_interval", "boards_ping_interval", positive_number),
+    ("mcp_boards", "retry_max", "boards_retry_max", positive_number),
+    ("mcp_boards", "max_message_bytes", "boards_max_message_bytes", integer),
 )
 
 
@@ -152,4 +158,8 @@ def settings(config: Config) -> list[tuple[str, object]]:
     for device_id, options in config.devices.items():
         for name in DeviceOptions.__slots__:
             found.append((f'devices."{device_id}".{name}', getattr(options, name)))
+    for index, board in enumerate(config.mcp_devices):
+        found.append((f"mcp_devices[{index}].url", board.url))
+        found.append((f"mcp_devices[{index}].name", board.name))
+        found.append((f"mcp_devices[{index}].token", "set" if board.token else None))
     return found

@@ -10,6 +10,7 @@ from typing import Any
 
 import platformdirs
 
+from gateway.config.boards import board_options
 from gateway.config.keys import FIELDS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.unknown_keys import check_unknown_keys, unknown_key
@@ -54,6 +55,7 @@ def load_config(
             values[attr] = parse(f"--{attr.replace('_', '-')}", value)
     values.setdefault("data_dir", Path(platformdirs.user_data_dir("esp-mcp-gateway")))
     values["devices"] = _devices(data.get("devices", {}))
+    values["mcp_devices"] = board_options(data.get("mcp_devices", []))
     return Config(**values)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from gateway.config.boards import BoardOptions
 from gateway.config.listen import ListenAddress
 
 
@@ -134,6 +135,15 @@ class Config:
     # EMQX), or each replica's embedded broker ([mqtt] listen), which holds them as it holds
     # WebSocket devices, bridged onto the cluster (brokers without auto-subscribe)
     cluster_mqtt_devices: str = "broker"
+
+    # [[mcp_devices]] and [mcp_boards]: boards that serve MCP themselves (docs/mcp-devices.md)
+    mcp_devices: tuple[BoardOptions, ...] = ()
+    boards_discover: bool = False
+    boards_discover_grace: float = 60.0
+    boards_discover_interfaces: tuple[str, ...] = ()  # addresses to browse on; () = all
+    boards_ping_interval: float = 30.0
+    boards_retry_max: float = 60.0
+    boards_max_message_bytes: int = 4 * 1024 * 1024
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:

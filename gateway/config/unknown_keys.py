@@ -31,10 +31,10 @@ def check_unknown_keys(data: Mapping[str, Any]) -> None:
     tables = {t for t, _, _, _ in FIELDS if t}
     for key, value in data.items():
         known = {k for t, k, _, _ in FIELDS if t == key}
-        if key in top:
+        if key in top or key == "mcp_devices":  # boards: checked by their own parser
             continue
         if not known:
-            raise unknown_key(key, top, tables | {"devices"})
+            raise unknown_key(key, top, tables | {"devices", "mcp_devices"})
         if not isinstance(value, dict):
             raise ConfigError(key, "expected a table")
         if key == "devices":

@@ -20,7 +20,7 @@ from gateway.device_side.upstream.settings import SERVER_HELLO_SECONDS
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
-from gateway.devices.link import DeviceIdentity, DeviceLink
+from gateway.devices.link import BOARD_TRANSPORT, DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.net.addresses import host_port, url_host
 from gateway.net.public import PublicAddress
@@ -71,6 +71,10 @@ class DeviceSessions:
         finally:
             self.revoke(identity, vision)
 
+    async def serve_board(self, link: DeviceLink, identity: DeviceIdentity) -> None:
+        """Run the session of a board that serves MCP itself (gateway/device_side/boards)."""
+        await self._run(link, identity, None)
+
     async def serve_tapped(
         self, link: DeviceLink, identity: DeviceIdentity, vision: dict[str, str] | None
     ) -> None:
@@ -96,14 +100,21 @@ class DeviceSessions:
             logging.getLogger("gateway.device"), {"device": identity.device_id}
         )
         mqtt = identity.transport == "mqtt"
+        board = identity.transport == BOARD_TRANSPORT
+        # A board's link turns a reply over [mcp_boards] max_message_bytes into an error reply
+        # (BoardLink): the protocol takes that, with room for the envelope.
+        max_bytes = self._config.max_message_bytes
+        if board:
+            max_bytes = self._config.boards_max_message_bytes + 4096
         protocol = DeviceProtocol(
             identity.device_id,
             transport="udp" if mqtt else identity.transport,
             udp=self._udp_block() if mqtt and not proxied else None,
-            max_message_bytes=self._config.max_message_bytes,
+            max_message_bytes=max_bytes,
             # Over MQTT no hello precedes MCP (our firmware sends none; stock firmware only per
             # voice conversation) and MCP works without one: discover at once (docs/mqtt.md).
-            hello_timeout=0.0 if mqtt else self._hello_timeout(proxied),
+            # A board speaks plain MCP: no hello ever comes.
+            hello_timeout=0.0 if mqtt or board else self._hello_timeout(proxied),
             discovery_timeout=self._config.discovery_timeout,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,

@@ -6,7 +6,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["DeviceIdentity", "DeviceLink", "LinkClosed"]
+__all__ = ["BOARD_TRANSPORT", "DeviceIdentity", "DeviceLink", "LinkClosed"]
+
+# A board that serves MCP itself, the gateway its MCP client (gateway/device_side/boards).
+BOARD_TRANSPORT = "mcp-http"
 
 
 class LinkClosed(Exception):

@@ -23,15 +23,17 @@ from gateway.errors import (
     DeviceBusy,
     DeviceError,
     DeviceTimeout,
+    GatewayError,
     StorageUnavailable,
 )
 from gateway.host_side.dashboard.session import actor_of
 from gateway.host_side.device_listing import DeviceQuery, list_devices
 from gateway.host_side.mcp_server import McpFrontend, resolve_tool
 
-__all__ = ["Enroll", "HostApi"]
+__all__ = ["AddBoard", "Enroll", "HostApi"]
 
 Enroll = Callable[[str], dict[str, Any]]
+AddBoard = Callable[[str, str | None, str | None], dict[str, Any]]  # (url, name, token)
 
 
 class HostApi:
@@ -49,6 +51,8 @@ class HostApi:
         self._enroll = enroll
         self._photos = photos
         self.trouble: Callable[[], str | None] | None = None
+        self.add_board: AddBoard | None = None
+        self.forget_board: Callable[[str], None] | None = None
 
     async def enroll(self, request: Request) -> Response:
         """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
@@ -108,6 +112,8 @@ class HostApi:
         return await self._device_action(request, "forget", self._forget, close=True)
 
     def _forget(self, device: Device) -> None:
+        if self.forget_board is not None:  # a board the gateway connects to: not any more
+            self.forget_board(device.device_id)
         self.registry.forget(device)
         if self._photos is not None:
             self._photos.forget(device.device_id)
@@ -134,6 +140,29 @@ class HostApi:
         # Pairing itself is held in memory (a restart ends it); the approvals it makes are saved.
         await self.registry.settle("pair", None, actor_of(request), f"for {seconds:g} s")
         return JSONResponse({"pairing_for": seconds, "until": format_time(until)})
+
+    async def add(self, request: Request) -> Response:
+        """Add a board that serves MCP itself by URL, approved (``esp-mcp-gateway devices add``)."""
+        body = await _json_body(request)
+        fields = [body.get(k) for k in ("url", "name", "token")] if isinstance(body, dict) else []
+        if (
+            not fields
+            or not isinstance(fields[0], str)
+            or not all(f is None or isinstance(f, str) for f in fields)
+        ):
+            return JSONResponse({"error": "expected {url, name?, token?}"}, 400)
+        if self.add_board is None:
+            return JSONResponse({"error": "this gateway does not add boards"}, 404)
+        url, name, token = fields
+        try:
+            added = self.add_board(str(url), name, token)
+        except GatewayError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        except OSError as exc:  # boards.json: a full or read-only data dir
+            return JSONResponse({"error": f"not saved: {exc}"}, 503, headers={"Retry-After": "60"})
+        await self.registry.settle("add", self.registry.get(added["id"]), actor_of(request),
+                                   added["url"])  # fmt: skip
+        return JSONResponse({"added": added})
 
     async def _device_action(
         self, request: Request, verb: str, action: Callable[[Device], None], close: bool = False

@@ -29,7 +29,7 @@ from gateway.config import Config
 from gateway.devices.calls import CallRouter
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
-from gateway.host_side.api import Enroll, HostApi
+from gateway.host_side.api import AddBoard, Enroll, HostApi
 from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.dashboard.session import SessionAuthBackend
 from gateway.host_side.mcp_server import McpFrontend
@@ -128,11 +128,14 @@ def build_host_app(
     metrics: GatewayMetrics | None = None,
     trouble: Callable[[], str | None] | None = None,
     oauth: OAuthSite | None = None,
+    add_board: AddBoard | None = None,
+    forget_board: Callable[[str], None] | None = None,
 ) -> tuple[Starlette, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``).
 
     ``trouble`` says why ``/healthz`` must fail (None when all is well). With ``oauth`` the
     listener is also an OAuth authorization server, and apps' tokens open the MCP routes.
+    ``add_board`` adds a board that serves MCP itself (gateway/device_side/boards).
     """
     # A session nobody uses (a host that quit without DELETE) ends after the idle timeout; an
     # open GET stream (a host listening for changes) keeps it.
@@ -143,7 +146,7 @@ def build_host_app(
     )
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = HostApi(frontend, registry, router, enroll, photos)
-    api.trouble = trouble
+    api.trouble, api.add_board, api.forget_board = trouble, add_board, forget_board
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token
@@ -167,7 +170,8 @@ def build_host_app(
                 ("approve", api.approve),
                 ("reject", api.reject),
                 ("pair", api.pair),
-            )
+                ("add", api.add),
+            )  # fmt: skip
         ),
         Route("/api/enroll", endpoint=guard(_Endpoint(enroll_limited)), methods=["POST"]),
         Route("/healthz", endpoint=api.health, methods=["GET"]),

@@ -123,6 +123,7 @@ async def test_a_call_failed_while_its_publish_fails_keeps_the_first_error() -> 
     with pytest.raises(DeviceUnavailable, match=r"\(lost\)"):
         await calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {})
 
+
 def test_ownership_is_kept_per_live_set_and_only_moved_devices_are_weighed_again() -> None:
     """Asked again, nothing is hashed; a replica joining costs one hash per device; one
     leaving, only the devices it owned, weighed against the others. Always ``owner_of``'s

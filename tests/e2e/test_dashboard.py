@@ -21,10 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Running
 from gateway.config import ListenAddress
+from gateway.device_side.boards import board_id
 from gateway.simulator import SimulatedDevice
 from gateway.simulator.fleet import firmware_device
 from tests.conftest import DEVICE_TOKEN, bound, gateway, program
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
+from tests.e2e.boards import BoardState, python_board, served
 from tests.e2e.helpers import Inbox, has_tools, listed_device, until
 from tests.e2e.ingress import ingress
 from tests.e2e.test_device_trust import EMBEDDED, IMPOSTOR, check_in, listed_but_pending
@@ -445,3 +447,21 @@ async def test_the_dashboard_works_behind_a_path_prefix(tmp_path: Path) -> None:
                 assert [name for name, _ in dev.calls] == ["self.get_device_status"]
             await context.close()
     assert missing == []
+
+
+async def test_add_a_board_by_url_on_the_setup_page(tmp_path: Path) -> None:
+    """The Setup page adds a board that serves MCP itself; its tools are then served."""
+    async with served(python_board("shelf", BoardState()).streamable_http_app()) as base:
+        url = f"{base}/mcp"
+        async with gateway(tmp_path) as run, chromium() as browser:
+            page = await browser.new_page()
+            page.set_default_timeout(ms(10))
+            await page.goto(f"http://127.0.0.1:{run.host_port}/#setup")
+            async with run.gateway.registry.changes() as changes:
+                await page.fill('#add-board input[name="url"]', url)
+                await page.fill('#add-board input[name="name"]', "shelf")
+                await page.click("#add-board button[type=submit]")
+                await page.wait_for_selector("#board-added:not([hidden])")
+                assert "Added shelf" in await page.inner_text("#board-added")
+                await until(changes, has_tools(run, board_id(url)))
+    assert any(t.name == "shelf_greet" for t in run.gateway.registry.exposed_tools())

@@ -281,6 +281,18 @@ async function enroll(event) {
   out.hidden = false;
 }
 
+async function addBoard(event) {
+  event.preventDefault();
+  const form = new FormData(event.target);
+  const body = {url: form.get("url")};
+  for (const key of ["name", "token"]) if (form.get(key)) body[key] = form.get(key);
+  const answer = await api("api/devices/add", body);
+  const out = document.getElementById("board-added");
+  out.textContent = `Added ${answer.added.device} (${answer.added.id}): its tools are served once the gateway reaches it.`;
+  out.hidden = false;
+  event.target.reset();
+}
+
 // --- start -----------------------------------------------------------------------------------
 
 async function start() {
@@ -296,6 +308,7 @@ async function start() {
   });
   document.getElementById("audit-more").addEventListener("click", () => loadAudit(true).catch(showError));
   document.getElementById("enroll").addEventListener("submit", (event) => enroll(event).catch(showError));
+  document.getElementById("add-board").addEventListener("submit", (event) => addBoard(event).catch(showError));
   window.addEventListener("hashchange", showPage);
   watchDevices();
   showPage();

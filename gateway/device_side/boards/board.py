@@ -1,0 +1,177 @@
+"""One board's life: check its address, open its MCP transport, serve it, and come back.
+
+The gateway is the board's MCP client through the SDK's own transports: streamable HTTP first
+and, when a board does not answer ``initialize`` there, the older HTTP+SSE transport (a URL
+ending in ``/sse`` starts with SSE). Every attempt first asks admission (a rejected board is
+not contacted) and checks where the URL resolves (``address.resolve_board``). Between
+attempts the wait doubles from one second up to ``[mcp_boards] retry_max``; a session that got
+as far as ``initialize`` starts the count again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from typing import Any
+
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway.config import Config
+from gateway.device_side.boards.address import Target, resolve_board
+from gateway.device_side.boards.http import BoardHttp
+from gateway.device_side.boards.link import BoardLink
+from gateway.devices.link import BOARD_TRANSPORT, DeviceIdentity
+from gateway.devices.registry import DeviceRegistry
+from gateway.protocol import envelope
+
+__all__ = ["Board", "board_id"]
+
+logger = logging.getLogger(__name__)
+
+RETRY_MIN = 1.0
+STREAMABLE, SSE = "streamable HTTP", "SSE"
+
+
+def board_id(url: str) -> str:
+    """The device id of the board at ``url``: stable, and the same on every replica."""
+    return "mcp-" + hashlib.sha256(url.encode()).hexdigest()[:12]
+
+
+Serve = Callable[[BoardLink, DeviceIdentity], Awaitable[None]]
+
+
+class Board:
+    """Connects to one board and keeps it connected until ``stop()``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        trusted: bool,
+        config: Config,
+        registry: DeviceRegistry,
+        serve: Serve,
+        own_ports: Callable[[], Collection[int]],
+    ) -> None:
+        self.url = url
+        self.device_id = board_id(url)
+        self.trusted = trusted  # added by the owner: approved; discovered: pending until approved
+        self.problem: str | None = None  # why the last attempt failed, for list_devices and logs
+        self._token = token
+        self._config = config
+        self._registry = registry
+        self._serve = serve
+        self._own_ports = own_ports
+        self._task: asyncio.Task[None] | None = None
+        self._link: BoardLink | None = None  # the current attempt's
+        self.attempted = asyncio.Event()  # set once an attempt has ended (tests wait on it)
+        self._kind = SSE if urllib.parse.urlsplit(url).path.rstrip("/").endswith("/sse") else (
+            STREAMABLE)  # fmt: skip
+
+    def start(self) -> None:
+        """Start connecting (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"gateway.board[{self.device_id}]")
+
+    async def stop(self) -> None:
+        """Disconnect and stop trying."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        delay = RETRY_MIN
+        failed_kinds = 0
+        while True:
+            self._link = None
+            initialized: bool | None
+            try:
+                initialized = await self._attempt()
+            except Exception as exc:  # one board's failure must never end the others'
+                self.problem = _reason(exc)
+                logger.warning("board %s: %s", self.url, self.problem)
+                initialized = self._link is not None and self._link.initialized
+            self.attempted.set()
+            if initialized:
+                delay, failed_kinds = RETRY_MIN, 0
+            elif initialized is None:  # refused before any request: no other transport to try
+                pass
+            else:
+                failed_kinds += 1
+                self._kind = SSE if self._kind == STREAMABLE else STREAMABLE
+                if failed_kinds < 2:
+                    continue  # the other transport at once
+                failed_kinds = 0
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._config.boards_retry_max)
+
+    async def _attempt(self) -> bool | None:
+        """One connection; True if the board answered ``initialize`` on it, None if refused."""
+        identity = DeviceIdentity(self.device_id, f"board:{self.url}", BOARD_TRANSPORT,
+                                  host=urllib.parse.urlsplit(self.url).netloc)  # fmt: skip
+        refusal = self._registry.admit(self.device_id, trusted=self.trusted,
+                                       client_id=identity.client_id, transport=BOARD_TRANSPORT,
+                                       peer=identity.host)  # fmt: skip
+        if refusal is None:
+            await self._registry.commit_decisions()
+            target = await resolve_board(self.url, self._own_ports())
+            refusal = target if isinstance(target, str) else None
+        if refusal is not None:
+            if refusal != self.problem:
+                logger.warning("board %s: not connecting: %s", self.url, refusal)
+            self.problem = refusal
+            return None  # nothing to fall back to: wait longer each time, then ask again
+        assert isinstance(target, Target)
+        async with self._transport(target) as (read, write):
+            link = BoardLink(read, write, envelope.new_session_id(),
+                             max_bytes=self._config.boards_max_message_bytes,
+                             label=self.url)  # fmt: skip
+            self._link = link
+            pinger = asyncio.create_task(self._ping(link), name=f"gateway.board.ping[{self.url}]")
+            try:
+                await self._serve(link, identity)
+            finally:
+                pinger.cancel()
+        if link.initialized:
+            self.problem = link.failure
+        else:
+            self.problem = f"no MCP over {self._kind}: {link.failure or 'no answer'}"
+            logger.info("board %s: %s", self.url, self.problem)
+        return link.initialized
+
+    @contextlib.asynccontextmanager
+    async def _transport(self, target: Target) -> AsyncIterator[tuple[Any, Any]]:
+        http = BoardHttp(token=self._token, host=target.host,
+                         max_bytes=self._config.boards_max_message_bytes)  # fmt: skip
+        if self._kind == SSE:
+            async with sse_client(target.url, httpx_client_factory=http) as streams:
+                yield streams
+            return
+        async with (
+            http() as client,
+            streamable_http_client(
+                target.url, http_client=client, max_sse_event_size=http.max_bytes
+            ) as streams,
+        ):
+            yield streams
+
+    async def _ping(self, link: BoardLink) -> None:
+        while True:
+            await asyncio.sleep(self._config.boards_ping_interval)
+            if not await link.ping():
+                return
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a failed attempt (the SDK's task groups wrap it)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,184 @@
+"""``Boards``: every board the gateway is the MCP client of, and where each came from.
+
+- ``[[mcp_devices]]`` in the config, and boards the owner adds at run time (CLI ``devices add``,
+  the dashboard, ``POST /api/devices/add``): approved as they are added. Those added at run
+  time are kept in ``boards.json`` in the data dir (mode 0600: it holds their tokens).
+- boards found over mDNS (``[mcp_boards] discover``, ``discovery.py``): pending until the owner
+  approves them, like a stock device that checks in through OTA; one that stops announcing
+  itself is let go after ``[mcp_boards] discover_grace`` seconds (offline, its tools kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Config
+from gateway.config.boards import BoardOptions, board_url
+from gateway.datadir import create_private
+from gateway.device_side.boards.board import Board, Serve, board_id
+from gateway.device_side.boards.discovery import Discovery
+from gateway.devices.registry import DeviceRegistry
+from gateway.errors import ConfigError, GatewayError
+
+__all__ = ["Boards"]
+
+logger = logging.getLogger(__name__)
+
+MAX_ADDED = 1000  # boards added at run time; past it an add is refused (a runaway script)
+
+
+class Boards:
+    """Runs one ``Board`` per board URL; ``async with`` stops them all."""
+
+    def __init__(self, config: Config, registry: DeviceRegistry, serve: Serve) -> None:
+        self._config = config
+        self._registry = registry
+        self._serve = serve
+        self._file = config.data_dir / "boards.json"
+        self._boards: dict[str, Board] = {}
+        self._added: list[BoardOptions] = []
+        self._forgetting: dict[str, asyncio.TimerHandle] = {}
+        self.own_ports: Collection[int] = ()  # the gateway's listening ports, once known
+        self._discovery: Discovery | None = None
+
+    async def __aenter__(self) -> Boards:
+        return self
+
+    def start(self, own_ports: Collection[int]) -> None:
+        """Connect to every board added so far, now that the gateway's own ports are known."""
+        self.own_ports = tuple(own_ports)
+        self._added = _load(self._file)
+        for options in (*self._config.mcp_devices, *self._added):
+            if board_id(options.url) not in self._boards:
+                self._start(options, trusted=True)
+
+    async def discover(self) -> None:
+        """Browse mDNS for boards (``[mcp_boards] discover``), once the ports are known."""
+        interfaces = list(self._config.boards_discover_interfaces) or None
+        self._discovery = Discovery(self.discovered, self.vanished, interfaces)
+        await self._discovery.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._discovery is not None:
+            await self._discovery.stop()
+        for timer in self._forgetting.values():
+            timer.cancel()
+        await asyncio.gather(*(board.stop() for board in self._boards.values()))
+
+    def get(self, device_id: str) -> Board | None:
+        """The board that is device ``device_id``, if any."""
+        return self._boards.get(device_id)
+
+    def add(self, url: str, name: str | None = None, token: str | None = None) -> dict[str, Any]:
+        """Add a board by URL, approved, kept across restarts; return its id and alias.
+
+        Raises:
+            GatewayError: the URL is not a board's, or too many boards were added.
+        """
+        try:
+            url = board_url("url", url)
+        except ConfigError as exc:
+            raise GatewayError(str(exc)) from None
+        options = BoardOptions(url, (name or "").strip() or None, (token or "").strip() or None)
+        board = self._boards.get(board_id(url))
+        if board is None or not board.trusted:
+            if len(self._added) >= MAX_ADDED:
+                raise GatewayError(f"{MAX_ADDED} boards were added already")
+            self._added = [b for b in self._added if b.url != url] + [options]
+            _save(self._file, self._added)
+        if board is not None and not board.trusted:  # it was discovered: the owner approves it
+            board.trusted = True
+            device = self._registry.get(board.device_id)
+            if device is not None:
+                self._registry.approve(device)
+        elif board is None:
+            board = self._start(options, trusted=True)
+        device = self._registry.get(board.device_id)
+        return {"id": board.device_id, "device": device.alias if device else board.device_id,
+                "url": url}  # fmt: skip
+
+    def forget(self, device_id: str) -> None:
+        """Stop connecting to the board ``device_id`` (the owner forgot it); no-op for others."""
+        board = self._boards.pop(device_id, None)
+        if board is None:
+            return
+        if any(board_id(b.url) == device_id for b in self._config.mcp_devices):
+            logger.warning("board %s is in the config ([[mcp_devices]]): it comes back at the "
+                           "next start unless you take it out", board.url)  # fmt: skip
+        if any(b.url == board.url for b in self._added):
+            self._added = [b for b in self._added if b.url != board.url]
+            _save(self._file, self._added)
+        asyncio.get_running_loop().create_task(
+            board.stop(), name=f"gateway.board.stop[{device_id}]"
+        )
+
+    def discovered(self, url: str) -> None:
+        """A board announced itself at ``url`` (mDNS): connect to it, pending approval."""
+        device_id = board_id(url)
+        timer = self._forgetting.pop(device_id, None)
+        if timer is not None:
+            timer.cancel()
+        if device_id not in self._boards:
+            logger.info("board found over mDNS: %s", url)
+            self._start(BoardOptions(url), trusted=False)
+
+    def vanished(self, url: str) -> None:
+        """A discovered board stopped announcing itself: let it go after the grace period."""
+        device_id = board_id(url)
+        board = self._boards.get(device_id)
+        if board is None or board.trusted or device_id in self._forgetting:
+            return
+        loop = asyncio.get_running_loop()
+        self._forgetting[device_id] = loop.call_later(
+            self._config.boards_discover_grace, self._let_go, device_id
+        )
+
+    def _let_go(self, device_id: str) -> None:
+        self._forgetting.pop(device_id, None)
+        board = self._boards.get(device_id)
+        if board is not None and not board.trusted:
+            del self._boards[device_id]
+            logger.info("board %s no longer announces itself: disconnected", board.url)
+            asyncio.create_task(board.stop(), name=f"gateway.board.stop[{device_id}]")
+
+    def _start(self, options: BoardOptions, *, trusted: bool) -> Board:
+        board = Board(options.url, options.token, trusted=trusted, config=self._config,
+                      registry=self._registry, serve=self._serve,
+                      own_ports=lambda: self.own_ports)  # fmt: skip
+        if options.name:
+            self._registry.adopt(board.device_id, options.name)
+        self._boards[board.device_id] = board
+        board.start()
+        return board
+
+
+def _load(path: Path) -> list[BoardOptions]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        logger.error("%s cannot be read (%s): boards added at run time are not connected", path,
+                     exc)  # fmt: skip
+        return []
+    boards = []
+    for entry in data if isinstance(data, list) else []:
+        try:
+            url = board_url("url", entry.get("url"))
+        except (ConfigError, AttributeError):
+            continue
+        boards.append(BoardOptions(url, entry.get("name"), entry.get("token")))
+    return boards
+
+
+def _save(path: Path, boards: list[BoardOptions]) -> None:
+    entries = [{"url": b.url, "name": b.name, "token": b.token} for b in boards]
+    temporary = create_private(path.with_suffix(".json.new"))
+    temporary.write_text(json.dumps(entries, indent=1), encoding="utf-8")
+    os.replace(temporary, path)
