@@ -240,11 +240,11 @@ async def test_mcp_remote_signs_in_through_chromium_and_asks_again_after_revoke(
 
     The owner does not answer that second time, on purpose. mcp-remote 0.15.1 signs in again
     from every request that meets a 401 at once, without waiting for the others: the revoke
-    ends its streams (and its first connection's transport, which it never closes, keeps one
-    too), so two or three sign-ins run together. Their writes of its state files race (ENOENT
-    on a rename), and once the owner allows, their refreshes present the same new refresh token
-    twice, which the gateway rightly takes as a replay (RFC 9700 4.14.2: the grant is revoked):
-    the call after a re-consent fails now and then for reasons of mcp-remote's own.
+    ends its streams (the client of its HTTP connection test, which it never closes, keeps a
+    session with one too), so two or three sign-ins run together. Their writes of its state
+    files race (ENOENT on a rename), and once the owner allows, their refreshes present the same
+    new refresh token twice, which the gateway rightly takes as a replay (RFC 9700 4.14.2: the
+    grant is revoked): the call after a re-consent fails now and then for mcp-remote's reasons.
     Getting through after revocation is asked of the SDK clients (test_oauth*.py), not of
     mcp-remote."""
     remote = npm_package("mcp-remote")
