@@ -6,8 +6,8 @@
   one on a simulated device; Revoke on the dashboard makes its next call a 401.
 - mcp-remote, started with no token by an MCP SDK client over stdio, runs the whole sign-in
   itself. It opens the browser through the ``open`` package, whose bundled xdg-open (with no
-  desktop to ask) runs ``$BROWSER``: ours hands the URL to Chromium. After Revoke it opens the
-  consent page again, and only the owner's new Allow lets its next call through.
+  desktop to ask) runs ``$BROWSER``: ours hands the URL to Chromium. After Revoke its next call
+  does not reach the device: it opens the consent page again.
 
 Both packages come from npm into .ci/node (tests/programs.py); everything runs on loopback.
 """
@@ -20,7 +20,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import httpx2
 import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
@@ -185,15 +185,19 @@ urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeo
 
 @dataclass
 class Opened:
-    """The URLs a program asked the browser to open, each answered by the owner in Chromium."""
+    """The URLs a program asked the browser to open, answered by the owner in Chromium while
+    ``answering``; the first one left unanswered sets ``unanswered``."""
 
     command: Path
     urls: list[str] = field(default_factory=list)
+    answering: bool = True
+    unanswered: anyio.Event = field(default_factory=anyio.Event)
 
 
 @asynccontextmanager
 async def browser_for(owner: ConsentBrowser, folder: Path) -> AsyncIterator[Opened]:
-    """A ``$BROWSER`` command whose every URL the owner's Chromium opens and consents on."""
+    """A ``$BROWSER`` command whose URLs the owner's Chromium opens and consents on (until the
+    test stops ``answering``)."""
     sending, receiving = anyio.create_memory_object_stream[str](8)
 
     async def hand_over(scope: Scope, receive: Receive, send: Send) -> None:
@@ -215,7 +219,10 @@ async def browser_for(owner: ConsentBrowser, folder: Path) -> AsyncIterator[Open
         async def consent_to_each() -> None:
             async for url in receiving:
                 opened.urls.append(url)
-                await owner.consent(url)
+                if opened.answering:
+                    await owner.consent(url)
+                else:
+                    opened.unanswered.set()
 
         tasks.start_soon(consent_to_each, name="test-browser-consent")
         yield opened
@@ -228,8 +235,18 @@ async def test_mcp_remote_signs_in_through_chromium_and_asks_again_after_revoke(
     """mcp-remote with no token: it meets the 401, registers, opens the consent page in the
     browser (Chromium, through $BROWSER), takes the code at its own callback, and an MCP SDK
     client on its stdio lists tools and calls one on the device, as the app it registered.
-    After Revoke on the dashboard the next call gets through only once the owner, asked again
-    in the browser, allows it again."""
+    After Revoke on the dashboard the next call does not reach the device: the owner is asked
+    again in the browser.
+
+    The owner does not answer that second time, on purpose. mcp-remote 0.15.1 signs in again
+    from every request that meets a 401 at once, without waiting for the others: the revoke
+    ends its streams (the client of its HTTP connection test, which it never closes, keeps a
+    session with one too), so two or three sign-ins run together. Their writes of its state
+    files race (ENOENT on a rename), and once the owner allows, their refreshes present the same
+    new refresh token twice, which the gateway rightly takes as a replay (RFC 9700 4.14.2: the
+    grant is revoked): the call after a re-consent fails now and then for mcp-remote's reasons.
+    Getting through after revocation is asked of the SDK clients (test_oauth*.py), not of
+    mcp-remote."""
     remote = npm_package("mcp-remote")
     proxy = remote / json.loads((remote / "package.json").read_text())["bin"]["mcp-remote"]
     async with (
@@ -254,22 +271,33 @@ async def test_mcp_remote_signs_in_through_chromium_and_asks_again_after_revoke(
                     apps = (await http.get("/api/oauth/apps", headers=ADMIN)).json()["apps"]
                 (app,) = apps
                 signed_in = list(browser.urls)
+                browser.answering = False
                 await revoke_in_dashboard(owner, run, app["client_id"])
-                again = await client.call_tool(VOLUME, {"volume": 9})
+                async with anyio.create_task_group() as tasks:
+                    # Its outcome is mcp-remote's business (it waits for the owner): not awaited.
+                    tasks.start_soon(call_ignoring_outcome, client, {"volume": 9})
+                    await browser.unanswered.wait()
+                    tasks.cancel_scope.cancel()
         records = audit_records(run, tmp_path / "data")
-    assert VOLUME in names and not result.is_error and not again.is_error
-    assert dev.calls[-2:] == [("self.audio_speaker.set_volume", {"volume": 42}),
-                              ("self.audio_speaker.set_volume", {"volume": 9})]  # fmt: skip
+    assert VOLUME in names and not result.is_error
+    assert ("self.audio_speaker.set_volume", {"volume": 42}) in dev.calls
+    assert ("self.audio_speaker.set_volume", {"volume": 9}) not in dev.calls
     (url,) = signed_in  # one sign-in, in the browser it opened
     assert url.startswith(f"{base_url(run)}/authorize?")
     assert app["name"] == "MCP CLI Proxy"  # mcp-remote's own registration
     call = next(r for r in records if r["kind"] == "call")
     assert app["client_id"] in call["caller"]
-    # The revoked token got nothing: the second call waited for the owner's second Allow.
-    assert len(browser.urls) == 2
+    # The revoked token got nothing: mcp-remote had to send the owner to the consent page again.
+    assert browser.urls[1].startswith(f"{base_url(run)}/authorize?")
     timeline = [
         f"call {r['arguments'].get('volume')}" if r["kind"] == "call" else r["action"]
         for r in records
         if r["kind"] == "call" or r.get("action") in ("grant", "revoke")
     ]
-    assert timeline == ["grant", "call 42", "revoke", "grant", "call 9"]
+    assert timeline == ["grant", "call 42", "revoke"]
+
+
+async def call_ignoring_outcome(client: Client, arguments: dict[str, Any]) -> None:
+    """Call the volume tool, whatever mcp-remote answers (or if it never does)."""
+    with suppress(MCPError):
+        await client.call_tool(VOLUME, arguments)
