@@ -270,6 +270,8 @@ class Gateway:
             foreign=on_cluster.remote.on_reply if on_cluster is not None else None,
         )
         self.ota.checked_in = self.mqtt.checked_in  # a booting device: probed as it arrives
+        if self.broker is not None:  # devices' logins wait until the gateway's client listens
+            self.broker.heard = self.mqtt.connected
         if on_cluster is not None:
             on_cluster.fleet.live_changed = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)

@@ -45,6 +45,9 @@ from gateway.net.limits import Guard, ListenerLimits
 __all__ = ["GATEWAY_LOGIN", "EmbeddedBroker", "Presence", "PresenceFeed"]
 
 logger = logging.getLogger(__name__)
+# How long a device's CONNECT waits for the gateway's own client to listen (until_heard): well
+# inside stock firmware's CONNACK wait, and the listener's CONNECT deadline.
+_HEARD_PATIENCE = 5.0
 
 # Not a device id (those never contain "@"), so no device can claim the gateway's rights.
 GATEWAY_LOGIN = "@esp-mcp-gateway"
@@ -161,6 +164,9 @@ class EmbeddedBroker:
         self._online: set[str] = set()
         self._presence: Broadcast[Presence] = Broadcast()
         self.port = listen.port
+        # Set while the gateway's own client is subscribed (app.py hands it the transport's
+        # ``connected``): until then a device's PUBLISH would reach nobody and be lost.
+        self.heard: asyncio.Event | None = None
 
     @property
     def client_host(self) -> str:
@@ -273,6 +279,22 @@ class EmbeddedBroker:
         """Commit what an admitted device login decided (``settle``), before accepting it."""
         if self._settle is not None:
             await self._settle()
+
+    async def until_heard(self) -> None:
+        """Hold a device's CONNECT until the gateway's own client listens, at most a few s.
+
+        Stock firmware publishes its hello the instant it is accepted (OpenAudioChannel after
+        a reconnect), and after a gateway restart devices are back before the gateway's own
+        client has subscribed: a hello nobody heard is lost, and the device's conversation
+        with it. A device held past the bound is let in (nothing better is coming).
+        """
+        if self.heard is None or self.heard.is_set():
+            return
+        try:
+            async with asyncio.timeout(_HEARD_PATIENCE):
+                await self.heard.wait()
+        except TimeoutError:
+            logger.warning("the gateway's own MQTT client is not listening yet; device let in")
 
     def allows(self, username: str | None, topic: str, *, publish: bool) -> bool:
         """May ``username`` publish to (or else subscribe to / receive) ``topic``?"""

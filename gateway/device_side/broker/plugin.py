@@ -38,6 +38,10 @@ class BrokerPolicy(Protocol):
         """Commit what an admitted login decided, before it is accepted."""
         ...
 
+    async def until_heard(self) -> None:
+        """Return once what a device publishes would reach the gateway (bounded)."""
+        ...
+
     def allows(self, username: str | None, topic: str, *, publish: bool) -> bool:
         """Whether this login may publish to (or subscribe to) ``topic``."""
         ...
@@ -73,6 +77,8 @@ class GatewayAuthPlugin(BaseAuthPlugin):  # type: ignore[misc]  # amqtt is untyp
         admitted = owner.admit(session.client_id, session.username, session.password, peer)
         if admitted:
             await owner.settle()
+            if owner.is_device_login(session.username):
+                await owner.until_heard()  # its first PUBLISH may follow the CONNACK at once
         return admitted
 
 

@@ -187,3 +187,26 @@ def test_a_broadcast_visits_only_the_filters_that_can_match() -> None:
     del table["xiaozhi/+/up"]
     table.next_topic = "xiaozhi/aa:0007/up"
     assert list(dict(table.items())) == []
+
+
+async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
+    """After a gateway restart a stock device reconnects first and publishes its hello the
+    instant it is accepted: its CONNECT waits until the gateway's own client is subscribed, so
+    the hello is heard, not lost to a broker with nobody on the up topics."""
+    async with broker() as b:
+        b.heard = asyncio.Event()
+        device = client(b, DEVICE, TOKEN)
+        connecting = asyncio.create_task(device.__aenter__())
+        # Unheld, a login on loopback is answered in milliseconds; held, not in this second.
+        await asyncio.wait([connecting], timeout=1.0)
+        assert not connecting.done()
+        async with gateway_client(b) as gw:
+            await gw.subscribe("xiaozhi/+/up", qos=1)
+            b.heard.set()
+            async with asyncio.timeout(bound(5)):
+                await connecting
+            try:
+                await device.publish(f"xiaozhi/{DEVICE}/up", b'{"type":"hello"}', qos=0)
+                assert (await first_message(gw)).payload == b'{"type":"hello"}'
+            finally:
+                await device.__aexit__(None, None, None)
