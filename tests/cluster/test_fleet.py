@@ -133,9 +133,9 @@ async def test_a_replica_with_another_mqtt_secret_is_named_once(
     ``mqtt_secret`` is named in one error line (not at each heartbeat); the key never is."""
     stack, fleet = fleet_on(tmp_path)
     stack.registry.binding_key = b"ours"
-    fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0, key_name(b"ours")).encode())
-    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 1.0, key_name(b"theirs")).encode())
-    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 11.0, key_name(b"theirs")).encode())
+    fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0, key=key_name(b"ours")).encode())
+    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 1.0, key=key_name(b"theirs")).encode())
+    fleet.on_record("replica", "gw-3", ReplicaRecord(3, 11.0, key=key_name(b"theirs")).encode())
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "replica gw-3 seals identity bindings with another key" in errors[0]
     assert "mqtt_secret" in errors[0] and set(fleet.live) == {"gw-2", "gw-3"}
