@@ -16,7 +16,7 @@ import gateway.cluster as cluster_module
 from gateway.app import Running
 from gateway.cluster.live import CALLS_SILENT_AFTER, HEARTBEAT
 from gateway.simulator import SimulatedDevice
-from tests.cluster.conftest import Proxy, cluster_options, eventually
+from tests.cluster.conftest import Proxy, cluster_options, eventually, shared_secret
 from tests.cluster.test_faults import call_text, online, tool
 from tests.cluster.test_kill import replica_process
 from tests.conftest import DEVICE_TOKEN, bound, gateway
@@ -87,8 +87,8 @@ async def test_a_broker_node_killed_under_calls_its_replica_fails_over(tmp_path:
         n1, n2, n3 = nats.urls
         a_options = cluster_options([n1, n2, n3], "gw-a")
         b_options = cluster_options([n3, n2, n1], "gw-b")
-        async with gateway(tmp_path / "gw-a", **a_options) as a, \
-                gateway(tmp_path / "gw-b", **b_options) as b, \
+        async with gateway(shared_secret(tmp_path / "gw-a"), **a_options) as a, \
+                gateway(shared_secret(tmp_path / "gw-b"), **b_options) as b, \
                 ws_device(device_url(a.device_port)):  # fmt: skip
             await eventually([a, b], online(WS))
             calls = Calls(b, tool(b, WS, "self.lamp.turn_on"))
@@ -136,8 +136,8 @@ async def test_a_replica_cut_off_for_good_fails_calls_soon_and_hands_its_devices
         n1, n2, n3 = nats.urls
         a_options = cluster_options([n1], "gw-a")
         b_options = cluster_options([n3, n2], "gw-b")
-        async with gateway(tmp_path / "gw-a", **a_options) as a, \
-                gateway(tmp_path / "gw-b", **b_options) as b, \
+        async with gateway(shared_secret(tmp_path / "gw-a"), **a_options) as a, \
+                gateway(shared_secret(tmp_path / "gw-b"), **b_options) as b, \
                 Proxy(a.device_port) as balancer, \
                 ws_device(device_url(balancer.port)) as device:  # fmt: skip
             await eventually([a, b], online(WS))
@@ -177,9 +177,9 @@ async def test_sigkill_a_replica_on_the_nats_cluster(tmp_path: Path) -> None:
     async with NatsCluster(tmp_path / "nats") as nats:
         n1, n2, n3 = nats.urls
         live_options = cluster_options([n2, n3], "gw-live")
-        dying = replica_process(tmp_path / "dead", f"{n1},{n2}", "gw-dead")
+        dying = replica_process(shared_secret(tmp_path / "dead"), f"{n1},{n2}", "gw-dead")
         async with dying as (dead_port, dead), \
-                gateway(tmp_path / "live", **live_options) as live, \
+                gateway(shared_secret(tmp_path / "live"), **live_options) as live, \
                 Proxy(dead_port) as balancer, \
                 ws_device(device_url(balancer.port)) as device:  # fmt: skip
             await eventually([live], online(WS))
@@ -205,12 +205,14 @@ async def test_a_cold_replica_joins_the_nats_cluster_knowing_the_fleet(tmp_path:
         first = cluster_options([n1, n2], "gw-1")
         second = cluster_options([n2, n3], "gw-2")
         mqtt = MqttDevice("127.0.0.1", nats.nodes[1].mqtt_port, MQTT, DEVICE_TOKEN, stock=False)
-        async with gateway(tmp_path / "gw-1", **first) as one, \
-                gateway(tmp_path / "gw-2", **second), \
+        async with gateway(shared_secret(tmp_path / "gw-1"), **first) as one, \
+                gateway(shared_secret(tmp_path / "gw-2"), **second), \
                 ws_device(device_url(one.device_port)), mqtt:  # fmt: skip
             await eventually([one], online(WS))
             await eventually([one], online(MQTT))
-            async with gateway(tmp_path / "gw-3", **cluster_options([n3, n1], "gw-3")) as cold:
+            async with gateway(
+                shared_secret(tmp_path / "gw-3"), **cluster_options([n3, n1], "gw-3")
+            ) as cold:
                 await eventually([cold], online(WS))
                 lamp = tool(cold, WS, "self.lamp.turn_on")
                 assert await call_text(cold, lamp, {}) == (False, "true")
