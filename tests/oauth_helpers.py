@@ -17,11 +17,11 @@ import secrets
 import socket
 import subprocess
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import httpx2
@@ -44,6 +44,18 @@ from gateway.app import Running
 from tests.conftest import asgi_server, bound, gateway, program
 
 HOST_TOKEN = "host-secret-for-oauth-tests"
+ADMIN = {"Authorization": f"Bearer {HOST_TOKEN}"}
+STREAM = {"Accept": "application/json, text/event-stream"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
+}
 
 
 @asynccontextmanager
@@ -56,6 +68,24 @@ async def oauth_gateway(data_dir: Path, **overrides: Any) -> AsyncIterator[Runni
 def base_url(run: Running) -> str:
     """The host listener's base URL (the OAuth issuer on loopback)."""
     return f"http://127.0.0.1:{run.host_port}"
+
+
+@asynccontextmanager
+async def http_to(run: Running, **headers: str) -> AsyncIterator[httpx2.AsyncClient]:
+    """A plain HTTP client of the gateway's host listener (an app without an SDK)."""
+    async with httpx2.AsyncClient(
+        base_url=base_url(run), timeout=bound(10), headers=headers
+    ) as http:
+        yield http
+
+
+async def mcp_with(
+    http: httpx2.AsyncClient, token: str, message: Mapping[str, Any] = INITIALIZE
+) -> httpx2.Response:
+    """``message`` (an ``initialize``) posted to /mcp with ``token`` as the bearer."""
+    return await http.post(
+        "/mcp", json=message, headers={**STREAM, "Authorization": f"Bearer {token}"}
+    )
 
 
 def ms(seconds: float) -> float:
@@ -321,6 +351,28 @@ class ManualGrant:
             **changes,
         }
         return {key: value for key, value in form.items() if value != ""}
+
+
+class Granting(NamedTuple):
+    """What a test of an app's grant needs: ``async with granting(...) as (run, callback,
+    owner, http)``."""
+
+    run: Running
+    callback: Callback
+    owner: ConsentBrowser
+    http: httpx2.AsyncClient
+
+
+@asynccontextmanager
+async def granting(data_dir: Path, **overrides: Any) -> AsyncIterator[Granting]:
+    """An OAuth gateway, an app's redirect URI, the owner in Chromium, and an HTTP client."""
+    async with (
+        oauth_gateway(data_dir, **overrides) as run,
+        callback_server() as callback,
+        consent_browser() as owner,
+        http_to(run) as http,
+    ):
+        yield Granting(run, callback, owner, http)
 
 
 async def manual_grant(

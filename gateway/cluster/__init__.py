@@ -26,7 +26,8 @@ from types import TracebackType
 
 from gateway.cluster.bridge import Bridge, BridgedLink
 from gateway.cluster.client import ClusterClient, broker_login
-from gateway.cluster.fleet import HEARTBEAT, Fleet
+from gateway.cluster.fleet import Fleet
+from gateway.cluster.live import HEARTBEAT
 from gateway.cluster.records import ClusterTopics, ReplicaRecord, key_name
 from gateway.cluster.remote import RemoteCalls
 from gateway.cluster.replica import Ownership, id_slice, pick_number, replica_name

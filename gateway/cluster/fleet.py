@@ -7,8 +7,8 @@ device becomes a tombstone. In: records from other replicas are taken with ``lea
 writer wins, by the record's time), catalogues with ``set_catalogue()`` (judged again, tool by
 tool). A WebSocket device another replica holds (``P/presence/<id>``, while that replica lives)
 is connected here through a ``RemoteSession``; it goes offline here when its presence is cleared,
-when its replica's record goes (last will, or silence past ``_SILENT`` heartbeats), or when this
-replica loses the broker. Each bad record is refused alone, with a log line.
+when its replica's record goes (last will, or silence past ``SILENT_AFTER``: live.py), or when
+this replica loses the broker. Each bad record is refused alone, with a log line.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 
 from gateway.cluster.bridge import Bridge
 from gateway.cluster.catalogues import FleetCatalogues
+from gateway.cluster.live import CALLS_SILENT_AFTER, SILENT_AFTER, LiveReplicas
 from gateway.cluster.records import (
     BadRecord,
     ClusterTopics,
@@ -42,12 +43,6 @@ __all__ = ["Fleet"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes, bool], Awaitable[bool]]
-HEARTBEAT = 2.0  # seconds between a replica's records; silent for _SILENT of them: gone
-_SILENT = 15
-# Calls through a replica silent for this many heartbeats fail (its will may have died with
-# its broker node): bound to CALLS_SILENT_AFTER + HEARTBEAT seconds, not the 30 s of _SILENT.
-_CALLS_SILENT = 3
-CALLS_SILENT_AFTER = _CALLS_SILENT * HEARTBEAT
 
 
 class Fleet:
@@ -56,7 +51,8 @@ class Fleet:
     def __init__(self, registry: DeviceRegistry, topics: ClusterTopics, replica: str,
                  remote: RemoteCalls, bridge: Bridge) -> None:  # fmt: skip
         self.replica = replica
-        self.live: dict[str, ReplicaRecord] = {}
+        self.replicas = LiveReplicas(replica)
+        self.live = self.replicas.records  # the live replicas by name (cleared, never replaced)
         self._registry = registry
         self._topics = topics
         self._remote = remote
@@ -69,7 +65,6 @@ class Fleet:
         self._presence: dict[str, Presence] = {}
         # What the broker sent since the last (re)join or re-read: what ``repair`` need not say.
         self._on_broker: dict[str, tuple[float, str]] = {}  # device id -> its record's (at, by)
-        self._heard: dict[str, float] = {}  # replica -> monotonic time of its last record
         self._applying = False
         self._closing: set[asyncio.Task[None]] = set()
         # cluster ownership of MQTT devices: told when the live replicas change; a device's
@@ -286,7 +281,7 @@ class Fleet:
             self._replica_gone(name, f"replica {name} went away")
             return
         record = ReplicaRecord.read(payload)
-        known = self.live.get(name)
+        known = self.replicas.hear(name, record)
         new = known is None
         if known is not None and known.since != record.since:  # it lost the broker meanwhile
             self._remote.fail(f"replica {name} lost the cluster broker during the call",
@@ -295,8 +290,6 @@ class Fleet:
             logger.error("replica %s seals identity bindings with another key: every replica "
                          "needs the same data_dir/mqtt_secret (docs/cluster.md); until then a "
                          "device bound on one is refused on the other", name)  # fmt: skip
-        self.live[name] = record
-        self._heard[name] = time.monotonic()
         if new:
             for device_id, presence in list(self._presence.items()):
                 if presence.replica == name:
@@ -304,8 +297,7 @@ class Fleet:
             self.live_changed()
 
     def _replica_gone(self, name: str, why: str) -> None:
-        self.live.pop(name, None)
-        self._heard.pop(name, None)
+        self.replicas.drop(name)
         for device_id, presence in list(self._presence.items()):
             if presence.replica == name:
                 self._detach(device_id, f"{why} with device {device_id}", owner_gone=True)
@@ -315,8 +307,7 @@ class Fleet:
     def expire(self) -> list[str]:
         """Forget the replicas silent for too long (a will lost in a broker restart); their
         names, so that their stale records are cleared."""
-        limit = time.monotonic() - _SILENT * HEARTBEAT
-        silent = [n for n, t in self._heard.items() if t < limit and n != self.replica]
+        silent = self.replicas.silent(SILENT_AFTER)
         for name in silent:
             self._replica_gone(name, f"replica {name} fell silent")
         return silent
@@ -324,10 +315,8 @@ class Fleet:
     def fail_silent(self) -> None:
         """Fail the calls through the replicas silent for ``CALLS_SILENT_AFTER`` seconds: they
         are cut off, or died with the broker node that held their will."""
-        limit = time.monotonic() - CALLS_SILENT_AFTER
-        for name, heard in self._heard.items():
-            if heard < limit and name != self.replica:
-                self._remote.fail(f"replica {name} fell silent during the call", replica=name)
+        for name in self.replicas.silent(CALLS_SILENT_AFTER):
+            self._remote.fail(f"replica {name} fell silent during the call", replica=name)
 
     def lost(self) -> None:
         """This replica lost the broker: what it reached through it is unreachable now."""
@@ -336,8 +325,7 @@ class Fleet:
         for device_id in list(self._presence):
             self._detach(device_id, why)
         self._presence.clear()
-        self.live.clear()
-        self._heard.clear()
+        self.replicas.clear()
         self._remote.fail(why)
         self.reading()  # the broker sends everything again when this replica is back
         self.live_changed()

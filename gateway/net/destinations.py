@@ -18,7 +18,9 @@ certificate check use ``Destination.host``).
                                  server_hostname=destination.host if tls else None)
 
 ``allow`` lets a place through when the operator's own setting already leads there (a voice
-server on this machine: ``reach_of(its OTA host)``).
+server on this machine: ``reach_of(its OTA host)``). ``own_ports`` narrows "this machine" to the
+gateway's own listeners, for a destination the owner may run here beside the gateway (an MCP
+board, docs/mcp-devices.md): anything else listening on this machine is theirs to name.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class Destination:
     port: int
 
 
-async def resolve_destination(host: str, port: int, *, allow: Collection[str] = ()) -> Destination:
+async def resolve_destination(
+    host: str, port: int, *, allow: Collection[str] = (), own_ports: Collection[int] | None = None
+) -> Destination:
     """Resolve ``host`` once and check every address it resolves to.
 
     Args:
@@ -80,6 +84,8 @@ async def resolve_destination(host: str, port: int, *, allow: Collection[str] = 
             brackets, a trailing dot).
         port: the port to connect to (only checked to be one).
         allow: places (``THIS_MACHINE``, ``LINK_LOCAL``) that may be reached all the same.
+        own_ports: when given, this machine is refused only at these ports (the gateway's own
+            listeners) and reached at any other.
 
     Returns:
         The address to connect to: the first the resolver gave, all of them checked.
@@ -91,6 +97,8 @@ async def resolve_destination(host: str, port: int, *, allow: Collection[str] = 
     name = _plain(host)
     if not name or not 0 < port < 65536:
         raise DestinationRefused(f"{host!r} port {port} is not a destination")
+    if own_ports is not None and port not in own_ports:
+        allow = {*allow, THIS_MACHINE}
     if name.lower() in _LOOPBACK_NAMES or name.lower().endswith(".localhost"):
         _refuse_if(THIS_MACHINE, host, allow)  # whatever this resolver says of such names
     try:

@@ -99,7 +99,7 @@ async def test_a_silent_replica_is_gone_and_a_past_life_presence_is_cleared(tmp_
     fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", 1.0).encode())
     device = stack.registry.get(DEVICE)
     assert device is not None and isinstance(device.session, RemoteSession)
-    fleet._heard["gw-2"] = time.monotonic() - 3600  # no heartbeat for an hour
+    fleet.replicas.heard_at["gw-2"] = time.monotonic() - 3600  # no heartbeat for an hour
     assert fleet.expire() == ["gw-2"]
     assert not device.online and "gw-2" not in fleet.live
     sent(fleet)

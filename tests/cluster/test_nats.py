@@ -14,7 +14,7 @@ import pytest
 
 import gateway.cluster as cluster_module
 from gateway.app import Running
-from gateway.cluster.fleet import CALLS_SILENT_AFTER, HEARTBEAT
+from gateway.cluster.live import CALLS_SILENT_AFTER, HEARTBEAT
 from gateway.simulator import SimulatedDevice
 from tests.cluster.conftest import Proxy, cluster_options, eventually, shared_secret
 from tests.cluster.test_faults import call_text, online, tool

@@ -21,13 +21,17 @@ from gateway.app import Running
 from tests.conftest import bound
 from tests.e2e.helpers import listed_device
 from tests.oauth_helpers import (
+    ADMIN,
     HOST_TOKEN,
+    STREAM,
     ConsentBrowser,
     MemoryStorage,
     base_url,
     callback_server,
     consent_browser,
+    http_to,
     https_server,
+    mcp_with,
     oauth_gateway,
     sdk_auth,
     sdk_client,
@@ -38,8 +42,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 SIM = "02:00:00:00:00:01"
 VOLUME = "sim-esp32_0001_audio_speaker_set_volume"
-ADMIN = {"Authorization": f"Bearer {HOST_TOKEN}"}
-STREAM = {"Accept": "application/json, text/event-stream"}
+TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
 
 
 def audit_records(run: Running, data_dir: Path) -> list[dict[str, Any]]:
@@ -61,20 +64,7 @@ async def signed_in_dashboard(owner: ConsentBrowser, run: Running, path: str) ->
 async def open_stream(http: httpx2.AsyncClient, token: str) -> httpx2.Response:
     """A legacy MCP session's standalone GET stream, opened with an app's token."""
     auth = {**STREAM, "Authorization": f"Bearer {token}"}
-    init = await http.post(
-        "/mcp",
-        headers=auth,
-        json={
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "0"},
-            },
-        },
-    )
+    init = await mcp_with(http, token)
     assert init.status_code == 200, init.text
     session = {
         **auth,
@@ -112,7 +102,7 @@ async def test_sdk_client_registers_gets_consent_calls_a_tool_and_is_revoked(
         assert callback.received[0]["iss"] == base_url(run)  # RFC 9207
         assert storage.tokens is not None and storage.client is not None
         token = storage.tokens.access_token
-        async with httpx2.AsyncClient(base_url=base_url(run), timeout=bound(10)) as http:
+        async with http_to(run) as http:
             stream = await open_stream(http, token)
             sessions = run.gateway._manager._session_owners  # the SDK's record of who opened each
             assert [o for o in sessions.values() if o["client_id"] == storage.client.client_id]
@@ -128,11 +118,7 @@ async def test_sdk_client_registers_gets_consent_calls_a_tool_and_is_revoked(
                 except httpx2.RemoteProtocolError:
                     pass  # cut mid-stream: ended all the same
             assert not [o for o in sessions.values() if o["client_id"] == storage.client.client_id]
-            after = await http.post(
-                "/mcp",
-                headers={**STREAM, "Authorization": f"Bearer {token}"},
-                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-            )
+            after = await mcp_with(http, token, TOOLS_LIST)
         assert after.status_code == 401
         metadata = f"{base_url(run)}/.well-known/oauth-protected-resource/mcp"
         assert f'resource_metadata="{metadata}"' in after.headers["www-authenticate"]
@@ -177,7 +163,7 @@ async def test_sdk_client_by_client_metadata_document(
             result = await client.call_tool(VOLUME, {"volume": 7})
             assert not result.is_error
         assert storage.client is not None and storage.client.client_id == url
-        async with httpx2.AsyncClient(base_url=base_url(run), timeout=bound(10)) as http:
+        async with http_to(run) as http:
             apps = (await http.get("/api/oauth/apps", headers=ADMIN)).json()["apps"]
             registered = await http.get("/api/oauth/apps", headers=ADMIN)
         assert registered.status_code == 200
@@ -232,15 +218,11 @@ async def test_refresh_rotates_and_tokens_survive_a_restart(tmp_path: Path) -> N
                 "client_id": storage.client.client_id,
                 "client_secret": storage.client.client_secret or "",
             }
-            async with httpx2.AsyncClient(base_url=base_url(run), timeout=bound(10)) as http:
+            async with http_to(run) as http:
                 fresh = await http.post("/token", data=form)
                 again = await http.post("/token", data=form)
                 new_access = fresh.json()["access_token"]
-                after = await http.post(
-                    "/mcp",
-                    json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-                    headers={**STREAM, "Authorization": f"Bearer {new_access}"},
-                )
+                after = await mcp_with(http, new_access, TOOLS_LIST)
             records = audit_records(run, tmp_path)
     assert fresh.status_code == 200 and fresh.json()["refresh_token"] != old_refresh
     assert again.status_code == 400 and again.json()["error"] == "invalid_grant"

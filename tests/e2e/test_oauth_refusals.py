@@ -4,8 +4,6 @@ no token without the owner's consent. A real gateway; the owner is headless Chro
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -24,13 +22,17 @@ from gateway.net.networks import networks
 from tests.conftest import asgi_server, bound
 from tests.e2e.helpers import listed_device
 from tests.oauth_helpers import (
+    ADMIN,
     HOST_TOKEN,
     authorize_url,
     base_url,
     callback_server,
     consent_browser,
+    granting,
+    http_to,
     https_server,
     manual_grant,
+    mcp_with,
     oauth_gateway,
     pkce,
     register,
@@ -39,33 +41,7 @@ from tests.oauth_helpers import (
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
-ADMIN = {"Authorization": f"Bearer {HOST_TOKEN}"}
 VOLUME = "sim-esp32_0001_audio_speaker_set_volume"
-STREAM = {"Accept": "application/json, text/event-stream"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "0"},
-    },
-}
-
-
-@asynccontextmanager
-async def http_to(run: Running, **headers: str) -> AsyncIterator[httpx2.AsyncClient]:
-    async with httpx2.AsyncClient(
-        base_url=base_url(run), timeout=bound(10), headers=headers
-    ) as http:
-        yield http
-
-
-async def mcp_with(http: httpx2.AsyncClient, token: str) -> httpx2.Response:
-    return await http.post(
-        "/mcp", json=INITIALIZE, headers={**STREAM, "Authorization": f"Bearer {token}"}
-    )
 
 
 def refused_with_pointer(response: httpx2.Response, run: Running) -> None:
@@ -82,12 +58,7 @@ async def connected_apps(http: httpx2.AsyncClient) -> list[str]:
 async def test_missing_or_wrong_pkce_verifier_is_refused(tmp_path: Path) -> None:
     """A code redeemed without its verifier, or with another, gets no token; the right
     verifier still redeems it afterwards."""
-    async with (
-        oauth_gateway(tmp_path) as run,
-        callback_server() as callback,
-        consent_browser() as owner,
-        http_to(run) as http,
-    ):
+    async with granting(tmp_path) as (run, callback, owner, http):
         grant = await manual_grant(http, owner, callback, base_url(run))
         missing = await http.post("/token", data=grant.redeem_form(code_verifier=""))
         wrong = await http.post("/token", data=grant.redeem_form(code_verifier=pkce()[0]))
@@ -102,12 +73,7 @@ async def test_missing_or_wrong_pkce_verifier_is_refused(tmp_path: Path) -> None
 
 async def test_replayed_code_is_refused_and_revokes_the_first_grant(tmp_path: Path) -> None:
     """The second use of a code is refused, and the token the first use got stops working."""
-    async with (
-        oauth_gateway(tmp_path) as run,
-        callback_server() as callback,
-        consent_browser() as owner,
-        http_to(run) as http,
-    ):
+    async with granting(tmp_path) as (run, callback, owner, http):
         grant = await manual_grant(http, owner, callback, base_url(run))
         first = await http.post("/token", data=grant.redeem_form())
         token = first.json()["access_token"]
@@ -131,12 +97,7 @@ async def test_replayed_code_is_refused_and_revokes_the_first_grant(tmp_path: Pa
 async def test_app_revokes_its_token_rfc7009(tmp_path: Path) -> None:
     """An app that gives its refresh token up (RFC 7009) ends the grant: its access token is
     a 401 from then on, and the app leaves Connected apps."""
-    async with (
-        oauth_gateway(tmp_path) as run,
-        callback_server() as callback,
-        consent_browser() as owner,
-        http_to(run) as http,
-    ):
+    async with granting(tmp_path) as (run, callback, owner, http):
         grant = await manual_grant(http, owner, callback, base_url(run))
         tokens = (await http.post("/token", data=grant.redeem_form())).json()
         assert await connected_apps(http) == ["Manual app"]
@@ -247,11 +208,11 @@ async def test_expired_forged_and_wrong_audience_tokens_get_401_with_pointer(
     """An expired token, a made-up one, and one issued for another resource (this gateway as
     http://localhost:<port>, presented at http://127.0.0.1:<port>) are all 401s that point at
     the resource metadata; the host token still works beside them."""
-    async with (
-        oauth_gateway(tmp_path, oauth_access_token_lifetime=0.001) as run,
-        callback_server() as callback,
-        consent_browser() as owner,
-        http_to(run) as http,
+    async with granting(tmp_path, oauth_access_token_lifetime=0.001) as (
+        run,
+        callback,
+        owner,
+        http,
     ):
         grant = await manual_grant(http, owner, callback, base_url(run))
         expired = (await http.post("/token", data=grant.redeem_form())).json()["access_token"]
@@ -281,12 +242,7 @@ async def test_expired_forged_and_wrong_audience_tokens_get_401_with_pointer(
 async def test_app_tokens_never_open_the_dashboard_or_admin_api(tmp_path: Path) -> None:
     """An app's token works on /mcp only: the JSON API (admin actions, user-only calls) and
     the Connected apps list refuse it."""
-    async with (
-        oauth_gateway(tmp_path) as run,
-        callback_server() as callback,
-        consent_browser() as owner,
-        http_to(run) as http,
-    ):
+    async with granting(tmp_path) as (run, callback, owner, http):
         grant = await manual_grant(http, owner, callback, base_url(run))
         token = (await http.post("/token", data=grant.redeem_form())).json()["access_token"]
         app = {"Authorization": f"Bearer {token}"}
@@ -397,12 +353,7 @@ async def test_consent_page_cannot_be_framed(tmp_path: Path) -> None:
 async def test_wrong_host_token_on_the_consent_page_grants_nothing(tmp_path: Path) -> None:
     """A wrong host token in the page's password field is refused (the page says so); the
     request can still be answered with the right one."""
-    async with (
-        oauth_gateway(tmp_path) as run,
-        callback_server() as callback,
-        consent_browser() as owner,
-        http_to(run) as http,
-    ):
+    async with granting(tmp_path) as (run, callback, owner, http):
         client = await register(http, callback.url)
         url = authorize_url(base_url(run), client["client_id"], callback.url, pkce()[1])
         owner.token = "not-the-host-token"
@@ -418,12 +369,7 @@ async def test_wrong_host_token_on_the_consent_page_grants_nothing(tmp_path: Pat
 
 async def test_owner_denies_and_no_token_is_issued(tmp_path: Path) -> None:
     """Deny sends the browser back with access_denied (and iss, state); no app is connected."""
-    async with (
-        oauth_gateway(tmp_path) as run,
-        callback_server() as callback,
-        consent_browser() as owner,
-        http_to(run) as http,
-    ):
+    async with granting(tmp_path) as (run, callback, owner, http):
         owner.decision = "deny"
         client = await register(http, callback.url)
         await owner.consent(

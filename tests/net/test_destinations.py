@@ -41,6 +41,18 @@ async def test_every_spelling_of_this_machine_is_refused(host: str) -> None:
     assert address_reach(destination.address) == THIS_MACHINE  # what is connected is checked
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]"])
+async def test_own_ports_narrow_this_machine_to_the_gateways_listeners(host: str) -> None:
+    """A board beside the gateway is reached; the gateway's own port and link-local are not."""
+    destination = await resolve_destination(host, 8000, own_ports={8080, 1883})
+    assert address_reach(destination.address) == THIS_MACHINE
+    with pytest.raises(DestinationRefused, match="this machine") as refused:
+        await resolve_destination(host, 8080, own_ports={8080, 1883})
+    assert refused.value.place == THIS_MACHINE
+    with pytest.raises(DestinationRefused, match="link-local"):
+        await resolve_destination("169.254.169.254", 8000, own_ports={8080})
+
+
 async def test_a_localhost_name_is_this_machine_whatever_the_resolver_says() -> None:
     with pytest.raises(DestinationRefused, match="this machine"):
         await resolve_destination("voice.localhost", 8000)

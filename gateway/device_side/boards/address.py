@@ -3,23 +3,31 @@
 A board's URL comes from the owner, or from whatever answers mDNS on the LAN. Either way the
 gateway must not become a way to reach what the board's URL should never name: the gateway's
 own listeners (a loop, or the host API reached from the device side) and link-local addresses
-(cloud metadata services at 169.254.169.254, other hosts' autoconfigured interfaces). The name
-is resolved once per connection attempt and the request goes to the address that was checked
-(``Target.url``, with the original ``Host``), so a second resolution cannot lead elsewhere.
+(cloud metadata services at 169.254.169.254, other hosts' autoconfigured interfaces). A board
+elsewhere on this machine (another port) is the owner's and is reached. The checks are
+``resolve_destination``'s (gateway/net/destinations.py): the name is resolved once per
+connection attempt and the request goes to the address that was checked (``Target.url``, with
+the original ``Host``), so a second resolution cannot lead elsewhere.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
-import socket
 import urllib.parse
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from gateway.net.addresses import is_wildcard, lan_address, url_host
+from gateway.net.addresses import url_host
+from gateway.net.destinations import (
+    LINK_LOCAL,
+    THIS_MACHINE,
+    DestinationRefused,
+    resolve_destination,
+)
 
 __all__ = ["Target", "resolve_board"]
+
+# What a refused place is to a board's owner (the board's problem, in list_devices and the log).
+_PLACES = {THIS_MACHINE: "this gateway itself", LINK_LOCAL: "a link-local address"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,34 +49,13 @@ async def resolve_board(url: str, own_ports: Collection[int]) -> Target | str:
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )
-    except (OSError, UnicodeError) as exc:
-        return f"cannot resolve {host}: {exc}"
-    addresses = [str(info[4][0]).split("%")[0] for info in infos]
-    for address in addresses:
-        refusal = _refusal(address, port, own_ports)
-        if refusal is not None:
-            return f"{host} resolves to {address}: {refusal}"
-    if not addresses:
-        return f"cannot resolve {host}"
-    address = addresses[0]
+        destination = await resolve_destination(host, port, own_ports=own_ports)
+    except DestinationRefused as exc:
+        if exc.place is None:
+            return f"cannot resolve {host}: {exc}"
+        return f"{host} leads to {_PLACES.get(exc.place, exc.place)}"
     if parts.scheme == "https":  # the certificate names the host: keep it (and its SNI)
-        return Target(url, None, address)
-    netloc = f"{url_host(address)}:{port}"
+        return Target(url, None, destination.address)
+    netloc = f"{url_host(destination.address)}:{port}"
     pinned = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    return Target(pinned, parts.netloc.rpartition("@")[2], address)
-
-
-def _refusal(address: str, port: int, own_ports: Collection[int]) -> str | None:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_link_local:
-        return "a link-local address"
-    if ip.is_multicast or ip.is_unspecified or is_wildcard(address):
-        return "not a board's address"
-    if port in own_ports and (ip.is_loopback or str(ip) == lan_address()):
-        return "this gateway itself"
-    return None
+    return Target(pinned, parts.netloc.rpartition("@")[2], destination.address)
