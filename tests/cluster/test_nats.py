@@ -87,8 +87,8 @@ async def test_a_broker_node_killed_under_calls_its_replica_fails_over(tmp_path:
         n1, n2, n3 = nats.urls
         a_options = cluster_options([n1, n2, n3], "gw-a")
         b_options = cluster_options([n3, n2, n1], "gw-b")
-        async with gateway(shared_secret(tmp_path / "gw-a"), **a_options) as a, \
-                gateway(shared_secret(tmp_path / "gw-b"), **b_options) as b, \
+        async with gateway(tmp_path / "gw-a", **a_options) as a, \
+                gateway(tmp_path / "gw-b", **b_options) as b, \
                 ws_device(device_url(a.device_port)):  # fmt: skip
             await eventually([a, b], online(WS))
             calls = Calls(b, tool(b, WS, "self.lamp.turn_on"))
