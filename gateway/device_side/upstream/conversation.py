@@ -110,17 +110,20 @@ class Conversations:
         self._proxy.enders[device_id] = stop.set
         try:
             fleet = self._fleet(device_id, server) if self._fleet is not None else None
+
+            def say(ended: str) -> None:
+                self._registry.set_upstream(device_id, server, f"idle ({ended})")
+
             ended = await relay(websocket, connection, identity, tap,
                                 lambda link, who: self._serve(link, who, vision),
                                 max_message_bytes=self._max_bytes, fleet=fleet,
-                                stop=stop)  # fmt: skip
+                                stop=stop, ended_with=say)  # fmt: skip
         finally:
             if self._proxy.taps.get(device_id) is tap:
                 del self._proxy.taps[device_id]
             if self._proxy.enders.get(device_id) == stop.set:
                 del self._proxy.enders[device_id]
         logger.info("device %s: conversation ended: %s", device_id, ended)
-        self._registry.set_upstream(device_id, server, f"idle ({ended})")
 
 
 def _status(exc: Exception) -> int:

@@ -172,12 +172,14 @@ async def relay(
     max_message_bytes: int,
     fleet: FleetTools | None = None,
     stop: asyncio.Event | None = None,
+    ended_with: Callable[[str], None] | None = None,
 ) -> str:
     """Carry one accepted device conversation to ``upstream`` and back; return how it ended.
 
     With ``fleet``, the server's listing also offers the fleet's tools and its calls of those
     are the gateway's to make (``FleetTools``). Setting ``stop`` ends the conversation (the
-    device was rejected or forgotten).
+    device was rejected or forgotten). ``ended_with`` hears how it ended before either side is
+    closed, so whoever sees the close also sees why.
     """
     link = TappedLink(device)
     gateway = asyncio.create_task(
@@ -199,6 +201,8 @@ async def relay(
     try:
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         ended = next(iter(done)).result()
+        if ended_with is not None:
+            ended_with(ended)
     finally:
         for task in pumps:
             task.cancel()
