@@ -184,4 +184,5 @@ def test_ci_s_bare_machine_lacks_every_program_of_the_list() -> None:
     assert done.returncode == 0, done.stderr
     lacking, no_install = json.loads(done.stdout)
     assert set(DEBIAN) | set(NPM) <= set(lacking) and no_install == "1"
-    assert not set(DEBIAN) & set(absent())  # this machine keeps them
+    if os.environ.get("GATEWAY_TESTS_NO_INSTALL") != "1":  # not already inside such a run
+        assert not set(DEBIAN) & set(absent())  # this machine keeps them
