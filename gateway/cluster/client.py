@@ -140,14 +140,7 @@ class ClusterClient:
             self._on_lost()
 
     async def _ready(self) -> None:
-        if not await self._serves_retained_to_wildcards():
-            raise BrokerUnfit(
-                f"the cluster broker at {self.where} does not send retained messages to wildcard "
-                f"subscriptions (a retained probe on {self.topics.probe(self.replica)} did not "
-                f"come back on {self.topics.probe('+')} within {_SYNC_AGAIN:g} s): replica "
-                f"{self.replica} cannot learn the fleet there and will not serve; brokers that "
-                "qualify: docs/cluster.md"
-            )
+        await self._check_retained_to_wildcards()
         await self.sync()
         await self._on_ready()
         logger.info("replica %s joined the cluster at %s", self.replica, self.where)
@@ -174,24 +167,38 @@ class ClusterClient:
         for this replica overflowed in a storm of retained records) is asked for again, so a
         replica never waits forever to join.
         """
-        while True:
-            token = secrets.token_hex(8)
-            future = self._sync[token] = asyncio.get_running_loop().create_future()
-            await self.publish(self.topics.sync(self.replica), token.encode(), retain=False)
-            try:
-                async with asyncio.timeout(_SYNC_AGAIN):
-                    await future
-                return
-            except TimeoutError:
-                self._sync.pop(token, None)
-                logger.info("replica %s: no echo of its sync token in %s s; asking again",
-                            self.replica, _SYNC_AGAIN)  # fmt: skip
+        while not await self._echoed(_SYNC_AGAIN):
+            logger.info("replica %s: no echo of its sync token in %s s; asking again",
+                        self.replica, _SYNC_AGAIN)  # fmt: skip
 
-    async def _serves_retained_to_wildcards(self) -> bool:
+    async def _echoed(self, patience: float) -> bool:
+        """Did a live message to our own sync topic come back within ``patience`` seconds?"""
+        token = secrets.token_hex(8)
+        future = self._sync[token] = asyncio.get_running_loop().create_future()
+        try:
+            await self.publish(self.topics.sync(self.replica), token.encode(), retain=False)
+            async with asyncio.timeout(patience):
+                await future
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._sync.pop(token, None)
+
+    async def _check_retained_to_wildcards(self) -> None:
         """A retained probe under the prefix must come back on a wildcard subscription made
         after it: the fleet's records reach a joining replica that way. RabbitMQ 3.10's MQTT
         plugin, for one, sends retained messages only to exact topics, and a replica on it would
-        pass the barrier knowing no device."""
+        pass the barrier knowing no device.
+
+        A probe that does not come back is a verdict only when the broker is otherwise serving:
+        a NATS node whose peer just died answers nothing for seconds while JetStream elects
+        leaders, and is a fine broker a moment later.
+
+        Raises:
+            BrokerUnfit: live messages come back, the retained probe does not.
+            aiomqtt.MqttError: the broker went away, or echoes nothing yet (try the next node).
+        """
         client = self._client
         if client is None:
             raise aiomqtt.MqttError("the broker went away")
@@ -201,11 +208,21 @@ class ClusterClient:
         try:
             await client.publish(topic, token.encode(), qos=1, retain=True)
             await client.subscribe(wildcard, qos=1)
-            async with asyncio.timeout(_SYNC_AGAIN):
-                await future
-            return True
-        except TimeoutError:
-            return False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_SYNC_AGAIN):
+                    await asyncio.shield(future)
+            if future.done():
+                return
+            if not await self._echoed(_SYNC_AGAIN):
+                raise aiomqtt.MqttError(f"the broker echoes nothing yet (in {2 * _SYNC_AGAIN:g} s)")
+            if not future.done():  # it may have come just behind the live echo
+                raise BrokerUnfit(
+                    f"the cluster broker at {self.where} does not send retained messages to "
+                    f"wildcard subscriptions (a retained probe on {topic} did not come back on "
+                    f"{wildcard} within {_SYNC_AGAIN:g} s, while live messages did): replica "
+                    f"{self.replica} cannot learn the fleet there and will not serve; brokers "
+                    "that qualify: docs/cluster.md"
+                )
         finally:
             self._sync.pop(token, None)
             with contextlib.suppress(aiomqtt.MqttError):

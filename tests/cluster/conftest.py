@@ -116,30 +116,62 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.transport.abort()
 
 
-class NoRetainedProxy(Proxy):
-    """A broker like RabbitMQ 3.10's MQTT plugin, as seen by a client: in front of a real
-    mosquitto, it drops every PUBLISH the broker sends with the RETAIN flag (MQTT 3.1.1: the
-    retained messages a new subscription brings), so retained records never reach wildcard
-    subscriptions while live messages do. mosquitto cannot be configured so itself
-    (``retain_available false`` refuses retained publishes instead)."""
+class FilteringProxy(Proxy):
+    """A broker as seen by a client through a filter: ``drops(connection, packet_type, flags)``
+    says which packets the broker sends on the ``connection``-th connection (from 1) are lost on
+    the way (the client sees a broker that never sent them); what the client sends passes."""
 
     connections = 0  # so far
     connected = asyncio.Event()  # set at each (made per instance in __aenter__)
 
-    async def __aenter__(self) -> NoRetainedProxy:
+    async def __aenter__(self) -> FilteringProxy:
         self.connected = asyncio.Event()
         await super().__aenter__()
         return self
+
+    def drops(self, connection: int, packet_type: int, flags: int) -> bool:
+        raise NotImplementedError
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.connected.set()
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         self._writers |= {writer, up_writer}
-        await asyncio.gather(_pipe(reader, up_writer), _without_retained(up_reader, writer))
+        connection = self.connections
+        await asyncio.gather(
+            _pipe(reader, up_writer),
+            _filtered(up_reader, writer, lambda kind, flags: self.drops(connection, kind, flags)),
+        )
 
 
-async def _without_retained(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+_PUBLISH = 3
+
+
+class NoRetainedProxy(FilteringProxy):
+    """A broker like RabbitMQ 3.10's MQTT plugin, as seen by a client: in front of a real
+    mosquitto, it drops every PUBLISH the broker sends with the RETAIN flag (MQTT 3.1.1: the
+    retained messages a new subscription brings), so retained records never reach wildcard
+    subscriptions while live messages do. mosquitto cannot be configured so itself
+    (``retain_available false`` refuses retained publishes instead)."""
+
+    def drops(self, connection: int, packet_type: int, flags: int) -> bool:
+        return packet_type == _PUBLISH and bool(flags & 1)
+
+
+class DeafFirstProxy(FilteringProxy):
+    """A broker node that, on a client's first connection, delivers no message at all while it
+    acknowledges everything, as a NATS node does for seconds while JetStream elects leaders
+    after another node died; later connections are served in full."""
+
+    def drops(self, connection: int, packet_type: int, flags: int) -> bool:
+        return connection == 1 and packet_type == _PUBLISH
+
+
+async def _filtered(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    drops: Callable[[int, int], bool],
+) -> None:
     try:
         while first := await reader.read(1):
             length, shift, header = 0, 0, bytearray(first)
@@ -151,7 +183,7 @@ async def _without_retained(reader: asyncio.StreamReader, writer: asyncio.Stream
                 if not byte & 0x80:
                     break
             body = await reader.readexactly(length)
-            if first[0] >> 4 == 3 and first[0] & 1:  # PUBLISH, retained: dropped
+            if drops(first[0] >> 4, first[0] & 0x0F):
                 continue
             writer.write(bytes(header) + body)
             await writer.drain()

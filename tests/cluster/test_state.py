@@ -21,6 +21,7 @@ from gateway.devices.registry import PENDING, DeviceRegistry
 from tests.cluster.conftest import (
     PREFIX,
     Check,
+    DeafFirstProxy,
     NoRetainedProxy,
     Proxy,
     cluster_options,
@@ -159,6 +160,26 @@ async def test_a_broker_that_keeps_retained_messages_from_wildcards_is_refused(
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
+
+
+async def test_a_broker_that_delivers_nothing_yet_is_tried_again_not_refused(
+    tmp_path: Path,
+) -> None:
+    """A broker node that acknowledges everything but delivers no message for a while (a NATS
+    node while JetStream elects leaders after another node died) is no verdict on the broker:
+    the replica says nothing of retained messages, tries again, and joins."""
+    said = Said()
+    logging.getLogger("gateway.cluster").addHandler(said)
+    async with Mosquitto(tmp_path / "broker") as broker, DeafFirstProxy(broker.port) as deaf:
+        options = cluster_options(deaf.port, "gw-1")
+        try:
+            with anyio.fail_after(bound(30)):  # the start returns once the replica joined
+                async with gateway(shared_secret(tmp_path / "gw-1"), **options) as run:
+                    cluster = run.gateway.cluster
+                    assert cluster is not None and cluster.health() is None
+                    assert deaf.connections >= 2 and said.lines == []
+        finally:
+            logging.getLogger("gateway.cluster").removeHandler(said)
 
 
 class Said(logging.Handler):
