@@ -69,7 +69,7 @@ class NatsNode:
             "  connect_retries: 120\n}\n"
             # Retained messages and sessions on every node: the cluster loses no state
             # when one node dies. Subscriptions' consumers in memory: created faster (each
-            # QoS 1 subscription is one), so a replica is back sooner after a failover.
+            # QoS 1 subscription is one; the replicas' own are QoS 0, with none).
             "mqtt {\n  listen: 127.0.0.1:-1\n  stream_replicas: 3\n"
             "  consumer_memory_storage: true\n}\n"
         )
