@@ -70,7 +70,8 @@ class ClusterClient:
         self.nodes = Failover(logins, _RETRY)
         self.topics = topics
         self.replica = replica
-        self.connected = asyncio.Event()
+        self.connected = asyncio.Event()  # joined: the barrier passed, ``on_ready`` done
+        self.subscribed = asyncio.Event()  # on a node, subscribed: the records are coming
         self._on_message = on_message
         self._on_ready = on_ready
         self._on_lost = on_lost
@@ -99,6 +100,7 @@ class ClusterClient:
                     await subscribe_all(client, topics, _SUBSCRIBE_PATIENCE)
                     honour_cancellation()
                     self._client = client
+                    self.subscribed.set()  # (before the reader: nothing is read when told)
                     reader = asyncio.create_task(self._read(client), name="gateway.cluster.read")
                     ready = asyncio.create_task(self._ready(), name="gateway.cluster.ready")
                     try:
@@ -133,6 +135,7 @@ class ClusterClient:
         was = self._client is not None
         self._client = None
         self.connected.clear()
+        self.subscribed.clear()
         for future in self._sync.values():
             future.cancel()
         self._sync.clear()

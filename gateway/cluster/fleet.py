@@ -67,6 +67,11 @@ class Fleet:
         self._on_broker: dict[str, tuple[float, str]] = {}  # device id -> its record's (at, by)
         self._applying = False
         self._closing: set[asyncio.Task[None]] = set()
+        self.changes = 0  # of the records known (the cache saves after a change)
+        self.read = 0  # device records parsed from the broker so far
+        # Until this replica has its number it cannot call another's devices (its request
+        # ids would be another replica's): they are attached once it has (``numbered``).
+        self.calls_ready = False
         # cluster ownership of MQTT devices: told when the live replicas change; a device's
         # own down topic, where an MQTT device another replica owns is called
         self.live_changed: Callable[[], None] = lambda: None
@@ -84,6 +89,7 @@ class Fleet:
         if record is None:
             tomb = FleetRecord(device_id, now, self.replica, forgotten=True)
             self._records[device_id], self._changed[device_id] = tomb, now
+            self.changes += 1
             self._send(self._topics.device(device_id), tomb.encode(), retain=True)
             return
         mine = self._record_of(record, now)
@@ -91,6 +97,7 @@ class Fleet:
         if known is not None and known.facts == mine.facts:
             return
         self._records[device_id], self._changed[device_id] = mine, now
+        self.changes += 1
         self._tell(mine)
 
     def _tell(self, mine: FleetRecord) -> None:
@@ -132,6 +139,7 @@ class Fleet:
             if self._unsaid(device.device_id):  # changed here while cut off, or never said
                 mine = self._records[device.device_id] = self._record_of(device.record, now)
                 self._tools.keep(mine.device_id, mine.catalogue)
+                self.changes += 1
         for known in self._records.values():
             if not known.forgotten and known.catalogue not in self._tools.on_broker:
                 entries = self._tools.entries.get(known.catalogue or "")
@@ -156,6 +164,33 @@ class Fleet:
         changed, echoed = self._changed.get(device_id, 0.0), self._echoed.get(device_id, 0.0)
         return known.by == self.replica and changed > echoed  # ours, never came back
 
+    @property
+    def records(self) -> dict[str, FleetRecord]:
+        """The latest record known of each device (the cache's content)."""
+        return self._records
+
+    def warm(self, cached: dict[str, FleetRecord]) -> int:
+        """Start from the records this replica knew at its last stop (cache.py); how many it
+        took. One is taken when the registry holds what it says (the data dir's SQLite and the
+        cache were written apart: a device changed here after the cache's last save is left to
+        the broker, as for a cold replica). The broker's records win once heard (newer), and
+        ``repair`` publishes again what it lacks: as for a replica that never stopped."""
+        for device_id, record in cached.items():
+            device = self._registry.get(device_id)
+            if record.forgotten:
+                if device is None:
+                    self._records[device_id] = record
+                continue
+            if device is None or _decided(self._record_of(device.record, 0.0)) != _decided(record):
+                continue
+            self._records[device_id] = record
+            if record.catalogue is not None:  # its tools here are the fleet's: listed
+                self._tools.keep(device_id, record.catalogue)
+                self._listed.add(device_id)
+        logger.info("%s: %d of %d cached fleet records taken", self.replica, len(self._records),
+                    len(cached))  # fmt: skip
+        return len(self._records)
+
     # --- in --------------------------------------------------------------------------------
 
     def on_record(self, kind: str, key: str, payload: bytes) -> None:
@@ -175,6 +210,7 @@ class Fleet:
     def _on_device(self, device_id: str, payload: bytes) -> None:
         if not payload:
             return
+        self.read += 1
         record = FleetRecord.read(device_id, payload)
         self._on_broker[device_id] = max(self._on_broker.get(device_id, (-1.0, "")),
                                          (record.at, record.by))  # fmt: skip
@@ -186,6 +222,7 @@ class Fleet:
         if self._changed.get(device_id, 0.0) > record.at:
             return  # changed here since (while cut off): ours is published on rejoining
         self._records[device_id] = record
+        self.changes += 1
         logger.debug("%s: device record %s from %s: %s", self.replica, device_id, record.by,
                      record.facts)  # fmt: skip
         self._applying = True
@@ -334,11 +371,19 @@ class Fleet:
 
     # --- remote devices --------------------------------------------------------------------
 
+    def numbered(self) -> None:
+        """This replica has its number: it may call the devices the others hold."""
+        self.calls_ready = True
+        for device_id in list(self._presence):
+            self._attach(device_id)
+
     def _attach(self, device_id: str) -> None:
         presence = self._presence.get(device_id)
         device = self._registry.get(device_id)
         if presence is None or device is None or presence.replica not in self.live:
             return
+        if not self.calls_ready:
+            return  # attached once this replica has its number (``numbered``)
         if presence.replica == self.replica:
             return
         if device.record.state == APPROVED and not self._tools_here(device):
@@ -393,6 +438,12 @@ class Fleet:
     def local_ended(self, device_id: str) -> None:
         """A local link of the device ended: another replica may hold it now."""
         self._attach(device_id)
+
+
+def _decided(record: FleetRecord) -> tuple[object, ...]:
+    """What a record says that the registry must hold as said (its board and transport, a
+    replica may learn again itself)."""
+    return record.alias, record.state, record.binding, record.seen, record.catalogue
 
 
 def _json(value: object) -> bytes:
