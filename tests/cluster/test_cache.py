@@ -8,6 +8,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from gateway.cluster.cache import FleetCache
+from gateway.cluster.records import FleetRecord
 from gateway.devices.registry import DeviceRegistry
 from tests.cluster.conftest import cluster_options, eventually, shared_secret
 from tests.cluster.test_replicas import WS_DEVICE, lists
@@ -15,7 +17,7 @@ from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
 from tests.mqtt_helpers import Mosquitto
 
-pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+pytestmark = pytest.mark.anyio
 
 GONE = "02:00:00:00:00:07"  # forgotten on another replica while this one was down
 
@@ -25,6 +27,22 @@ def caught_up(registry: DeviceRegistry) -> bool:
     return registry.get(GONE) is None and device is not None and device.alias == "porch"
 
 
+def test_the_cache_keeps_records_privately_and_skips_what_it_cannot_read(tmp_path: Path) -> None:
+    """Written whole (mode 0600) and read back; a bad line is skipped alone; another
+    cluster's file, or none, is no cache at all."""
+    cache = FleetCache(tmp_path, "fleet")
+    assert cache.load() == {}
+    kept = {WS_DEVICE: FleetRecord(WS_DEVICE, 10.0, "gw-1", alias="porch", state="approved"),
+            GONE: FleetRecord(GONE, 11.0, "gw-2", forgotten=True)}  # fmt: skip
+    cache.write(kept)
+    assert cache.path.stat().st_mode & 0o777 == 0o600 and cache.load() == kept
+    with cache.path.open("ab") as file:
+        file.write(b"02:00:00:00:00:09 {not json\nnot-a-device {}\n")
+    assert cache.load() == kept
+    assert FleetCache(tmp_path, "another").load() == {}
+
+
+@pytest.mark.e2e
 async def test_a_restarted_replica_serves_from_its_cache_and_the_brokers_records_win(
     tmp_path: Path,
 ) -> None:
