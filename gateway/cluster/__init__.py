@@ -107,7 +107,7 @@ class Cluster:
                     " (serving from its cache meanwhile)" if self.warm else "")  # fmt: skip
         # Warm: serve once on a node, the records coming in behind (the broker's win once
         # heard); it owns no MQTT device and calls no other replica's until it has joined.
-        await (self.client.subscribed if self.warm else self.client.connected).wait()
+        await (self.client.on_node if self.warm else self.client.connected).wait()
         self.read_before_serving = self.fleet.read
         return self
 
@@ -135,7 +135,7 @@ class Cluster:
     def health(self) -> str | None:
         """None while the replica serves hosts (joined, or on the broker and catching up from
         its cache), else why it is not healthy."""
-        if self.warm and self.client.subscribed.is_set():
+        if self.warm and self.client.on_node.is_set():
             return None
         return self.device_health()
 
@@ -143,7 +143,7 @@ class Cluster:
         """None while the replica has joined, else why devices should go elsewhere."""
         if self.client.connected.is_set():
             return None
-        if self.client.subscribed.is_set():
+        if self.client.on_node.is_set():
             return f"replica {self.replica} is joining the cluster at {self.client.where}"
         return f"replica {self.replica} is cut from the cluster broker at {self.client.where}"
 

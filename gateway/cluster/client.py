@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 _KEEPALIVE = 5
 _RETRY = (0.5, 5.0)
 _SUBSCRIBE_PATIENCE = 30.0
+_TURN = 64  # records handled before the loop's other tasks get a turn
 _SYNC_AGAIN = 5.0  # seconds: far above a loaded broker's echo, far below a host's patience
 
 
@@ -71,7 +72,7 @@ class ClusterClient:
         self.topics = topics
         self.replica = replica
         self.connected = asyncio.Event()  # joined: the barrier passed, ``on_ready`` done
-        self.subscribed = asyncio.Event()  # on a node, subscribed: the records are coming
+        self.on_node = asyncio.Event()  # logged in to a node: its records come next
         self._on_message = on_message
         self._on_ready = on_ready
         self._on_lost = on_lost
@@ -96,11 +97,13 @@ class ClusterClient:
             try:
                 async with client:
                     honour_cancellation()
+                    # (told before subscribing: a broker sends a subscription's retained
+                    # records before it acknowledges the next, 20,000 records are seconds)
+                    self.on_node.set()
                     topics = [(topic, 1) for topic in self.topics.subscriptions(self.replica)]
                     await subscribe_all(client, topics, _SUBSCRIBE_PATIENCE)
                     honour_cancellation()
                     self._client = client
-                    self.subscribed.set()  # (before the reader: nothing is read when told)
                     reader = asyncio.create_task(self._read(client), name="gateway.cluster.read")
                     ready = asyncio.create_task(self._ready(), name="gateway.cluster.ready")
                     try:
@@ -135,7 +138,7 @@ class ClusterClient:
         was = self._client is not None
         self._client = None
         self.connected.clear()
-        self.subscribed.clear()
+        self.on_node.clear()
         for future in self._sync.values():
             future.cancel()
         self._sync.clear()
@@ -156,7 +159,11 @@ class ClusterClient:
         logger.info("replica %s joined the cluster at %s", self.replica, self.where)
 
     async def _read(self, client: aiomqtt.Client) -> None:
+        read = 0
         async for message in client.messages:
+            read += 1
+            if read % _TURN == 0:  # a queue of 20,000 records is drained without a pause:
+                await asyncio.sleep(0)  # hosts' requests (a warm replica serves) take turns
             payload = message.payload
             data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
             topic = message.topic.value
