@@ -20,7 +20,8 @@ baseline, and lean stock-like WebSocket devices in worker processes (``_fleet_de
   and deliveries (publishes × replicas: with mosquitto every replica subscribes to every
   bridge topic; docs/cluster.md).
 
-* **Warm restart** (``--records``, 20,000 by default): a fourth replica on a cluster of its own
+* **Warm restart** (``--records``, 20,000 by default; the storms' gateways and devices stopped
+  first, so that it has the machine to itself): a fourth replica on a cluster of its own
   whose broker holds that many device records (published retained, as the replicas write them,
   all naming one 5-tool catalogue). Started cold (empty data dir) it reads every record before
   it serves; stopped, a hundred records rejected meanwhile on the broker, and started again
@@ -38,6 +39,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -302,7 +305,11 @@ def run(count: int, calls: int, seconds: float, records: int) -> dict[str, Any]:
             ] * (
                 REPLICAS + 1
             )  # every replica subscribes to every bridge topic (+1: this bench's monitor)
-            if records:
+            if records:  # alone on the machine: the storms' devices and gateways stop first
+                for gateway in (single, *replicas):
+                    gateway.close()
+                for pid in pool.pids:
+                    os.kill(pid, signal.SIGTERM)
                 figures["restart"] = _restart(work, broker.port, records, seconds)
             return figures
         finally:
