@@ -96,10 +96,10 @@ class ClusterClient:
             where = self.where
             try:
                 async with client:
-                    honour_cancellation()
                     # (told before subscribing: a broker sends a subscription's retained
                     # records before it acknowledges the next, 20,000 records are seconds)
                     self.on_node.set()
+                    honour_cancellation()
                     topics = [(topic, 1) for topic in self.topics.subscriptions(self.replica)]
                     await subscribe_all(client, topics, _SUBSCRIBE_PATIENCE)
                     honour_cancellation()
