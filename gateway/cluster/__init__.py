@@ -8,7 +8,9 @@ replica ``owns`` picks (rendezvous hashing of its id, replica.py), announced lik
 device's; the others call it directly on the broker, and the request ids keep each replica's
 replies apart.
 ``async with Cluster(...)`` returns once the replica has joined: its number claimed, the fleet
-known.
+known. Restarted with its data dir, it returns as soon as it is on a broker node, serving hosts
+from the fleet it kept (cache.py) while the broker's records come in behind; its devices'
+/healthz says 503 until it has joined.
 
 Failover (docs/cluster.md): the client moves to the next broker node at once when its node
 dies. A replica cut from every node for ``HANDOFF`` seconds closes its WebSocket devices (and
