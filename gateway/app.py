@@ -136,7 +136,9 @@ class Gateway:
         )  # fmt: skip
         if self.cluster is not None:  # cluster: records and series say which replica
             self.audit.replica = self.metrics.replica = self.cluster.replica
-            self.sessions.bridge, self.sessions.trouble = self.cluster.bridged, self.cluster.health
+            self.sessions.bridge = self.cluster.bridged
+            self.sessions.trouble = self.cluster.device_health  # devices: once it has joined
+            self.cluster.on_number = self._number
         self._stack = contextlib.AsyncExitStack()
 
     def _proxy_parts(self) -> dict[str, Any]:
@@ -204,9 +206,8 @@ class Gateway:
             self._stack.push_async_callback(self.proxy.aclose)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
-        if self.cluster is not None:  # joined: its number claimed, the fleet known
+        if self.cluster is not None:  # joined, or catching up from its cache (docs/cluster.md)
             await self._stack.enter_async_context(self.cluster)
-            self.sessions.request_ids = self.cluster.ids
         await self._start_mqtt()
         await self._stack.enter_async_context(self.boards)  # started once the ports are known
         return self
@@ -277,6 +278,10 @@ class Gateway:
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)
+
+    def _number(self, ids: range) -> None:
+        """Cluster: the request ids this replica claimed, for its devices' sessions."""
+        self.sessions.request_ids = ids
 
     def _cluster_routes(self) -> list[BaseRoute]:
         """The cluster broker's login check (EMQX's HTTP authentication), when it has a token."""

@@ -8,7 +8,9 @@ replica ``owns`` picks (rendezvous hashing of its id, replica.py), announced lik
 device's; the others call it directly on the broker, and the request ids keep each replica's
 replies apart.
 ``async with Cluster(...)`` returns once the replica has joined: its number claimed, the fleet
-known.
+known. Restarted with its data dir, it returns as soon as it is on a broker node, serving hosts
+from the fleet it kept (cache.py) while the broker's records come in behind; its devices'
+/healthz says 503 until it has joined.
 
 Failover (docs/cluster.md): the client moves to the next broker node at once when its node
 dies. A replica cut from every node for ``HANDOFF`` seconds closes its WebSocket devices (and
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from gateway.cluster.bridge import Bridge, BridgedLink
+from gateway.cluster.cache import SAVE_EVERY, FleetCache
 from gateway.cluster.client import ClusterClient, broker_login
 from gateway.cluster.fleet import Fleet
 from gateway.cluster.live import HEARTBEAT
@@ -83,16 +86,31 @@ class Cluster:
         self.handed_off = False  # cut for HANDOFF: serves no WebSocket device until it rejoins
         self._tasks: list[asyncio.Task[None]] = []
         self._reread: asyncio.Task[None] | None = None
+        self.cache = FleetCache(config.data_dir, self.topics.prefix)
+        self.warm = False  # started from the cache: serves hosts while it catches up
+        self._saved = 0  # the fleet's changes the cache holds
+        self.cached = 0  # fleet records taken from the cache at start
+        self.read_before_serving = 0  # device records parsed before it served (tests)
+        self.on_number: Callable[[range], None] = lambda ids: None  # its request ids, claimed
 
     async def __aenter__(self) -> Cluster:
+        cached = self.cache.load()
+        self.warm = bool(cached)
+        self.cached = self.fleet.warm(cached)
+        self._saved = self.fleet.changes
         self._tasks = [
             asyncio.create_task(self.client.run(), name="gateway.cluster.client"),
             asyncio.create_task(self._pump(), name="gateway.cluster.outbox"),
             asyncio.create_task(self._heartbeat(), name="gateway.cluster.heartbeat"),
+            asyncio.create_task(self._keep(), name="gateway.cluster.cache"),
         ]
-        logger.info("replica %s joining the cluster %r at %s", self.replica,
-                    self.topics.prefix, self.client.where)  # fmt: skip
-        await self.client.connected.wait()
+        logger.info("replica %s joining the cluster %r at %s%s", self.replica,
+                    self.topics.prefix, self.client.where,
+                    " (serving from its cache meanwhile)" if self.warm else "")  # fmt: skip
+        # Warm: serve once on a node, the records coming in behind (the broker's win once
+        # heard); it owns no MQTT device and calls no other replica's until it has joined.
+        await (self.client.on_node if self.warm else self.client.connected).wait()
+        self.read_before_serving = self.fleet.read
         return self
 
     async def __aexit__(
@@ -106,6 +124,8 @@ class Cluster:
         if self.client.connected.is_set():  # leave cleanly: the others need no will to know
             await self.client.publish(self.topics.replica(self.replica), b"", retain=True)
         await cancel_all([*self._tasks, *([self._reread] if self._reread else [])])
+        if self.fleet.changes != self._saved:
+            await self.cache.save(self.fleet.records)
 
     # --- what the gateway asks -------------------------------------------------------------
 
@@ -115,9 +135,18 @@ class Cluster:
         return self.client.login
 
     def health(self) -> str | None:
-        """None while the replica is on the broker, else why it is not healthy."""
+        """None while the replica serves hosts (joined, or on the broker and catching up from
+        its cache), else why it is not healthy."""
+        if self.warm and self.client.on_node.is_set():
+            return None
+        return self.device_health()
+
+    def device_health(self) -> str | None:
+        """None while the replica has joined, else why devices should go elsewhere."""
         if self.client.connected.is_set():
             return None
+        if self.client.on_node.is_set():
+            return f"replica {self.replica} is joining the cluster at {self.client.where}"
         return f"replica {self.replica} is cut from the cluster broker at {self.client.where}"
 
     def owns(self, device_id: str) -> bool:
@@ -168,7 +197,9 @@ class Cluster:
         else:
             await self._say_alive()
         self.fleet.rejoined()
-        self._joined = True
+        self._joined, self.warm = True, False  # caught up: healthy as any joined replica
+        if not self.fleet.calls_ready:
+            self.fleet.numbered()
         if self._handoff is not None:
             self._handoff.cancel()
         self._handoff, self.handed_off = None, False
@@ -208,6 +239,19 @@ class Cluster:
         self.no, self.ids = no, id_slice(no)
         self.remote.use_ids(self.ids)
         self.bridge.own_ids = self.ids
+        self.on_number(self.ids)
+
+    async def _keep(self) -> None:
+        """Save the fleet's records to the cache while they change: every ``SAVE_EVERY``
+        seconds, or 20 times as long as the last save took (a large fleet in a storm of
+        changes spends at most a twentieth of its time on it)."""
+        loop, took = asyncio.get_running_loop(), 0.0
+        while True:
+            await asyncio.sleep(max(SAVE_EVERY, 20 * took))
+            if self.fleet.changes != self._saved:
+                self._saved, began = self.fleet.changes, loop.time()
+                await self.cache.save(self.fleet.records)
+                took = loop.time() - began
 
     async def _say_alive(self) -> None:
         record = ReplicaRecord(

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.cluster.records import ClusterTopics, Presence
+from gateway.cluster.replica import id_slice
 from gateway.devices.link import DeviceLink, LinkClosed
 
 __all__ = ["Bridge", "BridgedLink"]
@@ -27,6 +28,7 @@ __all__ = ["Bridge", "BridgedLink"]
 logger = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes, bool], Awaitable[bool]]
+_FIRST_SLICE = id_slice(1).start - 1  # ids below every replica's slice
 
 
 def reply_id(text: str) -> int | None:
@@ -59,7 +61,7 @@ class BridgedLink:
     async def __aiter__(self) -> AsyncIterator[str]:
         async for text in self.inner:
             request_id = reply_id(text)
-            if request_id is not None and request_id not in self._bridge.own_ids:
+            if request_id is not None and not self._bridge.ours(request_id):
                 if not self.direct:  # the caller of a direct device hears it itself
                     await self._bridge.up(self.device_id, text)
                 continue
@@ -79,6 +81,12 @@ class Bridge:
         self._publish = publish
         self._links: dict[str, tuple[BridgedLink, str]] = {}  # device id -> link, session id
         self._sends: set[asyncio.Task[None]] = set()
+
+    def ours(self, request_id: int) -> bool:
+        """Is a reply with this id for this replica's own sessions? Its slice's, or one
+        below every slice: a session opened while this replica caught up from its cache,
+        before it had its number, numbers its requests from 1 (as a single gateway)."""
+        return request_id in self.own_ids or 0 <= request_id < _FIRST_SLICE
 
     def held(self) -> dict[str, str]:
         """The devices bridged here now, with their session ids."""

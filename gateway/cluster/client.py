@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 _KEEPALIVE = 5
 _RETRY = (0.5, 5.0)
 _SUBSCRIBE_PATIENCE = 30.0
+_TURN = 64  # records handled before the loop's other tasks get a turn
 _SYNC_AGAIN = 5.0  # seconds: far above a loaded broker's echo, far below a host's patience
 # The QoS of what the broker delivers to a replica. 0: its sessions are clean, so a lost
 # connection loses what was in flight whatever the QoS, and the replica heals that itself (it
@@ -77,7 +78,8 @@ class ClusterClient:
         self.nodes = Failover(logins, _RETRY)
         self.topics = topics
         self.replica = replica
-        self.connected = asyncio.Event()
+        self.connected = asyncio.Event()  # joined: the barrier passed, ``on_ready`` done
+        self.on_node = asyncio.Event()  # logged in to a node: its records come next
         self._on_message = on_message
         self._on_ready = on_ready
         self._on_lost = on_lost
@@ -101,6 +103,9 @@ class ClusterClient:
             where = self.where
             try:
                 async with client:
+                    # (told before subscribing: a broker sends a subscription's retained
+                    # records before it acknowledges the next, 20,000 records are seconds)
+                    self.on_node.set()
                     honour_cancellation()
                     topics = [
                         (topic, _DELIVERY_QOS) for topic in self.topics.subscriptions(self.replica)
@@ -142,6 +147,7 @@ class ClusterClient:
         was = self._client is not None
         self._client = None
         self.connected.clear()
+        self.on_node.clear()
         for future in self._sync.values():
             future.cancel()
         self._sync.clear()
@@ -155,7 +161,11 @@ class ClusterClient:
         logger.info("replica %s joined the cluster at %s", self.replica, self.where)
 
     async def _read(self, client: aiomqtt.Client) -> None:
+        read = 0
         async for message in client.messages:
+            read += 1
+            if read % _TURN == 0:  # a queue of 20,000 records is drained without a pause:
+                await asyncio.sleep(0)  # hosts' requests (a warm replica serves) take turns
             payload = message.payload
             data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
             topic = message.topic.value

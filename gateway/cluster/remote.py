@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,8 @@ class RemoteCalls:
         self._publish = publish
         self._max_bytes = max_bytes
         self._calls: dict[int, _Call] = {}
+        self._waiting: Counter[str] = Counter()  # device id -> calls in flight to it
+        self.parsed = 0  # frames parsed for a reply so far (the work ``on_reply`` did)
         self._cancels: set[asyncio.Task[bool]] = set()
 
     def use_ids(self, ids: range) -> None:
@@ -91,6 +94,7 @@ class RemoteCalls:
         future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
         # A direct call does not go through the owner: its death does not fail the call.
         self._calls[call_id] = _Call(device_id, "" if direct else replica, future)
+        self._waiting[device_id] += 1
         params = {"name": tool, "arguments": arguments}
         frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
         down = direct or self._topics.bridge(device_id, "down")
@@ -103,6 +107,7 @@ class RemoteCalls:
             return await future
         finally:
             self._calls.pop(call_id, None)
+            self._waiting -= Counter({device_id: 1})  # (a count that reaches 0 goes)
             if future.cancelled() or not future.done():  # the caller gave up: timeout, or left
                 self._cancel(down, session, call_id)
 
@@ -117,8 +122,11 @@ class RemoteCalls:
     def on_reply(self, device_id: str, text: str) -> None:
         """A frame the device's owner bridged up (or a direct device sent): settle the call it
         answers, if it is ours."""
-        if not self._calls:
-            return  # most frames of MQTT devices: nothing to parse them for
+        if device_id not in self._waiting:
+            # Most frames: an MQTT device's liveness replies and chatter, which every replica
+            # hears on its ``up`` topic while only its owner needs them; not even parsed here.
+            return
+        self.parsed += 1
         try:
             message = decode(text, self._max_bytes)
             reply = classify(message.get("payload")) if message.get("type") == "mcp" else None

@@ -37,16 +37,16 @@ class FleetNames:
 
     def assign(self, device_id: str, alias: str, tool: str) -> tuple[NameAssignment, bool]:
         """The name for ``tool`` on ``device_id`` under ``alias`` (never new: see the class)."""
+        plain = candidate_name(alias, tool)
         known = self._by_device.get(device_id, {}).get(tool)
-        if known is not None and known.alias == alias and known.name == self._rule(known):
+        if known is not None and known.alias == alias and known.name == self._rule(plain, known):
             return known, False
         if known is not None:
             self._drop(known)
-        plain = candidate_name(alias, tool)
         self._claims.setdefault(plain, set()).add((device_id, tool))
         self._unsettled.add(plain)
         entry = NameAssignment(device_id, tool, alias, "")
-        entry = NameAssignment(device_id, tool, alias, self._rule(entry))
+        entry = NameAssignment(device_id, tool, alias, self._rule(plain, entry))
         self._by_device.setdefault(device_id, {})[tool] = entry
         self._by_name[entry.name] = entry
         return entry, False
@@ -68,7 +68,7 @@ class FleetNames:
         for plain in self._unsettled:
             for device_id, tool in self._claims.get(plain, ()):
                 entry = self._by_device[device_id][tool]
-                if entry.name != self._rule(entry):
+                if entry.name != self._rule(plain, entry):
                     found.add(device_id)
         self._unsettled.clear()
         return found
@@ -82,8 +82,9 @@ class FleetNames:
         """Every assignment (nothing to persist: the rule decides again after a restart)."""
         return [entry for tools in self._by_device.values() for entry in tools.values()]
 
-    def _rule(self, entry: NameAssignment) -> str:
-        plain = candidate_name(entry.alias, entry.tool)
+    def _rule(self, plain: str, entry: NameAssignment) -> str:
+        """The name of ``entry``, whose plain name (``candidate_name``) is ``plain``: a join
+        of 20,000 devices at start asks this 200,000 times."""
         if plain in META_TOOL_NAMES or len(self._claims.get(plain, ())) > 1:
             return disambiguated_name(plain, entry.device_id, entry.tool, 0)
         return plain

@@ -30,11 +30,15 @@ async def _publish(topic: str, payload: bytes, retain: bool = False) -> bool:
     return False  # no broker here: what goes out is read from the fleet's outbox
 
 
-def fleet_on(tmp_path: Path) -> tuple[Stack, Fleet]:
+def fleet_on(tmp_path: Path, *, numbered: bool = True) -> tuple[Stack, Fleet]:
+    """A replica's fleet (``numbered``: it has claimed its number, as once it joined)."""
     stack = Stack(make_config(tmp_path, cluster_broker=("mqtt://127.0.0.1:1",)))
     remote = RemoteCalls(TOPICS, id_slice(1), _publish, 65536)
     bridge = Bridge(TOPICS, "gw-1", id_slice(1), _publish)
-    return stack, Fleet(stack.registry, TOPICS, "gw-1", remote, bridge)
+    fleet = Fleet(stack.registry, TOPICS, "gw-1", remote, bridge)
+    if numbered:
+        fleet.numbered()
+    return stack, fleet
 
 
 def sent(fleet: Fleet) -> list[tuple[str, bytes]]:
@@ -139,4 +143,23 @@ async def test_a_replica_with_another_mqtt_secret_is_named_once(
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "replica gw-3 seals identity bindings with another key" in errors[0]
     assert "mqtt_secret" in errors[0] and set(fleet.live) == {"gw-2", "gw-3"}
+    stack.close()
+
+
+async def test_another_replicas_device_is_callable_here_once_this_replica_has_its_number(
+    tmp_path: Path,
+) -> None:
+    """A replica catching up from its cache knows the records before it has claimed its
+    number: it lists another replica's device, and connects it (callable) only once its
+    request ids are its own."""
+    stack, fleet = fleet_on(tmp_path, numbered=False)
+    fleet.on_record("catalogue", DIGEST, json.dumps(ENTRIES).encode())
+    listed = FleetRecord(DEVICE, 10.0, "gw-2", alias="porch", state="approved", catalogue=DIGEST)
+    fleet.on_record("device", DEVICE, listed.encode())
+    fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0).encode())
+    fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", 1.0).encode())
+    device = stack.registry.get(DEVICE)
+    assert device is not None and device.exposed and not device.online
+    fleet.numbered()
+    assert isinstance(device.session, RemoteSession) and device.session.replica == "gw-2"
     stack.close()

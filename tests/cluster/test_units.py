@@ -94,10 +94,14 @@ async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awa
     assert topic == f"fleet/bridge/{DEVICE}/down" and slice_of(call_id) == 6
     calls.on_reply(DEVICE, "not json")
     calls.on_reply(DEVICE, reply(call_id + 1, result={}))  # not ours
-    calls.on_reply("02:00:00:00:00:09", reply(call_id, result={}))  # not that device
+    for _ in range(100):  # another device's frames (its liveness replies...): not parsed
+        calls.on_reply("02:00:00:00:00:09", reply(call_id, result={}))
+    assert calls.parsed == 2
     calls.on_reply(DEVICE, reply(call_id, error={"message": "no lamp", "code": -32000}))
     with pytest.raises(DeviceToolError, match="no lamp"):
         await task
+    calls.on_reply(DEVICE, reply(call_id, result={}))  # no call in flight to it now
+    assert calls.parsed == 3
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await calls.call(DEVICE, "gw-2", "s1", "self.slow.wait", {})

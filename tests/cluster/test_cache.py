@@ -1,0 +1,94 @@
+"""A replica restarted with its data dir serves from what it knew of the fleet, at once, and
+catches up with the broker behind: the broker's records win once heard (real mosquitto 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from gateway.cluster.cache import FleetCache
+from gateway.cluster.records import FleetRecord
+from gateway.devices.registry import DeviceRegistry
+from tests.cluster.conftest import cluster_options, eventually, shared_secret
+from tests.cluster.test_replicas import WS_DEVICE, lists
+from tests.conftest import bound, gateway
+from tests.e2e.helpers import listed_device
+from tests.mqtt_helpers import Mosquitto
+
+pytestmark = pytest.mark.anyio
+
+GONE = "02:00:00:00:00:07"  # forgotten on another replica while this one was down
+
+
+def caught_up(registry: DeviceRegistry) -> bool:
+    device = registry.get(WS_DEVICE)
+    return registry.get(GONE) is None and device is not None and device.alias == "porch"
+
+
+def test_the_cache_keeps_records_privately_and_skips_what_it_cannot_read(tmp_path: Path) -> None:
+    """Written whole (mode 0600) and read back; a bad line is skipped alone; another
+    cluster's file, or none, is no cache at all."""
+    cache = FleetCache(tmp_path, "fleet")
+    assert cache.load() == {}
+    kept = {WS_DEVICE: FleetRecord(WS_DEVICE, 10.0, "gw-1", alias="porch", state="approved"),
+            GONE: FleetRecord(GONE, 11.0, "gw-2", forgotten=True)}  # fmt: skip
+    cache.write(kept)
+    assert cache.path.stat().st_mode & 0o777 == 0o600 and cache.load() == kept
+    with cache.path.open("ab") as file:
+        file.write(b"02:00:00:00:00:09 {not json\nnot-a-device {}\n")
+    assert cache.load() == kept
+    assert FleetCache(tmp_path, "another").load() == {}
+
+
+@pytest.mark.e2e
+async def test_a_restarted_replica_serves_from_its_cache_and_the_brokers_records_win(
+    tmp_path: Path,
+) -> None:
+    """Replica 2 knows two devices and stops. Meanwhile, on replica 1, one is renamed and the
+    other forgotten. Replica 2 restarted with its data dir serves hosts before it has read a
+    single record from the broker, listing both devices with their tools as it knew them;
+    then it catches up: the rename and the forget made while it was down win there, and the
+    device is online again."""
+    async with Mosquitto(tmp_path / "broker") as broker:
+        second_dir = shared_secret(tmp_path / "gw-2")
+        options = cluster_options(broker.port, "gw-2")
+        first_dir = shared_secret(tmp_path / "gw-1")
+        async with gateway(first_dir, **cluster_options(broker.port, "gw-1")) as first:
+            registry = first.gateway.registry
+            async with listed_device(first, WS_DEVICE):
+                async with listed_device(first, GONE):
+                    pass
+                async with gateway(second_dir, **options) as second:
+                    assert second.gateway.cluster is not None
+                    assert second.gateway.cluster.cached == 0  # the first start is cold
+                    await eventually([second], lists(WS_DEVICE))
+                    names = {t.name for t in second.gateway.registry.exposed_tools()}
+                    assert second.gateway.registry.get(GONE) is not None
+                cache = second_dir / "cluster-fleet"
+                assert cache.stat().st_mode & 0o777 == 0o600
+                assert WS_DEVICE.encode() not in cache.read_bytes().split(b"\n")[0]
+
+                device, gone = registry.get(WS_DEVICE), registry.get(GONE)
+                assert device is not None and gone is not None
+                registry.rename(device, "porch")
+                registry.forget(gone)
+
+                async with gateway(second_dir, **options) as second:
+                    cluster = second.gateway.cluster
+                    assert cluster is not None and cluster.health() is None  # serving hosts
+                    # It served knowing both devices, before it read any record (the records
+                    # come in meanwhile: what it lists now may be caught up already).
+                    assert cluster.cached == 2 and cluster.read_before_serving == 0
+                    await eventually([second], caught_up)
+                    known = second.gateway.registry
+                    assert (
+                        {t.name for t in known.exposed_tools()}
+                        == {t.name for t in registry.exposed_tools()}
+                        != names
+                    )  # the same names as everywhere: the fleet's, not its cache's
+                    await eventually([second], lists(WS_DEVICE))
+                    with anyio.fail_after(bound(10)):
+                        await cluster.client.connected.wait()
+                    assert cluster.device_health() is None  # joined: devices welcome too
