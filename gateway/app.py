@@ -137,6 +137,10 @@ class Gateway:
         if self.cluster is not None:  # cluster: records and series say which replica
             self.audit.replica = self.metrics.replica = self.cluster.replica
             self.sessions.bridge, self.sessions.trouble = self.cluster.bridged, self.cluster.health
+            # one replica holds each board, among those that reach it (gateway/cluster/boards.py)
+            self.boards.owns = self.cluster.owns_board
+            self.boards.offered = self.cluster.offer_boards
+            self.cluster.boards_reown = self.boards.reown
         self._stack = contextlib.AsyncExitStack()
 
     def _proxy_parts(self) -> dict[str, Any]:
@@ -273,7 +277,7 @@ class Gateway:
         if self.broker is not None:  # devices' logins wait until the gateway's client listens
             self.broker.heard = self.mqtt.connected
         if on_cluster is not None:
-            on_cluster.fleet.live_changed = self.mqtt.reown
+            on_cluster.mqtt_reown = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)

@@ -61,7 +61,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "cluster": [
         {"records", "replica", "broker_auth", "catalogues"},
-        {"client", "remote", "bridge", "live"},
+        {"client", "remote", "bridge", "live", "boards"},
         {"fleet"},
     ],
     "device_side": [
