@@ -29,7 +29,7 @@ from gateway.cluster.replica import owner_of
 from gateway.config.boards import BoardOptions
 from gateway.device_side.boards import board_id
 from gateway.devices.registry import DeviceRegistry
-from tests.cluster.conftest import cluster_options, eventually, shared_secret
+from tests.cluster.conftest import Proxy, cluster_options, eventually, shared_secret
 from tests.cluster.test_faults import call_text, online, tool
 from tests.conftest import bound, gateway
 from tests.e2e.boards import BoardState, python_board, served
@@ -198,6 +198,31 @@ async def test_the_other_replica_takes_the_board_when_its_holder_stops(
         finally:
             for stack in reversed(stacks.values()):
                 await stack.aclose()
+
+
+async def test_the_other_replica_takes_the_board_from_a_holder_cut_from_the_broker(
+    tmp_path: Path,
+) -> None:
+    """The holder is cut from the cluster broker (as a death, for the others: its will): the
+    other replica connects to the board and its calls succeed. (A holder that joins takes a
+    board back: the test above.)"""
+    board = board_app(BoardState())
+    async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
+        url = f"{base}/mcp"
+        device_id, boards = board_id(url), (BoardOptions(url, name="bench"),)
+        holder = owner_of(device_id, NAMES)
+        async with AsyncExitStack() as stack:
+            proxy = await stack.enter_async_context(Proxy(broker.port))
+            runs = []
+            for n in sorted(NAMES, key=lambda n: n != holder):  # the holder first
+                port = proxy.port if n == holder else broker.port
+                runs.append(await replica(stack, tmp_path, port, n, boards))
+            await all_held_by(runs, device_id, holder)
+            proxy.cut()
+            [survivor] = [r for r in runs if name(r) != holder]
+            await all_held_by([survivor], device_id, name(survivor))
+            greeting = await call_text(survivor, tool(survivor, device_id, "greet"), {"who": "z"})
+            assert greeting == (False, "hello z from workbench")
 
 
 async def test_a_board_only_one_replica_reaches_is_held_there(tmp_path: Path) -> None:

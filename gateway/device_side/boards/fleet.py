@@ -77,6 +77,7 @@ class Boards:
             await self._discovery.stop()
         for timer in self._forgetting.values():
             timer.cancel()
+        self.offered(frozenset())  # cluster: the others take its boards now, not when it has left
         await asyncio.gather(*(board.stop() for board in self._boards.values()))
 
     def reown(self) -> None:
