@@ -311,6 +311,7 @@ class Cluster:
         if await self.client.resubscribe():
             await self.client.sync()
             self.fleet.repair()
+            self._offer()  # likewise
 
     async def _pump(self) -> None:
         """Publish the fleet's records in order, many at once: a join storm is thousands of
