@@ -32,7 +32,7 @@ from gateway.devices.registry import DeviceRegistry
 from tests.cluster.conftest import Proxy, cluster_options, eventually, shared_secret
 from tests.cluster.test_faults import call_text, online, tool
 from tests.conftest import bound, gateway
-from tests.e2e.boards import BoardState, python_board, served
+from tests.e2e.boards import BoardState, Hostile, python_board, served
 from tests.mqtt_helpers import Mosquitto
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -243,6 +243,25 @@ async def test_a_board_only_one_replica_reaches_is_held_there(tmp_path: Path) ->
                 assert (await call_text(run, tool(run, device_id, "greet"), {"who": "y"}))[0] \
                     is False  # fmt: skip
             assert len(board.issued) == 1
+
+
+async def test_a_hostile_boards_50_mb_reply_is_a_clear_error_on_every_replica(
+    tmp_path: Path,
+) -> None:
+    """The holder cuts a 50 MB reply off as it arrives, as a single gateway does: the caller on
+    either replica gets the same clear error, at once, and the board stays listed."""
+    board = Hostile("big_result")
+    async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
+        url = f"{base}/mcp"
+        device_id, boards = board_id(url), (BoardOptions(url, name="big"),)
+        async with AsyncExitStack() as stack:
+            runs = [await replica(stack, tmp_path, broker.port, n, boards) for n in NAMES]
+            await all_held_by(runs, device_id, owner_of(device_id, NAMES))
+            for run in runs:
+                with anyio.fail_after(bound(20)):
+                    failed, text = await call_text(run, tool(run, device_id, "fine"), {})
+                assert failed and "larger than 4194304 bytes" in text
+                assert online(device_id)(run.gateway.registry)
 
 
 def test_the_holder_is_the_rules_pick_among_the_live_replicas_that_reach_the_board() -> None:
