@@ -28,6 +28,7 @@ from gateway.cluster.remote import RemoteSession
 from gateway.cluster.replica import owner_of
 from gateway.config.boards import BoardOptions
 from gateway.device_side.boards import board_id
+from gateway.device_side.boards.board import HANDOVER
 from gateway.devices.registry import DeviceRegistry
 from tests.cluster.conftest import Proxy, cluster_options, eventually, shared_secret
 from tests.cluster.test_faults import call_text, online, tool
@@ -55,8 +56,8 @@ class Sessions:
     def open(self) -> list[str]:
         return [s for s in self.issued if s not in self.ended]
 
-    async def until(self, check: Callable[[], bool]) -> None:
-        with anyio.fail_after(bound(10)):
+    async def until(self, check: Callable[[], bool], seconds: float = 10) -> None:
+        with anyio.fail_after(bound(seconds)):
             while not check():
                 self._changed.clear()
                 await self._changed.wait()
@@ -73,9 +74,10 @@ class Sessions:
 
         async def receiving() -> Message:
             message = await receive()
-            body.extend(message.get("body", b""))
-            if not message.get("more_body") and b'"tools/call"' in body:
-                self.calls_on.append(session)
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body") and b'"tools/call"' in body:
+                    self.calls_on.append(session)
             return message
 
         async def sending(message: Message) -> None:
@@ -204,8 +206,8 @@ async def test_the_other_replica_takes_the_board_from_a_holder_cut_from_the_brok
     tmp_path: Path,
 ) -> None:
     """The holder is cut from the cluster broker (as a death, for the others: its will): the
-    other replica connects to the board and its calls succeed. (A holder that joins takes a
-    board back: the test above.)"""
+    other replica connects to the board and its calls succeed; the cut holder ends its own
+    session after ``HANDOVER``. (A holder that joins takes a board back: the test above.)"""
     board = board_app(BoardState())
     async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
         url = f"{base}/mcp"
@@ -223,6 +225,9 @@ async def test_the_other_replica_takes_the_board_from_a_holder_cut_from_the_brok
             await all_held_by([survivor], device_id, name(survivor))
             greeting = await call_text(survivor, tool(survivor, device_id, "greet"), {"who": "z"})
             assert greeting == (False, "hello z from workbench")
+            # The cut holder hears nothing of it, and ends its own session after HANDOVER.
+            await board.until(lambda: len(board.open) == 1, seconds=HANDOVER + 10)
+            assert board.calls_on == [board.open[0]]
 
 
 async def test_a_board_only_one_replica_reaches_is_held_there(tmp_path: Path) -> None:
