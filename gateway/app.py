@@ -139,6 +139,10 @@ class Gateway:
             self.sessions.bridge = self.cluster.bridged
             self.sessions.trouble = self.cluster.device_health  # devices: once it has joined
             self.cluster.on_number = self._number
+            # one replica holds each board, among those that reach it (gateway/cluster/boards.py)
+            self.boards.owns = self.cluster.owns_board
+            self.boards.offered = self.cluster.offer_boards
+            self.cluster.boards_reown = self.boards.reown
         self._stack = contextlib.AsyncExitStack()
 
     def _proxy_parts(self) -> dict[str, Any]:
@@ -274,7 +278,7 @@ class Gateway:
         if self.broker is not None:  # devices' logins wait until the gateway's client listens
             self.broker.heard = self.mqtt.connected
         if on_cluster is not None:
-            on_cluster.fleet.live_changed = self.mqtt.reown
+            on_cluster.mqtt_reown = self.mqtt.reown
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)

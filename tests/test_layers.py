@@ -61,7 +61,8 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "cluster": [
         {"records", "replica", "broker_auth", "catalogues"},
-        {"client", "remote", "bridge", "live", "cache"},  # cache: the fleet kept in the data dir
+        # cache: the fleet kept in the data dir; boards: which replica holds each board
+        {"client", "remote", "bridge", "live", "cache", "boards"},
         {"fleet_state"},  # the records' part of the fleet
         {"fleet"},
     ],

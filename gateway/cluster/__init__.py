@@ -6,7 +6,8 @@ the bridge of its WebSocket devices (bridge.py) and its calls to the devices oth
 (remote.py). An MQTT device's session (discovery, hello reply, keepalive) runs on the one live
 replica ``owns`` picks (rendezvous hashing of its id, replica.py), announced like a WebSocket
 device's; the others call it directly on the broker, and the request ids keep each replica's
-replies apart.
+replies apart. A board that serves MCP itself is held by one replica too, among those that
+reach it (boards.py), and bridged as a WebSocket device.
 ``async with Cluster(...)`` returns once the replica has joined: its number claimed, the fleet
 known. Restarted with its data dir, it returns as soon as it is on a broker node, serving hosts
 from the fleet it kept (cache.py) while the broker's records come in behind; its devices'
@@ -26,15 +27,24 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
+from gateway.cluster.boards import BoardOwners
 from gateway.cluster.bridge import Bridge, BridgedLink
 from gateway.cluster.cache import SAVE_EVERY, FleetCache
 from gateway.cluster.client import ClusterClient, broker_login
 from gateway.cluster.fleet import Fleet
 from gateway.cluster.live import HEARTBEAT
-from gateway.cluster.records import ClusterTopics, ReplicaRecord, key_name
+from gateway.cluster.records import (
+    BadRecord,
+    BoardOffer,
+    ClusterTopics,
+    Presence,
+    ReplicaRecord,
+    key_name,
+)
 from gateway.cluster.remote import RemoteCalls
 from gateway.cluster.replica import Ownership, id_slice, pick_number, replica_name
 from gateway.config import Config
+from gateway.device_side.boards.link import BoardLink
 from gateway.device_side.broker import DeviceCredentials, Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink
@@ -71,11 +81,18 @@ class Cluster:
         self.ids = id_slice(1)
         self._registry = registry
         registry.binding_key = DeviceCredentials(config.data_dir).binding_key()
-        self.remote = RemoteCalls(self.topics, self.ids, self._publish, config.max_message_bytes)
+        # A board's replies may be larger than a xiaozhi device's (a photo): its bound holds.
+        frame_bytes = max(config.max_message_bytes, config.board_frame_bytes)
+        self.remote = RemoteCalls(self.topics, self.ids, self._publish, frame_bytes)
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
         self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
-        self.fleet.owns = self.owns
+        self.fleet.gives_way = self._gives_way
+        self.fleet.live_changed = self._owners_changed
+        self.boards = BoardOwners(self.replica)
+        # Told when who owns what may have changed (set by app): MqttTransport.reown, Boards.reown
+        self.mqtt_reown: Callable[[], None] = lambda: None
+        self.boards_reown: Callable[[], None] = lambda: None
         self.client = ClusterClient(self.logins, self.topics, self.replica, self._on_message,
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known
@@ -123,6 +140,7 @@ class Cluster:
             self._handoff.cancel()
         if self.client.connected.is_set():  # leave cleanly: the others need no will to know
             await self.client.publish(self.topics.replica(self.replica), b"", retain=True)
+            await self.client.publish(self.topics.boards(self.replica), b"", retain=True)
         await cancel_all([*self._tasks, *([self._reread] if self._reread else [])])
         if self.fleet.changes != self._saved:
             await self.cache.save(self.fleet.records)
@@ -157,6 +175,54 @@ class Cluster:
         live = frozenset((*self.fleet.live, self.replica))
         return self.ownership.owner(device_id, live) == self.replica
 
+    def owns_board(self, device_id: str) -> bool:
+        """Does this replica hold the board (it reaches it, and wins among the live replicas
+        that do)? Not while it is cut from the broker or rejoining, as for MQTT devices."""
+        if not self._joined:
+            return False
+        live = (*self.fleet.live, self.replica)
+        return self.boards.holder(device_id, live) == self.replica
+
+    def offer_boards(self, device_ids: frozenset[str]) -> None:
+        """This replica reaches these boards now (its config, data dir and mDNS view)."""
+        if device_ids == self.boards.mine:
+            return
+        self.boards.mine = device_ids
+        self._offer()
+        self._boards_moved()
+
+    def _offer(self) -> None:
+        """Say on the broker which boards this replica reaches (nothing: no record)."""
+        mine = self.boards.mine
+        record = BoardOffer(mine, time.time()).encode() if mine else b""
+        self.fleet.outbox.put_nowait((self.topics.boards(self.replica), record, True))
+
+    def _on_offer(self, name: str, payload: bytes) -> None:
+        if self.boards.hear(name, BoardOffer.read(payload) if payload else None):
+            self._boards_moved()
+
+    def _owners_changed(self) -> None:
+        """The live replicas changed: who owns which MQTT device and holds which board."""
+        self.mqtt_reown()
+        self._boards_moved()
+
+    def _boards_moved(self) -> None:
+        self.boards_reown()  # connects the boards it holds now, lets the others go
+        for device_id, link in self.bridge.held_links().items():
+            if link.board and not self.owns_board(device_id):
+                self.fleet.local_ended(device_id)  # its holder's session, if announced, wins
+
+    def _gives_way(self, device_id: str, presence: Presence) -> bool:
+        """Does the device's session here give way to the one ``presence`` names? Only one
+        placed by an ownership rule, once this replica no longer owns it: a board's, an MQTT
+        device's on the cluster broker (to an MQTT presence). A WebSocket device connected
+        here keeps its link (it chose this replica)."""
+        if self.bridge.board(device_id):
+            return not self.owns_board(device_id)
+        if presence.mqtt and self.bridge.direct(device_id):
+            return not self.owns(device_id)
+        return False
+
     def bridged(
         self, link: DeviceLink, device_id: str, session: str
     ) -> tuple[DeviceLink, Callable[[], None]]:
@@ -166,7 +232,8 @@ class Cluster:
         # broker ([cluster] mqtt_devices = "replica") only through this replica, as a WebSocket
         # device.
         direct = isinstance(link, MqttLink) and self._devices_on_broker
-        bridged = self.bridge.wrap(link, device_id, session, direct=direct)
+        board = isinstance(link, BoardLink)  # held where boards.py says, else handed over
+        bridged = self.bridge.wrap(link, device_id, session, direct=direct, board=board)
         if self.handed_off and not isinstance(link, MqttLink):  # elsewhere, through the balancer
             self.bridge.hand_off([device_id])
         return bridged, lambda: self._ended(bridged)
@@ -182,7 +249,12 @@ class Cluster:
         if parsed is None:
             return
         kind, key, direction = parsed
-        if kind != "bridge":
+        if kind == "boards":
+            try:
+                self._on_offer(key, payload)
+            except BadRecord as exc:
+                logger.warning("cluster: boards record %s refused: %s", key[:80], exc)
+        elif kind != "bridge":
             self.fleet.on_record(kind, key, payload)
         elif direction == "up":
             self.remote.on_reply(key, payload.decode(errors="replace"))
@@ -196,6 +268,7 @@ class Cluster:
             await self._claim()
         else:
             await self._say_alive()
+        self._offer()  # what it reaches, again: the broker may have lost it meanwhile
         self.fleet.rejoined()
         self._joined, self.warm = True, False  # caught up: healthy as any joined replica
         if not self.fleet.calls_ready:
@@ -282,6 +355,7 @@ class Cluster:
         if await self.client.resubscribe():
             await self.client.sync()
             self.fleet.repair()
+            self._offer()  # likewise
 
     async def _pump(self) -> None:
         """Publish the fleet's records in order, many at once: a join storm is thousands of

@@ -8,7 +8,8 @@ retained ``P/presence/<id>`` naming this replica, cleared when the link ends.
 
 An MQTT device is ``direct``: this replica owns its session and announces it the same way, but
 the others call it on its own topics and hear its replies there, so replies to them are dropped
-here, not bridged.
+here, not bridged. A board that serves MCP itself is bridged as a WebSocket device, but held
+by the replica the ownership rule picks (cluster/boards.py): ``board`` marks its link.
 """
 
 from __future__ import annotations
@@ -49,10 +50,13 @@ def reply_id(text: str) -> int | None:
 class BridgedLink:
     """A local device's link, with the frames of other replicas' calls passed through."""
 
-    def __init__(self, bridge: Bridge, inner: DeviceLink, device_id: str, direct: bool) -> None:
+    def __init__(
+        self, bridge: Bridge, inner: DeviceLink, device_id: str, direct: bool, board: bool
+    ) -> None:
         self.device_id = device_id
         self.inner = inner
         self.direct = direct
+        self.board = board
         self._bridge = bridge
 
     async def send(self, text: str) -> None:
@@ -112,10 +116,16 @@ class Bridge:
         return held[1] if held is not None else None
 
     def wrap(
-        self, link: DeviceLink, device_id: str, session: str, *, direct: bool = False
+        self,
+        link: DeviceLink,
+        device_id: str,
+        session: str,
+        *,
+        direct: bool = False,
+        board: bool = False,
     ) -> BridgedLink:
         """Bridge ``link`` (until ``release``); say on the broker that it is here."""
-        bridged = BridgedLink(self, link, device_id, direct)
+        bridged = BridgedLink(self, link, device_id, direct, board)
         self._links[device_id] = (bridged, session)
         self.announce(device_id, session)
         return bridged
@@ -130,6 +140,11 @@ class Bridge:
         """Is the device here an MQTT device whose session this replica owns?"""
         held = self._links.get(device_id)
         return held is not None and held[0].direct
+
+    def board(self, device_id: str) -> bool:
+        """Is the device here a board that serves MCP itself?"""
+        held = self._links.get(device_id)
+        return held is not None and held[0].board
 
     def release(self, link: BridgedLink, *, clear: bool = True) -> None:
         """The link ended: clear its presence (unless another replica announced the device

@@ -16,6 +16,7 @@ from gateway.cluster.live import CALLS_SILENT_AFTER, SILENT_AFTER
 from gateway.cluster.records import BadRecord, Presence, ReplicaRecord, key_name
 from gateway.cluster.remote import RemoteSession
 from gateway.devices.device import APPROVED
+from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.registry import Device
 
 __all__ = ["Fleet"]
@@ -142,21 +143,19 @@ class Fleet(FleetState):
             return  # listed once its tools are known here: hosts never see it without them
         session = device.session
         handed = session is not None and not isinstance(session, RemoteSession)
-        if handed and (not presence.mqtt or not self._bridge.direct(device_id)):
-            return  # it is connected here too: the local link wins
-        if handed and self.owns(device_id):
-            return  # its owner runs it here: the other replica hands it back
-        if isinstance(session, RemoteSession) and (session.replica, session.session) == (
-            presence.replica,
-            presence.session,
-        ):
-            return
+        if handed and not self.gives_way(device_id, presence):
+            return  # it is connected here too, and stays: the local link wins
+        named = (presence.replica, presence.session)
+        if isinstance(session, RemoteSession) and (session.replica, session.session) == named:
+            return  # the session it names already
         down = self.device_down if presence.mqtt else None
         remote = RemoteSession(self._remote, device_id, presence.replica, presence.session,
                                down(device_id) if down else None)  # fmt: skip
+        kind = "mqtt" if down else "websocket"  # a board stays one (list_devices says so)
+        transport = BOARD_TRANSPORT if device.record.transport == BOARD_TRANSPORT else kind
         applying, self._applying = self._applying, True
         try:
-            self._registry.connect(device_id, remote, transport="mqtt" if down else "websocket")
+            self._registry.connect(device_id, remote, transport=transport)
         finally:
             self._applying = applying
         if handed and session is not None:  # its new owner runs it: this session ends now
@@ -188,5 +187,5 @@ class Fleet(FleetState):
         self._remote.fail(why, device_id=device_id)
 
     def local_ended(self, device_id: str) -> None:
-        """A local link of the device ended: another replica may hold it now."""
+        """A local link of the device ended, or its session moved: another may hold it now."""
         self._attach(device_id)

@@ -68,11 +68,12 @@ class FleetState:
         # Until this replica has its number it cannot call another's devices (its request
         # ids would be another replica's): they are attached once it has (``numbered``).
         self.calls_ready = False
-        # cluster ownership of MQTT devices: told when the live replicas change; a device's
-        # own down topic, where an MQTT device another replica owns is called
+        # ownership of sessions (MQTT devices, boards): told when the live replicas change; a
+        # device's own down topic (an MQTT device owned elsewhere is called there); does the
+        # session here give way to the one a presence names?
         self.live_changed: Callable[[], None] = lambda: None
         self.device_down: Callable[[str], str] | None = None
-        self.owns: Callable[[str], bool] = lambda device_id: False  # an MQTT device's session
+        self.gives_way: Callable[[str, Presence], bool] = lambda device_id, presence: False
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
         registry.record_watchers.append(self._on_local)
 

@@ -11,6 +11,8 @@ Under the cluster's prefix ``P`` (``[cluster] name``), docs/cluster.md:
   leaves): ``{"replica", "session", "at"}``.
 - ``P/bridge/<id>/down`` and ``/up``: frames for a bridged WebSocket device, and its replies
   to other replicas' calls.
+- ``P/boards/<name>`` (retained; said again at each join): ``{"boards", "at"}``, the ids of
+  the boards that serve MCP themselves which the replica reaches (cluster/boards.py).
 - ``P/sync/<name>``: the replica's barrier; every retained record came before it.
 - ``P/probe/<name>``: retained for a moment at each join, read back through the wildcard
   ``P/probe/+``: a broker that does not send retained messages to wildcards is refused.
@@ -37,6 +39,7 @@ from gateway.devices.tokens import same_identity, seal
 
 __all__ = [
     "BadRecord",
+    "BoardOffer",
     "ClusterTopics",
     "FleetRecord",
     "Presence",
@@ -50,6 +53,8 @@ __all__ = [
 JsonObject = dict[str, Any]
 _STATES = (APPROVED, PENDING, REJECTED)
 _MAX_TEXT = 256  # characters of any string field (an alias is 32, a binding a MAC or so)
+_KEYED = ("replica", "device", "catalogue", "presence", "boards", "sync")  # P/<kind>/<key>
+MAX_OFFERED = 4096  # boards one replica reaches: its config, data dir (1,000) and mDNS (256)
 
 
 class BadRecord(ValueError):
@@ -74,6 +79,9 @@ class ClusterTopics:
     def presence(self, device_id: str) -> str:
         return f"{self.prefix}/presence/{device_id}"
 
+    def boards(self, name: str) -> str:
+        return f"{self.prefix}/boards/{name}"
+
     def bridge(self, device_id: str, direction: str) -> str:
         return f"{self.prefix}/bridge/{device_id}/{direction}"
 
@@ -87,7 +95,8 @@ class ClusterTopics:
     def retained(self) -> list[str]:
         """The topics of the retained records (what a replica must know of the fleet)."""
         p = self.prefix
-        return [f"{p}/replica/+", f"{p}/device/+", f"{p}/catalogue/+", f"{p}/presence/+"]
+        return [f"{p}/replica/+", f"{p}/device/+", f"{p}/catalogue/+", f"{p}/presence/+",
+                f"{p}/boards/+"]  # fmt: skip
 
     def subscriptions(self, name: str) -> list[str]:
         """What every replica subscribes to (with mosquitto, every bridge ``up`` reaches all)."""
@@ -99,7 +108,7 @@ class ClusterTopics:
         parts = topic.split("/")
         if parts[:-2] == self.prefix.split("/") or parts[:-3] == self.prefix.split("/"):
             rest = parts[len(self.prefix.split("/")) :]
-            if len(rest) == 2 and rest[0] in ("replica", "device", "catalogue", "presence", "sync"):
+            if len(rest) == 2 and rest[0] in _KEYED:
                 return rest[0], rest[1], ""
             if len(rest) == 3 and rest[0] == "bridge" and rest[2] in ("up", "down"):
                 return "bridge", rest[1], rest[2]
@@ -253,6 +262,27 @@ class Presence:
         if self.mqtt:
             value["transport"] = "mqtt"
         return json.dumps(value).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class BoardOffer:
+    """The boards that serve MCP themselves which a replica reaches (their device ids)."""
+
+    boards: frozenset[str]
+    at: float
+
+    @classmethod
+    def read(cls, payload: bytes) -> BoardOffer:
+        value = _object(payload)
+        boards = value.get("boards")
+        if not isinstance(boards, list) or len(boards) > MAX_OFFERED:
+            raise BadRecord(f"boards is not a list of at most {MAX_OFFERED} device ids")
+        if not all(isinstance(b, str) and is_device_id(b) for b in boards):
+            raise BadRecord("boards holds something that is not a device id")
+        return cls(frozenset(boards), _time(value))
+
+    def encode(self) -> bytes:
+        return json.dumps({"boards": sorted(self.boards), "at": self.at}).encode()
 
 
 def read_catalogue(digest: str, payload: bytes) -> list[object]:

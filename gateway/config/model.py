@@ -158,6 +158,12 @@ class Config:
             return "embedded"
         return None
 
+    @property
+    def board_frame_bytes(self) -> int:
+        """The largest frame of a board's session: a reply of ``boards_max_message_bytes``
+        (``BoardLink`` turns a larger one into an error reply) with room for its envelope."""
+        return self.boards_max_message_bytes + 4096
+
     def upstream_for(self, device_id: str) -> str | None:
         """The OTA URL of ``device_id``'s voice server, or None when it is not proxied."""
         chosen = self.device(device_id).upstream

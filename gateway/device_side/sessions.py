@@ -105,7 +105,7 @@ class DeviceSessions:
         # (BoardLink): the protocol takes that, with room for the envelope.
         max_bytes = self._config.max_message_bytes
         if board:
-            max_bytes = self._config.boards_max_message_bytes + 4096
+            max_bytes = self._config.board_frame_bytes
         protocol = DeviceProtocol(
             identity.device_id,
             transport="udp" if mqtt else identity.transport,

@@ -6,6 +6,11 @@ ending in ``/sse`` starts with SSE). Every attempt first asks admission (a rejec
 not contacted) and checks where the URL resolves (``address.resolve_board``). Between
 attempts the wait doubles from one second up to ``[mcp_boards] retry_max``; a session that got
 as far as ``initialize`` starts the count again.
+
+In a cluster one replica holds each board (gateway/cluster/boards.py): ``owned`` says whether
+this one does, and the board waits while it does not. ``reown()`` asks again; a session here
+that another replica holds by the rule now is kept until that replica announces the board (the
+cluster then ends this one) or ``HANDOVER`` passes: hosts see no offline blink.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ __all__ = ["Board", "board_id"]
 logger = logging.getLogger(__name__)
 
 RETRY_MIN = 1.0
+# cluster: seconds a session is kept once another replica holds the board (that one connects
+# in milliseconds; a replica cut from the cluster broker never hears it did)
+HANDOVER = 10.0
 STREAMABLE, SSE = "streamable HTTP", "SSE"
 
 
@@ -71,6 +79,10 @@ class Board:
         self._task: asyncio.Task[None] | None = None
         self._link: BoardLink | None = None  # the current attempt's
         self.attempted = asyncio.Event()  # set once an attempt has ended (tests wait on it)
+        self.owned: Callable[[], bool] = lambda: True  # cluster: does this replica hold it?
+        self._reowned = asyncio.Event()  # who holds it may have changed
+        self._leaving: asyncio.TimerHandle | None = None  # armed while held elsewhere
+        self._closing: set[asyncio.Task[None]] = set()
         self._kind = SSE if urllib.parse.urlsplit(url).path.rstrip("/").endswith("/sse") else (
             STREAMABLE)  # fmt: skip
 
@@ -82,6 +94,9 @@ class Board:
     async def stop(self) -> None:
         """Disconnect and stop trying."""
         task, self._task = self._task, None
+        if self._leaving is not None:
+            self._leaving.cancel()
+            self._leaving = None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -91,6 +106,9 @@ class Board:
         delay = RETRY_MIN
         failed_kinds = 0
         while True:
+            while not self.owned():  # cluster: another replica holds it
+                self._reowned.clear()
+                await self._reowned.wait()
             self._link = None
             initialized: bool | None
             try:
@@ -112,6 +130,22 @@ class Board:
                 failed_kinds = 0
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._config.boards_retry_max)
+
+    def reown(self) -> None:
+        """cluster: who holds the board may have changed: connect if this replica does now;
+        end the session here ``HANDOVER`` seconds after another replica started to."""
+        self._reowned.set()
+        link = self._link
+        if link is None or link.closed or self.owned() or self._leaving is not None:
+            return
+        self._leaving = asyncio.get_running_loop().call_later(HANDOVER, self._hand_over, link)
+
+    def _hand_over(self, link: BoardLink) -> None:
+        self._leaving = None
+        if self._link is link and not self.owned():
+            task = asyncio.create_task(link.aclose(), name=f"gateway.board.leave[{self.url}]")
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def _attempt(self) -> bool | None:
         """One connection; True if the board answered ``initialize`` on it, None if refused."""

@@ -6,6 +6,10 @@
 - boards found over mDNS (``[mcp_boards] discover``, ``discovery.py``): pending until the owner
   approves them, like a stock device that checks in through OTA; one that stops announcing
   itself is let go after ``[mcp_boards] discover_grace`` seconds (offline, its tools kept).
+
+In a cluster every replica tells which boards it reaches (``offered``) and connects only to those
+it holds (``owns``, gateway/cluster/boards.py); ``reown()`` applies that again when it may have
+changed.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,9 @@ class Boards:
         self._forgetting: dict[str, asyncio.TimerHandle] = {}
         self.own_ports: Collection[int] = ()  # the gateway's listening ports, once known
         self._discovery: Discovery | None = None
+        # cluster (set by app): does this replica hold the board; these are the boards it reaches
+        self.owns: Callable[[str], bool] = lambda device_id: True
+        self.offered: Callable[[frozenset[str]], None] = lambda device_ids: None
 
     async def __aenter__(self) -> Boards:
         return self
@@ -57,6 +64,7 @@ class Boards:
         for options in (*self._config.mcp_devices, *self._added):
             if board_id(options.url) not in self._boards:
                 self._start(options, trusted=True)
+        self.offered(frozenset(self._boards))
 
     async def discover(self) -> None:
         """Browse mDNS for boards (``[mcp_boards] discover``), once the ports are known."""
@@ -69,7 +77,13 @@ class Boards:
             await self._discovery.stop()
         for timer in self._forgetting.values():
             timer.cancel()
+        self.offered(frozenset())  # cluster: the others take its boards now, not when it has left
         await asyncio.gather(*(board.stop() for board in self._boards.values()))
+
+    def reown(self) -> None:
+        """cluster: which boards this replica holds may have changed."""
+        for board in self._boards.values():
+            board.reown()
 
     def get(self, device_id: str) -> Board | None:
         """The board that is device ``device_id``, if any."""
@@ -99,6 +113,7 @@ class Boards:
                 self._registry.approve(device)
         elif board is None:
             board = self._start(options, trusted=True)
+            self.offered(frozenset(self._boards))
         device = self._registry.get(board.device_id)
         return {"id": board.device_id, "device": device.alias if device else board.device_id,
                 "url": url}  # fmt: skip
@@ -114,6 +129,7 @@ class Boards:
         if any(b.url == board.url for b in self._added):
             self._added = [b for b in self._added if b.url != board.url]
             _save(self._file, self._added)
+        self.offered(frozenset(self._boards))
         asyncio.get_running_loop().create_task(
             board.stop(), name=f"gateway.board.stop[{device_id}]"
         )
@@ -127,6 +143,7 @@ class Boards:
         if device_id not in self._boards:
             logger.info("board found over mDNS: %s", url)
             self._start(BoardOptions(url), trusted=False)
+            self.offered(frozenset(self._boards))
 
     def vanished(self, url: str) -> None:
         """A discovered board stopped announcing itself: let it go after the grace period."""
@@ -144,6 +161,7 @@ class Boards:
         board = self._boards.get(device_id)
         if board is not None and not board.trusted:
             del self._boards[device_id]
+            self.offered(frozenset(self._boards))
             logger.info("board %s no longer announces itself: disconnected", board.url)
             asyncio.create_task(board.stop(), name=f"gateway.board.stop[{device_id}]")
 
@@ -151,6 +169,7 @@ class Boards:
         board = Board(options.url, options.token, trusted=trusted, config=self._config,
                       registry=self._registry, serve=self._serve,
                       own_ports=lambda: self.own_ports)  # fmt: skip
+        board.owned = lambda: self.owns(board.device_id)
         if options.name:
             self._registry.adopt(board.device_id, options.name)
         self._boards[board.device_id] = board
