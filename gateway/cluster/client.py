@@ -25,7 +25,7 @@ from pathlib import Path
 import aiomqtt
 
 from gateway.cluster.records import ClusterTopics
-from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation
+from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation, mend_socket_registration
 from gateway.device_side.transports.mqtt import BrokerLogin
 from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 
@@ -295,4 +295,4 @@ class ClusterClient:
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
         )
         client.pending_calls_threshold = 5000
-        return client
+        return mend_socket_registration(client)

@@ -1,4 +1,4 @@
-"""Two aiomqtt 2.5 habits on Python 3.11 that every reconnecting client of the gateway works around.
+"""aiomqtt 2.5 habits on Python 3.11 that every reconnecting client of the gateway works around.
 
 Used by the gateway's own client (``transports/mqtt.py``) and by the per-device upstream clients
 (``upstream/mqtt_client.py``).
@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 import aiomqtt
 
-__all__ = ["cancel_all", "consume_disconnect", "honour_cancellation"]
+__all__ = ["cancel_all", "consume_disconnect", "honour_cancellation", "mend_socket_registration"]
 
 
 def honour_cancellation() -> None:
@@ -44,3 +45,63 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=1.0)
+
+
+def mend_socket_registration(client: aiomqtt.Client) -> aiomqtt.Client:
+    """Register the socket's reader and writer only if it is still the client's when the loop
+    gets to it; returns ``client``.
+
+    paho tells aiomqtt of its socket, possibly from the thread that connects, and aiomqtt
+    schedules the registration for later by the descriptor's number taken at once. A connection
+    closed in between (a client cancelled while connecting, a node dropping it) then registers
+    a closed descriptor (an error raised in the loop) or, the number reused, another socket.
+    These are aiomqtt's two callbacks with that check; what they run is aiomqtt's.
+    """
+    loop = client._loop  # noqa: SLF001
+    paho = client._client  # noqa: SLF001
+
+    def failed(exc: Exception) -> None:  # as aiomqtt: a broken socket ends the connection
+        disconnected = client._disconnected  # noqa: SLF001
+        if not disconnected.done():
+            disconnected.set_exception(exc)
+
+    def read() -> None:
+        try:
+            while True:
+                paho.loop_read()
+                # an SSL socket may hold decoded bytes paho did not take yet
+                pending = getattr(paho.socket(), "pending", None)
+                if not (pending and pending() > 0):
+                    break
+        except Exception as exc:  # noqa: BLE001 (aiomqtt's own rule, kept)
+            failed(exc)
+
+    def write() -> None:
+        try:
+            paho.loop_write()
+        except Exception as exc:  # noqa: BLE001
+            failed(exc)
+
+    def fileno(sock: Any) -> int:
+        """The socket's descriptor while it is open and still the client's; else -1."""
+        mine = paho.socket()
+        return mine.fileno() if mine is not None and mine is sock else -1
+
+    def on_open(mqtt: Any, userdata: Any, sock: Any) -> None:
+        def register() -> None:
+            if (fd := fileno(sock)) != -1:
+                loop.add_reader(fd, read)
+                client._misc_task = loop.create_task(client._misc_loop())  # noqa: SLF001
+
+        loop.call_soon_threadsafe(register)
+
+    def on_register_write(mqtt: Any, userdata: Any, sock: Any) -> None:
+        def register() -> None:
+            if (fd := fileno(sock)) != -1:
+                loop.add_writer(fd, write)
+
+        loop.call_soon_threadsafe(register)
+
+    paho.on_socket_open = on_open
+    paho.on_socket_register_write = on_register_write
+    return client

@@ -30,7 +30,11 @@ from typing import Any
 
 import aiomqtt
 
-from gateway.device_side.broker.aiomqtt_fixes import consume_disconnect, honour_cancellation
+from gateway.device_side.broker.aiomqtt_fixes import (
+    consume_disconnect,
+    honour_cancellation,
+    mend_socket_registration,
+)
 from gateway.device_side.upstream.mqtt_settings import UpstreamMqtt
 from gateway.device_side.upstream.settings import UpstreamSettingsError
 from gateway.net.destinations import Destination, DestinationRefused
@@ -192,7 +196,7 @@ class UpstreamMqttClient:
         if settings.tls:
             cafile = str(self._ca_file) if self._ca_file else None
             context = _NamedContext(settings.host, cafile)
-        return aiomqtt.Client(
+        client = aiomqtt.Client(
             destination.address if destination is not None else settings.host,
             settings.port,
             username=settings.username,
@@ -203,6 +207,7 @@ class UpstreamMqttClient:
             clean_session=True,
             tls_context=context,
         )
+        return mend_socket_registration(client)
 
 
 class _NamedContext(ssl.SSLContext):

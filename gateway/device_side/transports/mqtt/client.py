@@ -18,7 +18,11 @@ from pathlib import Path
 
 import aiomqtt
 
-from gateway.device_side.broker.aiomqtt_fixes import consume_disconnect, honour_cancellation
+from gateway.device_side.broker.aiomqtt_fixes import (
+    consume_disconnect,
+    honour_cancellation,
+    mend_socket_registration,
+)
 from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 from gateway.devices.link import LinkClosed
 
@@ -106,7 +110,7 @@ class BrokerClient:
         # aiomqtt warns past 10 publishes awaiting their PUBACK; a storm of devices being
         # discovered has a few per device in flight, so warn only when the broker really lags.
         client.pending_calls_threshold = _PENDING_PUBLISHES_WARNING
-        return client
+        return mend_socket_registration(client)
 
     async def run(self) -> None:
         """Stay connected (forever): subscribe, hand messages on, reconnect (the next node
