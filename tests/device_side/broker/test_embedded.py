@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import ListenAddress
 from gateway.device_side.broker import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed, Topics
-from gateway.device_side.broker.embedded import _Subscriptions
+from gateway.device_side.broker.subscriptions import SubscriptionTable
 from gateway.errors import GatewayError, PortTaken
 from tests.conftest import bound
 
@@ -177,7 +177,7 @@ async def test_port_in_use_is_a_gateway_error() -> None:
 
 def test_a_broadcast_visits_only_the_filters_that_can_match() -> None:
     """With a filter per device, a message's broadcast sees its own topic and the wildcards."""
-    table = _Subscriptions()
+    table = SubscriptionTable()
     for n in range(1000):
         table[f"xiaozhi/aa:{n:04x}/down"] = [("session", 0)]
     table["xiaozhi/+/up"] = [("gateway", 0)]
