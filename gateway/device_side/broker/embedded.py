@@ -35,6 +35,7 @@ from gateway.device_side.broker.plugin import (
     GatewayTopicPlugin,
 )
 from gateway.device_side.broker.sessions import AuthenticateFirst
+from gateway.device_side.broker.states import install_session_states
 from gateway.device_side.broker.subscriptions import FleetSubscriptions
 from gateway.device_side.broker.topics import Topics, is_device_id
 from gateway.devices.broadcast import Broadcast, Subscription
@@ -133,6 +134,7 @@ class EmbeddedBroker:
             GatewayError: the address cannot be bound.
         """
         _quiet_library_logs()
+        install_session_states()
         bind = f"[{self.listen.host}]" if ":" in self.listen.host else self.listen.host
         broker = _GatewayBroker(
             {
