@@ -34,6 +34,7 @@ from gateway.device_side.broker.plugin import (
     GatewayAuthPlugin,
     GatewayTopicPlugin,
 )
+from gateway.device_side.broker.queues import install_lean_queues
 from gateway.device_side.broker.sessions import AuthenticateFirst
 from gateway.device_side.broker.states import install_session_states
 from gateway.device_side.broker.subscriptions import FleetSubscriptions
@@ -135,6 +136,7 @@ class EmbeddedBroker:
         """
         _quiet_library_logs()
         install_session_states()
+        install_lean_queues()
         bind = f"[{self.listen.host}]" if ":" in self.listen.host else self.listen.host
         broker = _GatewayBroker(
             {
