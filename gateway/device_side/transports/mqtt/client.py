@@ -18,7 +18,11 @@ from pathlib import Path
 
 import aiomqtt
 
-from gateway.device_side.broker.aiomqtt_fixes import consume_disconnect, honour_cancellation
+from gateway.device_side.broker.aiomqtt_fixes import (
+    FleetClient,
+    consume_disconnect,
+    honour_cancellation,
+)
 from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 from gateway.devices.link import LinkClosed
 
@@ -92,7 +96,7 @@ class BrokerClient:
 
     def _client_for(self) -> aiomqtt.Client:
         login = self.login
-        client = aiomqtt.Client(
+        client = FleetClient(
             login.host,
             login.port,
             username=login.username,
