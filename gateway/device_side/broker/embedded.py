@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from amqtt.broker import Broker
 
@@ -33,6 +34,7 @@ from gateway.device_side.broker.plugin import (
     TOPIC_PLUGIN,
     GatewayAuthPlugin,
     GatewayTopicPlugin,
+    topic_allowed,
 )
 from gateway.device_side.broker.queues import install_lean_queues
 from gateway.device_side.broker.sessions import AuthenticateFirst
@@ -58,6 +60,13 @@ GATEWAY_LOGIN = "@esp-mcp-gateway"
 class _GatewayBroker(FleetSubscriptions, AuthenticateFirst, LimitedBroker):
     """amqtt's broker with a packet size limit, authenticating before session take-over, and a
     subscription table whose work per client does not grow with the fleet."""
+
+    policy: EmbeddedBroker | None = None
+
+    async def _topic_filtering(self, session: Any, topic: str, action: Any) -> bool:
+        # The topic plugin's answer, asked directly: amqtt's plugin manager made a task and a
+        # wait for every PUBLISH and every delivery to ask it.
+        return topic_allowed(self.policy, session, topic, action)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +155,7 @@ class EmbeddedBroker:
             self.max_packet_bytes,
             self._guard,
         )
+        broker.policy = self
         for plugin in broker.plugins_manager.plugins:
             if isinstance(plugin, GatewayAuthPlugin | GatewayTopicPlugin):
                 plugin.owner = self
