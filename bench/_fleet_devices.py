@@ -79,6 +79,9 @@ class FleetSpec:
     open_timeout: float = 10.0  # s: WebSocket/MQTT connect (stock: 10 s handshake timeout)
     hello_timeout: float | None = STOCK_HELLO_WAIT  # None: wait for the server hello forever
     max_inflight: int | None = None  # joins in progress at once; None: all at once (a storm)
+    # MQTT: subscribe to the own down topic and say hello once connected (a broker that does
+    # not subscribe devices itself, a server that learns of a device from its hello)
+    announce: bool = False
 
 
 # --- the device side of MCP (docs/protocol.md §4) -------------------------------------------
@@ -274,6 +277,9 @@ async def _mqtt_device(group: Group, device: Device) -> None:
     try:
         async with client:
             connected = True
+            if group.spec.announce:
+                await client.subscribe(topic.rpartition("/")[0] + "/down", qos=0)
+                await client.publish(topic, '{"type":"hello"}', qos=0)
             async for message in client.messages:
                 if not isinstance(message.payload, bytes | str):
                     continue

@@ -27,6 +27,7 @@ from typing import Any
 
 from _fleet_devices import FleetSpec, Outcome, baseline_main, worker_main
 from _fleet_listing import listing_main
+from _lean_baseline import lean_baseline_main
 
 __all__ = [
     "CHILDREN",
@@ -164,10 +165,12 @@ class _ChildServer:
 
 
 class Baseline(_ChildServer):
-    """The bare websockets server, in its own process."""
+    """The bare websockets server, in its own process; ``lean``: the one of ``_lean_baseline``."""
 
-    def __init__(self, token: str) -> None:
-        super().__init__("baseline server", baseline_main, (token,), 30)
+    def __init__(self, token: str, *, lean: bool = False) -> None:
+        what, main = ("lean baseline", lean_baseline_main) if lean else ("baseline server",
+                                                                         baseline_main)  # fmt: skip
+        super().__init__(what, main, (token,), 30)
         self.url = f"ws://127.0.0.1:{self.started}/xiaozhi/v1/"
 
 

@@ -14,10 +14,12 @@ pages (``_fleet_catalogue``). Phases, each against a fresh gateway:
 
 * **storm**: N devices connect at once over WebSocket, first to the *baseline* (a bare
   ``websockets`` server in its own process doing only the device handshake: server hello,
-  ``initialize``, three ``tools/list`` pages), then to the gateway. Device side: when each
-  device answered its last page (p50, max). Gateway side: once the devices are done,
-  ``GET /api/devices`` every half second until all are online with 25 tools. Devices give up
-  on a server hello after 10 s as stock firmware does; those are counted, not retried.
+  ``initialize``, three ``tools/list`` pages), then to the *lean* baseline (the same with
+  everything serialised once and no JSON parsed: ``_lean_baseline``), then to the gateway.
+  Device side: when each device answered its last page (p50, max). Gateway side: once the
+  devices are done, ``GET /api/devices`` every half second until all are online with 25
+  tools. Devices give up on a server hello after 10 s as stock firmware does; those are
+  counted, not retried.
 * **join**: gateway time for one more device to connect, be listed and leave, 20 times
   (``--joins``), minus its time in idle slots of the same length between them: its event-loop
   thread and all its threads (``/proc/<pid>/task/*/schedstat``, in nanoseconds); into an
@@ -25,9 +27,11 @@ pages (``_fleet_catalogue``). Phases, each against a fresh gateway:
 * **idle**: that fleet's cost: gateway RSS before the devices and after all are listed, per
   device; gateway CPU over 20 s (``--idle-seconds``: one ping interval, so that each device's
   ping counts about once) with all of them connected and idle.
-* **mqtt**: N devices do the stock OTA check-in, log in to the embedded broker with what it
-  returns, and are listed over MQTT; gateway sessions closed for a discovery timeout are
-  counted from its log.
+* **mqtt**: the same N devices at once three times: over WebSocket to a fresh gateway; with the
+  stock OTA check-in, logging in to the embedded broker with what it returns and listed over
+  MQTT; and the MQTT path's *baseline* (``_mqtt_baseline``): OTA check-in at a minimal server,
+  mosquitto, one minimal client doing the discovery. Times, server CPU (mosquitto's and the
+  client's together for the baseline) and RSS per device right after, for each.
 * **list**: for each of ``--list-counts`` fleets (1,000 and 10,000 devices), the wall time of
   an SDK client fetching every ``tools/list`` page of a gateway in ``per-device`` tools mode
   (25 tools a device, plus its two meta-tools), against the *baseline* of a bare low-level SDK
@@ -69,12 +73,16 @@ from _fleet_processes import (
     cpu_s,
     kill_children,
 )
+from _mqtt_baseline import MqttBaseline
 from mcp import Client
 
 DEVICE_TOKEN = "bench-fleet-device-token"
 PHASES = ("storm", "join", "idle", "mqtt", "list")
 GOALS = {
     "storm_ratio": 2.0,
+    "join_cpu_lean_ratio": 1.15,  # storm server CPU against the lean baseline's (issue 29)
+    "mqtt_ratio": 1.3,  # MQTT devices all listed against the same devices over WebSocket
+    "mqtt_rss_kb": 50.0,
     "join_ms": 5.0,
     "rss_kb": 50.0,
     "idle_cpu_percent": 5.0,
@@ -139,7 +147,7 @@ def run_group(
     start_at = time.monotonic() + delay
     pool.start(group, replace(spec, start_at=start_at), ids)
     time.sleep(max(0.0, start_at - time.monotonic()))
-    server_cpu, workers_cpu = cpu_s(server.pid), pool.cpu_s()
+    server_cpu, workers_cpu = _server_cpu(server), pool.cpu_s()
     settled, changed = -1, time.monotonic()
     while True:
         listed, failed, total = pool.wait(group, 0.5)
@@ -151,13 +159,18 @@ def run_group(
         elif time.monotonic() - changed > STALL_S:
             break  # the rest are neither listed nor failed: reported as pending
     wall = time.monotonic() - start_at
-    server_cpu = cpu_s(server.pid) - server_cpu
+    server_cpu = _server_cpu(server) - server_cpu
     cpu = {
         "server_cpu_s": round(server_cpu, 2),  # steadier than times on a shared machine
         "server_cpu_percent": round(100 * server_cpu / wall, 1),
         "workers_cpu_percent": round(100 * (pool.cpu_s() - workers_cpu) / wall, 1),
     }
     return Run(start_at, pool.results(group), cpu)
+
+
+def _server_cpu(server: Server) -> float:
+    """CPU seconds of the server's processes so far (the MQTT baseline has two)."""
+    return sum(cpu_s(pid) for pid in getattr(server, "pids", (server.pid,)))
 
 
 def _seconds(values: list[float]) -> dict[str, float | None]:
@@ -217,13 +230,14 @@ def storm(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
     ids = device_ids("storm", count)
     stock = FleetSpec("ws", "", DEVICE_TOKEN)  # stock patience: 10 s, 10 s
     figures: dict[str, Any] = {"devices": count}
-    baseline = Baseline(DEVICE_TOKEN)
-    try:
-        run = run_group(pool, "storm", replace(stock, url=baseline.url), ids, baseline)
-        figures["baseline"] = summarize(run)
-        pool.stop("storm")
-    finally:
-        baseline.close()
+    for name, lean in (("baseline", False), ("lean", True)):
+        baseline = Baseline(DEVICE_TOKEN, lean=lean)
+        try:
+            run = run_group(pool, "storm", replace(stock, url=baseline.url), ids, baseline)
+            figures[name] = summarize(run)
+            pool.stop("storm")
+        finally:
+            baseline.close()
     gateway = Gateway(workdir, "storm", DEVICE_TOKEN, mqtt=False)
     try:
         spec = replace(stock, url=gateway.device_url)
@@ -244,7 +258,10 @@ def storm(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
     figures["ratio"] = round(gw / base, 2) if base and gw else None
     base, gw = figures["baseline"]["server_cpu_s"], figures["gateway"]["server_cpu_s"]
     figures["cpu_ratio"] = round(gw / base, 2) if base and gw else None
+    lean = figures["lean"]["server_cpu_s"]
+    figures["cpu_ratio_lean"] = round(gw / lean, 2) if lean and gw else None
     figures["goal_ratio"] = GOALS["storm_ratio"]
+    figures["goal_cpu_ratio_lean"] = GOALS["join_cpu_lean_ratio"]
     return figures
 
 
@@ -372,19 +389,49 @@ def _join_ratio(join: dict[str, Any]) -> float | None:
     return round(full / empty, 2) if empty and full is not None and empty > 0 else None
 
 
+def _mqtt_target(pool: Pool, spec: FleetSpec, ids: list[str], server: Any) -> dict[str, Any]:
+    """One target of the MQTT phase: its devices at once, its RSS before and right after."""
+    rss_before = server.rss_kb()
+    run = run_group(pool, "mqtt", spec, ids, server)
+    rss_after = server.rss_kb()  # right after, before /api/devices and its big replies
+    figures = summarize(run) | {
+        "rss_before_kb": rss_before,
+        "rss_after_kb": rss_after,
+        "rss_per_device_kb": round((rss_after - rss_before) / max(len(ids), 1), 1),
+    }
+    if isinstance(server, Gateway):
+        figures |= confirm(server, ids, run)
+        figures["log"] = server.log_counts()
+    pool.stop("mqtt")
+    return figures
+
+
 def mqtt(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
-    """N devices at once: OTA check-in, embedded broker, MCP over MQTT."""
+    """The same N devices at once: over WebSocket, then OTA + the embedded broker, then
+    OTA + mosquitto with a minimal discovery client (the MQTT path's baseline)."""
     ids = device_ids("mqtt", count)
-    gateway = Gateway(workdir, "mqtt", DEVICE_TOKEN, mqtt=True)
+    figures: dict[str, Any] = {"devices": count}
+    targets = (("websocket", "ws", False), ("mqtt", "mqtt", True))
+    for name, kind, broker in targets:
+        gateway = Gateway(workdir, f"mqtt-{name}", DEVICE_TOKEN, mqtt=broker)
+        try:
+            url = gateway.ota_url if broker else gateway.device_url
+            figures[name] = _mqtt_target(pool, FleetSpec(kind, url, DEVICE_TOKEN), ids, gateway)
+        finally:
+            gateway.close()
+    baseline = MqttBaseline(workdir)
     try:
-        spec = FleetSpec("mqtt", gateway.ota_url, DEVICE_TOKEN)
-        run = run_group(pool, "mqtt", spec, ids, gateway)
-        figures = summarize(run)
-        figures |= confirm(gateway, ids, run)
-        figures["log"] = gateway.log_counts()
-        pool.stop("mqtt")
+        spec = FleetSpec("mqtt", baseline.ota_url, DEVICE_TOKEN, announce=True)
+        figures["mosquitto"] = _mqtt_target(pool, spec, ids, baseline)
     finally:
-        gateway.close()
+        baseline.close()
+    ws, mq, mo = figures["websocket"], figures["mqtt"], figures["mosquitto"]
+    figures["ratio_websocket"] = _ratio(mq["listed_s"]["max"], ws["listed_s"]["max"])
+    figures["ratio_confirmed"] = _ratio(mq.get("confirmed_s"), ws.get("confirmed_s"))
+    figures["ratio_mosquitto"] = _ratio(mq["listed_s"]["max"], mo["listed_s"]["max"])
+    figures["cpu_ratio_websocket"] = _ratio(mq["server_cpu_s"], ws["server_cpu_s"])
+    figures["cpu_ratio_mosquitto"] = _ratio(mq["server_cpu_s"], mo["server_cpu_s"])
+    figures["goal_ratio"], figures["goal_rss_kb"] = GOALS["mqtt_ratio"], GOALS["mqtt_rss_kb"]
     return figures
 
 
@@ -532,12 +579,15 @@ def _storm_lines(f: dict[str, Any]) -> list[str]:
         "1st = server hello)",
         _HEAD,
         _group_line("baseline", f["baseline"]),
+        _group_line("lean", f["lean"]),
         _group_line("gateway", f["gateway"]),
         *_log_lines(f["gateway"]),
         f"  gateway/baseline (max): x{_s(f['ratio'])}   goal <= {f['goal_ratio']:g}x"
-        + _incomplete(f["baseline"], f["gateway"]),
-        f"  server CPU: baseline {f['baseline']['server_cpu_s']:.2f} s, gateway "
-        f"{f['gateway']['server_cpu_s']:.2f} s: x{_s(f['cpu_ratio'])}",
+        + _incomplete(f["baseline"], f["lean"], f["gateway"]),
+        f"  server CPU: baseline {f['baseline']['server_cpu_s']:.2f} s, lean "
+        f"{f['lean']['server_cpu_s']:.2f} s, gateway {f['gateway']['server_cpu_s']:.2f} s: "
+        f"x{_s(f['cpu_ratio'])} of the baseline, x{_s(f['cpu_ratio_lean'])} of the lean one "
+        f"(goal <= {f['goal_cpu_ratio_lean']:g}x)",
         f"  gateway RSS {f['gateway']['rss_before_kb'] / 1024:.1f} MB before, "
         f"{f['gateway']['rss_after_kb'] / 1024:.1f} MB right after: "
         f"{f['gateway']['rss_per_device_kb']:.1f} KB per device",
@@ -579,12 +629,29 @@ def _idle_lines(i: dict[str, Any]) -> list[str]:
 
 
 def _mqtt_lines(m: dict[str, Any]) -> list[str]:
+    ws, mq, mo = m["websocket"], m["mqtt"], m["mosquitto"]
+    rss = "  RSS per device right after: " + ", ".join(
+        f"{name} {t['rss_per_device_kb']:.1f} KB" for name, t in
+        (("websocket", ws), ("mqtt", mq), ("mosquitto + client", mo))
+    ) + f"   goal (mqtt) <= {m['goal_rss_kb']:g} KB"  # fmt: skip
     return [
-        f"mqtt: {m['devices']} devices at once: OTA check-in, embedded broker, MCP over MQTT "
-        "(1st = OTA reply)",
+        f"mqtt: the same {m['devices']} devices at once over WebSocket, over MQTT (OTA check-in, "
+        "embedded broker), and over MQTT to mosquitto with a minimal discovery client "
+        "(1st = server hello or OTA reply)",
         _HEAD,
-        _group_line("gateway", m),
-        *_log_lines(m),
+        _group_line("websocket", ws),
+        _group_line("mqtt", mq),
+        _group_line("mosquitto", mo),
+        f"  confirmed via /api/devices: websocket at {_s(ws.get('confirmed_s'))} s, mqtt at "
+        f"{_s(mq.get('confirmed_s'))} s: x{_s(m['ratio_confirmed'])}   goal <= "
+        f"{m['goal_ratio']:g}x" + _incomplete(ws, mq, mo),
+        f"  mqtt/websocket (max): x{_s(m['ratio_websocket'])}; mqtt/mosquitto (max): "
+        f"x{_s(m['ratio_mosquitto'])}",
+        f"  server CPU: websocket {ws['server_cpu_s']:.2f} s, mqtt {mq['server_cpu_s']:.2f} s, "
+        f"mosquitto + client {mo['server_cpu_s']:.2f} s: mqtt x{_s(m['cpu_ratio_websocket'])} "
+        f"of websocket, x{_s(m['cpu_ratio_mosquitto'])} of mosquitto",
+        rss,
+        f"  gateway logs: websocket {ws['log']}, mqtt {mq['log']}",
         f"  ({_LEGEND})",
     ]
 

@@ -45,7 +45,12 @@ async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
     assert figures["idle"]["fill"]["visible"] == 4
     assert figures["idle"]["rss_after_kb"] > 0
     assert figures["join"]["empty"]["failed"] == figures["join"]["fleet"]["failed"] == 0
-    assert figures["mqtt"]["visible"] == 3
+    assert figures["storm"]["lean"]["listed"] == 4
+    assert "cpu_ratio_lean" in figures["storm"]  # None when a tiny storm takes no CPU tick
+    mqtt = figures["mqtt"]
+    assert mqtt["websocket"]["visible"] == mqtt["mqtt"]["visible"] == 3
+    assert mqtt["mosquitto"]["listed"] == 3
+    assert mqtt["ratio_websocket"] and mqtt["ratio_mosquitto"]
     [listed] = figures["list"]["fleets"]
     assert listed["expected_tools"] == 3 * 25 + 2
     for target in ("baseline", "gateway"):

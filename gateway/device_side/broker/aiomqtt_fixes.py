@@ -1,18 +1,28 @@
-"""aiomqtt 2.5 habits on Python 3.11 that every reconnecting client of the gateway works around.
+"""aiomqtt 2.5 habits that the gateway's clients work around.
 
-Used by the gateway's own client (``transports/mqtt.py``) and by the per-device upstream clients
-(``upstream/mqtt_client.py``).
+Two on Python 3.11 that every reconnecting client of the gateway works around, used by the
+gateway's own client (``transports/mqtt.py``) and by the per-device upstream clients
+(``upstream/mqtt_client.py``); a socket registered after it closed
+(``mend_socket_registration``, every client); and ``FleetClient`` for the gateway's own
+client, which carries every device's messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import aiomqtt
 
-__all__ = ["cancel_all", "consume_disconnect", "honour_cancellation", "mend_socket_registration"]
+__all__ = [
+    "FleetClient",
+    "cancel_all",
+    "consume_disconnect",
+    "honour_cancellation",
+    "mend_socket_registration",
+]
 
 
 def honour_cancellation() -> None:
@@ -105,3 +115,29 @@ def mend_socket_registration(client: aiomqtt.Client) -> aiomqtt.Client:
     paho.on_socket_open = on_open
     paho.on_socket_register_write = on_register_write
     return client
+
+
+class FleetClient(aiomqtt.Client):
+    """aiomqtt's client, whose bookkeeping per publish does not grow with those in flight.
+
+    For every publish awaiting its PUBACK, aiomqtt 2.5 walked every call in flight twice (``mid
+    in self._pending_calls``, a generator over three dicts; then ``len(list(...))`` for its
+    warning): with a storm of devices being discovered, hundreds of the gateway's publishes are
+    in flight, and each one paid for all of them. The same checks, on the dicts directly.
+    """
+
+    @contextlib.contextmanager
+    def _pending_call(self, mid: int, value: Any, pending_dict: dict[int, Any]) -> Iterator[None]:
+        calls = (self._pending_subscribes, self._pending_unsubscribes, self._pending_publishes)
+        if any(mid in pending for pending in calls):
+            msg = f'There already exists a pending call for message ID "{mid}"'
+            raise RuntimeError(msg)
+        pending_dict[mid] = value
+        try:
+            in_flight = sum(len(pending) for pending in calls)
+            if in_flight > self.pending_calls_threshold:
+                self._logger.warning("There are %d pending publish calls.", in_flight)
+            yield
+        finally:
+            with contextlib.suppress(KeyError):
+                del pending_dict[mid]

@@ -20,7 +20,7 @@ import asyncio
 import errno
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -34,8 +34,12 @@ from gateway.device_side.broker.plugin import (
     TOPIC_PLUGIN,
     GatewayAuthPlugin,
     GatewayTopicPlugin,
+    topic_allowed,
 )
+from gateway.device_side.broker.queues import install_lean_queues
 from gateway.device_side.broker.sessions import AuthenticateFirst
+from gateway.device_side.broker.states import install_session_states
+from gateway.device_side.broker.subscriptions import FleetSubscriptions
 from gateway.device_side.broker.topics import Topics, is_device_id
 from gateway.devices.broadcast import Broadcast, Subscription
 from gateway.errors import GatewayError, PortTaken
@@ -53,68 +57,16 @@ _HEARD_PATIENCE = 5.0
 GATEWAY_LOGIN = "@esp-mcp-gateway"
 
 
-class _Subscriptions(dict[str, Any]):
-    """amqtt's subscription table (filter -> subscribers), mended for a fleet.
+class _GatewayBroker(FleetSubscriptions, AuthenticateFirst, LimitedBroker):
+    """amqtt's broker with a packet size limit, authenticating before session take-over, and a
+    subscription table whose work per client does not grow with the fleet."""
 
-    amqtt 0.12 has two problems here, and this table answers both:
+    policy: EmbeddedBroker | None = None
 
-    - It awaits inside ``for ... in self._subscriptions.items()`` (``_run_broadcast``) while
-      other clients' connects add or remove subscriptions: the broadcast task then dies with
-      "dictionary changed size during iteration" and the broker stops routing anything. So every
-      iteration walks a copy.
-    - It walks *every* filter for every message, and each device has one (its own ``down``
-      topic): O(devices) per message, O(devices²) for a storm of devices arriving. So
-      ``_BroadcastQueue.get()`` says which topic is about to be broadcast, and ``items()``
-      then returns only the filters that can match it: that exact topic and the wildcard ones
-      (amqtt still checks each with its own matcher).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._wildcards: set[str] = set()
-        self.next_topic: str | None = None
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        super().__setitem__(key, value)
-        if "+" in key or "#" in key:
-            self._wildcards.add(key)
-
-    def __delitem__(self, key: str) -> None:
-        super().__delitem__(key)
-        self._wildcards.discard(key)
-
-    def clear(self) -> None:
-        super().clear()
-        self._wildcards.clear()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(super().__iter__()))
-
-    def items(self) -> Any:  # a view of a copy (typeshed's dict_items is not importable)
-        topic, self.next_topic = self.next_topic, None
-        if topic is None:
-            return dict(super().items()).items()
-        candidates = (topic, *self._wildcards)
-        return {key: self[key] for key in candidates if key in self}.items()
-
-
-class _GatewayBroker(AuthenticateFirst, LimitedBroker):
-    """amqtt's broker with a packet size limit, authenticating before session take-over."""
-
-
-class _BroadcastQueue(asyncio.Queue[dict[str, Any]]):
-    """amqtt's broadcast queue, telling the subscription table the topic it hands out next."""
-
-    def __init__(self, table: _Subscriptions) -> None:
-        super().__init__()
-        self._table = table
-
-    async def get(self) -> dict[str, Any]:
-        """The next message to broadcast; its topic goes to the table first."""
-        item = await super().get()
-        topic = item.get("topic")
-        self._table.next_topic = topic if isinstance(topic, str) else None
-        return item
+    async def _topic_filtering(self, session: Any, topic: str, action: Any) -> bool:
+        # The topic plugin's answer, asked directly: amqtt's plugin manager made a task and a
+        # wait for every PUBLISH and every delivery to ask it.
+        return topic_allowed(self.policy, session, topic, action)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +144,8 @@ class EmbeddedBroker:
             GatewayError: the address cannot be bound.
         """
         _quiet_library_logs()
+        install_session_states()
+        install_lean_queues()
         bind = f"[{self.listen.host}]" if ":" in self.listen.host else self.listen.host
         broker = _GatewayBroker(
             {
@@ -201,12 +155,10 @@ class EmbeddedBroker:
             self.max_packet_bytes,
             self._guard,
         )
+        broker.policy = self
         for plugin in broker.plugins_manager.plugins:
             if isinstance(plugin, GatewayAuthPlugin | GatewayTopicPlugin):
                 plugin.owner = self
-        subscriptions = _Subscriptions()
-        broker._subscriptions = subscriptions  # see _Subscriptions
-        broker._broadcast_queue = _BroadcastQueue(subscriptions)
         try:
             await broker.start()
         except Exception as exc:  # amqtt wraps the OSError in a BrokerError

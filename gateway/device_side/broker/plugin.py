@@ -17,7 +17,14 @@ from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 
 from gateway.device_side.broker.topics import Topics
 
-__all__ = ["AUTH_PLUGIN", "TOPIC_PLUGIN", "BrokerPolicy", "GatewayAuthPlugin", "GatewayTopicPlugin"]
+__all__ = [
+    "AUTH_PLUGIN",
+    "TOPIC_PLUGIN",
+    "BrokerPolicy",
+    "GatewayAuthPlugin",
+    "GatewayTopicPlugin",
+    "topic_allowed",
+]
 
 AUTH_PLUGIN = f"{__name__}.GatewayAuthPlugin"
 TOPIC_PLUGIN = f"{__name__}.GatewayTopicPlugin"
@@ -59,6 +66,13 @@ class BrokerPolicy(Protocol):
         ...
 
 
+def topic_allowed(owner: BrokerPolicy | None, session: Any, topic: str | None, action: Any) -> bool:
+    """Whether ``session`` may ``action`` (publish, subscribe, receive) on ``topic``."""
+    if owner is None or session is None or topic is None:
+        return False
+    return owner.allows(session.username, topic, publish=action == Action.PUBLISH)
+
+
 class GatewayAuthPlugin(BaseAuthPlugin):  # type: ignore[misc]  # amqtt is untyped
     """Admits the gateway's own client and devices with a valid password."""
 
@@ -95,9 +109,7 @@ class GatewayTopicPlugin(BaseTopicPlugin):  # type: ignore[misc]  # amqtt is unt
         self, *, session: Any = None, topic: str | None = None, action: Any = None
     ) -> bool:
         """Ask the owner whether ``session`` may ``action`` on ``topic``."""
-        if self.owner is None or session is None or topic is None:
-            return False
-        return self.owner.allows(session.username, topic, publish=action == Action.PUBLISH)
+        return topic_allowed(self.owner, session, topic, action)
 
     async def on_broker_client_connected(self, *, client_id: str, client_session: Any) -> None:
         """Subscribe a device to its own down topic, then tell the owner it is there."""

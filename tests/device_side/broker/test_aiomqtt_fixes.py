@@ -1,20 +1,64 @@
-"""aiomqtt's socket registration, mended (gateway/device_side/broker/aiomqtt_fixes.py): a socket
-closed before the loop gets to register it is left alone, a live one is served."""
+"""aiomqtt mended (gateway/device_side/broker/aiomqtt_fixes.py): the gateway's own client's work
+per publish does not grow with those in flight; a socket closed before the loop gets to register
+it is left alone, a live one is served."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import pytest
 
-from gateway.device_side.broker.aiomqtt_fixes import mend_socket_registration
+from gateway.device_side.broker import GATEWAY_LOGIN
+from gateway.device_side.broker.aiomqtt_fixes import FleetClient, mend_socket_registration
 from tests.conftest import bound
+from tests.device_side.broker.test_embedded import DEVICE, TOKEN, broker, client, first_message
 from tests.mqtt_helpers import Mosquitto
 
 pytestmark = pytest.mark.anyio
+
+IN_FLIGHT = 50
+
+
+class _Counted(FleetClient):
+    walks = 0
+
+    @property
+    def _pending_calls(self) -> Generator[int, None, None]:
+        type(self).walks += 1  # aiomqtt walked every call in flight, twice per publish
+        yield from ()
+
+
+async def test_publishes_in_flight_are_not_walked_for_each_publish() -> None:
+    """Fifty publishes awaiting their PUBACK at once: none walks the others; all arrive."""
+    async with broker() as b, client(b, DEVICE, TOKEN) as device:
+        gateway = _Counted("127.0.0.1", b.port, username=GATEWAY_LOGIN,
+                           password=b.gateway_password, identifier="gw-test",
+                           timeout=bound(5))  # fmt: skip
+        async with gateway, asyncio.timeout(bound(10)):
+            topic = f"xiaozhi/{DEVICE}/down"
+            await asyncio.gather(
+                *(gateway.publish(topic, str(n).encode(), qos=1) for n in range(IN_FLIGHT))
+            )
+            assert (await first_message(device)).payload == b"0"
+    assert _Counted.walks == 0
+
+
+async def test_a_message_id_already_in_flight_is_refused() -> None:
+    """As aiomqtt's: one pending call per message id, removed when it ends."""
+    c = FleetClient("127.0.0.1", 1)
+    with c._pending_call(7, "first", c._pending_publishes):
+        assert c._pending_publishes == {7: "first"}
+        with pytest.raises(RuntimeError, match="7"), c._pending_call(7, "again", {}):
+            pass
+    assert c._pending_publishes == {}
+    c.pending_calls_threshold = 0
+    with c._pending_call(8, "warned", c._pending_subscribes):
+        assert 8 in c._pending_subscribes
 
 
 async def _loop_turn() -> None:
@@ -50,7 +94,7 @@ async def test_a_socket_closed_before_its_registration_is_left_alone(callback: s
         loop.set_exception_handler(None)
 
 
-async def test_a_mended_client_still_talks_to_a_broker(tmp_path: Any) -> None:
+async def test_a_mended_client_still_talks_to_a_broker(tmp_path: Path) -> None:
     """The mended registration serves a real connection: publish, subscribe, receive."""
     async with Mosquitto(tmp_path / "broker") as broker:
         client = mend_socket_registration(aiomqtt.Client("127.0.0.1", broker.port))

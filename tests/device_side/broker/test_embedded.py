@@ -6,13 +6,14 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiomqtt
 import pytest
 
 from gateway.config import ListenAddress
 from gateway.device_side.broker import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed, Topics
-from gateway.device_side.broker.embedded import _Subscriptions
+from gateway.device_side.broker.subscriptions import SubscriptionTable
 from gateway.errors import GatewayError, PortTaken
 from tests.conftest import bound
 
@@ -177,7 +178,7 @@ async def test_port_in_use_is_a_gateway_error() -> None:
 
 def test_a_broadcast_visits_only_the_filters_that_can_match() -> None:
     """With a filter per device, a message's broadcast sees its own topic and the wildcards."""
-    table = _Subscriptions()
+    table = SubscriptionTable()
     for n in range(1000):
         table[f"xiaozhi/aa:{n:04x}/down"] = [("session", 0)]
     table["xiaozhi/+/up"] = [("gateway", 0)]
@@ -210,3 +211,28 @@ async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
                 assert (await first_message(gw)).payload == b'{"type":"hello"}'
             finally:
                 await device.__aexit__(None, None, None)
+
+
+async def test_topic_checks_make_no_task_per_message() -> None:
+    """amqtt asked the topic plugin through a task and a wait for every PUBLISH and every
+    delivery; the gateway's broker asks the policy directly (the ACL tests above hold)."""
+    async with broker() as b, gateway_client(b) as gw:
+        await gw.subscribe("xiaozhi/+/up", qos=0)
+        inner: Any = b._broker
+        asked = 0
+        map_plugin_topic = inner.plugins_manager.map_plugin_topic
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal asked
+            asked += 1
+            return await map_plugin_topic(*args, **kwargs)
+
+        inner.plugins_manager.map_plugin_topic = counted
+        async with client(b, DEVICE, TOKEN) as device:
+            await device.publish(f"xiaozhi/{OTHER}/up", b"spoofed")
+            await device.publish(f"xiaozhi/{DEVICE}/up", b"mine")
+            message = await first_message(gw)
+            await gw.publish(f"xiaozhi/{DEVICE}/down", b"reply", qos=1)
+            assert (await first_message(device)).payload == b"reply"
+        assert (message.topic.value, message.payload) == (f"xiaozhi/{DEVICE}/up", b"mine")
+        assert asked == 0

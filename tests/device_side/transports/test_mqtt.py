@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -152,10 +154,32 @@ def test_link_drops_a_flood_and_nothing_after_closing() -> None:
     link = MqttLink(MqttTransport(BrokerLogin("127.0.0.1", 1), Topics()), DEVICE)
     for index in range(300):
         link.feed(str(index))
-    assert link._queue.qsize() == 256
+    assert link.queued == 256
     link.close()
     link.feed("late")
-    assert link._queue.qsize() == 257  # the 256 messages and the end marker
+    assert link.queued == 257  # the 256 messages and the end marker
+
+
+async def test_an_idle_link_holds_no_queue_and_its_messages_arrive_in_order() -> None:
+    """An asyncio.Queue per link was four deques and an Event for every connected device."""
+    link = MqttLink(MqttTransport(BrokerLogin("127.0.0.1", 1), Topics()), DEVICE)
+    reader = aiter(link)
+    link.feed("one")
+    link.feed("two")
+    async with asyncio.timeout(bound(5)):
+        assert [await anext(reader), await anext(reader)] == ["one", "two"]
+        own = [v for k, v in vars(link).items() if k != "_transport"]  # the link's own state
+        held = [*own, *gc.get_referents(*own)]
+        assert link.queued == 0
+        assert not [o for o in held if isinstance(o, deque | asyncio.Queue | asyncio.Event)]
+        later = asyncio.create_task(anext(reader))
+        while link._waiter is None:  # the reader waits on one future, nothing more
+            await asyncio.wait([later], timeout=0)
+        link.feed("three")
+        assert await later == "three"
+        link.close()
+        with pytest.raises(StopAsyncIteration):
+            await anext(reader)
 
 
 async def test_publish_without_a_broker_raises_link_closed() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiomqtt
 
 from gateway.device_side.broker.aiomqtt_fixes import (
+    FleetClient,
     consume_disconnect,
     honour_cancellation,
     mend_socket_registration,
@@ -96,7 +97,7 @@ class BrokerClient:
 
     def _client_for(self) -> aiomqtt.Client:
         login = self.login
-        client = aiomqtt.Client(
+        client = FleetClient(
             login.host,
             login.port,
             username=login.username,

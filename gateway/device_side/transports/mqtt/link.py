@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -36,16 +37,43 @@ class MqttLink:
         self.identity = DeviceIdentity(device_id=device_id, client_id=None, transport="mqtt")
         self.closed = False
         self._transport = transport
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        # Not an asyncio.Queue: that is four deques and an Event per device, held for as long
+        # as it is connected; an idle link holds only the future its reader waits on.
+        self._queue: deque[str | None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting for the reader (the end marker included)."""
+        return len(self._queue) if self._queue is not None else 0
+
+    def _put(self, item: str | None) -> None:
+        if self._queue is None:
+            self._queue = deque()
+        self._queue.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _get(self) -> str | None:
+        while not self._queue:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._queue.popleft()
+        if not self._queue:
+            self._queue = None  # an idle link keeps no deque
+        return item
 
     def feed(self, text: str) -> None:
         """Queue a message the device published."""
         if self.closed:
             return
-        if self._queue.qsize() >= _MAX_QUEUED:
+        if self.queued >= _MAX_QUEUED:
             logger.warning("device %s floods its up topic; message dropped", self.device_id)
             return
-        self._queue.put_nowait(text)
+        self._put(text)
 
     async def send(self, text: str) -> None:
         """Publish one message to the device's down topic."""
@@ -55,7 +83,7 @@ class MqttLink:
 
     async def __aiter__(self) -> AsyncIterator[str]:
         """Yield the device's messages until the link closes."""
-        while (text := await self._queue.get()) is not None:
+        while (text := await self._get()) is not None:
             yield text
             del text  # an idle device must not keep its last message alive (thousands do)
 
@@ -69,4 +97,4 @@ class MqttLink:
         """Close the link now; the iterator ends after the messages already queued."""
         if not self.closed:
             self.closed = True
-            self._queue.put_nowait(None)
+            self._put(None)
