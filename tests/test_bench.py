@@ -67,14 +67,19 @@ async def test_cluster_benchmark_runs_at_tiny_scale() -> None:
     program("mosquitto")  # skips, saying what to install, where it is missing
     with anyio.fail_after(bound(120)):
         done = await anyio.run_process(
-            [sys.executable, str(BENCH / "cluster.py"), "--count", "6", "--calls", "4", "--json"],
+            [sys.executable, str(BENCH / "cluster.py"), "--count", "6", "--calls", "4",
+             "--records", "300", "--json"],
             check=False,
-        )
+        )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()
     figures = json.loads(done.stdout)
     assert figures["cluster"]["listed"] == figures["single"]["listed"] == 6
     assert figures["calls"]["across"]["broker_publishes_per_call"] >= 2
     assert len(figures["rss_kb"]["replicas"]) == 3
+    restart = figures["restart"]  # a replica cold, then warm from its data dir
+    assert restart["records"] == 300
+    for start in ("cold", "warm"):
+        assert 0 < restart[start]["healthz_s"] <= restart[start]["caught_up_s"]
 
 
 @pytest.mark.anyio
