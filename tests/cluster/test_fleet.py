@@ -94,13 +94,18 @@ async def test_a_tombstone_forgets_the_device_and_closes_its_session_here(tmp_pa
     stack.close()
 
 
-async def test_a_silent_replica_is_gone_and_a_past_life_presence_is_cleared(tmp_path: Path) -> None:
-    stack, fleet = fleet_on(tmp_path)
+def held_by_gw2(fleet: Fleet) -> None:
+    """The broker's records of an approved device with its tools, held by live replica gw-2."""
     fleet.on_record("catalogue", DIGEST, json.dumps(ENTRIES).encode())
     listed = FleetRecord(DEVICE, 10.0, "gw-2", alias="porch", state="approved", catalogue=DIGEST)
     fleet.on_record("device", DEVICE, listed.encode())
     fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0).encode())
     fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", 1.0).encode())
+
+
+async def test_a_silent_replica_is_gone_and_a_past_life_presence_is_cleared(tmp_path: Path) -> None:
+    stack, fleet = fleet_on(tmp_path)
+    held_by_gw2(fleet)
     device = stack.registry.get(DEVICE)
     assert device is not None and isinstance(device.session, RemoteSession)
     fleet.replicas.heard_at["gw-2"] = time.monotonic() - 3600  # no heartbeat for an hour
@@ -153,11 +158,7 @@ async def test_another_replicas_device_is_callable_here_once_this_replica_has_it
     number: it lists another replica's device, and connects it (callable) only once its
     request ids are its own."""
     stack, fleet = fleet_on(tmp_path, numbered=False)
-    fleet.on_record("catalogue", DIGEST, json.dumps(ENTRIES).encode())
-    listed = FleetRecord(DEVICE, 10.0, "gw-2", alias="porch", state="approved", catalogue=DIGEST)
-    fleet.on_record("device", DEVICE, listed.encode())
-    fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0).encode())
-    fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", 1.0).encode())
+    held_by_gw2(fleet)
     device = stack.registry.get(DEVICE)
     assert device is not None and device.exposed and not device.online
     fleet.numbered()
