@@ -187,8 +187,10 @@ class ClusterClient:
         replica never waits forever to join.
         """
         while not await self._echoed(_SYNC_AGAIN):
-            logger.info("replica %s: no echo of its sync token in %s s; asking again",
-                        self.replica, _SYNC_AGAIN)  # fmt: skip
+            # A warning: a replica stuck here never joins, and only warnings reach the logs
+            # most deployments (and the test suite) keep.
+            logger.warning("replica %s: no echo of its sync token in %s s; asking again",
+                           self.replica, _SYNC_AGAIN)  # fmt: skip
 
     async def _echoed(self, patience: float) -> bool:
         """Did a live message to our own sync topic come back within ``patience`` seconds?"""

@@ -81,7 +81,10 @@ class MqttTransport:
         self.topics = topics
         self._client = BrokerClient(
             login,
-            [(topics.every("up"), 0), (topics.every("status"), 1)],
+            # QoS 0 both: the session is clean (what is in flight is lost with the connection
+            # at any QoS, and presence probes heal it), while on NATS a QoS 1 subscription is a
+            # JetStream consumer that takes seconds to make for minutes after a node dies.
+            [(topics.every("up"), 0), (topics.every("status"), 0)],
             on_connected=self._connected,
             on_disconnected=self._disconnected,
             on_message=self._dispatch,
