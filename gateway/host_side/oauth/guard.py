@@ -23,7 +23,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.authentication import AuthCredentials, AuthenticationBackend, BaseUser
 from starlette.requests import HTTPConnection
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.host_side.callers import app_of
 from gateway.host_side.oauth.origin import OriginRules
@@ -69,12 +69,13 @@ class AppStreams:
         self._live: dict[str, set[anyio.CancelScope]] = {}
 
     @contextmanager
-    def hold(self, client_id: str) -> Iterator[None]:
-        """Run a request of ``client_id`` so that ``end`` can stop it."""
+    def hold(self, client_id: str) -> Iterator[anyio.CancelScope]:
+        """Run a request of ``client_id`` so that ``end`` can stop it (``cancelled_caught``
+        of the scope yielded says it did)."""
         with anyio.CancelScope() as scope:
             self._live.setdefault(client_id, set()).add(scope)
             try:
-                yield
+                yield scope
             finally:
                 live = self._live.get(client_id)
                 if live is not None:
@@ -109,8 +110,14 @@ class RequireToken:
                     scope, send, 403, "insufficient_scope", "Required scope: devices.list"
                 )
                 return
-            with self.streams.hold(app.client_id):
-                await self.app(scope, receive, send)
+            response = _Response(send)
+            with self.streams.hold(app.client_id) as held:
+                await self.app(scope, receive, response.send)
+            if held.cancelled_caught:  # revoked mid-request: end its response properly
+                if not response.started:
+                    await self._refuse(scope, send, 401, "invalid_token", "the app was revoked")
+                elif not response.ended:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         user = scope.get("user")
         signed_in = isinstance(user, AuthenticatedUser)
@@ -144,3 +151,21 @@ class RequireToken:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class _Response:
+    """What an app's request has sent so far: revoking it cuts the app off mid-response, and
+    the server must still end what was started (a stream ends cleanly, not as a protocol
+    error; uvicorn logs a response left open as an error)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = self.ended = False
+
+    async def send(self, message: Message) -> None:
+        """Pass ``message`` on, noting where the response stands."""
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
+        await self._send(message)
