@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -128,6 +129,25 @@ async def all_held_by(runs: list[Running], device_id: str, holder: str) -> None:
         await eventually([run], held_by(run, device_id, holder))
 
 
+@dataclass(frozen=True)
+class Setup:
+    """A board served on loopback, a broker for the replicas, and what each replica is told."""
+
+    broker_port: int
+    device_id: str
+    boards: tuple[BoardOptions, ...]  # a replica's config naming the board
+    holder: str  # the replica the rule picks among all of NAMES
+
+
+@asynccontextmanager
+async def board_and_broker(tmp: Path, board: ASGIApp, label: str = "bench") -> AsyncIterator[Setup]:
+    async with Mosquitto(tmp / "broker") as broker, served(board) as base:
+        url = f"{base}/mcp"
+        device_id = board_id(url)
+        boards = (BoardOptions(url, name=label),)
+        yield Setup(broker.port, device_id, boards, owner_of(device_id, NAMES))
+
+
 async def replica(stack: AsyncExitStack, tmp: Path, port: int, n: str,
                   boards: tuple[BoardOptions, ...]) -> Running:  # fmt: skip
     """Replica ``n`` with ``boards`` in its config, stopped when ``stack`` closes."""
@@ -143,12 +163,11 @@ async def test_two_replicas_with_one_board_hold_one_session_and_both_call_it(
     rule; each replica lists it (as mcp-http) and calls its tools, a large photo too."""
     state = BoardState()
     board = board_app(state)
-    async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
-        url = f"{base}/mcp"
-        device_id, boards = board_id(url), (BoardOptions(url, name="bench"),)
-        holder = owner_of(device_id, NAMES)
+    async with board_and_broker(tmp_path, board) as setup:
+        device_id, holder = setup.device_id, setup.holder
         async with AsyncExitStack() as stack:
-            runs = [await replica(stack, tmp_path, broker.port, n, boards) for n in NAMES]
+            runs = [await replica(stack, tmp_path, setup.broker_port, n, setup.boards)
+                    for n in NAMES]  # fmt: skip
             await all_held_by(runs, device_id, holder)
             await board.until(lambda: len(board.open) == 1)
             for run in runs:
@@ -178,16 +197,15 @@ async def test_the_other_replica_takes_the_board_when_its_holder_stops(
     succeed again, on a session of its own."""
     state = BoardState()
     board = board_app(state)
-    async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
-        url = f"{base}/mcp"
-        device_id, boards = board_id(url), (BoardOptions(url, name="bench"),)
-        holder = owner_of(device_id, NAMES)
+    async with board_and_broker(tmp_path, board) as setup:
+        device_id, holder = setup.device_id, setup.holder
         [heir] = [n for n in NAMES if n != holder]
         # The heir starts first and holds the board alone, until the holder comes and takes it
         # (the holder's stack is the inner one: it can stop first).
         stacks = {n: AsyncExitStack() for n in (heir, holder)}
         try:
-            runs = {n: await replica(stacks[n], tmp_path, broker.port, n, boards) for n in stacks}
+            runs = {n: await replica(stacks[n], tmp_path, setup.broker_port, n, setup.boards)
+                    for n in stacks}  # fmt: skip
             await all_held_by(list(runs.values()), device_id, holder)
             await board.until(lambda: len(board.open) == 1)
             [first] = board.open
@@ -209,16 +227,14 @@ async def test_the_other_replica_takes_the_board_from_a_holder_cut_from_the_brok
     other replica connects to the board and its calls succeed; the cut holder ends its own
     session after ``HANDOVER``. (A holder that joins takes a board back: the test above.)"""
     board = board_app(BoardState())
-    async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
-        url = f"{base}/mcp"
-        device_id, boards = board_id(url), (BoardOptions(url, name="bench"),)
-        holder = owner_of(device_id, NAMES)
+    async with board_and_broker(tmp_path, board) as setup:
+        device_id, holder = setup.device_id, setup.holder
         async with AsyncExitStack() as stack:
-            proxy = await stack.enter_async_context(Proxy(broker.port))
+            proxy = await stack.enter_async_context(Proxy(setup.broker_port))
             runs = []
             for n in sorted(NAMES, key=lambda n: n != holder):  # the holder first
-                port = proxy.port if n == holder else broker.port
-                runs.append(await replica(stack, tmp_path, port, n, boards))
+                port = proxy.port if n == holder else setup.broker_port
+                runs.append(await replica(stack, tmp_path, port, n, setup.boards))
             await all_held_by(runs, device_id, holder)
             proxy.cut()
             [survivor] = [r for r in runs if name(r) != holder]
@@ -234,15 +250,14 @@ async def test_a_board_only_one_replica_reaches_is_held_there(tmp_path: Path) ->
     """A board in one replica's config only: that replica holds it, whatever the rule would
     pick among all live replicas, and the other calls it through that one."""
     board = board_app(BoardState())
-    async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
-        url = f"{base}/mcp"
-        device_id = board_id(url)
-        lonely = [n for n in NAMES if n != owner_of(device_id, NAMES)][0]  # the rule's loser
+    async with board_and_broker(tmp_path, board) as setup:
+        device_id = setup.device_id
+        lonely = [n for n in NAMES if n != setup.holder][0]  # the rule's loser
         async with AsyncExitStack() as stack:
             runs = []
             for n in NAMES:
-                boards = (BoardOptions(url, name="bench"),) if n == lonely else ()
-                runs.append(await replica(stack, tmp_path, broker.port, n, boards))
+                boards = setup.boards if n == lonely else ()
+                runs.append(await replica(stack, tmp_path, setup.broker_port, n, boards))
             await all_held_by(runs, device_id, lonely)
             for run in runs:
                 assert (await call_text(run, tool(run, device_id, "greet"), {"who": "y"}))[0] \
@@ -256,12 +271,12 @@ async def test_a_hostile_boards_50_mb_reply_is_a_clear_error_on_every_replica(
     """The holder cuts a 50 MB reply off as it arrives, as a single gateway does: the caller on
     either replica gets the same clear error, at once, and the board stays listed."""
     board = Hostile("big_result")
-    async with Mosquitto(tmp_path / "broker") as broker, served(board) as base:
-        url = f"{base}/mcp"
-        device_id, boards = board_id(url), (BoardOptions(url, name="big"),)
+    async with board_and_broker(tmp_path, board, "big") as setup:
+        device_id = setup.device_id
         async with AsyncExitStack() as stack:
-            runs = [await replica(stack, tmp_path, broker.port, n, boards) for n in NAMES]
-            await all_held_by(runs, device_id, owner_of(device_id, NAMES))
+            runs = [await replica(stack, tmp_path, setup.broker_port, n, setup.boards)
+                    for n in NAMES]  # fmt: skip
+            await all_held_by(runs, device_id, setup.holder)
             for run in runs:
                 with anyio.fail_after(bound(20)):
                     failed, text = await call_text(run, tool(run, device_id, "fine"), {})
