@@ -41,8 +41,8 @@ INNER: dict[str, list[set[str]]] = {
         {"public", "descriptors", "rate_limit", "listeners"},
     ],
     "protocol": [
-        {"envelope", "events", "states"},
-        {"jsonrpc"},
+        {"envelope", "events", "states", "mqtt"},  # mqtt: the broker's packets
+        {"jsonrpc", "mqtt_reader"},
         {"catalog", "outbox", "outgoing", "pending"},  # a session's parts, no state machine
         {"device"},  # DeviceProtocol: the whole state machine
     ],
