@@ -110,7 +110,12 @@ INNER: dict[str, list[set[str]]] = {
         {"findings"},
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
-    "device_side/transports/mqtt": [{"failover"}, {"client", "link"}, {"liveness"}, {"transport"}],
+    "device_side/transports/mqtt": [
+        {"failover"},
+        {"client", "link", "local"},  # local: the in-process client of the embedded broker
+        {"liveness"},
+        {"transport"},
+    ],
     "device_side/boards": [{"address", "http", "link", "discovery"}, {"board"}, {"fleet"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}

@@ -99,6 +99,7 @@ class EmbeddedBroker:
         self.connections: set[ClientConnection] = set()  # open, accepted or not
         self._online: set[str] = set()
         self._presence: Broadcast[Presence] = Broadcast()
+        self._watchers: list[Callable[[Presence], None]] = []
         self.port = listen.port
         # Set while the gateway's own client is subscribed (app.py hands it the transport's
         # ``connected``): until then a device's PUBLISH would reach nobody and be lost.
@@ -162,9 +163,24 @@ class EmbeddedBroker:
         self.sessions.clear()
         await server.wait_closed()
 
+    @property
+    def running(self) -> bool:
+        """True while the broker listens (between ``start()`` and ``stop()``)."""
+        return self._server is not None
+
     def online(self) -> frozenset[str]:
         """The devices connected right now."""
         return frozenset(self._online)
+
+    def watch(self, watcher: Callable[[Presence], None]) -> None:
+        """Call ``watcher`` with each ``Presence`` as it happens, before the device's packets
+        that follow (the gateway's in-process client: its sessions open before a message)."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[Presence], None]) -> None:
+        """Undo ``watch``."""
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
 
     def presence(self) -> PresenceFeed:
         """Subscribe to devices connecting and leaving (those connected now come first)."""
@@ -268,4 +284,6 @@ class EmbeddedBroker:
             self._announce(Presence(device_id, False))
 
     def _announce(self, presence: Presence) -> None:
+        for watcher in list(self._watchers):
+            watcher(presence)
         self._presence.publish(presence)
