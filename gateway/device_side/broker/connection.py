@@ -1,11 +1,12 @@
-"""One MQTT client's connection to the embedded broker: an ``asyncio.Protocol``, no task per packet.
+"""One device's MQTT connection to the embedded broker: an ``asyncio.Protocol``, no task per packet.
 
 Bytes go through ``MqttReader`` (gateway/protocol) and each packet is handled at once, in
 ``data_received``. A connection holds at most one timer: the CONNECT deadline until its login
 is accepted, then its keep-alive check (§3.1.2.10: 1.5 keep-alive periods of silence close it),
 which re-arms itself only when it fires, not on every packet. The one task it may ever have is
 its login (the registry commits it, ``settle``; a device waits for the gateway to listen,
-``until_heard``), and reading pauses meanwhile. What it writes goes to the transport's buffer;
+``until_heard``); the few packets that may come meanwhile are held, and a client hanging up
+ends its login with it. What it writes goes to the transport's buffer;
 a client that lets the buffer pass ``write_limit`` (a slow or stalled reader) is dropped, so
 it costs its own connection, never the process's memory.
 """
@@ -49,6 +50,8 @@ __all__ = ["BrokerCore", "ClientConnection"]
 logger = logging.getLogger(__name__)
 _log = ThrottledLog(logger)
 
+_HELD_PACKETS = 16  # packets a client may send before its CONNACK (stock firmware: one, hello)
+
 
 class BrokerCore(Protocol):
     """What a connection needs of its broker (``EmbeddedBroker``)."""
@@ -79,10 +82,6 @@ class BrokerCore(Protocol):
         """Whether this login may publish to (or subscribe to, receive) ``topic``."""
         ...
 
-    def is_device_login(self, username: str | None) -> bool:
-        """Whether this login is a device's (not the gateway's own)."""
-        ...
-
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         """Deliver a message to its subscribers (and keep it if ``retain``)."""
         ...
@@ -97,7 +96,7 @@ class BrokerCore(Protocol):
 
 
 class ClientConnection(asyncio.Protocol):
-    """One client, from its TCP connection to its end (a device, or any MQTT client)."""
+    """One client, from its TCP connection to its end (only devices log in)."""
 
     __slots__ = ("_broker", "_held", "_heard", "_login", "_next_id", "_reader", "_slot",
                  "_timer", "_transport", "accepted", "client_id", "closed", "filters",
@@ -149,7 +148,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             for packet in self._reader.feed(data):
                 if self._login is not None and not self.accepted:
-                    self._held.append(packet)
+                    self._hold(packet)
                 else:
                     self._handle(packet)
                 if self.closed:
@@ -162,6 +161,20 @@ class ClientConnection(asyncio.Protocol):
                 _log.warning("malformed", "MQTT client at %s: %s; closed its connection",
                              self.peer, exc)  # fmt: skip
             self.abort()
+
+    def _hold(self, packet: Packet) -> None:
+        # Kept until the login is decided; a client that floods meanwhile is not a device.
+        if len(self._held) >= _HELD_PACKETS:
+            _log.warning(
+                "flood",
+                "MQTT client %r at %s sent over %d packets before its CONNACK; closed it",
+                self.client_id,
+                self.peer,
+                _HELD_PACKETS,
+            )
+            self.abort()
+        else:
+            self._held.append(packet)
 
     def pause_writing(self) -> None:
         """The client does not read what it is sent: drop it before its backlog grows."""
@@ -191,8 +204,7 @@ class ClientConnection(asyncio.Protocol):
         will, self.will = self.will, None
         if will is not None and broker.allows(self.username, will.topic, publish=True):
             broker.route(will.topic, will.payload, min(will.qos, 1), will.retain)
-        if broker.is_device_login(self.username):
-            broker.device_disconnected(self.client_id)
+        broker.device_disconnected(self.client_id)
 
     # --- what the broker does to it --------------------------------------------------------
 
@@ -270,8 +282,6 @@ class ClientConnection(asyncio.Protocol):
             return
         self.client_id, self.username = packet.client_id, packet.username
         self.keepalive, self.will = packet.keepalive, packet.will
-        assert self._transport is not None
-        self._transport.pause_reading()
         self._login = asyncio.get_running_loop().create_task(
             self._settle(), name=f"gateway.mqtt.login[{self.client_id}]"
         )
@@ -285,8 +295,7 @@ class ClientConnection(asyncio.Protocol):
     async def _settle(self) -> None:
         broker = self._broker
         await broker.settle()
-        if broker.is_device_login(self.username):
-            await broker.until_heard()  # its first PUBLISH may follow the CONNACK at once
+        await broker.until_heard()  # its first PUBLISH may follow the CONNACK at once
         if not self.closed:
             self._accept()
 
@@ -308,15 +317,9 @@ class ClientConnection(asyncio.Protocol):
             self._timer = asyncio.get_running_loop().call_later(
                 self.keepalive * 1.5, self._check_alive
             )
-        if not broker.is_device_login(self.username):
-            # The gateway's own TCP client reads every device's messages: a storm may queue
-            # more than one device's bound for it, and it is trusted not to stall.
-            self._transport.set_write_buffer_limits(high=64 * broker.write_limit)
-        else:
-            # Stock firmware never subscribes (docs/protocol.md §2): the broker does it for it.
-            self._add_filter(broker.topics.down(self.client_id), 0)
-            broker.device_connected(self.client_id)
-        self._transport.resume_reading()
+        # Stock firmware never subscribes (docs/protocol.md §2): the broker does it for it.
+        self._add_filter(broker.topics.down(self.client_id), 0)
+        broker.device_connected(self.client_id)
         held, self._held = self._held, []
         for packet in held:
             if self.closed:

@@ -3,14 +3,14 @@
 ``EmbeddedBroker`` listens (one ``ClientConnection`` per client, connection.py) and owns the
 policy its connections apply:
 
-- Login: a device whose client id and username are both its device id and whose password
+- Login: only devices, each with client id and username both its device id and a password
   ``admits`` accepts (a device token for our firmware, the OTA-issued per-device password for
-  stock firmware), or the gateway's own login (a random password made at start) for an MQTT
-  client of the gateway's over TCP. Anonymous logins are refused; MQTT 5 gets CONNACK 1.
+  stock firmware). Anonymous logins are refused; MQTT 5 gets CONNACK 1. The gateway itself
+  has no login: its client is in-process (below), so no password can open its rights.
 - Topics: a device may publish only to its own ``up`` and ``status`` topics and subscribe to,
   and receive, only its own ``down`` topic; the broker subscribes it there when it connects.
   Retained messages and wills obey the same rule when they are delivered or published.
-- The gateway's own client is in-process (``attach``/``publish``): no loopback hop, and no
+- The gateway's own client is in-process (``attach``/``route``): no loopback hop, and no
   second parse of what the broker already read.
 - Presence: devices connecting and leaving become ``Presence`` items of ``presence()``.
 - Limits: a packet over ``max_packet_bytes`` closes its client before its body is read; the
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -44,7 +43,8 @@ logger = logging.getLogger(__name__)
 # inside stock firmware's CONNACK wait, and the listener's CONNECT deadline.
 _HEARD_PATIENCE = 5.0
 
-# Not a device id (those never contain "@"), so no device can claim the gateway's rights.
+# The in-process client's name in the ACL; not a device id (those never contain "@"), and no
+# CONNECT can log in with it, so no client over TCP can claim the gateway's rights.
 GATEWAY_LOGIN = "@esp-mcp-gateway"
 
 
@@ -92,7 +92,6 @@ class EmbeddedBroker:
         self.guard = Guard(limits) if limits is not None else None
         # A slow reader's backlog: room for a few of the biggest packets, then it is closed.
         self.write_limit = max(4 * max_packet_bytes, 64 * 1024)
-        self.gateway_password = secrets.token_urlsafe(24)
         self.routes = Routes()
         self.sessions: dict[str, ClientConnection] = {}
         self._server: asyncio.Server | None = None
@@ -211,22 +210,16 @@ class EmbeddedBroker:
 
     # --- policy, asked by the connections ---------------------------------------------------
 
-    def is_device_login(self, username: str | None) -> bool:
-        """True for a device's login (anything but the gateway's own)."""
-        return username != GATEWAY_LOGIN
-
     def admit(
         self, client_id: str | None, username: str | None, password: object,
         peer: str | None = None,
     ) -> bool:  # fmt: skip
-        """Decide a CONNECT: the gateway itself, or a device with a valid password."""
+        """Decide a CONNECT: a device with a valid password."""
         if isinstance(password, bytes):
             password = password.decode("utf-8", "replace")
         if not isinstance(password, str) or not password or not username:
             logger.warning("refused MQTT client %r: no username or password", client_id)
             return False
-        if username == GATEWAY_LOGIN:
-            return secrets.compare_digest(password.encode(), self.gateway_password.encode())
         if client_id != username or not is_device_id(username):
             logger.warning(
                 "refused MQTT client %r: client id and username must both be the device id "

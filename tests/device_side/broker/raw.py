@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.device_side.broker import GATEWAY_LOGIN
 from gateway.protocol.mqtt import remaining_length
 from tests.conftest import bound
 
@@ -55,3 +56,19 @@ async def dropped(reader: asyncio.StreamReader) -> None:
                 pass  # what was sent before the end
         except ConnectionResetError:
             pass
+
+
+class Listener:
+    """The gateway's side, in process: every message the broker routes to it."""
+
+    username = GATEWAY_LOGIN
+
+    def __init__(self) -> None:
+        self.messages: asyncio.Queue[tuple[str, bytes, int, bool]] = asyncio.Queue()
+
+    def deliver(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        self.messages.put_nowait((topic, payload, qos, retain))
+
+    async def next(self) -> tuple[str, bytes, int, bool]:
+        async with asyncio.timeout(bound(5)):
+            return await self.messages.get()

@@ -7,14 +7,20 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiomqtt
 import pytest
 
 from gateway.config import ListenAddress
-from gateway.device_side.broker import GATEWAY_LOGIN, EmbeddedBroker, Topics
+from gateway.device_side.broker import EmbeddedBroker, Topics
 from gateway.net.limits import ListenerLimits
 from tests.conftest import bound
-from tests.device_side.broker.raw import connect_packet, dropped, field, logged_in, publish_head
+from tests.device_side.broker.raw import (
+    Listener,
+    connect_packet,
+    dropped,
+    field,
+    logged_in,
+    publish_head,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -36,11 +42,6 @@ async def broker(
         yield embedded
 
 
-def gateway_client(b: EmbeddedBroker) -> aiomqtt.Client:
-    return aiomqtt.Client("127.0.0.1", b.port, username=GATEWAY_LOGIN, identifier="gw-test",
-                          password=b.gateway_password, timeout=bound(5))  # fmt: skip
-
-
 async def test_a_publish_over_the_limit_drops_the_client_before_its_body() -> None:
     """Only the header of a too-big PUBLISH is sent: the broker hangs up without the body."""
     async with broker() as b:
@@ -53,15 +54,15 @@ async def test_a_publish_over_the_limit_drops_the_client_before_its_body() -> No
 async def test_a_publish_up_to_the_limit_is_delivered() -> None:
     """A packet of exactly max_packet_bytes passes, and the client stays connected."""
     topic = Topics().up(DEVICE)
-    async with broker() as b, gateway_client(b) as gateway:
-        await gateway.subscribe(topic)
+    async with broker() as b:
+        gateway = Listener()
+        b.attach(gateway, [(topic, 0)])
         reader, writer = await logged_in(b.port, DEVICE, TOKEN)
         payload = b"x" * (LIMIT - len(field(topic)))
         writer.write(publish_head(topic, len(payload)) + payload + b"\xc0\x00")  # + PINGREQ
         async with asyncio.timeout(bound(5)):
-            message = await anext(aiter(gateway.messages))
             assert await reader.readexactly(2) == b"\xd0\x00"  # PINGRESP: still connected
-        assert message.payload == payload
+        assert await gateway.next() == (topic, payload, 0, False)
         writer.close()
 
 
@@ -107,22 +108,6 @@ async def test_connection_caps_hold_on_the_broker_too() -> None:
         assert [reader.at_eof() for reader, _ in held] == [False, False]
         for w in (device, extra_writer, *(w for _, w in held)):
             w.close()
-
-
-class Listener:
-    """The gateway's side, in process: every message the broker routes to it."""
-
-    username = GATEWAY_LOGIN
-
-    def __init__(self) -> None:
-        self.messages: asyncio.Queue[tuple[str, bytes, int, bool]] = asyncio.Queue()
-
-    def deliver(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-        self.messages.put_nowait((topic, payload, qos, retain))
-
-    async def next(self) -> tuple[str, bytes, int, bool]:
-        async with asyncio.timeout(bound(5)):
-            return await self.messages.get()
 
 
 async def test_a_silent_client_is_closed_after_one_and_a_half_keepalives() -> None:
@@ -219,3 +204,63 @@ async def test_an_idle_connection_holds_one_timer_and_no_task() -> None:
         assert len(asyncio.all_tasks()) == tasks
         for _, w in clients:
             w.close()
+
+
+async def test_a_device_may_subscribe_to_its_own_down_topic_at_qos_1() -> None:
+    """SUBSCRIBE to its own down topic is granted (QoS 2 asked: 1 given), QoS 1 deliveries are
+    numbered and acknowledged, UNSUBSCRIBE ends them; an empty client id is refused."""
+    async with broker() as b:
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN)
+        down = Topics().down(DEVICE)
+        writer.write(b"\x82" + bytes([2 + 2 + len(down) + 1]) + b"\x00\x01" + field(down) + b"\x02")
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(5) == b"\x90\x03\x00\x01\x01"
+        b.route(down, b"call", 1, False)
+        async with asyncio.timeout(bound(5)):
+            packet = await reader.readexactly(2 + 2 + len(down) + 2 + 4)
+        assert packet[0] == 0x32 and packet[-6:] == b"\x00\x01call"
+        writer.write(b"\x40\x02\x00\x01")  # PUBACK
+        writer.write(b"\xa2" + bytes([2 + 2 + len(down)]) + b"\x00\x02" + field(down))
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(4) == b"\xb0\x02\x00\x02"
+        b.route(down, b"unheard", 1, False)
+        writer.write(b"\xc0\x00")
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(2) == b"\xd0\x00"  # and nothing before it
+        writer.close()
+        anonymous, anonymous_writer = await asyncio.open_connection("127.0.0.1", b.port)
+        anonymous_writer.write(connect_packet("", DEVICE, TOKEN))
+        async with asyncio.timeout(bound(5)):
+            assert await anonymous.readexactly(4) == b"\x20\x02\x00\x02"
+        anonymous_writer.close()
+
+
+async def test_a_client_gone_while_its_login_waits_is_never_accepted() -> None:
+    """A device that hangs up while its login is being settled leaves nothing behind: its
+    login task ends with it, and it is never accepted."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def settle() -> None:
+        entered.set()
+        await release.wait()
+
+    listen = ListenAddress("127.0.0.1", 0)
+    async with EmbeddedBroker(listen, Topics(), lambda *_: True, settle=settle) as b:
+        _, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(connect_packet(DEVICE, DEVICE, TOKEN) + b"\xc0\x00")
+        async with asyncio.timeout(bound(5)):
+            await entered.wait()
+        [login] = [t for t in asyncio.all_tasks() if t.get_name().startswith("gateway.mqtt.")]
+        writer.transport.abort()
+        await asyncio.wait([login], timeout=bound(5))
+        assert login.cancelled()
+        release.set()
+        assert b.online() == frozenset() and b.sessions == {} and b.connections == set()
+        # One that floods while it waits is dropped (its packets are held, up to a few).
+        entered.clear()
+        release.clear()
+        flood, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(connect_packet(DEVICE, DEVICE, TOKEN) + b"\xc0\x00" * 17)
+        await dropped(flood)
+        release.set()
+        writer.close()

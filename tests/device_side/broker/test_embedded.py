@@ -14,9 +14,8 @@ from gateway.config import ListenAddress
 from gateway.device_side.broker import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed, Topics
 from gateway.errors import GatewayError, PortTaken
 from tests.conftest import bound
-from tests.device_side.broker.raw import connect_packet, logged_in
+from tests.device_side.broker.raw import Listener, connect_packet, logged_in
 from tests.device_side.broker.raw import dropped as raw_dropped
-from tests.device_side.broker.test_connection import Listener
 
 pytestmark = pytest.mark.anyio
 
@@ -38,10 +37,6 @@ async def broker() -> AsyncIterator[EmbeddedBroker]:
 def client(b: EmbeddedBroker, user: str, password: str, client_id: str | None = None):  # type: ignore[no-untyped-def]
     return aiomqtt.Client("127.0.0.1", b.port, username=user, password=password,
                           identifier=client_id or user, timeout=bound(5))  # fmt: skip
-
-
-def gateway_client(b: EmbeddedBroker) -> aiomqtt.Client:
-    return client(b, GATEWAY_LOGIN, b.gateway_password, "gw-test")
 
 
 async def next_presence(feed: PresenceFeed) -> Presence:
@@ -94,25 +89,25 @@ async def test_device_that_never_subscribes_gets_its_down_topic() -> None:
     """The broker subscribes each device to its own down topic when it connects."""
     async with broker() as b:
         feed = b.presence()
-        async with client(b, DEVICE, TOKEN) as device, gateway_client(b) as gw:
+        async with client(b, DEVICE, TOKEN) as device:
             assert await next_presence(feed) == Presence(DEVICE, True)
-            await gw.publish(f"xiaozhi/{DEVICE}/down", b"hi", qos=1)
+            b.route(f"xiaozhi/{DEVICE}/down", b"hi", 1, False)
             message = await first_message(device)
             assert message.payload == b"hi" and message.qos == 0
 
 
 async def test_device_cannot_publish_on_another_devices_topic() -> None:
     """A publish to another device's topics is dropped; its own arrives."""
-    async with broker() as b, gateway_client(b) as gw:
-        await gw.subscribe("xiaozhi/#")
+    async with broker() as b:
+        gw = Listener()
+        b.attach(gw, [("xiaozhi/#", 0), ("elsewhere", 0)])
         async with client(b, DEVICE, TOKEN) as device:
             await device.publish(f"xiaozhi/{OTHER}/up", b"spoofed")
             await device.publish(f"xiaozhi/{OTHER}/down", b"spoofed")
             await device.publish(f"xiaozhi/{DEVICE}/down", b"spoofed")
             await device.publish("elsewhere", b"spoofed")
             await device.publish(f"xiaozhi/{DEVICE}/up", b"mine")
-            message = await first_message(gw)
-    assert message.topic.value == f"xiaozhi/{DEVICE}/up" and message.payload == b"mine"
+            assert await gw.next() == (f"xiaozhi/{DEVICE}/up", b"mine", 0, False)
 
 
 async def test_device_cannot_read_another_devices_down_topic() -> None:
@@ -197,16 +192,16 @@ async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
         # Unheld, a login on loopback is answered in milliseconds; held, not in this second.
         await asyncio.wait([connecting], timeout=1.0)
         assert not connecting.done()
-        async with gateway_client(b) as gw:
-            await gw.subscribe("xiaozhi/+/up", qos=1)
-            b.heard.set()
-            async with asyncio.timeout(bound(5)):
-                await connecting
-            try:
-                await device.publish(f"xiaozhi/{DEVICE}/up", b'{"type":"hello"}', qos=0)
-                assert (await first_message(gw)).payload == b'{"type":"hello"}'
-            finally:
-                await device.__aexit__(None, None, None)
+        gw = Listener()
+        b.attach(gw, [("xiaozhi/+/up", 1)])
+        b.heard.set()
+        async with asyncio.timeout(bound(5)):
+            await connecting
+        try:
+            await device.publish(f"xiaozhi/{DEVICE}/up", b'{"type":"hello"}', qos=0)
+            assert await gw.next() == (f"xiaozhi/{DEVICE}/up", b'{"type":"hello"}', 0, False)
+        finally:
+            await device.__aexit__(None, None, None)
 
 
 async def test_an_mqtt_5_connect_gets_unacceptable_protocol_version() -> None:
