@@ -205,7 +205,7 @@ async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
 
 
 async def test_an_mqtt_5_connect_gets_unacceptable_protocol_version() -> None:
-    """CONNACK return code 1 (MQTT 3.1.1 §3.2.2.3), at once: amqtt hung on one with a login."""
+    """CONNACK return code 1 (MQTT 3.1.1 §3.2.2.3) at once; amqtt, the broker before, hung."""
     async with broker() as b:
         reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
         writer.write(connect_packet(DEVICE, DEVICE, TOKEN, level=5))
