@@ -109,7 +109,7 @@ class ClientConnection(asyncio.Protocol):
         self._slot: Slot | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._login: asyncio.Task[None] | None = None
-        self._held: list[Packet] = []  # read while the login is decided
+        self._held: list[Packet] | None = None  # read while the login is decided
         self._heard = 0.0  # loop time of the last bytes from the client
         self._next_id = 0
         self.peer = "?"
@@ -164,6 +164,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _hold(self, packet: Packet) -> None:
         # Kept until the login is decided; a client that floods meanwhile is not a device.
+        if self._held is None:
+            self._held = []
         if len(self._held) >= _HELD_PACKETS:
             _log.warning(
                 "flood",
@@ -297,6 +299,7 @@ class ClientConnection(asyncio.Protocol):
         await broker.settle()
         await broker.until_heard()  # its first PUBLISH may follow the CONNACK at once
         if not self.closed:
+            self._login = None  # done: an idle connection keeps no task
             self._accept()
 
     def _accept(self) -> None:
@@ -320,7 +323,7 @@ class ClientConnection(asyncio.Protocol):
         # Stock firmware never subscribes (docs/protocol.md §2): the broker does it for it.
         self._add_filter(broker.topics.down(self.client_id), 0)
         broker.device_connected(self.client_id)
-        held, self._held = self._held, []
+        held, self._held = self._held or [], None
         for packet in held:
             if self.closed:
                 return

@@ -4,6 +4,9 @@ connections have caps and a CONNECT deadline."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import socket
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -264,3 +267,39 @@ async def test_a_client_gone_while_its_login_waits_is_never_accepted() -> None:
         await dropped(flood)
         release.set()
         writer.close()
+
+
+async def _raw_login(port: int, device_id: str) -> socket.socket:
+    """A device logged in on a bare socket: no client-side objects but the socket."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, connect_packet(device_id, device_id, TOKEN))
+    got = b""
+    async with asyncio.timeout(bound(5)):
+        while len(got) < 4:
+            got += await loop.sock_recv(sock, 4 - len(got))
+    assert got == b"\x20\x02\x00\x00"
+    return sock
+
+
+async def test_an_idle_device_costs_a_few_objects_and_no_task() -> None:
+    """Objects per idle connection (gc-tracked, the test's own socket included): its transport
+    with its reader handle and socket, the connection and its codec, one timer, its route;
+    amqtt kept a session, a handler, four queues and a task per client (hundreds of objects)."""
+    async with broker() as b:
+        fleet = [await _raw_login(b.port, "aa:bb:cc:dd:ef:ff")]  # warm: first-use caches
+        gc.collect()
+        before = Counter(type(o).__name__ for o in gc.get_objects())
+        fleet += [await _raw_login(b.port, f"aa:bb:cc:dd:ef:{n:02x}") for n in range(50)]
+        gc.collect()
+        grown = Counter(type(o).__name__ for o in gc.get_objects()) - before
+        for debugging in ("FrameSummary", "StackSummary"):  # PYTHONASYNCIODEBUG's tracebacks
+            del grown[debugging]
+        assert b.online() == {f"aa:bb:cc:dd:ef:{n:02x}" for n in [*range(50), 0xFF]}
+        assert grown["Task"] == grown["coroutine"] == grown["list"] == 0
+        assert grown["ClientConnection"] == grown["TimerHandle"] == 50
+        assert sum(grown.values()) <= 25 * 50, grown.most_common(12)
+        for sock in fleet:
+            sock.close()
