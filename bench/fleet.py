@@ -389,8 +389,11 @@ def _join_ratio(join: dict[str, Any]) -> float | None:
     return round(full / empty, 2) if empty and full is not None and empty > 0 else None
 
 
-def _mqtt_target(pool: Pool, spec: FleetSpec, ids: list[str], server: Any) -> dict[str, Any]:
-    """One target of the MQTT phase: its devices at once, its RSS before and right after."""
+def _mqtt_target(
+    pool: Pool, spec: FleetSpec, ids: list[str], server: Any, idle_seconds: float = 0.0
+) -> dict[str, Any]:
+    """One target of the MQTT phase: its devices at once, its RSS before and right after (and
+    with ``idle_seconds``, a gateway's CPU over that long with all of them connected, idle)."""
     rss_before = server.rss_kb()
     run = run_group(pool, "mqtt", spec, ids, server)
     rss_after = server.rss_kb()  # right after, before /api/devices and its big replies
@@ -402,13 +405,19 @@ def _mqtt_target(pool: Pool, spec: FleetSpec, ids: list[str], server: Any) -> di
     if isinstance(server, Gateway):
         figures |= confirm(server, ids, run)
         figures["log"] = server.log_counts()
+        if idle_seconds > 0:
+            server.settle()
+            cpu, wall = server.cpu_over(idle_seconds)
+            figures["idle_seconds"] = round(wall, 1)
+            figures["idle_cpu_percent"] = round(100 * cpu / wall, 2)
     pool.stop("mqtt")
     return figures
 
 
-def mqtt(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
+def mqtt(pool: Pool, workdir: Path, count: int, idle_seconds: float = 0.0) -> dict[str, Any]:
     """The same N devices at once: over WebSocket, then OTA + the embedded broker, then
-    OTA + mosquitto with a minimal discovery client (the MQTT path's baseline)."""
+    OTA + mosquitto with a minimal discovery client (the MQTT path's baseline); with
+    ``idle_seconds``, each gateway's CPU with its devices connected and idle."""
     ids = device_ids("mqtt", count)
     figures: dict[str, Any] = {"devices": count}
     targets = (("websocket", "ws", False), ("mqtt", "mqtt", True))
@@ -416,7 +425,8 @@ def mqtt(pool: Pool, workdir: Path, count: int) -> dict[str, Any]:
         gateway = Gateway(workdir, f"mqtt-{name}", DEVICE_TOKEN, mqtt=broker)
         try:
             url = gateway.ota_url if broker else gateway.device_url
-            figures[name] = _mqtt_target(pool, FleetSpec(kind, url, DEVICE_TOKEN), ids, gateway)
+            spec = FleetSpec(kind, url, DEVICE_TOKEN)
+            figures[name] = _mqtt_target(pool, spec, ids, gateway, idle_seconds)
         finally:
             gateway.close()
     baseline = MqttBaseline(workdir)
@@ -651,6 +661,14 @@ def _mqtt_lines(m: dict[str, Any]) -> list[str]:
         f"mosquitto + client {mo['server_cpu_s']:.2f} s: mqtt x{_s(m['cpu_ratio_websocket'])} "
         f"of websocket, x{_s(m['cpu_ratio_mosquitto'])} of mosquitto",
         rss,
+        *(
+            [
+                f"  gateway CPU over {mq['idle_seconds']:g} s with the devices idle: websocket "
+                f"{ws['idle_cpu_percent']:.2f} %, mqtt {mq['idle_cpu_percent']:.2f} %"
+            ]
+            if "idle_cpu_percent" in mq
+            else []
+        ),  # fmt: skip
         f"  gateway logs: websocket {ws['log']}, mqtt {mq['log']}",
         f"  ({_LEGEND})",
     ]
@@ -748,7 +766,7 @@ def measure(args: argparse.Namespace, phases: set[str], figures: dict[str, Any])
         if phases & {"join", "idle"}:
             figures |= fleet(pool, workdir, args, phases)
         if "mqtt" in phases:
-            figures["mqtt"] = mqtt(pool, workdir, args.mqtt_count)
+            figures["mqtt"] = mqtt(pool, workdir, args.mqtt_count, args.mqtt_idle_seconds)
         if "list" in phases:
             listing(pool, workdir, args, figures)
 
@@ -766,6 +784,10 @@ def main() -> int:
     parser.add_argument(
         "--idle-seconds", type=float, default=PING_INTERVAL, help="idle CPU window, s"
     )
+    parser.add_argument(
+        "--mqtt-idle-seconds", type=float, default=0.0,
+        help="mqtt phase: each gateway's CPU over this long with its devices idle (0: not)",
+    )  # fmt: skip
     parser.add_argument("--only", default=",".join(PHASES), help="phases, comma-separated")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run, s")

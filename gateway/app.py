@@ -24,7 +24,7 @@ from gateway.cluster.broker_auth import BrokerAuth
 from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.boards import Boards
-from gateway.device_side.broker import GATEWAY_LOGIN, DeviceCredentials, EmbeddedBroker, Topics
+from gateway.device_side.broker import DeviceCredentials, EmbeddedBroker, Topics
 from gateway.device_side.http import build_device_app
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
@@ -239,16 +239,13 @@ class Gateway:
 
     async def _start_mqtt(self) -> None:
         config = self.config
-        login: BrokerLogin | list[BrokerLogin]
+        login: BrokerLogin | list[BrokerLogin] | EmbeddedBroker
         # cluster, devices on the cluster broker: one replica owns each device's session
         on_cluster = self.cluster if self.broker is None else None
         if self.broker is not None:
             await self._stack.enter_async_context(self.broker)
             self.ota.broker_port = self.broker.port
-            broker = self.broker
-            login = BrokerLogin(broker.client_host, broker.port, GATEWAY_LOGIN,
-                                broker.gateway_password)  # fmt: skip
-            presence = self.broker.presence()
+            login, presence = self.broker, None  # the gateway's client: in-process
         elif self.cluster is not None and config.mqtt_mode != "off":
             login, presence = self.cluster.logins, None  # cluster: devices on the cluster broker
         elif config.mqtt_broker == "external":
@@ -267,7 +264,7 @@ class Gateway:
             login,
             self.topics,
             presence=presence,
-            probe_interval=None if presence is not None else config.mqtt_probe_interval,
+            probe_interval=None if self.broker is not None else config.mqtt_probe_interval,
             keepalive_interval=config.mqtt_keepalive_interval,
             known=self._mqtt_devices,
             # (the others call it directly on its topics)

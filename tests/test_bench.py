@@ -31,7 +31,8 @@ async def test_call_latency_benchmark_runs_and_reports_both_targets() -> None:
 
 # fmt: off
 TINY_FLEET = ["--count", "4", "--idle-count", "4", "--mqtt-count", "3", "--joins", "2",
-              "--idle-seconds", "1", "--list-counts", "3", "--list-passes", "2", "--json"]
+              "--idle-seconds", "1", "--list-counts", "3", "--list-passes", "2", "--json",
+              "--mqtt-idle-seconds", "1"]
 # fmt: on
 
 
@@ -76,6 +77,7 @@ async def test_fleet_benchmark_runs_its_mqtt_phase_at_tiny_scale() -> None:
     assert mqtt["websocket"]["visible"] == mqtt["mqtt"]["visible"] == 3
     assert mqtt["mosquitto"]["listed"] == 3
     assert mqtt["ratio_websocket"] and mqtt["ratio_mosquitto"]
+    assert mqtt["mqtt"]["idle_cpu_percent"] >= 0 and mqtt["websocket"]["idle_seconds"] >= 1
 
 
 @pytest.mark.anyio

@@ -41,8 +41,8 @@ INNER: dict[str, list[set[str]]] = {
         {"public", "descriptors", "rate_limit", "listeners"},
     ],
     "protocol": [
-        {"envelope", "events", "states"},
-        {"jsonrpc"},
+        {"envelope", "events", "states", "mqtt"},  # mqtt: the broker's packets
+        {"jsonrpc", "mqtt_reader"},
         {"catalog", "outbox", "outgoing", "pending"},  # a session's parts, no state machine
         {"device"},  # DeviceProtocol: the whole state machine
     ],
@@ -110,7 +110,12 @@ INNER: dict[str, list[set[str]]] = {
         {"findings"},
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
-    "device_side/transports/mqtt": [{"failover"}, {"client", "link"}, {"liveness"}, {"transport"}],
+    "device_side/transports/mqtt": [
+        {"failover"},
+        {"client", "link", "local"},  # local: the in-process client of the embedded broker
+        {"liveness"},
+        {"transport"},
+    ],
     "device_side/boards": [{"address", "http", "link", "discovery"}, {"board"}, {"fleet"}],
 }
 LAYER = {unit: index for index, layer in enumerate(LAYERS) for unit in layer}

@@ -16,7 +16,7 @@ connection those classes see takes a ``Slot`` from the listener's ``Guard``:
   request carrying ``bearer`` (every request when there is none: a loopback host listener).
 
 Refusals and expiries are logged at a bounded rate (``ThrottledLog``). The embedded broker uses
-the same ``Guard`` (``gateway.device_side.broker.packets``); running out of descriptors is
+the same ``Guard`` (``gateway.device_side.broker.connection``); running out of descriptors is
 ``gateway.net.descriptors``.
 """
 

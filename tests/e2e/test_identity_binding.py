@@ -210,5 +210,5 @@ async def test_no_secret_reaches_the_log_even_when_debugging(
     # The test's own clients (websockets.client, aiomqtt) log what they send: not the gateway.
     logged = "\n".join(r.getMessage() for r in caplog.records
                        if not r.name.startswith(("websockets.client", "aiomqtt")))  # fmt: skip
-    assert "aa:00:00:00:00:78" in logged  # amqtt did log the logins
+    assert "aa:00:00:00:00:78" in logged  # the broker logs the refused login
     assert DEVICE_TOKEN not in logged and wrong not in logged

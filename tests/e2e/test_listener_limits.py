@@ -17,7 +17,7 @@ from gateway.config import ListenAddress
 from gateway.net.public import OTA_PATH
 from gateway.simulator import SimulatedDevice
 from tests.conftest import DEVICE_TOKEN, bound, gateway
-from tests.device_side.broker.test_packets import logged_in, publish_head
+from tests.device_side.broker.raw import logged_in, publish_head
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import has_tools, listed_device, until
 from tests.mqtt_helpers import MqttDevice

@@ -1,4 +1,4 @@
-"""MQTT brokering: topic names, per-device credentials, and the embedded amqtt broker."""
+"""MQTT brokering: topic names, per-device credentials, and the embedded broker (our own)."""
 
 from __future__ import annotations
 

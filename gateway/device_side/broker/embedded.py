@@ -1,17 +1,21 @@
-"""The embedded MQTT broker: amqtt in this process, so MQTT works with nothing else installed.
+"""The embedded MQTT broker: our own MQTT 3.1.1 server in this process, for stock firmware.
 
-``EmbeddedBroker`` owns the policy its amqtt plugins (``gateway.device_side.broker.plugin``) apply:
+``EmbeddedBroker`` listens (one ``ClientConnection`` per client, connection.py) and owns the
+policy its connections apply:
 
-- Login: the gateway's own client (a random password made at start), or a device whose client
-  id and username are both its device id and whose password ``admits`` accepts (a device token
-  for our firmware, the OTA-issued per-device password for stock firmware). Anonymous and
-  MQTT 5 logins are refused (amqtt speaks 3.1.1 only; reference/libraries.md §3).
+- Login: only devices, each with client id and username both its device id and a password
+  ``admits`` accepts (a device token for our firmware, the OTA-issued per-device password for
+  stock firmware). Anonymous logins are refused; MQTT 5 gets CONNACK 1. The gateway itself
+  has no login: its client is in-process (below), so no password can open its rights.
 - Topics: a device may publish only to its own ``up`` and ``status`` topics and subscribe to,
   and receive, only its own ``down`` topic; the broker subscribes it there when it connects.
+  Retained messages and wills obey the same rule when they are delivered or published.
+- The gateway's own client is in-process (``attach``/``route``): no loopback hop, and no
+  second parse of what the broker already read.
 - Presence: devices connecting and leaving become ``Presence`` items of ``presence()``.
 - Limits: a packet over ``max_packet_bytes`` closes its client before its body is read; the
-  connection caps and the CONNECT deadline of ``limits`` hold (``broker.packets``;
-  amqtt has no such options).
+  connection caps and the CONNECT deadline of ``limits`` hold; a client that lets more than
+  ``write_limit`` bytes wait unread is closed.
 """
 
 from __future__ import annotations
@@ -19,27 +23,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
-
-from amqtt.broker import Broker
 
 from gateway.config import ListenAddress
-from gateway.device_side.broker.packets import LimitedBroker
-from gateway.device_side.broker.plugin import (
-    AUTH_PLUGIN,
-    TOPIC_PLUGIN,
-    GatewayAuthPlugin,
-    GatewayTopicPlugin,
-    topic_allowed,
-)
-from gateway.device_side.broker.queues import install_lean_queues
-from gateway.device_side.broker.sessions import AuthenticateFirst
-from gateway.device_side.broker.states import install_session_states
-from gateway.device_side.broker.subscriptions import FleetSubscriptions
+from gateway.device_side.broker.connection import ClientConnection
+from gateway.device_side.broker.routes import Routes, Subscriber
 from gateway.device_side.broker.topics import Topics, is_device_id
 from gateway.devices.broadcast import Broadcast, Subscription
 from gateway.errors import GatewayError, PortTaken
@@ -53,20 +43,9 @@ logger = logging.getLogger(__name__)
 # inside stock firmware's CONNACK wait, and the listener's CONNECT deadline.
 _HEARD_PATIENCE = 5.0
 
-# Not a device id (those never contain "@"), so no device can claim the gateway's rights.
+# The in-process client's name in the ACL; not a device id (those never contain "@"), and no
+# CONNECT can log in with it, so no client over TCP can claim the gateway's rights.
 GATEWAY_LOGIN = "@esp-mcp-gateway"
-
-
-class _GatewayBroker(FleetSubscriptions, AuthenticateFirst, LimitedBroker):
-    """amqtt's broker with a packet size limit, authenticating before session take-over, and a
-    subscription table whose work per client does not grow with the fleet."""
-
-    policy: EmbeddedBroker | None = None
-
-    async def _topic_filtering(self, session: Any, topic: str, action: Any) -> bool:
-        # The topic plugin's answer, asked directly: amqtt's plugin manager made a task and a
-        # wait for every PUBLISH and every delivery to ask it.
-        return topic_allowed(self.policy, session, topic, action)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +61,7 @@ PresenceFeed = Subscription[Presence]
 
 
 class EmbeddedBroker:
-    """An amqtt broker on ``listen``; ``async with`` starts and stops it."""
+    """The MQTT server on ``listen``; ``async with`` starts and stops it."""
 
     def __init__(
         self,
@@ -100,7 +79,7 @@ class EmbeddedBroker:
             topics: the device topics.
             admits: ``admits(device_id, password, peer)`` decides whether a device may log in
                 (``peer``: the address it came from).
-            max_packet_bytes: a bigger packet closes the client's connection (packets.py).
+            max_packet_bytes: a bigger packet closes the client's connection, unread.
             limits: connection caps and the CONNECT deadline (none when None).
             settle: awaited after a device's login is admitted, before it is accepted (the
                 registry commits what the login decided).
@@ -110,11 +89,16 @@ class EmbeddedBroker:
         self._admits = admits
         self._settle = settle
         self.max_packet_bytes = max_packet_bytes
-        self._guard = Guard(limits) if limits is not None else None
-        self.gateway_password = secrets.token_urlsafe(24)
-        self._broker: Broker | None = None
+        self.guard = Guard(limits) if limits is not None else None
+        # A slow reader's backlog: room for a few of the biggest packets, then it is closed.
+        self.write_limit = max(4 * max_packet_bytes, 64 * 1024)
+        self.routes = Routes()
+        self.sessions: dict[str, ClientConnection] = {}
+        self._server: asyncio.Server | None = None
+        self.connections: set[ClientConnection] = set()  # open, accepted or not
         self._online: set[str] = set()
         self._presence: Broadcast[Presence] = Broadcast()
+        self._watchers: list[Callable[[Presence], None]] = []
         self.port = listen.port
         # Set while the gateway's own client is subscribed (app.py hands it the transport's
         # ``connected``): until then a device's PUBLISH would reach nobody and be lost.
@@ -143,27 +127,13 @@ class EmbeddedBroker:
         Raises:
             GatewayError: the address cannot be bound.
         """
-        _quiet_library_logs()
-        install_session_states()
-        install_lean_queues()
-        bind = f"[{self.listen.host}]" if ":" in self.listen.host else self.listen.host
-        broker = _GatewayBroker(
-            {
-                "listeners": {"default": {"type": "tcp", "bind": f"{bind}:{self.port}"}},
-                "plugins": {AUTH_PLUGIN: {}, TOPIC_PLUGIN: {}},
-            },
-            self.max_packet_bytes,
-            self._guard,
-        )
-        broker.policy = self
-        for plugin in broker.plugins_manager.plugins:
-            if isinstance(plugin, GatewayAuthPlugin | GatewayTopicPlugin):
-                plugin.owner = self
+        loop = asyncio.get_running_loop()
         try:
-            await broker.start()
-        except Exception as exc:  # amqtt wraps the OSError in a BrokerError
-            cause = exc.__cause__ or exc
-            if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+            self._server = await loop.create_server(
+                self._connection, self.listen.host, self.port, reuse_address=True
+            )
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
                 raise PortTaken(
                     f"the embedded MQTT broker cannot use port {self.listen.port}: another "
                     f"program (an MQTT broker such as mosquitto?) listens on {self.listen}; "
@@ -171,48 +141,85 @@ class EmbeddedBroker:
                     "(--mqtt-listen HOST:PORT, or --mqtt-listen off)",
                     "mqtt",
                 ) from None
-            raise GatewayError(f"cannot start the MQTT broker on {self.listen}: {cause}") from None
-        self._broker = broker
-        server = broker._servers["default"].instance  # port 0: the only way to learn the port
-        self.port = server.sockets[0].getsockname()[1]
+            raise GatewayError(f"cannot start the MQTT broker on {self.listen}: {exc}") from None
+        self.port = self._server.sockets[0].getsockname()[1]
         logger.info("embedded MQTT broker listening on %s:%d", self.listen.host, self.port)
+
+    def _connection(self) -> ClientConnection:
+        return ClientConnection(self)
 
     async def stop(self) -> None:
         """Disconnect every client and stop listening; every device goes offline."""
-        broker, self._broker = self._broker, None
-        if broker is None:
+        server, self._server = self._server, None
+        if server is None:
             return
+        server.close()
         for device_id in sorted(self._online):
             self.device_disconnected(device_id)
-        await broker.shutdown()
+        for connection in list(self.connections):
+            connection.taken_over = True  # the broker's end: no wills, presence already told
+            connection.abort()
+        self.sessions.clear()
+        await server.wait_closed()
+
+    @property
+    def running(self) -> bool:
+        """True while the broker listens (between ``start()`` and ``stop()``)."""
+        return self._server is not None
 
     def online(self) -> frozenset[str]:
         """The devices connected right now."""
         return frozenset(self._online)
+
+    def watch(self, watcher: Callable[[Presence], None]) -> None:
+        """Call ``watcher`` with each ``Presence`` as it happens, before the device's packets
+        that follow (the gateway's in-process client: its sessions open before a message)."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[Presence], None]) -> None:
+        """Undo ``watch``."""
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
 
     def presence(self) -> PresenceFeed:
         """Subscribe to devices connecting and leaving (those connected now come first)."""
         first = (Presence(device_id, True) for device_id in sorted(self._online))
         return self._presence.subscribe(first=first)
 
-    # --- policy, called by the plugins ------------------------------------------------------
+    # --- the gateway's own client, in process ---------------------------------------------
 
-    def is_device_login(self, username: str | None) -> bool:
-        """True for a device's login (anything but the gateway's own)."""
-        return username != GATEWAY_LOGIN
+    def attach(self, subscriber: Subscriber, filters: Iterable[tuple[str, int]]) -> None:
+        """Subscribe the gateway's in-process client (it receives every match, no ACL)."""
+        for topic_filter, qos in filters:
+            self.routes.subscribe(subscriber, topic_filter, qos)
+            for topic, payload, kept in self.routes.retained_for(topic_filter):
+                subscriber.deliver(topic, payload, min(qos, kept), True)
+
+    def detach(self, subscriber: Subscriber, filters: Iterable[tuple[str, int]]) -> None:
+        """Undo ``attach``."""
+        for topic_filter, _ in filters:
+            self.routes.unsubscribe(subscriber, topic_filter)
+
+    def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        """Deliver a message to each subscriber the ACL lets receive it; keep it if retained."""
+        if retain:
+            self.routes.keep(topic, payload, qos)
+        for subscriber, wanted in self.routes.matching(topic):
+            if self.allows(subscriber.username, topic, publish=False):
+                subscriber.deliver(topic, payload, min(qos, wanted), False)
+
+    # --- policy, asked by the connections ---------------------------------------------------
 
     def admit(
         self, client_id: str | None, username: str | None, password: object,
         peer: str | None = None,
     ) -> bool:  # fmt: skip
-        """Decide a CONNECT: the gateway itself, or a device with a valid password."""
+        """Decide a CONNECT: a device with a valid password."""
         if isinstance(password, bytes):
             password = password.decode("utf-8", "replace")
         if not isinstance(password, str) or not password or not username:
             logger.warning("refused MQTT client %r: no username or password", client_id)
             return False
-        if username == GATEWAY_LOGIN:
-            return secrets.compare_digest(password.encode(), self.gateway_password.encode())
         if client_id != username or not is_device_id(username):
             logger.warning(
                 "refused MQTT client %r: client id and username must both be the device id "
@@ -270,23 +277,6 @@ class EmbeddedBroker:
             self._announce(Presence(device_id, False))
 
     def _announce(self, presence: Presence) -> None:
+        for watcher in list(self._watchers):
+            watcher(presence)
         self._presence.publish(presence)
-
-
-def _quiet_library_logs() -> None:
-    # amqtt and its state machine library log every connection and transition at INFO: keep the
-    # gateway's log readable unless it is debugging (or the user set their levels).
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        for name in ("amqtt", "transitions"):
-            library = logging.getLogger(name)
-            if library.level == logging.NOTSET:
-                library.setLevel(logging.WARNING)
-    # start() raises why it failed and the CLI says it in one line: not a traceback as well.
-    broker_log = logging.getLogger("amqtt.broker")
-    if not any(isinstance(f, _StartupFailureSaidElsewhere) for f in broker_log.filters):
-        broker_log.addFilter(_StartupFailureSaidElsewhere())
-
-
-class _StartupFailureSaidElsewhere(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != "Broker startup failed"

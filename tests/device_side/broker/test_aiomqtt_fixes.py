@@ -13,15 +13,14 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from gateway.device_side.broker import GATEWAY_LOGIN
 from gateway.device_side.broker.aiomqtt_fixes import FleetClient, mend_socket_registration
 from tests.conftest import bound
-from tests.device_side.broker.test_embedded import DEVICE, TOKEN, broker, client, first_message
 from tests.mqtt_helpers import Mosquitto
 
 pytestmark = pytest.mark.anyio
 
 IN_FLIGHT = 50
+DEVICE = "aa:bb:cc:dd:ee:01"
 
 
 class _Counted(FleetClient):
@@ -33,18 +32,18 @@ class _Counted(FleetClient):
         yield from ()
 
 
-async def test_publishes_in_flight_are_not_walked_for_each_publish() -> None:
+async def test_publishes_in_flight_are_not_walked_for_each_publish(tmp_path: Path) -> None:
     """Fifty publishes awaiting their PUBACK at once: none walks the others; all arrive."""
-    async with broker() as b, client(b, DEVICE, TOKEN) as device:
-        gateway = _Counted("127.0.0.1", b.port, username=GATEWAY_LOGIN,
-                           password=b.gateway_password, identifier="gw-test",
-                           timeout=bound(5))  # fmt: skip
-        async with gateway, asyncio.timeout(bound(10)):
-            topic = f"xiaozhi/{DEVICE}/down"
+    topic = f"xiaozhi/{DEVICE}/down"
+    async with Mosquitto(tmp_path / "broker") as b:
+        device = aiomqtt.Client("127.0.0.1", b.port, identifier=DEVICE, timeout=bound(5))
+        gateway = _Counted("127.0.0.1", b.port, identifier="gw-test", timeout=bound(5))
+        async with device, gateway, asyncio.timeout(bound(10)):
+            await device.subscribe(topic)
             await asyncio.gather(
                 *(gateway.publish(topic, str(n).encode(), qos=1) for n in range(IN_FLIGHT))
             )
-            assert (await first_message(device)).payload == b"0"
+            assert (await anext(device.messages)).payload == b"0"
     assert _Counted.walks == 0
 
 

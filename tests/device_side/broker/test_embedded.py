@@ -6,16 +6,16 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import aiomqtt
 import pytest
 
 from gateway.config import ListenAddress
 from gateway.device_side.broker import GATEWAY_LOGIN, EmbeddedBroker, Presence, PresenceFeed, Topics
-from gateway.device_side.broker.subscriptions import SubscriptionTable
 from gateway.errors import GatewayError, PortTaken
 from tests.conftest import bound
+from tests.device_side.broker.raw import Listener, connect_packet, logged_in
+from tests.device_side.broker.raw import dropped as raw_dropped
 
 pytestmark = pytest.mark.anyio
 
@@ -37,10 +37,6 @@ async def broker() -> AsyncIterator[EmbeddedBroker]:
 def client(b: EmbeddedBroker, user: str, password: str, client_id: str | None = None):  # type: ignore[no-untyped-def]
     return aiomqtt.Client("127.0.0.1", b.port, username=user, password=password,
                           identifier=client_id or user, timeout=bound(5))  # fmt: skip
-
-
-def gateway_client(b: EmbeddedBroker) -> aiomqtt.Client:
-    return client(b, GATEWAY_LOGIN, b.gateway_password, "gw-test")
 
 
 async def next_presence(feed: PresenceFeed) -> Presence:
@@ -93,25 +89,25 @@ async def test_device_that_never_subscribes_gets_its_down_topic() -> None:
     """The broker subscribes each device to its own down topic when it connects."""
     async with broker() as b:
         feed = b.presence()
-        async with client(b, DEVICE, TOKEN) as device, gateway_client(b) as gw:
+        async with client(b, DEVICE, TOKEN) as device:
             assert await next_presence(feed) == Presence(DEVICE, True)
-            await gw.publish(f"xiaozhi/{DEVICE}/down", b"hi", qos=1)
+            b.route(f"xiaozhi/{DEVICE}/down", b"hi", 1, False)
             message = await first_message(device)
             assert message.payload == b"hi" and message.qos == 0
 
 
 async def test_device_cannot_publish_on_another_devices_topic() -> None:
     """A publish to another device's topics is dropped; its own arrives."""
-    async with broker() as b, gateway_client(b) as gw:
-        await gw.subscribe("xiaozhi/#")
+    async with broker() as b:
+        gw = Listener()
+        b.attach(gw, [("xiaozhi/#", 0), ("elsewhere", 0)])
         async with client(b, DEVICE, TOKEN) as device:
             await device.publish(f"xiaozhi/{OTHER}/up", b"spoofed")
             await device.publish(f"xiaozhi/{OTHER}/down", b"spoofed")
             await device.publish(f"xiaozhi/{DEVICE}/down", b"spoofed")
             await device.publish("elsewhere", b"spoofed")
             await device.publish(f"xiaozhi/{DEVICE}/up", b"mine")
-            message = await first_message(gw)
-    assert message.topic.value == f"xiaozhi/{DEVICE}/up" and message.payload == b"mine"
+            assert await gw.next() == (f"xiaozhi/{DEVICE}/up", b"mine", 0, False)
 
 
 async def test_device_cannot_read_another_devices_down_topic() -> None:
@@ -136,16 +132,25 @@ async def test_presence_follows_connections_and_replays_who_is_there() -> None:
 
 
 async def test_reconnecting_device_stays_online() -> None:
-    """A device whose new connection takes over its client id is not reported gone."""
+    """A device whose new connection takes over its client id is not reported gone; the older
+    connection is dropped (MQTT-3.1.4-2) without its will."""
     async with broker() as b:
         feed = b.presence()
-        async with client(b, DEVICE, TOKEN):
-            assert await next_presence(feed) == Presence(DEVICE, True)
-            # amqtt keeps the old connection open (MQTT-3.1.4-2 says drop it): when it does
-            # end, the plugin sees the newer session and reports nothing.
-            async with client(b, DEVICE, TOKEN):
-                assert await next_presence(feed) == Presence(DEVICE, True)
-                assert b.online() == {DEVICE}
+        listener = Listener()
+        b.attach(listener, [("xiaozhi/#", 0)])
+        will = (f"xiaozhi/{DEVICE}/status", b"gone")
+        old, old_writer = await logged_in(b.port, DEVICE, TOKEN, will=will)
+        assert await next_presence(feed) == Presence(DEVICE, True)
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN)
+        await raw_dropped(old)
+        assert await next_presence(feed) == Presence(DEVICE, True)
+        assert b.online() == {DEVICE} and len(b.connections) == 1
+        b.route(f"xiaozhi/{DEVICE}/up", b"marker", 0, False)
+        assert await listener.next() == (f"xiaozhi/{DEVICE}/up", b"marker", 0, False)
+        writer.close()
+        assert await next_presence(feed) == Presence(DEVICE, False)
+        old_writer.close()
+        feed.close()
 
 
 async def test_stopping_the_broker_takes_every_device_offline() -> None:
@@ -176,20 +181,6 @@ async def test_port_in_use_is_a_gateway_error() -> None:
     assert isinstance(caught.value, GatewayError) and caught.value.listener == "mqtt"
 
 
-def test_a_broadcast_visits_only_the_filters_that_can_match() -> None:
-    """With a filter per device, a message's broadcast sees its own topic and the wildcards."""
-    table = SubscriptionTable()
-    for n in range(1000):
-        table[f"xiaozhi/aa:{n:04x}/down"] = [("session", 0)]
-    table["xiaozhi/+/up"] = [("gateway", 0)]
-    table.next_topic = "xiaozhi/aa:0007/down"
-    assert list(dict(table.items())) == ["xiaozhi/aa:0007/down", "xiaozhi/+/up"]
-    assert len(table.items()) == 1001  # the hint is used once; without it, every filter
-    del table["xiaozhi/+/up"]
-    table.next_topic = "xiaozhi/aa:0007/up"
-    assert list(dict(table.items())) == []
-
-
 async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
     """After a gateway restart a stock device reconnects first and publishes its hello the
     instant it is accepted: its CONNECT waits until the gateway's own client is subscribed, so
@@ -201,38 +192,84 @@ async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
         # Unheld, a login on loopback is answered in milliseconds; held, not in this second.
         await asyncio.wait([connecting], timeout=1.0)
         assert not connecting.done()
-        async with gateway_client(b) as gw:
-            await gw.subscribe("xiaozhi/+/up", qos=1)
-            b.heard.set()
-            async with asyncio.timeout(bound(5)):
-                await connecting
-            try:
-                await device.publish(f"xiaozhi/{DEVICE}/up", b'{"type":"hello"}', qos=0)
-                assert (await first_message(gw)).payload == b'{"type":"hello"}'
-            finally:
-                await device.__aexit__(None, None, None)
+        gw = Listener()
+        b.attach(gw, [("xiaozhi/+/up", 1)])
+        b.heard.set()
+        async with asyncio.timeout(bound(5)):
+            await connecting
+        try:
+            await device.publish(f"xiaozhi/{DEVICE}/up", b'{"type":"hello"}', qos=0)
+            assert await gw.next() == (f"xiaozhi/{DEVICE}/up", b'{"type":"hello"}', 0, False)
+        finally:
+            await device.__aexit__(None, None, None)
 
 
-async def test_topic_checks_make_no_task_per_message() -> None:
-    """amqtt asked the topic plugin through a task and a wait for every PUBLISH and every
-    delivery; the gateway's broker asks the policy directly (the ACL tests above hold)."""
-    async with broker() as b, gateway_client(b) as gw:
-        await gw.subscribe("xiaozhi/+/up", qos=0)
-        inner: Any = b._broker
-        asked = 0
-        map_plugin_topic = inner.plugins_manager.map_plugin_topic
+async def test_an_mqtt_5_connect_gets_unacceptable_protocol_version() -> None:
+    """CONNACK return code 1 (MQTT 3.1.1 §3.2.2.3) at once; amqtt, the broker before, hung."""
+    async with broker() as b:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(connect_packet(DEVICE, DEVICE, TOKEN, level=5))
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(4) == b"\x20\x02\x00\x01"
+        await raw_dropped(reader)
+        writer.close()
 
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            nonlocal asked
-            asked += 1
-            return await map_plugin_topic(*args, **kwargs)
 
-        inner.plugins_manager.map_plugin_topic = counted
+async def test_retained_messages_reach_only_those_the_acl_lets_receive_them() -> None:
+    """A device gets the retained message of its own down topic, never another device's
+    retained status; the gateway gets every retained status."""
+    async with broker() as b:
+        async with client(b, OTHER, TOKEN) as other:
+            await other.publish(f"xiaozhi/{OTHER}/status", b"online", qos=1, retain=True)
+        b.route(f"xiaozhi/{DEVICE}/down", b"kept for you", 1, True)
+        b.route(f"xiaozhi/{OTHER}/down", b"not yours", 1, True)
         async with client(b, DEVICE, TOKEN) as device:
-            await device.publish(f"xiaozhi/{OTHER}/up", b"spoofed")
-            await device.publish(f"xiaozhi/{DEVICE}/up", b"mine")
-            message = await first_message(gw)
-            await gw.publish(f"xiaozhi/{DEVICE}/down", b"reply", qos=1)
-            assert (await first_message(device)).payload == b"reply"
-        assert (message.topic.value, message.payload) == (f"xiaozhi/{DEVICE}/up", b"mine")
-        assert asked == 0
+            message = await first_message(device)
+            assert (message.topic.value, message.payload, message.retain) == (
+                f"xiaozhi/{DEVICE}/down",
+                b"kept for you",
+                True,
+            )
+            codes = await device.subscribe("xiaozhi/+/status")
+            assert [getattr(c, "value", c) for c in codes] == [0x80]
+        listener = Listener()
+        b.attach(listener, [("xiaozhi/+/status", 1)])
+        assert await listener.next() == (f"xiaozhi/{OTHER}/status", b"online", 1, True)
+        b.route(f"xiaozhi/{OTHER}/status", b"", 0, True)  # an empty retained message clears
+        assert b.routes.retained_for("xiaozhi/+/status") == []
+
+
+async def test_a_will_is_published_only_on_the_devices_own_topics() -> None:
+    """An abnormal end publishes the will; a will naming another device's topic is dropped; a
+    DISCONNECT discards the will."""
+    async with broker() as b:
+        listener = Listener()
+        b.attach(listener, [("xiaozhi/#", 0)])
+        wills = [(f"xiaozhi/{OTHER}/status", b"spoofed"), (f"xiaozhi/{DEVICE}/status", b"gone")]
+        for will in wills:
+            _, writer = await logged_in(b.port, DEVICE, TOKEN, will=will)
+            writer.transport.abort()
+        assert await listener.next() == (f"xiaozhi/{DEVICE}/status", b"gone", 0, False)
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN, will=wills[1])
+        writer.write(b"\xe0\x00")  # DISCONNECT
+        await raw_dropped(reader)
+        writer.close()
+        b.route(f"xiaozhi/{DEVICE}/up", b"after", 0, False)
+        assert await listener.next() == (f"xiaozhi/{DEVICE}/up", b"after", 0, False)
+
+
+async def test_qos_1_is_acknowledged_and_deliveries_take_the_lower_qos() -> None:
+    """A device's QoS 1 PUBLISH gets its PUBACK; the gateway's QoS 1 message reaches a device
+    subscribed at QoS 0 (its down topic) at QoS 0, and the gateway at its own QoS."""
+    async with broker() as b:
+        listener = Listener()
+        b.attach(listener, [("xiaozhi/+/up", 0), ("xiaozhi/+/status", 1)])
+        async with client(b, DEVICE, TOKEN) as device:
+            await device.publish(f"xiaozhi/{DEVICE}/status", b"online", qos=1)  # waits for PUBACK
+            await device.publish(f"xiaozhi/{DEVICE}/up", b"hi", qos=1)
+            assert await listener.next() == (f"xiaozhi/{DEVICE}/status", b"online", 1, False)
+            assert await listener.next() == (f"xiaozhi/{DEVICE}/up", b"hi", 0, False)
+            b.route(f"xiaozhi/{DEVICE}/down", b"call", 1, False)
+            message = await first_message(device)
+            assert (message.payload, message.qos) == (b"call", 0)
+            b.detach(listener, [("xiaozhi/+/up", 0)])

@@ -2,8 +2,9 @@
 
 When is a device present (docs/mqtt.md)?
 
-- With the embedded broker: from when it connects to when it leaves (``presence``); nothing
-  else counts, since the broker knows.
+- With the embedded broker: from when it connects to when it leaves (``presence``, or the
+  broker's own events when the gateway's client is in-process, ``LocalClient``); nothing else
+  counts, since the broker knows.
 - On an external broker: its retained ``status`` says ``online`` (our firmware, whose last will
   says ``offline``), or it published on its ``up`` topic; devices with no last will are probed
   (``liveness``).
@@ -29,11 +30,12 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 
-from gateway.device_side.broker import PresenceFeed, Topics
+from gateway.device_side.broker import EmbeddedBroker, Presence, PresenceFeed, Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt.client import BrokerClient, BrokerLogin
 from gateway.device_side.transports.mqtt.link import MqttLink
 from gateway.device_side.transports.mqtt.liveness import Liveness, Peer
+from gateway.device_side.transports.mqtt.local import LocalClient
 from gateway.devices.link import DeviceIdentity
 
 __all__ = ["MqttTransport"]
@@ -50,7 +52,7 @@ class MqttTransport:
 
     def __init__(
         self,
-        login: BrokerLogin | Sequence[BrokerLogin],
+        login: BrokerLogin | Sequence[BrokerLogin] | EmbeddedBroker,
         topics: Topics,
         *,
         presence: PresenceFeed | None = None,
@@ -65,7 +67,8 @@ class MqttTransport:
         """Prepare the transport; nothing connects before ``async with``.
 
         Args:
-            login: the broker to connect to (a cluster's nodes: tried in turn).
+            login: the broker to connect to (a cluster's nodes: tried in turn), or the embedded
+                broker itself: the client is then in-process, and so is presence.
             topics: the device topics.
             presence: the embedded broker's connect/leave events; None for an external broker.
             probe_interval: seconds between presence probes; None disables probing.
@@ -79,17 +82,31 @@ class MqttTransport:
             foreign: cluster: takes each message of a device another replica owns.
         """
         self.topics = topics
-        self._client = BrokerClient(
-            login,
-            # QoS 0 both: the session is clean (what is in flight is lost with the connection
-            # at any QoS, and presence probes heal it), while on NATS a QoS 1 subscription is a
-            # JetStream consumer that takes seconds to make for minutes after a node dies.
-            [(topics.every("up"), 0), (topics.every("status"), 0)],
-            on_connected=self._connected,
-            on_disconnected=self._disconnected,
-            on_message=self._dispatch,
-            retry=retry,
-        )
+        # QoS 0 both: the session is clean (what is in flight is lost with the connection at
+        # any QoS, and presence probes heal it), while on NATS a QoS 1 subscription is a
+        # JetStream consumer that takes seconds to make for minutes after a node dies.
+        subscriptions = [(topics.every("up"), 0), (topics.every("status"), 0)]
+        self._client: BrokerClient | LocalClient
+        if isinstance(login, EmbeddedBroker):
+            self._client = LocalClient(
+                login,
+                subscriptions,
+                on_connected=self._connected,
+                on_disconnected=self._disconnected,
+                on_message=self._dispatch,
+                on_presence=self._on_presence,
+            )
+        else:
+            self._client = BrokerClient(
+                login,
+                subscriptions,
+                on_connected=self._connected,
+                on_disconnected=self._disconnected,
+                on_message=self._dispatch,
+                retry=retry,
+            )
+        # The broker says who is there (its feed, or in-process): status messages do not.
+        self._broker_presence = presence is not None or isinstance(login, EmbeddedBroker)
         self.client_id = self._client.client_id
         self.connected = self._client.connected
         self._presence = presence
@@ -232,7 +249,7 @@ class MqttTransport:
             link.feed(text)
 
     def _on_status(self, device_id: str, text: str | None) -> None:
-        if self._presence is not None:
+        if self._broker_presence:
             return  # the embedded broker's own events are the truth
         state = (text or "").strip().lower()
         if state == "online":
@@ -246,11 +263,14 @@ class MqttTransport:
     async def _follow_presence(self) -> None:
         assert self._presence is not None
         async for presence in self._presence:
-            if presence.online:
-                self._fresh_sign_of_life(presence.device_id).on_broker = True
-                self._open(presence.device_id, fresh=True)
-            else:
-                self._forget(presence.device_id)
+            self._on_presence(presence)
+
+    def _on_presence(self, presence: Presence) -> None:
+        if presence.online:
+            self._fresh_sign_of_life(presence.device_id).on_broker = True
+            self._open(presence.device_id, fresh=True)
+        else:
+            self._forget(presence.device_id)
 
     # --- sessions --------------------------------------------------------------------------
 

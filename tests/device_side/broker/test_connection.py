@@ -1,0 +1,305 @@
+"""The embedded broker's limits: packets over the size are dropped before their body, and
+connections have caps and a CONNECT deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from gateway.config import ListenAddress
+from gateway.device_side.broker import EmbeddedBroker, Topics
+from gateway.net.limits import ListenerLimits
+from tests.conftest import bound
+from tests.device_side.broker.raw import (
+    Listener,
+    connect_packet,
+    dropped,
+    field,
+    logged_in,
+    publish_head,
+)
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "device-token"
+DEVICE = "aa:bb:cc:dd:ee:01"
+LIMIT = 1024
+
+
+@asynccontextmanager
+async def broker(
+    limit: int = LIMIT, limits: ListenerLimits | None = None
+) -> AsyncIterator[EmbeddedBroker]:
+    def admits(device_id: str, password: str, peer: str | None = None) -> bool:
+        return password == TOKEN
+
+    listen = ListenAddress("127.0.0.1", 0)
+    embedded = EmbeddedBroker(listen, Topics(), admits, max_packet_bytes=limit, limits=limits)
+    async with embedded:
+        yield embedded
+
+
+async def test_a_publish_over_the_limit_drops_the_client_before_its_body() -> None:
+    """Only the header of a too-big PUBLISH is sent: the broker hangs up without the body."""
+    async with broker() as b:
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN)
+        writer.write(publish_head(Topics().up(DEVICE), LIMIT))
+        await dropped(reader)
+        writer.close()
+
+
+async def test_a_publish_up_to_the_limit_is_delivered() -> None:
+    """A packet of exactly max_packet_bytes passes, and the client stays connected."""
+    topic = Topics().up(DEVICE)
+    async with broker() as b:
+        gateway = Listener()
+        b.attach(gateway, [(topic, 0)])
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN)
+        payload = b"x" * (LIMIT - len(field(topic)))
+        writer.write(publish_head(topic, len(payload)) + payload + b"\xc0\x00")  # + PINGREQ
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(2) == b"\xd0\x00"  # PINGRESP: still connected
+        assert await gateway.next() == (topic, payload, 0, False)
+        writer.close()
+
+
+async def test_a_connect_over_the_limit_is_refused_before_login() -> None:
+    """The limit holds for anyone, not only logged-in devices."""
+    async with broker() as b:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(connect_packet(DEVICE, DEVICE, "p" * LIMIT))
+        await dropped(reader)
+        writer.close()
+        _, writer = await logged_in(b.port, DEVICE, TOKEN)  # the broker serves on
+        writer.close()
+
+
+async def test_a_client_without_an_accepted_connect_is_closed_at_the_deadline() -> None:
+    """A logged-in device is past the deadline and stays."""
+    limits = ListenerLimits("mqtt", 100, 100, handshake_timeout=0.3, auth_timeout=30)
+    async with broker(limits=limits) as b:
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        silent, silent_writer = await asyncio.open_connection("127.0.0.1", b.port)
+        partial, partial_writer = await asyncio.open_connection("127.0.0.1", b.port)
+        partial_writer.write(connect_packet(DEVICE, DEVICE, TOKEN)[:10])
+        await dropped(silent)
+        await dropped(partial)
+        assert loop.time() - start >= 0.25
+        writer.write(b"\xc0\x00")  # PINGREQ
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(2) == b"\xd0\x00"
+        for w in (writer, silent_writer, partial_writer):
+            w.close()
+
+
+async def test_connection_caps_hold_on_the_broker_too() -> None:
+    """Past per_address clients without an accepted CONNECT, the next is dropped at once."""
+    limits = ListenerLimits("mqtt", 100, per_address=2, handshake_timeout=10, auth_timeout=30)
+    async with broker(limits=limits) as b:
+        _, device = await logged_in(b.port, DEVICE, TOKEN)  # accepted: it does not count
+        held = [await asyncio.open_connection("127.0.0.1", b.port) for _ in range(2)]
+        extra, extra_writer = await asyncio.open_connection("127.0.0.1", b.port)
+        await dropped(extra)
+        assert [reader.at_eof() for reader, _ in held] == [False, False]
+        for w in (device, extra_writer, *(w for _, w in held)):
+            w.close()
+
+
+async def test_a_silent_client_is_closed_after_one_and_a_half_keepalives() -> None:
+    """Keepalive 1 s: silence closes it (and publishes its will); pings keep another open."""
+    async with broker() as b:
+        listener = Listener()
+        b.attach(listener, [("xiaozhi/+/status", 0)])
+        will = (f"xiaozhi/{DEVICE}/status", b"offline")
+        silent, silent_writer = await logged_in(b.port, DEVICE, TOKEN, keepalive=1, will=will)
+        other = "aa:bb:cc:dd:ee:02"
+        pinging, pinging_writer = await logged_in(b.port, other, TOKEN, keepalive=1)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        closing = asyncio.create_task(dropped(silent))
+        while not closing.done():
+            pinging_writer.write(b"\xc0\x00")
+            async with asyncio.timeout(bound(5)):
+                assert await pinging.readexactly(2) == b"\xd0\x00"
+            await asyncio.wait([closing], timeout=0.3)
+        await closing
+        assert loop.time() - start >= 1.4
+        assert await listener.next() == (f"xiaozhi/{DEVICE}/status", b"offline", 0, False)
+        assert b.online() == {other}
+        for w in (silent_writer, pinging_writer):
+            w.close()
+
+
+async def test_a_client_that_does_not_read_is_closed_not_buffered() -> None:
+    """Messages to a device that stopped reading pile up to write_limit, then it is dropped;
+    another device is served on."""
+    async with broker() as b:
+        stalled, stalled_writer = await logged_in(b.port, DEVICE, TOKEN)
+        other = "aa:bb:cc:dd:ee:02"
+        reader, writer = await logged_in(b.port, other, TOKEN)
+        down = Topics().down(DEVICE)
+        sent = 0
+        # The kernel's socket buffers take some megabytes first; then the broker's bound holds.
+        while DEVICE in b.online():
+            b.route(down, b"x" * 1000, 0, False)
+            sent += 1
+            assert sent < 100_000, "the broker kept buffering for a client that does not read"
+            if sent % 100 == 0:
+                await asyncio.sleep(0)  # let the loop flush to the kernel as it would
+        b.route(Topics().down(other), b"still here", 0, False)
+        async with asyncio.timeout(bound(5)):
+            assert (await reader.readexactly(2 + 2 + len(Topics().down(other)) + 10))[-10:] == (
+                b"still here"
+            )
+        for w in (stalled_writer, writer):
+            w.close()
+        del stalled
+
+
+async def test_packets_before_an_accepted_connect_or_malformed_close_only_that_client() -> None:
+    """A PUBLISH before CONNECT, a second CONNECT, garbage: each closes its own connection."""
+    async with broker() as b:
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN)
+        bad = [
+            publish_head("xiaozhi/x/up", 0),
+            connect_packet("aa:bb:cc:dd:ee:03", "aa:bb:cc:dd:ee:03", TOKEN) * 2,
+            b"\xff\xff\xff\xff\xff\xff",
+        ]
+        for data in bad:
+            bad_reader, bad_writer = await asyncio.open_connection("127.0.0.1", b.port)
+            bad_writer.write(data)
+            await dropped(bad_reader)
+            bad_writer.close()
+        writer.write(b"\xc0\x00")
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(2) == b"\xd0\x00"
+        writer.close()
+
+
+async def test_an_idle_connection_holds_one_timer_and_no_task() -> None:
+    """Work per connection: one timer handle (keepalive), no task once logged in, and no new
+    task or timer per packet."""
+    async with broker(limits=ListenerLimits("mqtt", 100, 100, 10, 30)) as b:
+        loop = asyncio.get_running_loop()
+        heap: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+
+        def timers() -> int:
+            return sum(not handle.cancelled() for handle in heap)
+
+        tasks, before = len(asyncio.all_tasks()), timers()
+        clients = [await logged_in(b.port, f"aa:bb:cc:dd:ef:{n:02x}", TOKEN) for n in range(20)]
+        assert timers() - before == 20
+        assert len(asyncio.all_tasks()) == tasks
+        reader, writer = clients[0]
+        for _ in range(50):
+            writer.write(publish_head(Topics().up("aa:bb:cc:dd:ef:00"), 2) + b"hi" + b"\xc0\x00")
+        async with asyncio.timeout(bound(5)):
+            await reader.readexactly(2 * 50)
+        assert timers() - before == 20
+        assert len(asyncio.all_tasks()) == tasks
+        for _, w in clients:
+            w.close()
+
+
+async def test_a_device_may_subscribe_to_its_own_down_topic_at_qos_1() -> None:
+    """SUBSCRIBE to its own down topic is granted (QoS 2 asked: 1 given), QoS 1 deliveries are
+    numbered and acknowledged, UNSUBSCRIBE ends them; an empty client id is refused."""
+    async with broker() as b:
+        reader, writer = await logged_in(b.port, DEVICE, TOKEN)
+        down = Topics().down(DEVICE)
+        writer.write(b"\x82" + bytes([2 + 2 + len(down) + 1]) + b"\x00\x01" + field(down) + b"\x02")
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(5) == b"\x90\x03\x00\x01\x01"
+        b.route(down, b"call", 1, False)
+        async with asyncio.timeout(bound(5)):
+            packet = await reader.readexactly(2 + 2 + len(down) + 2 + 4)
+        assert packet[0] == 0x32 and packet[-6:] == b"\x00\x01call"
+        writer.write(b"\x40\x02\x00\x01")  # PUBACK
+        writer.write(b"\xa2" + bytes([2 + 2 + len(down)]) + b"\x00\x02" + field(down))
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(4) == b"\xb0\x02\x00\x02"
+        b.route(down, b"unheard", 1, False)
+        writer.write(b"\xc0\x00")
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(2) == b"\xd0\x00"  # and nothing before it
+        writer.close()
+        anonymous, anonymous_writer = await asyncio.open_connection("127.0.0.1", b.port)
+        anonymous_writer.write(connect_packet("", DEVICE, TOKEN))
+        async with asyncio.timeout(bound(5)):
+            assert await anonymous.readexactly(4) == b"\x20\x02\x00\x02"
+        anonymous_writer.close()
+
+
+async def test_a_client_gone_while_its_login_waits_is_never_accepted() -> None:
+    """A device that hangs up while its login is being settled leaves nothing behind: its
+    login task ends with it, and it is never accepted."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def settle() -> None:
+        entered.set()
+        await release.wait()
+
+    listen = ListenAddress("127.0.0.1", 0)
+    async with EmbeddedBroker(listen, Topics(), lambda *_: True, settle=settle) as b:
+        _, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(connect_packet(DEVICE, DEVICE, TOKEN) + b"\xc0\x00")
+        async with asyncio.timeout(bound(5)):
+            await entered.wait()
+        [login] = [t for t in asyncio.all_tasks() if t.get_name().startswith("gateway.mqtt.")]
+        writer.transport.abort()
+        await asyncio.wait([login], timeout=bound(5))
+        assert login.cancelled()
+        release.set()
+        assert b.online() == frozenset() and b.sessions == {} and b.connections == set()
+        # One that floods while it waits is dropped (its packets are held, up to a few).
+        entered.clear()
+        release.clear()
+        flood, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(connect_packet(DEVICE, DEVICE, TOKEN) + b"\xc0\x00" * 17)
+        await dropped(flood)
+        release.set()
+        writer.close()
+
+
+async def _raw_login(port: int, device_id: str) -> socket.socket:
+    """A device logged in on a bare socket: no client-side objects but the socket."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, connect_packet(device_id, device_id, TOKEN))
+    got = b""
+    async with asyncio.timeout(bound(5)):
+        while len(got) < 4:
+            got += await loop.sock_recv(sock, 4 - len(got))
+    assert got == b"\x20\x02\x00\x00"
+    return sock
+
+
+async def test_an_idle_device_costs_a_few_objects_and_no_task() -> None:
+    """Objects per idle connection (gc-tracked, the test's own socket included): its transport
+    with its reader handle and socket, the connection and its codec, one timer, its route;
+    amqtt kept a session, a handler, four queues and a task per client (hundreds of objects)."""
+    async with broker() as b:
+        fleet = [await _raw_login(b.port, "aa:bb:cc:dd:ef:ff")]  # warm: first-use caches
+        gc.collect()
+        before = Counter(type(o).__name__ for o in gc.get_objects())
+        fleet += [await _raw_login(b.port, f"aa:bb:cc:dd:ef:{n:02x}") for n in range(50)]
+        gc.collect()
+        grown = Counter(type(o).__name__ for o in gc.get_objects()) - before
+        for debugging in ("FrameSummary", "StackSummary"):  # PYTHONASYNCIODEBUG's tracebacks
+            del grown[debugging]
+        assert b.online() == {f"aa:bb:cc:dd:ef:{n:02x}" for n in [*range(50), 0xFF]}
+        assert grown["Task"] == grown["coroutine"] == grown["list"] == 0
+        assert grown["ClientConnection"] == grown["TimerHandle"] == 50
+        assert sum(grown.values()) <= 25 * 50, grown.most_common(12)
+        for sock in fleet:
+            sock.close()
