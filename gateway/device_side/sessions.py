@@ -29,6 +29,7 @@ from gateway.protocol import DeviceProtocol
 __all__ = ["DeviceSessions"]
 
 logger = logging.getLogger(__name__)
+_device_logger = logging.getLogger("gateway.device")  # found once: getLogger takes a lock
 
 # cluster: (link, device id, session id) -> (the link to serve, what to call when it ends)
 Bridge = Callable[[DeviceLink, str, str], tuple[DeviceLink, Callable[[], None]]]
@@ -96,9 +97,7 @@ class DeviceSessions:
         *,
         proxied: bool = False,
     ) -> None:
-        log = logging.LoggerAdapter(
-            logging.getLogger("gateway.device"), {"device": identity.device_id}
-        )
+        log = logging.LoggerAdapter(_device_logger, {"device": identity.device_id})
         mqtt = identity.transport == "mqtt"
         board = identity.transport == BOARD_TRANSPORT
         # A board's link turns a reply over [mcp_boards] max_message_bytes into an error reply

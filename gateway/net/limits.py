@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.config import Config
 from gateway.net.networks import Network, in_networks, networks
+from gateway.net.upgrade import DirectUpgrade
 from gateway.net.websocket import LeanWebSocket
 
 __all__ = ["Guard", "ListenerLimits", "Slot", "ThrottledLog", "in_networks", "listener_limits",
@@ -288,8 +288,9 @@ class Slot:
         self.release()
 
 
-class _GuardedHttp(H11Protocol):
-    """uvicorn's h11 protocol, reporting its connection's life to ``guard``."""
+class _GuardedHttp(DirectUpgrade):
+    """uvicorn's h11 protocol (a WebSocket handshake parsed once), reporting its connection's
+    life to ``guard``."""
 
     guard: ClassVar[Guard]
     _slot: Slot | None = None
@@ -321,15 +322,15 @@ class _GuardedHttp(H11Protocol):
         super().on_response_complete()
         self._follow()
 
-    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+    def upgrade(self, request: bytes) -> asyncio.Protocol:
         """Hand the slot over to the WebSocket protocol that takes the transport."""
         slot, self._slot = self._slot, None
         if slot is not None:
             slot.request_started()
-        super().handle_websocket_upgrade(event)
-        protocol = self.transport.get_protocol()
+        protocol = super().upgrade(request)
         if slot is not None and isinstance(protocol, _GuardedWebSocket):
             protocol.slot = slot
+        return protocol
 
     def _follow(self) -> None:
         slot = self._slot

@@ -1,0 +1,99 @@
+"""A WebSocket handshake parsed once: straight from the socket's bytes to the WebSocket protocol.
+
+uvicorn's h11 protocol parses every request, and for a WebSocket upgrade it then writes the
+request back out as bytes for the WebSocket protocol (websockets' ``ServerProtocol``) to parse
+again. A device joining pays for both parses, an ``h11.Connection`` and an HTTP scope nobody
+reads. ``DirectUpgrade`` looks at the first bytes a connection sends: when they are one whole
+``GET`` request that asks for a WebSocket as uvicorn would upgrade it (``Connection`` naming
+``upgrade``, ``Upgrade: websocket``), they go to the WebSocket protocol as they came, which
+parses and checks them as it always did (a handshake it cannot read is answered 400). Anything
+else (a request in pieces, pipelined bytes, plain HTTP) takes uvicorn's h11 path unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["DirectUpgrade", "websocket_upgrade"]
+
+_END = b"\r\n\r\n"
+_INVALID = b"Invalid HTTP request received."
+_BAD_REQUEST = (  # what uvicorn's h11 path answers a request it cannot parse
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_INVALID), _INVALID)
+)
+
+
+def websocket_upgrade(data: bytes) -> bytes | None:
+    """``data`` with its header names in lower case, if it is exactly one complete ``GET``
+    request for a WebSocket upgrade; else None.
+
+    Mirrors uvicorn's own test (``H11Protocol._should_upgrade``): the last ``Connection`` header
+    names the ``upgrade`` token and the last ``Upgrade`` header is ``websocket``. The names are
+    lowered because uvicorn's WebSocket protocol puts them in the ASGI scope as it parses them,
+    and ASGI (the device route's header lookups too) wants them lower case, as h11 gives them.
+    """
+    if not data.startswith(b"GET ") or data.find(_END) != len(data) - len(_END):
+        return None
+    lines = data[: -len(_END)].split(b"\r\n")
+    connection: list[bytes] = []
+    upgrade = None
+    for index in range(1, len(lines)):
+        name, colon, value = lines[index].partition(b":")
+        if not colon:
+            return None  # not a header line: h11 answers it with its 400
+        name = name.lower()
+        lines[index] = name + b":" + value
+        if name == b"connection":
+            connection = [token.strip().lower() for token in value.split(b",")]
+        elif name == b"upgrade":
+            upgrade = value.strip().lower()
+    if upgrade != b"websocket" or b"upgrade" not in connection:
+        return None
+    lines.append(b"")
+    lines.append(b"")
+    return b"\r\n".join(lines)
+
+
+class DirectUpgrade(H11Protocol):
+    """uvicorn's h11 protocol, handing a connection's WebSocket handshake over unparsed."""
+
+    _fresh = True  # no bytes received yet on this connection
+
+    def data_received(self, data: bytes) -> None:
+        """A first request that is a whole WebSocket handshake skips h11."""
+        if self._fresh:
+            self._fresh = False
+            request = websocket_upgrade(data) if self.ws_protocol_class is not None else None
+            if request is not None:
+                self.upgrade(request)
+                return
+        super().data_received(data)
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        """A handshake h11 parsed (it came in pieces): written back out, as uvicorn does."""
+        output = [event.method, b" ", event.target, b" HTTP/1.1\r\n"]
+        for name, value in self.headers:
+            output += [name, b": ", value, b"\r\n"]
+        output.append(b"\r\n")
+        self.upgrade(b"".join(output))
+
+    def upgrade(self, request: bytes) -> asyncio.Protocol:
+        """Give the connection and its handshake ``request`` to a new WebSocket protocol."""
+        self.connections.discard(self)
+        protocol: asyncio.Protocol = self.ws_protocol_class(  # type: ignore[call-arg, misc]
+            config=self.config, server_state=self.server_state, app_state=self.app_state
+        )
+        protocol.connection_made(self.transport)
+        protocol.data_received(request)
+        self.transport.set_protocol(protocol)
+        # websockets' parser rejects a request it cannot read (a bad header name, a body, too
+        # many headers) by only ending its side: uvicorn's protocol would then wait for the
+        # peer. Answer 400 and close, as h11 does for a request it cannot parse.
+        if getattr(getattr(protocol, "conn", None), "handshake_exc", None) is not None:
+            self.transport.write(_BAD_REQUEST)
+            self.transport.close()
+        return protocol
