@@ -102,23 +102,26 @@ async def test_a_handshake_in_pieces_still_upgrades_through_h11(h11_reads: Reads
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "statuses"),
     [
-        HANDSHAKE.replace(b"Device-Id:", b"Device Id:"),  # not a header name
-        HANDSHAKE.replace(b"Device-Id:", b"Content-Length: 3\r\nX:"),  # a body
-        HANDSHAKE.replace(b"HTTP/1.1", b"HTTP/1.0", 1),
+        (HANDSHAKE.replace(b"Device-Id:", b"Device Id:"), {b"400"}),  # not a header name
+        (HANDSHAKE.replace(b"Device-Id:", b"Content-Length: 3\r\nX:"), {b"400"}),  # a body
+        # websockets 15 refuses HTTP/1.0 as it parses (400); from 16 its handshake answers 505
+        (HANDSHAKE.replace(b"HTTP/1.1", b"HTTP/1.0", 1), {b"400", b"505"}),
     ],
 )
-async def test_a_handshake_the_websocket_parser_refuses_is_answered_400_at_once(
-    bad: bytes,
+async def test_a_handshake_the_websocket_parser_refuses_is_answered_at_once(
+    bad: bytes, statuses: set[bytes]
 ) -> None:
-    """What h11 no longer checks first gets its 400 from the WebSocket parser's refusal, and the
-    connection closes then, not at the authentication deadline."""
+    """What h11 no longer checks first gets its refusal from the WebSocket parser (a 400, as
+    h11 would answer), and the connection closes then, not at the authentication deadline."""
     async with serving(LIMITS) as (port, guard):
         reader, writer = await opened(port, bad)
         async with asyncio.timeout(bound(5)):
             head = await reader.readuntil(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 400")
-            assert await reader.read() == b"Invalid HTTP request received."  # then it closes
+            assert head[9:12] in statuses, head
+            body = await reader.read()  # then it closes
+            if head.startswith(b"HTTP/1.1 400"):
+                assert body == b"Invalid HTTP request received."
         writer.close()
         await guard.until(0)
