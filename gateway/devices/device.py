@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.config import DeviceOptions
@@ -126,6 +126,8 @@ class Device:
     catalogue: Catalogue | None = None
     decisions: Decisions | None = None  # its catalogue's tools as decided (shared)
     names: Namer | None = None  # where its tools' MCP names are kept
+    # its tools the model may use, made at the first listing of them: (for which decisions, them)
+    _shown: tuple[Decisions, tuple[DeviceTool, ...]] | None = field(default=None, repr=False)
     session: DeviceSession | None = None
     exposed: bool = False  # its tools are in the list hosts see
     hide_timer: asyncio.TimerHandle | None = None
@@ -137,6 +139,21 @@ class Device:
     def tools(self) -> DeviceTools:
         """Its tools as decided, by the device's tool name, in the device's order."""
         return DeviceTools(self)
+
+    def shown_tools(self) -> tuple[DeviceTool, ...]:
+        """Its tools the model may use (no policy refusal), in the device's order.
+
+        Made when first asked for (hosts list them) and kept until its decisions change, so
+        listings made one after another share them, as they did when every tool was made with
+        its catalogue; an idle device no host listed yet holds none.
+        """
+        decided = self.decisions
+        if decided is None:
+            return ()
+        if self._shown is None or self._shown[0] is not decided:
+            made = tuple(DeviceTool(self, d) for d in decided.by_name.values() if d.refusal is None)
+            self._shown = (decided, made)
+        return self._shown[1]
 
     @property
     def device_id(self) -> str:

@@ -43,9 +43,7 @@ class Exposure:
         if self._snapshot is None:
             shown = sorted((d for d in devices if d.exposed),
                            key=lambda d: (d.alias, d.device_id))  # fmt: skip
-            self._snapshot = tuple(
-                tool for device in shown for tool in device.tools.values() if tool.refusal is None
-            )
+            self._snapshot = tuple(tool for device in shown for tool in device.shown_tools())
         return self._snapshot
 
     def changes(self) -> Changes:

@@ -124,8 +124,10 @@ class KnownDevices:
         device = self._devices.get(pair[0]) if pair is not None else None
         if pair is None or device is None or not device.exposed:
             return None
-        tool = device.tools.get(pair[1])
-        return tool if tool is not None and tool.refusal is None else None
+        decided = device.decisions.by_name.get(pair[1]) if device.decisions is not None else None
+        if decided is None or decided.refusal is not None:
+            return None
+        return DeviceTool(device, decided)  # equal to the one listed
 
     def changes(self) -> Changes:
         """Subscribe, from now on, to changes of the tool list hosts see.
