@@ -74,7 +74,7 @@ class Decisions:
     device's tools cost it a reference, however many it has.
     """
 
-    __slots__ = ("by_name", "denied", "hosts", "names", "user_only")
+    __slots__ = ("by_name", "denied", "hosts", "names", "shown", "user_only")
 
     def __init__(self, specs: Sequence[ToolSpec], verdicts: Sequence[Verdict]) -> None:
         """The tools ``specs`` with the policy's ``verdicts`` on them (one each, in order)."""
@@ -82,7 +82,8 @@ class Decisions:
                         for spec, said in zip(specs, verdicts, strict=True)}  # fmt: skip
         self.names = ToolNames(self.by_name)  # shared by their names too (naming.NameMap.share)
         decided = self.by_name.values()
-        self.hosts = sum(d.refusal is None for d in decided)
+        self.shown = tuple(d for d in decided if d.refusal is None)  # what the model may use
+        self.hosts = len(self.shown)
         self.user_only = sum(d.refusal is not None and d.user_refusal is None for d in decided)
         self.denied = sum(d.user_refusal is not None for d in decided)
 
@@ -151,7 +152,7 @@ class Device:
         if decided is None:
             return ()
         if self._shown is None or self._shown[0] is not decided:
-            made = tuple(DeviceTool(self, d) for d in decided.by_name.values() if d.refusal is None)
+            made = tuple([DeviceTool(self, d) for d in decided.shown])
             self._shown = (decided, made)
         return self._shown[1]
 
@@ -224,12 +225,28 @@ def tool_counts(*, hosts: int, user_only: int, denied: int = 0) -> str:
     return text + (f", {denied} denied" if denied else "")
 
 
-@dataclass(frozen=True, slots=True)
 class DeviceTool:
-    """One tool of one device: made when asked for, equal to any other made for the same."""
+    """One tool of one device: made when asked for, equal to any other made for the same.
 
-    device: Device
-    decision: ToolDecision
+    A plain class, not a frozen dataclass: a fleet's first listing makes one per tool (250,000
+    at 10,000 devices), and a frozen dataclass's ``__init__`` costs three times as much.
+    """
+
+    __slots__ = ("decision", "device")
+
+    def __init__(self, device: Device, decision: ToolDecision) -> None:
+        self.device = device
+        self.decision = decision
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, DeviceTool) and other.device is self.device
+                and other.decision is self.decision)  # fmt: skip
+
+    def __hash__(self) -> int:
+        return hash((id(self.device), id(self.decision)))
+
+    def __repr__(self) -> str:
+        return f"DeviceTool({self.device.device_id!r}, {self.decision.spec.name!r})"
 
     @property
     def spec(self) -> ToolSpec:
