@@ -272,7 +272,8 @@ class DeviceTool:
     def name(self) -> str:
         """Its MCP name (the plain one if its device was forgotten since this was made)."""
         device, tool = self.device, self.decision.spec.name
-        name = device.names.name_of(device.device_id, tool) if device.names is not None else None
+        names = device.names
+        name = names.name_of(device.record.device_id, tool) if names is not None else None
         return name if name is not None else candidate_name(device.alias, tool)
 
     def refused(self, *, user: bool) -> str | None:

@@ -107,18 +107,19 @@ class ToolNames:
     device's alias and this, and finds a plain name's holder by its tool part (``with_suffix``).
     """
 
-    __slots__ = ("_by_suffix", "_set", "names")
+    __slots__ = ("_by_suffix", "names", "suffixes")
 
     def __init__(self, names: Iterable[str] = ()) -> None:
         """The tool names ``names``, in the device's order."""
         self.names = tuple(names)
-        self._set = frozenset(self.names)
+        # each tool's name part: a listing asks for every name at every page request
+        self.suffixes = {tool: tool_suffix(tool) for tool in self.names}
         self._by_suffix: dict[str, tuple[str, ...]] = {}
-        for tool in self.names:
-            self._by_suffix[tool_suffix(tool)] = (*self._by_suffix.get(tool_suffix(tool), ()), tool)
+        for tool, suffix in self.suffixes.items():
+            self._by_suffix[suffix] = (*self._by_suffix.get(suffix, ()), tool)
 
     def __contains__(self, tool: object) -> bool:
-        return tool in self._set
+        return tool in self.suffixes
 
     def with_suffix(self, suffix: str) -> tuple[str, ...]:
         """The tools whose name part (``tool_suffix``) is ``suffix``."""
@@ -147,6 +148,13 @@ class _Held:
 
     def plain(self, tool: str) -> str:
         return f"{self.prefix}_{tool_suffix(tool)}"
+
+    def name_of(self, tool: str) -> str | None:
+        special = self.special
+        if special is not None and (entry := special.get(tool)) is not None:
+            return entry.name
+        suffix = self.tools.suffixes.get(tool)
+        return f"{self.prefix}_{suffix}" if suffix is not None else None
 
     def entry(self, tool: str) -> NameAssignment | None:
         if self.special is not None and (entry := self.special.get(tool)) is not None:
@@ -215,8 +223,7 @@ class NameMap:
     def name_of(self, device_id: str, tool: str) -> str | None:
         """The name ``tool`` on ``device_id`` holds, if any."""
         held = self._held.get(device_id)
-        entry = held.entry(tool) if held is not None else None
-        return entry.name if entry is not None else None
+        return held.name_of(tool) if held is not None else None
 
     def forget(self, device_id: str) -> None:
         """Free every name of ``device_id`` (the device is gone for good)."""
