@@ -3,8 +3,8 @@
 Run from the repository root, in the project's venv::
 
     python bench/fleet.py [--count N] [--idle-count N] [--mqtt-count N] [--workers W]
-                          [--list-counts N,N] [--only storm,join,idle,mqtt,list] [--json]
-                          [--timeout SECONDS]
+                          [--list-counts N,N] [--only storm,join,idle,mqtt,list,mixed]
+                          [--mixed-count N] [--mqtt-share F] [--json] [--timeout SECONDS]
 
 The gateway runs as it does in production: ``esp-mcp-gateway serve`` in its own process, on
 free loopback ports, with a fresh data directory, one shared device token and its stderr in a
@@ -37,6 +37,10 @@ pages (``_fleet_catalogue``). Phases, each against a fresh gateway:
   (25 tools a device, plus its two meta-tools), against the *baseline* of a bare low-level SDK
   ``Server`` in its own process listing the same tools, prebuilt and paged alike
   (``_fleet_listing``); ``--list-passes`` passes each, alternating targets.
+* **mixed** (only when asked for: ``--only mixed``): ``--mixed-count`` idle devices in one
+  gateway, ``--mqtt-share`` of them over MQTT (OTA and the embedded broker), the rest over
+  WebSocket: grown, RSS and idle CPU, one host's whole ``tools/list`` and a sample of calls
+  (``_fleet_mixed``).
 
 It is a measurement, not a test: it exits 1 only when the run itself breaks (a process dies,
 the ``--timeout`` passes), never over a figure. Every process it starts is gone when it ends.
@@ -64,6 +68,7 @@ from typing import Any, Protocol
 from _fleet_catalogue import PAGES, TOOL_COUNT
 from _fleet_devices import PING_INTERVAL, FleetSpec, Outcome, raise_fd_limit
 from _fleet_listing import PAGE_BYTES, Listed, list_all, pass_figures
+from _fleet_mixed import MixedFleet, fd_ceiling, mixed, mixed_lines
 from _fleet_processes import (
     Baseline,
     Gateway,
@@ -77,7 +82,8 @@ from _mqtt_baseline import MqttBaseline
 from mcp import Client
 
 DEVICE_TOKEN = "bench-fleet-device-token"
-PHASES = ("storm", "join", "idle", "mqtt", "list")
+PHASES = ("storm", "join", "idle", "mqtt", "list", "mixed")
+DEFAULT_PHASES = PHASES[:-1]  # the mixed fleet is big: run only when asked for
 GOALS = {
     "storm_ratio": 2.0,
     "join_cpu_lean_ratio": 1.15,  # storm server CPU against the lean baseline's (issue 29)
@@ -95,7 +101,7 @@ FILL_INFLIGHT = 200  # per worker: the idle fleet joins at a steady pace, not as
 JOIN_SLOT_S, LEAVE_S = 0.5, 0.25  # per join: connect and list, then the gateway's follow-up
 # Device ids 02:00:<block>:xx:xx:xx (locally administered MACs), one block per group.
 BLOCKS = {"storm": 1, "fleet": 2, "join-empty": 3, "join-fleet": 4, "mqtt": 5, "warm-up": 6,
-          "list": 7}  # fmt: skip
+          "list": 7, "mixed-ws": 8, "mixed-mqtt": 9}  # fmt: skip
 LIST_SETTINGS = {"GATEWAY_TOOLS_MODE": "per-device"}  # every device tool listed by its own name
 LIST_META_TOOLS = 2  # the gateway's list_devices and call_device_tool, first on page one
 LIST_MAX = 0xFFFF  # aliases end in the id's last 4 hex digits: beyond, the gateway numbers them
@@ -731,7 +737,7 @@ def table(figures: dict[str, Any]) -> str:
         f"tools in {len(PAGES)} tools/list pages"
     ]
     phases = {"storm": _storm_lines, "join": _join_lines, "idle": _idle_lines,
-              "mqtt": _mqtt_lines, "list": _list_lines}  # fmt: skip
+              "mqtt": _mqtt_lines, "list": _list_lines, "mixed": mixed_lines}  # fmt: skip
     for phase, lines_of in phases.items():
         if phase in figures:
             lines += ["", *lines_of(figures[phase])]
@@ -769,6 +775,14 @@ def measure(args: argparse.Namespace, phases: set[str], figures: dict[str, Any])
             figures["mqtt"] = mqtt(pool, workdir, args.mqtt_count, args.mqtt_idle_seconds)
         if "list" in phases:
             listing(pool, workdir, args, figures)
+        if "mixed" in phases:
+            over_mqtt = round(args.mixed_count * args.mqtt_share)
+            devices = MixedFleet(
+                websocket=device_ids("mixed-ws", args.mixed_count - over_mqtt),
+                mqtt=device_ids("mixed-mqtt", over_mqtt), warm_up=device_ids("warm-up", 1),
+                token=DEVICE_TOKEN, idle_seconds=args.mixed_idle_seconds, calls=args.mixed_calls,
+            )  # fmt: skip
+            figures["mixed"] = mixed(pool, workdir, devices)
 
 
 def main() -> int:
@@ -788,7 +802,14 @@ def main() -> int:
         "--mqtt-idle-seconds", type=float, default=0.0,
         help="mqtt phase: each gateway's CPU over this long with its devices idle (0: not)",
     )  # fmt: skip
-    parser.add_argument("--only", default=",".join(PHASES), help="phases, comma-separated")
+    parser.add_argument("--mixed-count", type=int, default=50000, help="devices in the mixed fleet")
+    parser.add_argument("--mqtt-share", type=float, default=0.5, help="of them over MQTT, 0-1")
+    parser.add_argument("--mixed-calls", type=int, default=50, help="calls through the host side")
+    # One MQTT keepalive (the OTA reply's 240 s): each MQTT device's PINGREQ counts about once.
+    parser.add_argument("--mixed-idle-seconds", type=float, default=240.0,
+                        help="the mixed fleet's idle CPU window, s")  # fmt: skip
+    parser.add_argument("--only", default=",".join(DEFAULT_PHASES),
+                        help=f"phases, comma-separated, of {','.join(PHASES)}")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run, s")
     parser.add_argument("--log-dir", help="keep the gateway logs here (default: a temp dir)")
@@ -805,6 +826,12 @@ def main() -> int:
         parser.error("counts, --workers, --joins and --list-passes must be at least 1")
     if max(args.list_counts) > LIST_MAX:
         parser.error(f"--list-counts: at most {LIST_MAX:,} devices (one alias each)")
+    if not 0.0 <= args.mqtt_share <= 1.0 or args.mixed_calls < 0:
+        parser.error("--mqtt-share is a fraction from 0 to 1; --mixed-calls at least 0")
+    raise_fd_limit()  # as the gateway will have it
+    if "mixed" in phases and args.mixed_count > fd_ceiling():
+        parser.error(f"--mixed-count: one gateway process holds at most {fd_ceiling():,} "
+                     "devices here (its hard open-file limit, less a margin)")  # fmt: skip
     figures: dict[str, Any] = {"workers": args.workers}
     status = 0
     try:

@@ -40,9 +40,10 @@ TINY_FLEET = ["--count", "4", "--idle-count", "4", "--mqtt-count", "3", "--joins
 # fmt: on
 
 
-async def _fleet_bench(*phases: str) -> dict[str, Any]:
-    """`bench/fleet.py --json` at tiny scale, only ``phases``: its figures."""
-    args = [*TINY_FLEET, "--only", ",".join(phases), "--timeout", str(bound(100))]
+async def _fleet_bench(*phases: str, extra: list[str] | None = None) -> dict[str, Any]:
+    """`bench/fleet.py --json` at tiny scale, only ``phases`` (``extra`` arguments): its
+    figures."""
+    args = [*TINY_FLEET, *(extra or []), "--only", ",".join(phases), "--timeout", str(bound(100))]
     with anyio.fail_after(bound(120)):
         done = await anyio.run_process([sys.executable, str(BENCH / "fleet.py"), *args],
                                        check=False)  # fmt: skip
@@ -82,6 +83,34 @@ async def test_fleet_benchmark_runs_its_mqtt_phase_at_tiny_scale() -> None:
     assert mqtt["mosquitto"]["listed"] == 3
     assert mqtt["ratio_websocket"] and mqtt["ratio_mosquitto"]
     assert mqtt["mqtt"]["idle_cpu_percent"] >= 0 and mqtt["websocket"]["idle_seconds"] >= 1
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_fleet_benchmark_runs_its_mixed_phase_at_tiny_scale() -> None:
+    """The mixed fleet: WebSocket and MQTT devices in one gateway, grown, online in its own
+    count, listed whole by a host and called through it, one call per device here."""
+    args = ["--mixed-count", "6", "--mqtt-share", "0.5", "--mixed-calls", "6",
+            "--mixed-idle-seconds", "1"]  # fmt: skip
+    mixed = (await _fleet_bench("mixed", extra=args))["mixed"]
+    assert mixed["websocket_devices"] == mixed["mqtt_devices"] == 3
+    assert mixed["grow"]["ws"]["listed"] == mixed["grow"]["mqtt"]["listed"] == 3
+    assert mixed["grow"]["online"] == {"websocket": 3, "mqtt": 3}
+    # 150 device tools exceed the default budget of 128: grouped, one entry per shared tool
+    assert mixed["list"]["tools"] == mixed["list"]["unique"] == 25 + 2
+    assert mixed["calls"]["count"] == 6 and mixed["calls"]["errors"] == 0
+    assert mixed["rss_after_kb"] > 0 and mixed["idle_cpu_percent"] >= 0
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_fleet_benchmark_refuses_a_mixed_fleet_beyond_the_open_file_limit() -> None:
+    """More devices than one process may hold sockets: a clear error before anything starts."""
+    args = [sys.executable, str(BENCH / "fleet.py"), "--only", "mixed", "--mixed-count",
+            str(10**7)]  # fmt: skip
+    with anyio.fail_after(bound(60)):
+        done = await anyio.run_process(args, check=False)
+    assert done.returncode == 2 and b"holds at most" in done.stderr
 
 
 @pytest.mark.anyio

@@ -2,8 +2,10 @@
 
 ``Exposure`` adds a device's tools to the list hosts see, or takes them out, one device at a
 time: a join costs the same in a fleet of ten or of ten thousand. Whether a device's tools
-should be seen (approval, online, offline grace) is the registry's call; this keeps the entries,
-the snapshot read between changes, and the subscribers told of each change.
+should be seen (approval, online, offline grace) is the registry's call; this keeps which devices
+are shown (``Device.exposed``), the snapshot read between changes, and the subscribers told of
+each change. It keeps no entry per tool: a name is looked up through the names (the registry's
+``lookup``), which a fleet holds anyway.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ class Exposure:
 
     def __init__(self) -> None:
         """Start with nothing shown."""
-        self._exposed: dict[str, DeviceTool] = {}
         self._snapshot: tuple[DeviceTool, ...] | None = None
         self._changes: Broadcast[None] = Broadcast()
         self.touched = 0
@@ -42,14 +43,8 @@ class Exposure:
         if self._snapshot is None:
             shown = sorted((d for d in devices if d.exposed),
                            key=lambda d: (d.alias, d.device_id))  # fmt: skip
-            self._snapshot = tuple(
-                tool for device in shown for tool in device.tools.values() if tool.refusal is None
-            )
+            self._snapshot = tuple(tool for device in shown for tool in device.shown_tools())
         return self._snapshot
-
-    def lookup(self, name: str) -> DeviceTool | None:
-        """The exposed tool whose MCP name is ``name``."""
-        return self._exposed.get(name)
 
     def changes(self) -> Changes:
         """Subscribe, from now on, to changes of the tool list hosts see (latest only)."""
@@ -57,12 +52,9 @@ class Exposure:
 
     def show(self, device: Device) -> None:
         """Add the tools of ``device`` that the model may use, unless they are shown already."""
-        if device.exposed or not device.tools:
+        if device.exposed or device.decisions is None or not device.decisions.by_name:
             return
-        for tool in device.tools.values():
-            if tool.refusal is None:
-                self._exposed[tool.name] = tool
-                self.touched += 1
+        self.touched += device.decisions.hosts
         device.exposed = True
         self._changed()
 
@@ -70,10 +62,7 @@ class Exposure:
         """Take the tools of ``device`` out of what hosts see, if they are shown."""
         if not device.exposed:
             return
-        for tool in device.tools.values():
-            if self._exposed.get(tool.name) is tool:
-                del self._exposed[tool.name]
-                self.touched += 1
+        self.touched += device.decisions.hosts if device.decisions is not None else 0
         device.exposed = False
         self._changed()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from gateway.devices.naming import (
     META_TOOL_NAMES,
     NameAssignment,
+    ToolNames,
     candidate_name,
     disambiguated_name,
 )
@@ -72,6 +73,14 @@ class FleetNames:
                     found.add(device_id)
         self._unsettled.clear()
         return found
+
+    def share(self, device_id: str, tools: ToolNames) -> None:
+        """Nothing to share: a cluster's names are decided pair by pair (``NameMap.share``)."""
+
+    def name_of(self, device_id: str, tool: str) -> str | None:
+        """The name ``tool`` on ``device_id`` holds, if any."""
+        entry = self._by_device.get(device_id, {}).get(tool)
+        return entry.name if entry is not None else None
 
     def lookup(self, name: str) -> tuple[str, str] | None:
         """The (device_id, tool) pair that ``name`` stands for, if any."""

@@ -18,7 +18,7 @@ from gateway.config import Config, DeviceOptions
 from gateway.devices.audit import AuditLog
 from gateway.devices.broadcast import Broadcast
 from gateway.devices.catalogue import Catalogue, Catalogues
-from gateway.devices.device import PENDING, Device, DeviceTool, Verdict, verdict
+from gateway.devices.device import PENDING, Decisions, Device, DeviceTool, verdict
 from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
 from gateway.devices.logins import LoginRecords
@@ -49,9 +49,9 @@ class KnownDevices:
         self._clock = clock
         self._catalogues = Catalogues()
         self.pages = KnownPages()  # shared by every device session's protocol
-        # The policy's verdicts on each shared catalogue for the devices the config says nothing
-        # of (most of a fleet): worked out once per catalogue, not once per device and tool.
-        self._default_verdicts: weakref.WeakKeyDictionary[Catalogue, list[Verdict]] = (
+        # Each shared catalogue's tools as decided for the devices the config says nothing of
+        # (most of a fleet): worked out once per catalogue, not once per device and tool.
+        self._default_decisions: weakref.WeakKeyDictionary[Catalogue, Decisions] = (
             weakref.WeakKeyDictionary()
         )
         self.verdicts_made = 0  # for tests: tools the policy was asked about
@@ -120,7 +120,14 @@ class KnownDevices:
 
     def lookup(self, name: str) -> DeviceTool | None:
         """The exposed tool whose MCP name is ``name``."""
-        return self._exposure.lookup(name)
+        pair = self._names.lookup(name)
+        device = self._devices.get(pair[0]) if pair is not None else None
+        if pair is None or device is None or not device.exposed:
+            return None
+        decided = device.decisions.by_name.get(pair[1]) if device.decisions is not None else None
+        if decided is None or decided.refusal is not None:
+            return None
+        return DeviceTool(device, decided)  # equal to the one listed
 
     def changes(self) -> Changes:
         """Subscribe, from now on, to changes of the tool list hosts see.
@@ -199,18 +206,19 @@ class KnownDevices:
         """Give ``device`` this catalogue: decide each tool once, then show it to hosts."""
         self._hide(device)
         device.catalogue = catalogue
-        device.tools = {}
+        decided = self._decisions(device.device_id, catalogue) if catalogue is not None else None
+        device.decisions, device.names = decided, self._names
         new_names = []
         specs = catalogue.tools if catalogue is not None else ()
-        verdicts = self._verdicts(device.device_id, catalogue) if catalogue is not None else []
         if self._fleet_names is not None:  # tools no longer listed free their names
             self._fleet_names.release(device.device_id, {spec.name for spec in specs})
-        device_id, alias, tools = device.device_id, device.alias, device.tools  # 25 tools a join
-        for spec, said in zip(specs, verdicts, strict=True):
+        device_id, alias = device.device_id, device.alias  # 25 tools a join
+        for spec in specs:
             entry, is_new = self._names.assign(device_id, alias, spec.name)
             if is_new:
                 new_names.append(entry)
-            tools[spec.name] = DeviceTool.decide(device, spec, entry.name, said)
+        if decided is not None:  # its plain names held through the catalogue's, not one by one
+            self._names.share(device_id, decided.names)
         self._store.save_names(new_names)
         self._show(device)
         self._decide_displaced()
@@ -221,16 +229,17 @@ class KnownDevices:
             if (other := self._devices.get(device_id)) is not None:
                 self._use(other, other.catalogue)
 
-    def _verdicts(self, device_id: str, catalogue: Catalogue) -> list[Verdict]:
-        """The policy's verdict on each tool of ``catalogue`` for device ``device_id``."""
+    def _decisions(self, device_id: str, catalogue: Catalogue) -> Decisions:
+        """The tools of ``catalogue`` as the policy decides them for device ``device_id``."""
         options = self._config.devices.get(device_id)
-        verdicts = None if options is not None else self._default_verdicts.get(catalogue)
-        if verdicts is None:
+        decided = None if options is not None else self._default_decisions.get(catalogue)
+        if decided is None:
             verdicts = [verdict(spec, options or DeviceOptions()) for spec in catalogue.tools]
             self.verdicts_made += len(verdicts)
+            decided = Decisions(catalogue.tools, verdicts)
             if options is None:
-                self._default_verdicts[catalogue] = verdicts
-        return verdicts
+                self._default_decisions[catalogue] = decided
+        return decided
 
     def _save(self, record: DeviceRecord) -> None:
         """Queue the record's write, and tell whoever watches devices that one changed."""

@@ -23,6 +23,7 @@ __all__ = [
     "NAME_PATTERN",
     "NameAssignment",
     "NameMap",
+    "ToolNames",
     "candidate_name",
     "derive_alias",
     "disambiguated_name",
@@ -99,58 +100,199 @@ class NameAssignment:
     name: str
 
 
+class ToolNames:
+    """The tool names of one catalogue, shared by every device that lists it.
+
+    A device's plain names (``<alias>_<tool>``) are not stored: ``NameMap`` makes them from the
+    device's alias and this, and finds a plain name's holder by its tool part (``with_suffix``).
+    """
+
+    __slots__ = ("_by_suffix", "names", "suffixes")
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        """The tool names ``names``, in the device's order."""
+        self.names = tuple(names)
+        # each tool's name part: a listing asks for every name at every page request
+        self.suffixes = {tool: tool_suffix(tool) for tool in self.names}
+        self._by_suffix: dict[str, tuple[str, ...]] = {}
+        for tool, suffix in self.suffixes.items():
+            self._by_suffix[suffix] = (*self._by_suffix.get(suffix, ()), tool)
+
+    def __contains__(self, tool: object) -> bool:
+        return tool in self.suffixes
+
+    def with_suffix(self, suffix: str) -> tuple[str, ...]:
+        """The tools whose name part (``tool_suffix``) is ``suffix``."""
+        return self._by_suffix.get(suffix, ())
+
+
+_NO_TOOLS = ToolNames()
+
+
+class _Held:
+    """The names one device holds: plain ones implied by ``tools``, the rest in ``special``."""
+
+    __slots__ = ("alias", "device_id", "prefix", "special", "tools")
+
+    def __init__(self, device_id: str, alias: str) -> None:
+        self.device_id = device_id
+        self.tools = _NO_TOOLS  # its tools that hold their plain names unless in ``special``
+        self.special: dict[str, NameAssignment] | None = None  # by tool: names held one by one
+        self.alias = self.prefix = alias
+        self.rename(alias)
+
+    def rename(self, alias: str) -> None:
+        """Imply plain names under ``alias`` from now on (``tools`` emptied first)."""
+        prefix = clean_alias(alias)
+        self.alias, self.prefix = alias, alias if prefix == alias else prefix  # one string if equal
+
+    def plain(self, tool: str) -> str:
+        return f"{self.prefix}_{tool_suffix(tool)}"
+
+    def name_of(self, tool: str) -> str | None:
+        special = self.special
+        if special is not None and (entry := special.get(tool)) is not None:
+            return entry.name
+        suffix = self.tools.suffixes.get(tool)
+        return f"{self.prefix}_{suffix}" if suffix is not None else None
+
+    def entry(self, tool: str) -> NameAssignment | None:
+        if self.special is not None and (entry := self.special.get(tool)) is not None:
+            return entry
+        if tool in self.tools:
+            return NameAssignment(self.device_id, tool, self.alias, self.plain(tool))
+        return None
+
+
 class NameMap:
     """Assigns MCP names to (device, tool) pairs and remembers them.
 
     Feed it the assignments saved earlier; ``assign`` returns the name for a pair and whether it is
     new (so the caller persists it). A pair keeps its name as long as its device keeps its alias.
+
+    A fleet holds hundreds of thousands of names, almost all plain (``<alias>_<tool>``): once a
+    device's tools are assigned, ``share`` lets it hold those through its catalogue's shared
+    ``ToolNames`` instead of a string and an entry each (``lookup`` finds a plain name's holder
+    by its alias part and its tool part). Only the other names (cut, disambiguated, under an
+    older alias, or of tools the device no longer lists) are kept one by one.
     """
 
     def __init__(self, saved: Iterable[NameAssignment] = ()) -> None:
-        # By device, then tool: no tuple key per name (a fleet holds hundreds of thousands).
-        self._by_device: dict[str, dict[str, NameAssignment]] = {}
-        self._by_name: dict[str, NameAssignment] = {}
+        self._held: dict[str, _Held] = {}
+        self._special: dict[str, NameAssignment] = {}  # by name: the names held one by one
+        self._by_prefix: dict[str, list[_Held]] = {}  # clean alias -> the devices named under it
         for entry in saved:
-            self._remember(entry)
+            self._keep(self._held.get(entry.device_id) or self._hold(entry), entry)
 
     def assign(self, device_id: str, alias: str, tool: str) -> tuple[NameAssignment, bool]:
         """The name for ``tool`` on ``device_id``; the flag is True if it was just made."""
-        tools = self._by_device.get(device_id)
-        known = tools.get(tool) if tools is not None else None
+        held = self._held.get(device_id)
+        known = held.entry(tool) if held is not None else None
         if known is not None and known.alias == alias:
             return known, False
-        if known is not None:  # the device was renamed: its old names are free again
-            del self._by_name[known.name]
+        if held is None:
+            held = self._hold(NameAssignment(device_id, tool, alias, ""))
+        elif held.alias != alias:
+            self._rename(held, alias)
+        if known is not None:  # the device was renamed: the tool's old name is free again
+            self._drop(held, tool)
         name = candidate_name(alias, tool)
         attempt = 0
-        while name in META_TOOL_NAMES or (
-            name in self._by_name and not self._free(name, device_id, tool)
-        ):
+        while name in META_TOOL_NAMES or self.lookup(name) not in (None, (device_id, tool)):
             name = disambiguated_name(candidate_name(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)
-        self._remember(entry)
+        self._keep(held, entry)
         return entry, True
+
+    def share(self, device_id: str, tools: ToolNames) -> None:
+        """Let ``device_id``, whose tools are now ``tools`` (each assigned), hold their plain
+        names through ``tools``; names of tools it no longer lists are kept one by one."""
+        held = self._held.get(device_id)
+        if held is None or held.tools is tools:
+            return
+        self._spell_out(held, keep=tools)
+        held.tools = tools
+        special = held.special or {}
+        for tool in tools.names:
+            entry = special.get(tool)
+            if entry is not None and entry.alias == held.alias and entry.name == held.plain(tool):
+                del special[tool], self._special[entry.name]
+        held.special = special or None
+
+    def name_of(self, device_id: str, tool: str) -> str | None:
+        """The name ``tool`` on ``device_id`` holds, if any."""
+        held = self._held.get(device_id)
+        return held.name_of(tool) if held is not None else None
 
     def forget(self, device_id: str) -> None:
         """Free every name of ``device_id`` (the device is gone for good)."""
-        for entry in self._by_device.pop(device_id, {}).values():
-            if self._by_name.get(entry.name) is entry:
-                del self._by_name[entry.name]
+        held = self._held.pop(device_id, None)
+        if held is None:
+            return
+        for entry in (held.special or {}).values():
+            if self._special.get(entry.name) is entry:
+                del self._special[entry.name]
+        self._unlist(held)
 
     def lookup(self, name: str) -> tuple[str, str] | None:
         """The (device_id, tool) pair that ``name`` stands for, if any."""
-        entry = self._by_name.get(name)
-        return (entry.device_id, entry.tool) if entry is not None else None
+        entry = self._special.get(name)
+        if entry is not None:
+            return entry.device_id, entry.tool
+        cut = name.find("_")
+        while cut > 0:  # a plain name: <alias>_<tool>, where either part may hold underscores
+            for held in self._by_prefix.get(name[:cut], ()):
+                for tool in held.tools.with_suffix(name[cut + 1 :]):
+                    if held.special is None or tool not in held.special:
+                        return held.device_id, tool
+            cut = name.find("_", cut + 1)
+        return None
 
     def entries(self) -> list[NameAssignment]:
         """Every assignment, for persisting."""
-        return [entry for tools in self._by_device.values() for entry in tools.values()]
+        found = []
+        for held in self._held.values():
+            special = held.special or {}
+            found += [e for tool in held.tools.names if (e := held.entry(tool)) is not None
+                      and tool not in special]  # fmt: skip
+            found += special.values()
+        return found
 
-    def _free(self, name: str, device_id: str, tool: str) -> bool:
-        holder = self._by_name.get(name)
-        return holder is None or (holder.device_id == device_id and holder.tool == tool)
+    def _hold(self, first: NameAssignment) -> _Held:
+        held = self._held[first.device_id] = _Held(first.device_id, first.alias)
+        self._by_prefix.setdefault(held.prefix, []).append(held)
+        return held
 
-    def _remember(self, entry: NameAssignment) -> None:
-        self._by_device.setdefault(entry.device_id, {})[entry.tool] = entry
-        self._by_name[entry.name] = entry
+    def _unlist(self, held: _Held) -> None:
+        namesakes = self._by_prefix[held.prefix]
+        namesakes.remove(held)
+        if not namesakes:
+            del self._by_prefix[held.prefix]
+
+    def _rename(self, held: _Held, alias: str) -> None:
+        """Its names so far stay, one by one, until each is assigned again under ``alias``."""
+        self._spell_out(held, keep=_NO_TOOLS)
+        held.tools = _NO_TOOLS
+        self._unlist(held)
+        held.rename(alias)
+        self._by_prefix.setdefault(held.prefix, []).append(held)
+
+    def _spell_out(self, held: _Held, keep: ToolNames) -> None:
+        """Keep one by one the implied names of ``held``'s tools that are not in ``keep``."""
+        for tool in held.tools.names:
+            if tool not in keep and (held.special is None or tool not in held.special):
+                self._keep(held, NameAssignment(held.device_id, tool, held.alias, held.plain(tool)))
+
+    def _keep(self, held: _Held, entry: NameAssignment) -> None:
+        """``held``'s device holds ``entry`` one by one."""
+        if held.special is None:
+            held.special = {}
+        self._drop(held, entry.tool)
+        held.special[entry.tool] = entry
+        self._special[entry.name] = entry
+
+    def _drop(self, held: _Held, tool: str) -> None:
+        old = held.special.pop(tool, None) if held.special is not None else None
+        if old is not None and self._special.get(old.name) is old:
+            del self._special[old.name]

@@ -9,6 +9,7 @@ from gateway.devices.naming import (
     META_TOOL_NAMES,
     NAME_PATTERN,
     NameMap,
+    ToolNames,
     clean_alias,
     derive_alias,
     tool_suffix,
@@ -94,3 +95,44 @@ def test_collisions_resolve_the_same_way_whatever_the_order(tools: list[str]) ->
         entry, is_new = restarted.assign("dev-b", "same", tool)
         assert not is_new
         assert first.lookup(entry.name) == ("dev-b", tool)
+
+
+def shared(names: NameMap, device_id: str, alias: str, tools: ToolNames) -> dict[str, str]:
+    """Assign ``tools`` on ``device_id`` and let it hold them through ``tools``, as the
+    registry does; its names by tool."""
+    found = {tool: names.assign(device_id, alias, tool)[0].name for tool in tools.names}
+    names.share(device_id, tools)
+    return found
+
+
+def test_shared_names_collide_and_resolve_as_one_by_one_names() -> None:
+    """Plain names held through a shared tool set still take their names first: a device whose
+    alias and tool spell another's plain name gets a hashed one, and each name finds its pair."""
+    names = NameMap()
+    firmware = ToolNames(["self.b.c", "self.d"])
+    first = shared(names, "dev-a", "a", firmware)
+    second = shared(names, "dev-b", "a_b", ToolNames(["self.c"]))
+    assert first == {"self.b.c": "a_b_c", "self.d": "a_d"}
+    assert second["self.c"] != "a_b_c" and second["self.c"].startswith("a_b_c_")
+    assert names.lookup("a_b_c") == ("dev-a", "self.b.c")
+    assert names.lookup(second["self.c"]) == ("dev-b", "self.c")
+    assert names.lookup("a_d") == ("dev-a", "self.d") and names.lookup("a_e") is None
+    assert names.name_of("dev-a", "self.d") == "a_d" and names.name_of("dev-a", "self.e") is None
+    restarted = NameMap(names.entries())
+    assert shared(restarted, "dev-b", "a_b", ToolNames(["self.c"])) == second
+    assert shared(restarted, "dev-a", "a", firmware) == first
+
+
+def test_a_tool_no_longer_listed_keeps_its_name_and_a_rename_frees_them() -> None:
+    """A firmware update that drops a tool leaves its name held (it comes back the same); a
+    new alias gives every tool a new name and frees the old ones."""
+    names = NameMap()
+    shared(names, "d", "lamp", ToolNames(["self.on", "self.off"]))
+    shared(names, "d", "lamp", ToolNames(["self.on"]))
+    assert names.lookup("lamp_off") == ("d", "self.off")
+    assert shared(names, "other", "lamp", ToolNames(["self.off"])) != {"self.off": "lamp_off"}
+    assert shared(names, "d", "hall", ToolNames(["self.on", "self.off"])) == {
+        "self.on": "hall_on", "self.off": "hall_off"}  # fmt: skip
+    assert names.lookup("lamp_on") is None and names.lookup("lamp_off") is None
+    names.forget("d")
+    assert names.lookup("hall_on") is None and names.name_of("d", "self.on") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,42 @@ async def test_a_join_costs_its_own_work_whatever_the_fleet(tmp_path: Path) -> N
     large = tuple(b - a for a, b in zip(before, work(stack), strict=True))
     assert small == large == (25, 26)  # its 25 tools shown; its row and its 25 names written
     assert len(stack.registry.exposed_tools()) == 3001 * 25
+    stack.close()
+
+
+def held_per_device(stack: Stack, tools: tuple[dict[str, object], ...], first: int) -> float:
+    """Objects the collector tracks, per device, that 200 more devices of ``tools`` add."""
+    gc.collect()
+    before = len(gc.get_objects())
+    for n in range(first, first + 200):
+        join(stack, n, tools)
+    stack.store.flush()  # the names' rows written, not pending
+    gc.collect()
+    return (len(gc.get_objects()) - before) / 200
+
+
+async def test_an_idle_device_of_a_shared_firmware_holds_no_object_per_tool(
+    tmp_path: Path,
+) -> None:
+    """Its tools are decided once per firmware and named through the firmware's shared names:
+    one more device of a 25-tool firmware adds as many objects as one of a 1-tool firmware,
+    and every tool still has its own name, found again by lookup."""
+    stack = Stack(make_config(tmp_path))
+    many = tuple(tool(f"self.audio_speaker.tool_{i}", level={"type": "integer"}) for i in range(25))
+    one = (tool("self.lamp.turn_on"),)
+    held_per_device(stack, many, 0)  # warm: the firmwares judged, the dicts grown
+    held_per_device(stack, one, 1000)
+    with_many = held_per_device(stack, many, 2000)
+    with_one = held_per_device(stack, one, 3000)
+    assert with_many == pytest.approx(with_one, abs=0.5)  # before: 52 objects more a device
+    devices = [d for d in stack.registry.devices() if len(d.tools) == 25]
+    assert len({id(d.decisions) for d in devices}) == 1 and len(devices) == 400
+    assert len(stack.registry._names._special) == 0  # no name held one by one
+    exposed = stack.registry.exposed_tools()
+    assert len(exposed) == 400 * 25 + 400 and len({t.name for t in exposed}) == len(exposed)
+    for listed in exposed[::97]:
+        found = stack.registry.lookup(listed.name)
+        assert found == listed and found is not None and found.name == listed.name
     stack.close()
 
 

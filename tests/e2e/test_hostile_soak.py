@@ -121,7 +121,7 @@ def counts(run: Running) -> dict[str, int]:
         "catalogue rows": stored,
         "devices": len(registry.devices()),
         "login records table": len(registry.logins),
-        "tool names": sum(len(names) for names in registry._names._by_device.values()),
+        "tool names": len(registry._names.entries()),
     }
 
 

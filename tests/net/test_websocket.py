@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,7 +20,7 @@ from websockets.http11 import Response
 from websockets.uri import parse_uri
 
 from gateway.net.limits import ListenerLimits
-from gateway.net.websocket import Flag, Inbox
+from gateway.net.websocket import Flag, Inbox, LeanWebSocket
 from tests.conftest import bound, listener_timers
 from tests.net.test_limits import serving as limits_serving
 
@@ -29,6 +30,7 @@ LIMITS = ListenerLimits(
     name="test", max_connections=100, per_address=100, handshake_timeout=5.0, auth_timeout=10.0
 )
 PING = 0.2  # s: the ping interval and timeout of the listeners here
+SHARED_KEYS_MAX = 30  # CPython's bound on the attribute names instances of a class share
 
 
 @asynccontextmanager
@@ -133,6 +135,24 @@ async def test_idle_websockets_share_one_keepalive_timer_and_hold_no_deques() ->
             gc.collect()
             assert listener_timers() - timers <= 1  # the keepalive's, whatever the count
             assert deques(peers) - before < count
+        finally:
+            for peer in peers:
+                peer.close()
+
+
+async def test_idle_websockets_share_their_attribute_names() -> None:
+    """uvicorn sets some 40 attributes per connection, and past 30 CPython gives each instance
+    a dict of its own (1.6 KB); the listeners' protocol keeps the dict under that bound, so
+    its keys are shared by every connection."""
+    async with serving(ping=30.0) as port:
+        peers = [await Peer.open(port) for _ in range(3)]
+        try:
+            protocols = [o for o in gc.get_objects() if isinstance(o, LeanWebSocket)]
+            assert len(protocols) == 3
+            for protocol in protocols:
+                assert protocol.scope and protocol.ping_interval == 30.0  # kept, in slots
+                assert len(vars(protocol)) <= SHARED_KEYS_MAX
+                assert sys.getsizeof(vars(protocol)) < 400  # before: 1,584 bytes
         finally:
             for peer in peers:
                 peer.close()

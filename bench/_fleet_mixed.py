@@ -1,0 +1,236 @@
+"""The ``mixed`` phase of ``fleet.py``: one gateway holding a big idle fleet of WebSocket and
+MQTT devices, grown, listed by a host and called through it.
+
+Figures: how long the fleet took to grow (every device answered its last ``tools/list``
+page) and to be online in the gateway's own count (``/metrics``: ``/api/devices`` would send
+every device's catalogue, about 18 KB each, a gigabyte at 50,000); the gateway's RSS per
+device once it settled; its idle CPU over a window (one MQTT keepalive by default, so that
+each MQTT device's PINGREQ counts about once and each WebSocket device's ping about twelve
+times); one host's whole ``tools/list`` in whatever mode the fleet's size gives (``auto``:
+grouped above the tool budget); and the median of a sample of ``call_device_tool`` calls
+(MCP over streamable HTTP, as a host calls), spread over both transports.
+
+One gateway process holds one socket per device: the open-file limit bounds the fleet
+(``fd_ceiling``), and the run refuses a fleet beyond it rather than fail half way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+import statistics
+import time
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from _fleet_devices import FleetSpec
+from _fleet_listing import list_all
+from _fleet_processes import Gateway, Pool, RunBroken, cpu_s
+from mcp import Client
+
+__all__ = ["FD_MARGIN", "MixedFleet", "fd_ceiling", "mixed"]
+
+FD_MARGIN = 500  # descriptors the gateway needs beyond its devices (listeners, store, logs)
+# Per worker and transport: the fleet grows at the idle phase's steady pace (200 per worker in
+# all); 200 per transport kept the gateway's loop so busy that 2 % of the devices timed out.
+FILL_INFLIGHT = 100
+STALL_S = 60.0  # no device listed or failed for this long: the rest never will be
+ONLINE_S = 300.0  # the gateway counts every listed device online within this, or never
+CALLED_TOOL = "self.get_device_status"  # no arguments; every emulated device answers it
+_ONLINE = re.compile(r'^gateway_devices\{state="online",transport="(\w+)"\} (\d+(?:\.\d+)?)$')
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def fd_ceiling() -> int:
+    """The most devices one gateway process can hold here: its hard open-file limit (which
+    ``raise_fd_limit`` makes the soft one) less what the gateway needs for itself."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1] - FD_MARGIN
+
+
+@dataclass(frozen=True, slots=True)
+class MixedFleet:
+    """Who takes part: the devices over each transport, and the warm-up device."""
+
+    websocket: list[str]
+    mqtt: list[str]
+    warm_up: list[str]
+    token: str
+    idle_seconds: float
+    calls: int
+
+
+def _online(gateway: Gateway) -> dict[str, int]:
+    """Devices online by transport, from the gateway's ``/metrics``."""
+    url = f"http://127.0.0.1:{gateway.host_port}/metrics"
+    with _no_proxy.open(url, timeout=120) as response:
+        text = response.read().decode()
+    return {m[1]: int(float(m[2])) for line in text.splitlines() if (m := _ONLINE.match(line))}
+
+
+def _grow(pool: Pool, gateway: Gateway, groups: dict[str, tuple[FleetSpec, list[str]]]) -> float:
+    """Start every group at once; wait until each device is listed or failed, or progress
+    stalls. Return the common start (monotonic)."""
+    start_at = time.monotonic() + 0.3
+    for name, (spec, ids) in groups.items():
+        pool.start(name, replace(spec, start_at=start_at), ids)
+    settled, changed = -1, time.monotonic()
+    while True:
+        counts = [pool.wait(name, 0.25) for name in groups]
+        gateway.check()
+        done = sum(listed + failed for listed, failed, _ in counts)
+        if done == sum(total for _, _, total in counts):
+            return start_at
+        if done != settled:
+            settled, changed = done, time.monotonic()
+        elif time.monotonic() - changed > STALL_S:
+            return start_at  # the rest are neither listed nor failed: reported as pending
+
+
+def _outcomes(pool: Pool, name: str, start_at: float) -> dict[str, Any]:
+    outcomes = pool.results(name)
+    listed = [o[0] - start_at for o in outcomes if o[0] is not None]
+    failed: dict[str, int] = {}
+    for o in outcomes:
+        if o[0] is None:
+            failed[o[2] or "pending"] = failed.get(o[2] or "pending", 0) + 1
+    return {
+        "devices": len(outcomes),
+        "listed": len(listed),
+        "listed_p50_s": round(statistics.median(listed), 2) if listed else None,
+        "listed_max_s": round(max(listed), 2) if listed else None,
+        "failed": dict(sorted(failed.items())),
+    }
+
+
+def _wait_online(gateway: Gateway, listed: int, start_at: float) -> dict[str, Any]:
+    """Poll ``/metrics`` until the gateway counts ``listed`` devices online (or give up)."""
+    until = time.monotonic() + ONLINE_S
+    while True:
+        online = _online(gateway)
+        if sum(online.values()) >= listed or time.monotonic() > until:
+            done = sum(online.values()) >= listed
+            seconds = round(time.monotonic() - start_at, 2) if done else None
+            return {"online": online, "online_s": seconds}
+        time.sleep(1.0)
+
+
+async def _host_side(url: str, pid: int, devices: list[str]) -> dict[str, Any]:
+    """One host: every ``tools/list`` page, then one ``call_device_tool`` per device given."""
+    async with Client(url, mode="legacy") as client:
+        cpu = cpu_s(pid)
+        listed = await list_all(client)
+        listing = {"seconds": round(listed.seconds, 3), "pages": listed.pages,
+                   "tools": listed.tools, "unique": listed.unique,
+                   "server_cpu_s": round(cpu_s(pid) - cpu, 2)}  # fmt: skip
+        times, errors = [], 0
+        for device in devices:
+            arguments = {"device": device, "tool": CALLED_TOOL, "arguments": {}}
+            began = time.perf_counter()
+            result = await client.call_tool("call_device_tool", arguments)
+            times.append(time.perf_counter() - began)
+            errors += bool(result.is_error)
+    return listing | {"calls": {
+        "count": len(times), "errors": errors,
+        "median_ms": round(statistics.median(times) * 1000, 2) if times else None,
+        "max_ms": round(max(times) * 1000, 2) if times else None,
+    }}  # fmt: skip
+
+
+def _sample(ids: list[str], count: int) -> list[str]:
+    """``count`` devices spread evenly over ``ids`` (so over every worker)."""
+    if count <= 0 or not ids:
+        return []
+    step = max(1, len(ids) // count)
+    return ids[::step][:count]
+
+
+def mixed(pool: Pool, workdir: Path, fleet: MixedFleet) -> dict[str, Any]:
+    """The phase: a fresh gateway with the embedded broker, its fleet grown, idle, listed and
+    called; the devices stay connected until the end."""
+    total = len(fleet.websocket) + len(fleet.mqtt)
+    if total > fd_ceiling():
+        raise RunBroken(
+            f"{total:,} devices need as many open files in the gateway, beyond its hard limit "
+            f"here ({fd_ceiling() + FD_MARGIN:,}, which only root with CAP_SYS_RESOURCE can "
+            f"raise): at most {fd_ceiling():,} devices"
+        )
+    figures: dict[str, Any] = {"devices": total, "websocket_devices": len(fleet.websocket),
+                               "mqtt_devices": len(fleet.mqtt),
+                               "fd_limit": fd_ceiling() + FD_MARGIN}  # fmt: skip
+    gateway = Gateway(workdir, "mixed", fleet.token, mqtt=True)
+    groups: dict[str, tuple[FleetSpec, list[str]]] = {}
+    try:
+        warm = FleetSpec("ws", gateway.device_url, fleet.token, open_timeout=30, hello_timeout=30)
+        _grow(pool, gateway, {"mixed-warm": (warm, fleet.warm_up)})
+        pool.stop("mixed-warm")
+        gateway.settle()
+        rss_before, cpu_before = gateway.rss_kb(), gateway.cpu_s()
+        ws = FleetSpec("ws", gateway.device_url, fleet.token, open_timeout=60,
+                       hello_timeout=None, max_inflight=FILL_INFLIGHT)  # fmt: skip
+        mq = FleetSpec("mqtt", gateway.ota_url, fleet.token, open_timeout=60,
+                       max_inflight=FILL_INFLIGHT)  # fmt: skip
+        groups = {"mixed-ws": (ws, fleet.websocket), "mixed-mqtt": (mq, fleet.mqtt)}
+        groups = {name: group for name, group in groups.items() if group[1]}
+        start_at = _grow(pool, gateway, groups)
+        grown = {name.removeprefix("mixed-"): _outcomes(pool, name, start_at) for name in groups}
+        listed = sum(g["listed"] for g in grown.values())
+        figures["grow"] = grown | {
+            "grow_s": max((g["listed_max_s"] or 0.0 for g in grown.values()), default=None),
+            "gateway_cpu_s": round(gateway.cpu_s() - cpu_before, 1),
+        }
+        figures["grow"] |= _wait_online(gateway, listed, start_at)
+        gateway.settle(longest=180)
+        rss_after = gateway.rss_kb()
+        figures["rss_before_kb"], figures["rss_after_kb"] = rss_before, rss_after
+        figures["rss_per_device_kb"] = round((rss_after - rss_before) / max(listed, 1), 1)
+        cpu, wall = gateway.cpu_over(fleet.idle_seconds)
+        figures["idle_seconds"] = round(wall, 1)
+        figures["idle_cpu_percent"] = round(100 * cpu / wall, 2)
+        half = fleet.calls // 2
+        sample = _sample(fleet.websocket, fleet.calls - half if fleet.mqtt else fleet.calls)
+        sample += _sample(fleet.mqtt, half if fleet.websocket else fleet.calls)
+        host = asyncio.run(_host_side(gateway.mcp_url, gateway.pid, sample))
+        figures["list"], figures["calls"] = host, host.pop("calls")
+        figures["rss_after_list_kb"] = gateway.rss_kb()
+        figures["log"] = gateway.log_counts()
+    finally:
+        try:
+            for name in groups:
+                pool.stop(name)
+        finally:
+            gateway.close()
+    return figures
+
+
+def mixed_lines(m: dict[str, Any]) -> list[str]:
+    """The phase's figures as table lines."""
+    grow, listing, calls = m["grow"], m["list"], m["calls"]
+    lines = [
+        f"mixed: {m['devices']:,} idle devices in one gateway ({m['websocket_devices']:,} "
+        f"WebSocket, {m['mqtt_devices']:,} MQTT through OTA and the embedded broker); "
+        f"open-file limit {m['fd_limit']:,}"
+    ]
+    for name in ("ws", "mqtt"):
+        if name in grow:
+            g = grow[name]
+            failed = ", ".join(f"{k} {v}" for k, v in g["failed"].items()) or "none failed"
+            lines.append(f"  {name:<5} {g['listed']:>7,}/{g['devices']:,} listed, p50 "
+                         f"{g['listed_p50_s']} s, last {g['listed_max_s']} s; "
+                         f"{failed}")  # fmt: skip
+    lines += [
+        f"  grown in {grow['grow_s']} s (gateway CPU {grow['gateway_cpu_s']} s); all online in "
+        f"its own count at {grow['online_s']} s {grow['online']}",
+        f"  RSS {m['rss_before_kb'] / 1024:.0f} -> {m['rss_after_kb'] / 1024:.0f} MB: "
+        f"{m['rss_per_device_kb']} KB a device; idle CPU {m['idle_cpu_percent']} % of a core "
+        f"over {m['idle_seconds']} s",
+        f"  host tools/list: {listing['tools']:,} tools ({listing['unique']:,} distinct) in "
+        f"{listing['pages']} pages, {listing['seconds']} s (server CPU "
+        f"{listing['server_cpu_s']} s)",
+        f"  call_device_tool x{calls['count']}: median {calls['median_ms']} ms, max "
+        f"{calls['max_ms']} ms, {calls['errors']} errors; RSS after "
+        f"{m['rss_after_list_kb'] / 1024:.0f} MB; gateway log {m['log']}",
+    ]
+    return lines
