@@ -34,11 +34,13 @@ from gateway.device_side.broker.topics import Topics, is_device_id
 from gateway.devices.broadcast import Broadcast, Subscription
 from gateway.errors import GatewayError, PortTaken
 from gateway.net.addresses import local_host
-from gateway.net.limits import Guard, ListenerLimits
+from gateway.net.limits import Guard, ListenerLimits, ThrottledLog
 
 __all__ = ["GATEWAY_LOGIN", "EmbeddedBroker", "Presence", "PresenceFeed"]
 
 logger = logging.getLogger(__name__)
+# Anyone who can reach the port can send CONNECTs: refusals are logged at a bounded rate.
+_log = ThrottledLog(logger)
 # How long a device's CONNECT waits for the gateway's own client to listen (until_heard): well
 # inside stock firmware's CONNACK wait, and the listener's CONNECT deadline.
 _HEARD_PATIENCE = 5.0
@@ -46,6 +48,11 @@ _HEARD_PATIENCE = 5.0
 # The in-process client's name in the ACL; not a device id (those never contain "@"), and no
 # CONNECT can log in with it, so no client over TCP can claim the gateway's rights.
 GATEWAY_LOGIN = "@esp-mcp-gateway"
+
+
+def _shown(client_id: str | None) -> str | None:
+    # A client id may be 65,535 characters, chosen by whoever connects: the log gets its start.
+    return client_id if client_id is None or len(client_id) <= 64 else client_id[:64] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,19 +225,17 @@ class EmbeddedBroker:
         if isinstance(password, bytes):
             password = password.decode("utf-8", "replace")
         if not isinstance(password, str) or not password or not username:
-            logger.warning("refused MQTT client %r: no username or password", client_id)
+            _log.warning("anonymous", "refused MQTT client %r from %s: no username or password",
+                         _shown(client_id), peer)  # fmt: skip
             return False
         if client_id != username or not is_device_id(username):
-            logger.warning(
-                "refused MQTT client %r: client id and username must both be the device id "
-                "(lower-case MAC)",
-                client_id,
-            )
+            _log.warning("not_device", "refused MQTT client %r from %s: client id and username "
+                         "must both be the device id (lower-case MAC)", _shown(client_id),
+                         peer)  # fmt: skip
             return False
         if not self._admits(username, password, peer):
-            logger.warning(
-                "refused MQTT device %s from %s (the audit log says why)", username, peer
-            )
+            _log.warning("refused", "refused MQTT device %s from %s (the audit log says why)",
+                         username, peer)  # fmt: skip
             return False
         return True
 
