@@ -146,7 +146,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self._heard = asyncio.get_running_loop().time()
         try:
-            for packet in self._reader.feed(data):
+            for packet in self._reader.packets(data):  # none parsed after a close
                 if self._login is not None and not self.accepted:
                     self._hold(packet)
                 else:

@@ -15,6 +15,8 @@ import pytest
 from gateway.config import ListenAddress
 from gateway.device_side.broker import EmbeddedBroker, Topics
 from gateway.net.limits import ListenerLimits
+from gateway.protocol import mqtt_reader
+from gateway.protocol.mqtt import Packet
 from tests.conftest import bound
 from tests.device_side.broker.raw import (
     Listener,
@@ -320,3 +322,27 @@ async def test_refused_logins_cannot_flood_the_log(caplog: pytest.LogCaptureFixt
     refusals = [r for r in caplog.records if "refused MQTT client" in r.getMessage()]
     assert len(refusals) <= 1  # (one, or none if an earlier test logged one just now)
     assert all(len(r.getMessage()) < 1000 for r in caplog.records)
+
+
+@pytest.mark.parametrize("first", [b"", b"wrong-password"], ids=["no CONNECT", "refused CONNECT"])
+async def test_bytes_after_a_closing_packet_are_not_parsed(
+    first: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's first packet that ends its connection (not a CONNECT, or a refused one) is
+    the last one parsed: the rest of what it sent with it (here 4,000 PINGREQs; 256 KiB of them
+    cost the loop about 0.2 s) is dropped unread."""
+    decoded = Counter[str]()
+    decode = mqtt_reader._decode
+
+    def counting(kind: int, flags: int, data: bytes) -> Packet:
+        decoded["packets"] += 1
+        return decode(kind, flags, data)
+
+    monkeypatch.setattr(mqtt_reader, "_decode", counting)
+    login = connect_packet(DEVICE, DEVICE, first.decode()) if first else b""
+    async with broker() as b:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(login + b"\xc0\x00" * 4000)
+        await dropped(reader)
+        writer.close()
+    assert decoded["packets"] == 1
