@@ -31,6 +31,7 @@ pytestmark = pytest.mark.anyio
 
 TOKEN = "device-token"
 DEVICE = "aa:bb:cc:dd:ee:01"
+OTHER = "aa:bb:cc:dd:ee:02"
 LIMIT = 1024
 
 
@@ -346,3 +347,38 @@ async def test_bytes_after_a_closing_packet_are_not_parsed(
         await dropped(reader)
         writer.close()
     assert decoded["packets"] == 1
+
+
+async def test_a_device_that_leaves_without_reading_frees_its_place() -> None:
+    """A DISCONNECT with replies still unread used to leave the connection closing forever
+    (nothing flushes to a client that never reads, and a take-over or the keep-alive check left
+    a closing connection alone): a device reconnecting that way filled the broker's cap, and
+    other devices were refused. Its next login ends it, and the other device gets in."""
+    limits = ListenerLimits("mqtt", 2, 100, handshake_timeout=10, auth_timeout=30)
+    loop = asyncio.get_running_loop()
+    async with broker(limit=256 * 1024, limits=limits) as b:
+        with socket.socket() as sock:  # a plain socket: nothing reads it behind the test's back
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            async with asyncio.timeout(bound(5)):
+                await loop.sock_connect(sock, ("127.0.0.1", b.port))
+                await loop.sock_sendall(sock, connect_packet(DEVICE, DEVICE, TOKEN, keepalive=0))
+                assert await loop.sock_recv(sock, 4) == b"\x20\x02\x00\x00"
+                first = b.sessions[DEVICE]
+                server_side = first._transport
+                assert server_side is not None
+                server_socket = server_side.get_extra_info("socket")
+                server_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                while server_side.get_write_buffer_size() < 64 * 1024:  # PINGRESPs unread
+                    await loop.sock_sendall(sock, b"\xc0\x00" * 1000)
+                    await asyncio.sleep(0)  # the broker reads them
+                closing = asyncio.Event()
+                close = server_side.close
+                server_side.close = lambda: (closing.set(), close())[1]  # type: ignore[method-assign]
+                await loop.sock_sendall(sock, b"\xe0\x00")  # DISCONNECT
+                await closing.wait()
+            _, again = await logged_in(b.port, DEVICE, TOKEN)  # takes over the first one
+            _, other = await logged_in(b.port, OTHER, TOKEN)
+            assert first not in b.connections
+            for w in (again, other):
+                w.close()
