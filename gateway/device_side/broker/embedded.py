@@ -99,7 +99,7 @@ class EmbeddedBroker:
         self.guard = Guard(limits) if limits is not None else None
         # A slow reader's backlog: room for a few of the biggest packets, then it is closed.
         self.write_limit = max(4 * max_packet_bytes, 64 * 1024)
-        self.routes = Routes()
+        self.routes = Routes(max_retained_bytes=64 * max_packet_bytes)
         self.sessions: dict[str, ClientConnection] = {}
         self._server: asyncio.Server | None = None
         self.connections: set[ClientConnection] = set()  # open, accepted or not
@@ -209,8 +209,10 @@ class EmbeddedBroker:
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         """Deliver a message to each subscriber the ACL lets receive it; keep it if retained."""
-        if retain:
-            self.routes.keep(topic, payload, qos)
+        if retain and not self.routes.keep(topic, payload, qos):
+            _log.warning("retained", "MQTT: retained messages fill their %d bytes (64 times "
+                         "limits.mqtt_max_packet_bytes): the one on %s was delivered, not kept",
+                         self.routes.max_retained_bytes, topic)  # fmt: skip
         for subscriber, wanted in self.routes.matching(topic):
             if self.allows(subscriber.username, topic, publish=False):
                 subscriber.deliver(topic, payload, min(qos, wanted), False)

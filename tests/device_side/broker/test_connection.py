@@ -16,7 +16,7 @@ from gateway.config import ListenAddress
 from gateway.device_side.broker import EmbeddedBroker, Topics
 from gateway.net.limits import ListenerLimits
 from gateway.protocol import mqtt_reader
-from gateway.protocol.mqtt import Packet
+from gateway.protocol.mqtt import Packet, remaining_length
 from tests.conftest import bound
 from tests.device_side.broker.raw import (
     Listener,
@@ -382,3 +382,29 @@ async def test_a_device_that_leaves_without_reading_frees_its_place() -> None:
             assert first not in b.connections
             for w in (again, other):
                 w.close()
+
+
+async def test_retained_messages_have_a_budget() -> None:
+    """Any device (a pending one too: anyone can check in a made-up MAC) may retain a message of
+    max_packet_bytes on its up and status topics, and they outlive it: kept without a bound,
+    one client inventing ids grew the gateway without end. Past 64 packets' worth, a retained
+    message is still delivered but no longer kept (and the one it replaces is forgotten)."""
+    budget = 64 * LIMIT
+    payload = b"r" * (LIMIT - 100)
+    async with broker() as b:
+        gateway = Listener()
+        b.attach(gateway, [("xiaozhi/+/status", 0)])
+        for n in range(40):
+            device = f"aa:bb:cc:dd:ef:{n:02x}"
+            _, writer = await logged_in(b.port, device, TOKEN)
+            for kind in ("up", "status"):
+                topic = f"xiaozhi/{device}/{kind}"
+                body = field(topic) + payload
+                writer.write(b"\x31" + remaining_length(len(body)) + body)  # retained, QoS 0
+            assert await gateway.next() == (f"xiaozhi/{device}/status", payload, 0, False)
+            writer.close()
+        kept = sum(len(topic) + len(p) for topic, (p, _) in b.routes.retained.items())
+        assert budget - LIMIT < kept <= budget
+        late = Listener()  # a subscriber that comes later gets those that were kept
+        b.attach(late, [("xiaozhi/+/status", 0)])
+        assert (await late.next())[0] == "xiaozhi/aa:bb:cc:dd:ef:00/status"
