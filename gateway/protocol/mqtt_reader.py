@@ -9,6 +9,8 @@ sends, QoS 2) raises ``MalformedPacket``; the reader is then done and the connec
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gateway.protocol.mqtt import (
     Connect,
     Disconnect,
@@ -187,7 +189,8 @@ def _decode(kind: int, flags: int, data: bytes) -> Packet:
 
 
 class MqttReader:
-    """Parses one client's stream; ``feed()`` returns the packets completed so far."""
+    """Parses one client's stream; ``feed()`` returns the packets completed so far (``packets()``
+    yields them one by one)."""
 
     __slots__ = ("_buffer", "_header", "max_packet_bytes")
 
@@ -197,7 +200,16 @@ class MqttReader:
         self._header: tuple[int, int, int] | None = None  # first byte, header size, length
 
     def feed(self, data: bytes) -> list[Packet]:
-        """Take the next bytes of the stream.
+        """Take the next bytes of the stream; every packet they complete.
+
+        Raises:
+            MalformedPacket: as ``packets()``.
+        """
+        return list(self.packets(data))
+
+    def packets(self, data: bytes) -> Iterator[Packet]:
+        """Take the next bytes of the stream; each packet they complete, parsed as it is asked
+        for: a server that stops asking (the connection closed) parses none of the rest.
 
         Raises:
             MalformedPacket: the stream holds a packet this server does not accept (also one
@@ -205,19 +217,18 @@ class MqttReader:
         """
         buffer = self._buffer
         buffer += data
-        packets: list[Packet] = []
         while True:
             if self._header is None:
                 self._header = self._fixed_header()
                 if self._header is None:
-                    return packets
+                    return
             first, size, length = self._header
             if len(buffer) < size + length:
-                return packets
+                return
             body = bytes(buffer[size : size + length])
             del buffer[: size + length]
             self._header = None
-            packets.append(_decode(first >> 4, first & 0x0F, body))
+            yield _decode(first >> 4, first & 0x0F, body)
 
     def _fixed_header(self) -> tuple[int, int, int] | None:
         buffer = self._buffer

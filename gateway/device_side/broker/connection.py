@@ -146,7 +146,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self._heard = asyncio.get_running_loop().time()
         try:
-            for packet in self._reader.feed(data):
+            for packet in self._reader.packets(data):  # none parsed after a close
                 if self._login is not None and not self.accepted:
                     self._hold(packet)
                 else:
@@ -221,7 +221,7 @@ class ClientConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Drop the connection now (its will is published)."""
-        if self._transport is not None and not self._transport.is_closing():
+        if self._transport is not None:  # closing too: a client that never reads never flushes
             self._transport.abort()
         self.closed = True
 

@@ -34,11 +34,13 @@ from gateway.device_side.broker.topics import Topics, is_device_id
 from gateway.devices.broadcast import Broadcast, Subscription
 from gateway.errors import GatewayError, PortTaken
 from gateway.net.addresses import local_host
-from gateway.net.limits import Guard, ListenerLimits
+from gateway.net.limits import Guard, ListenerLimits, ThrottledLog
 
 __all__ = ["GATEWAY_LOGIN", "EmbeddedBroker", "Presence", "PresenceFeed"]
 
 logger = logging.getLogger(__name__)
+# Anyone who can reach the port can send CONNECTs: refusals are logged at a bounded rate.
+_log = ThrottledLog(logger)
 # How long a device's CONNECT waits for the gateway's own client to listen (until_heard): well
 # inside stock firmware's CONNACK wait, and the listener's CONNECT deadline.
 _HEARD_PATIENCE = 5.0
@@ -46,6 +48,11 @@ _HEARD_PATIENCE = 5.0
 # The in-process client's name in the ACL; not a device id (those never contain "@"), and no
 # CONNECT can log in with it, so no client over TCP can claim the gateway's rights.
 GATEWAY_LOGIN = "@esp-mcp-gateway"
+
+
+def _shown(client_id: str | None) -> str | None:
+    # A client id may be 65,535 characters, chosen by whoever connects: the log gets its start.
+    return client_id if client_id is None or len(client_id) <= 64 else client_id[:64] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +99,7 @@ class EmbeddedBroker:
         self.guard = Guard(limits) if limits is not None else None
         # A slow reader's backlog: room for a few of the biggest packets, then it is closed.
         self.write_limit = max(4 * max_packet_bytes, 64 * 1024)
-        self.routes = Routes()
+        self.routes = Routes(max_retained_bytes=64 * max_packet_bytes)
         self.sessions: dict[str, ClientConnection] = {}
         self._server: asyncio.Server | None = None
         self.connections: set[ClientConnection] = set()  # open, accepted or not
@@ -202,8 +209,10 @@ class EmbeddedBroker:
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         """Deliver a message to each subscriber the ACL lets receive it; keep it if retained."""
-        if retain:
-            self.routes.keep(topic, payload, qos)
+        if retain and not self.routes.keep(topic, payload, qos):
+            _log.warning("retained", "MQTT: retained messages fill their %d bytes (64 times "
+                         "limits.mqtt_max_packet_bytes): the one on %s was delivered, not kept",
+                         self.routes.max_retained_bytes, topic)  # fmt: skip
         for subscriber, wanted in self.routes.matching(topic):
             if self.allows(subscriber.username, topic, publish=False):
                 subscriber.deliver(topic, payload, min(qos, wanted), False)
@@ -218,19 +227,17 @@ class EmbeddedBroker:
         if isinstance(password, bytes):
             password = password.decode("utf-8", "replace")
         if not isinstance(password, str) or not password or not username:
-            logger.warning("refused MQTT client %r: no username or password", client_id)
+            _log.warning("anonymous", "refused MQTT client %r from %s: no username or password",
+                         _shown(client_id), peer)  # fmt: skip
             return False
         if client_id != username or not is_device_id(username):
-            logger.warning(
-                "refused MQTT client %r: client id and username must both be the device id "
-                "(lower-case MAC)",
-                client_id,
-            )
+            _log.warning("not_device", "refused MQTT client %r from %s: client id and username "
+                         "must both be the device id (lower-case MAC)", _shown(client_id),
+                         peer)  # fmt: skip
             return False
         if not self._admits(username, password, peer):
-            logger.warning(
-                "refused MQTT device %s from %s (the audit log says why)", username, peer
-            )
+            _log.warning("refused", "refused MQTT device %s from %s (the audit log says why)",
+                         username, peer)  # fmt: skip
             return False
         return True
 

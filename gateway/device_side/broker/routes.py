@@ -45,10 +45,14 @@ def _wild(topic_filter: str) -> bool:
 class Routes:
     """The subscription table and the retained messages of one broker."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_retained_bytes: int = 16 * 1024 * 1024) -> None:
         self._exact: dict[str, dict[Subscriber, int]] = {}
         self._wild: dict[str, dict[Subscriber, int]] = {}
         self.retained: dict[str, tuple[bytes, int]] = {}
+        # Retained messages outlive their devices, and anyone can make up device ids (pending
+        # ones log in too): topics and payloads kept, in bytes, at most max_retained_bytes.
+        self.max_retained_bytes = max_retained_bytes
+        self.retained_bytes = 0
 
     def subscribe(self, subscriber: Subscriber, topic_filter: str, qos: int) -> None:
         """Add (or replace, §3.8.4) ``subscriber``'s subscription to ``topic_filter``."""
@@ -77,12 +81,23 @@ class Routes:
                     found[subscriber] = max(qos, found.get(subscriber, 0))
         yield from found.items()
 
-    def keep(self, topic: str, payload: bytes, qos: int) -> None:
-        """§3.3.1.3: keep a retained message for later subscribers (empty payload: forget it)."""
-        if payload:
-            self.retained[topic] = (payload, qos)
-        else:
-            self.retained.pop(topic, None)
+    def keep(self, topic: str, payload: bytes, qos: int) -> bool:
+        """§3.3.1.3: keep a retained message for later subscribers (empty payload: forget it).
+
+        False if it is not kept: over ``max_retained_bytes`` (the one it replaces is forgotten
+        all the same, not left standing as the topic's last word).
+        """
+        old = self.retained.pop(topic, None)
+        if old is not None:
+            self.retained_bytes -= len(topic) + len(old[0])
+        if not payload:
+            return True
+        size = len(topic) + len(payload)
+        if self.retained_bytes + size > self.max_retained_bytes:
+            return False
+        self.retained[topic] = (payload, qos)
+        self.retained_bytes += size
+        return True
 
     def retained_for(self, topic_filter: str) -> list[tuple[str, bytes, int]]:
         """The retained messages ``topic_filter`` matches, as ``(topic, payload, qos)``."""

@@ -15,6 +15,8 @@ import pytest
 from gateway.config import ListenAddress
 from gateway.device_side.broker import EmbeddedBroker, Topics
 from gateway.net.limits import ListenerLimits
+from gateway.protocol import mqtt_reader
+from gateway.protocol.mqtt import Packet, remaining_length
 from tests.conftest import bound
 from tests.device_side.broker.raw import (
     Listener,
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.anyio
 
 TOKEN = "device-token"
 DEVICE = "aa:bb:cc:dd:ee:01"
+OTHER = "aa:bb:cc:dd:ee:02"
 LIMIT = 1024
 
 
@@ -303,3 +306,88 @@ async def test_an_idle_device_costs_a_few_objects_and_no_task() -> None:
         assert sum(grown.values()) <= 25 * 50, grown.most_common(12)
         for sock in fleet:
             sock.close()
+
+
+@pytest.mark.parametrize("first", [b"", b"wrong-password"], ids=["no CONNECT", "refused CONNECT"])
+async def test_bytes_after_a_closing_packet_are_not_parsed(
+    first: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's first packet that ends its connection (not a CONNECT, or a refused one) is
+    the last one parsed: the rest of what it sent with it (here 4,000 PINGREQs; 256 KiB of them
+    cost the loop about 0.2 s) is dropped unread."""
+    decoded = Counter[str]()
+    decode = mqtt_reader._decode
+
+    def counting(kind: int, flags: int, data: bytes) -> Packet:
+        decoded["packets"] += 1
+        return decode(kind, flags, data)
+
+    monkeypatch.setattr(mqtt_reader, "_decode", counting)
+    login = connect_packet(DEVICE, DEVICE, first.decode()) if first else b""
+    async with broker() as b:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(login + b"\xc0\x00" * 4000)
+        await dropped(reader)
+        writer.close()
+    assert decoded["packets"] == 1
+
+
+async def test_a_device_that_leaves_without_reading_frees_its_place() -> None:
+    """A DISCONNECT with replies still unread used to leave the connection closing forever
+    (nothing flushes to a client that never reads, and a take-over or the keep-alive check left
+    a closing connection alone): a device reconnecting that way filled the broker's cap, and
+    other devices were refused. Its next login ends it, and the other device gets in."""
+    limits = ListenerLimits("mqtt", 2, 100, handshake_timeout=10, auth_timeout=30)
+    loop = asyncio.get_running_loop()
+    async with broker(limit=256 * 1024, limits=limits) as b:
+        with socket.socket() as sock:  # a plain socket: nothing reads it behind the test's back
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            async with asyncio.timeout(bound(5)):
+                await loop.sock_connect(sock, ("127.0.0.1", b.port))
+                await loop.sock_sendall(sock, connect_packet(DEVICE, DEVICE, TOKEN, keepalive=0))
+                assert await loop.sock_recv(sock, 4) == b"\x20\x02\x00\x00"
+                first = b.sessions[DEVICE]
+                server_side = first._transport
+                assert server_side is not None
+                server_socket = server_side.get_extra_info("socket")
+                server_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                while server_side.get_write_buffer_size() < 64 * 1024:  # PINGRESPs unread
+                    await loop.sock_sendall(sock, b"\xc0\x00" * 1000)
+                    await asyncio.sleep(0)  # the broker reads them
+                closing = asyncio.Event()
+                close = server_side.close
+                server_side.close = lambda: (closing.set(), close())[1]  # type: ignore[method-assign]
+                await loop.sock_sendall(sock, b"\xe0\x00")  # DISCONNECT
+                await closing.wait()
+            _, again = await logged_in(b.port, DEVICE, TOKEN)  # takes over the first one
+            _, other = await logged_in(b.port, OTHER, TOKEN)
+            assert first not in b.connections
+            for w in (again, other):
+                w.close()
+
+
+async def test_retained_messages_have_a_budget() -> None:
+    """Any device (a pending one too: anyone can check in a made-up MAC) may retain a message of
+    max_packet_bytes on its up and status topics, and they outlive it: kept without a bound,
+    one client inventing ids grew the gateway without end. Past 64 packets' worth, a retained
+    message is still delivered but no longer kept (and the one it replaces is forgotten)."""
+    budget = 64 * LIMIT
+    payload = b"r" * (LIMIT - 100)
+    async with broker() as b:
+        gateway = Listener()
+        b.attach(gateway, [("xiaozhi/+/status", 0)])
+        for n in range(40):
+            device = f"aa:bb:cc:dd:ef:{n:02x}"
+            _, writer = await logged_in(b.port, device, TOKEN)
+            for kind in ("up", "status"):
+                topic = f"xiaozhi/{device}/{kind}"
+                body = field(topic) + payload
+                writer.write(b"\x31" + remaining_length(len(body)) + body)  # retained, QoS 0
+            assert await gateway.next() == (f"xiaozhi/{device}/status", payload, 0, False)
+            writer.close()
+        kept = sum(len(topic) + len(p) for topic, (p, _) in b.routes.retained.items())
+        assert budget - LIMIT < kept <= budget
+        late = Listener()  # a subscriber that comes later gets those that were kept
+        b.attach(late, [("xiaozhi/+/status", 0)])
+        assert (await late.next())[0] == "xiaozhi/aa:bb:cc:dd:ef:00/status"

@@ -273,3 +273,20 @@ async def test_qos_1_is_acknowledged_and_deliveries_take_the_lower_qos() -> None
             message = await first_message(device)
             assert (message.payload, message.qos) == (b"call", 0)
             b.detach(listener, [("xiaozhi/+/up", 0)])
+
+
+async def test_refused_logins_cannot_flood_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone can send CONNECTs before logging in: refusals are logged at a bounded rate, and a
+    client id of 60,000 characters does not become a 60,000-character log line."""
+    huge = "\x01" * 60_000  # %r would make each of these four characters
+    async with broker() as b:
+        for _ in range(5):
+            reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+            writer.write(connect_packet(huge, DEVICE, TOKEN))
+            async with asyncio.timeout(bound(5)):
+                assert await reader.readexactly(4) == b"\x20\x02\x00\x05"  # not authorized
+            await raw_dropped(reader)
+            writer.close()
+    refusals = [r for r in caplog.records if "refused MQTT client" in r.getMessage()]
+    assert len(refusals) <= 1  # (one, or none if an earlier test logged one just now)
+    assert all(len(r.getMessage()) < 1000 for r in caplog.records)

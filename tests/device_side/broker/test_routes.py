@@ -62,3 +62,16 @@ def test_retained_messages_are_one_per_topic_and_empty_clears() -> None:
     ]
     routes.keep("x/1/status", b"", 0)
     assert routes.retained_for("x/1/status") == []
+
+
+def test_retained_messages_fit_their_budget_and_replacing_one_frees_its_room() -> None:
+    """Topic and payload count; a replaced or cleared message gives its bytes back; one over
+    the budget is not kept, and the one it replaces is gone."""
+    routes = Routes(max_retained_bytes=30)
+    assert routes.keep("x/1/status", b"online", 0)  # 16 bytes
+    assert not routes.keep("x/2/status", b"offline", 0)  # 17 more: over 30
+    assert routes.keep("x/1/status", b"offline", 0)  # replaces its own: 17
+    assert routes.keep("x/1/status", b"", 0) and routes.retained_bytes == 0
+    assert routes.keep("x/2/status", b"offline", 0)
+    assert not routes.keep("x/2/status", b"o" * 30, 0)
+    assert routes.retained == {} and routes.retained_bytes == 0

@@ -160,6 +160,16 @@ def test_link_drops_a_flood_and_nothing_after_closing() -> None:
     assert link.queued == 257  # the 256 messages and the end marker
 
 
+def test_a_flood_is_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixture) -> None:
+    """A device that floods its up topic gets its messages dropped, not a log line for each."""
+    link = MqttLink(MqttTransport(BrokerLogin("127.0.0.1", 1), Topics()), DEVICE)
+    for index in range(1000):
+        link.feed(str(index))
+    assert link.queued == 256
+    floods = [r for r in caplog.records if "floods its up topic" in r.getMessage()]
+    assert len(floods) <= 1  # (none if an earlier test logged one just now)
+
+
 async def test_an_idle_link_holds_no_queue_and_its_messages_arrive_in_order() -> None:
     """An asyncio.Queue per link was four deques and an Event for every connected device."""
     link = MqttLink(MqttTransport(BrokerLogin("127.0.0.1", 1), Topics()), DEVICE)

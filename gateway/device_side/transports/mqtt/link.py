@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from gateway.devices.link import DeviceIdentity, LinkClosed
+from gateway.net.limits import ThrottledLog
 
 __all__ = ["LinkOwner", "MqttLink"]
 
 logger = logging.getLogger(__package__)  # one logger for the whole transport
+_log = ThrottledLog(logger)  # a flood is thousands of messages a second: not a line for each
 
 _MAX_QUEUED = 256  # messages a device may have waiting; more are dropped (a flood, not a device)
 
@@ -71,7 +73,8 @@ class MqttLink:
         if self.closed:
             return
         if self.queued >= _MAX_QUEUED:
-            logger.warning("device %s floods its up topic; message dropped", self.device_id)
+            _log.warning("flood", "device %s floods its up topic; message dropped",
+                         self.device_id)  # fmt: skip
             return
         self._put(text)
 
