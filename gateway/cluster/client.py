@@ -137,6 +137,10 @@ class ClusterClient:
                 if str(exc) != failure:
                     failure = str(exc)
                     logger.error("%s", failure)
+            except Exception:  # a bug in joining must not end the link silently: the replica
+                # would wait to join for ever (its start awaits ``connected``), saying nothing
+                logger.exception("replica %s: joining the cluster at %s failed; retrying",
+                                 self.replica, where)  # fmt: skip
             finally:
                 self._lost()
             honour_cancellation()

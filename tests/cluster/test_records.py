@@ -167,3 +167,31 @@ async def test_a_lost_sync_token_is_asked_for_again(
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_join_that_fails_is_logged_and_tried_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the replica does once joined fails (a bug): it says so, with the traceback, and
+    joins again, instead of its start waiting forever in silence."""
+    tries: list[int] = []
+
+    async def on_ready() -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RuntimeError("a bug in joining")
+
+    async with Mosquitto(tmp_path / "broker") as broker:
+        login = broker_login(f"mqtt://127.0.0.1:{broker.port}", None, None, None)
+        joining = ClusterClient([login], ClusterTopics(PREFIX), "gw-x", lambda t, d: None,
+                                on_ready, lambda: None)  # fmt: skip
+        task = asyncio.create_task(joining.run())
+        try:
+            async with asyncio.timeout(bound(15)):
+                await joining.connected.wait()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert len(tries) == 2
+    [failed] = [r for r in caplog.records if "joining the cluster" in r.getMessage()]
+    assert failed.exc_info is not None and "a bug in joining" in str(failed.exc_info[1])

@@ -17,7 +17,7 @@ from mcp import Client
 from gateway.app import Running
 from gateway.cluster.remote import RemoteSession
 from gateway.devices.registry import PENDING, DeviceRegistry
-from tests.cluster.conftest import Check, cluster_options, eventually, replicas
+from tests.cluster.conftest import Check, cluster_options, eventually, replicas, shared_secret
 from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 from tests.e2e.helpers import Inbox, listed_device
@@ -85,7 +85,8 @@ async def test_three_replicas_one_fleet_every_call_path(tmp_path: Path) -> None:
             assert await call(first, far, {}) == "true"  # across, the other way
             assert mqtt.calls == ["self.lamp.turn_on"]  # once: no other replica answered
             await audit_and_metrics_say_which_replica(second)
-            cold = gateway(tmp_path / "cold", **cluster_options(broker.port, "gw-cold"))
+            cold = gateway(shared_secret(tmp_path / "cold"),
+                           **cluster_options(broker.port, "gw-cold"))  # fmt: skip
             async with cold as late:  # an empty data dir: the broker tells it the whole fleet
                 assert late.gateway.registry.devices()  # known before it serves anything
                 await eventually([late], lists(WS_DEVICE))
