@@ -245,9 +245,9 @@ class Gateway:
         if self.broker is not None:
             await self._stack.enter_async_context(self.broker)
             self.ota.broker_port = self.broker.port
-            login, presence = self.broker, None  # the gateway's client: in-process
+            login = self.broker  # the gateway's client: in-process
         elif self.cluster is not None and config.mqtt_mode != "off":
-            login, presence = self.cluster.logins, None  # cluster: devices on the cluster broker
+            login = self.cluster.logins  # cluster: devices on the cluster broker
         elif config.mqtt_broker == "external":
             login = BrokerLogin(
                 config.mqtt_host,
@@ -257,13 +257,11 @@ class Gateway:
                 tls=config.mqtt_tls,
                 ca_file=config.mqtt_ca_file,
             )
-            presence = None
         else:
             return
         self.mqtt = MqttTransport(
             login,
             self.topics,
-            presence=presence,
             probe_interval=None if self.broker is not None else config.mqtt_probe_interval,
             keepalive_interval=config.mqtt_keepalive_interval,
             known=self._mqtt_devices,

@@ -2,9 +2,9 @@
 
 When is a device present (docs/mqtt.md)?
 
-- With the embedded broker: from when it connects to when it leaves (``presence``, or the
-  broker's own events when the gateway's client is in-process, ``LocalClient``); nothing else
-  counts, since the broker knows.
+- With the embedded broker: from when it connects to when it leaves (the broker's own events,
+  told to the gateway's in-process client, ``LocalClient``); nothing else counts, since the
+  broker knows.
 - On an external broker: its retained ``status`` says ``online`` (our firmware, whose last will
   says ``offline``), or it published on its ``up`` topic; devices with no last will are probed
   (``liveness``).
@@ -30,7 +30,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 
-from gateway.device_side.broker import EmbeddedBroker, Presence, PresenceFeed, Topics
+from gateway.device_side.broker import EmbeddedBroker, Presence, Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt.client import BrokerClient, BrokerLogin
 from gateway.device_side.transports.mqtt.link import MqttLink
@@ -55,7 +55,6 @@ class MqttTransport:
         login: BrokerLogin | Sequence[BrokerLogin] | EmbeddedBroker,
         topics: Topics,
         *,
-        presence: PresenceFeed | None = None,
         probe_interval: float | None = None,
         keepalive_interval: float | None = None,
         known: Callable[[], Iterable[str]] = tuple,
@@ -70,7 +69,6 @@ class MqttTransport:
             login: the broker to connect to (a cluster's nodes: tried in turn), or the embedded
                 broker itself: the client is then in-process, and so is presence.
             topics: the device topics.
-            presence: the embedded broker's connect/leave events; None for an external broker.
             probe_interval: seconds between presence probes; None disables probing.
             keepalive_interval: seconds of silence on a device's link (both ways) after which
                 it gets a ``ping``; None sends none.
@@ -105,11 +103,10 @@ class MqttTransport:
                 on_message=self._dispatch,
                 retry=retry,
             )
-        # The broker says who is there (its feed, or in-process): status messages do not.
-        self._broker_presence = presence is not None or isinstance(login, EmbeddedBroker)
+        # The embedded broker says who is there (in-process): status messages do not.
+        self._broker_presence = isinstance(login, EmbeddedBroker)
         self.client_id = self._client.client_id
         self.connected = self._client.connected
-        self._presence = presence
         self._probe_interval = probe_interval
         self._keepalive_interval = keepalive_interval
         self._quiet = quiet
@@ -124,8 +121,6 @@ class MqttTransport:
 
     async def __aenter__(self) -> MqttTransport:
         self._start(self._client.run(), "client")
-        if self._presence is not None:
-            self._start(self._follow_presence(), "presence")
         if self._probe_interval is not None:
             self._start(self._liveness.probe_loop(self._probe_interval), "probe")
         if self._keepalive_interval is not None:
@@ -142,8 +137,6 @@ class MqttTransport:
         tb: TracebackType | None,
     ) -> None:
         await cancel_all(self._tasks)
-        if self._presence is not None:
-            self._presence.close()
         for peer in self._peers.values():
             if peer.link is not None:
                 peer.link.close()
@@ -259,11 +252,6 @@ class MqttTransport:
             self._forget(device_id)
         else:
             logger.debug("device %s: unknown status %r", device_id, state[:40])
-
-    async def _follow_presence(self) -> None:
-        assert self._presence is not None
-        async for presence in self._presence:
-            self._on_presence(presence)
 
     def _on_presence(self, presence: Presence) -> None:
         if presence.online:
