@@ -16,7 +16,6 @@ from typing import Any
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
-from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import (
@@ -133,6 +132,9 @@ class ChangeNotifier:
     ``ServerSession`` proxy per message, so sessions are keyed by their private ``_connection``
     (pinned by ``mcp==2.3.*`` and by the end-to-end tests), captured once per connection at
     ``notifications/initialized`` and dropped by the connection's exit stack.
+
+    It is that notification's handler, not a server middleware: a middleware would wrap every
+    message of every session (each tool call) to look for this one.
     """
 
     def __init__(self) -> None:
@@ -141,15 +143,10 @@ class ChangeNotifier:
         self.bus = InMemorySubscriptionBus()
         self.listen_handler = ListenHandler(self.bus)
 
-    async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
-        """Server middleware: remember each handshake-era connection once it is initialized."""
-        result = await call_next(ctx)
-        if (
-            ctx.method == "notifications/initialized"
-            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
-        ):
+    async def initialized(self, ctx: Context, params: types.NotificationParams) -> None:
+        """``notifications/initialized``: remember the handshake-era connection it ends."""
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             self._track(ctx.session)
-        return result
 
     def _track(self, session: ServerSession) -> None:
         connection = getattr(session, "_connection", None)
@@ -235,7 +232,9 @@ class McpFrontend:
         self.server.add_request_handler(
             "tools/list", types.PaginatedRequestParams, self._list_tools
         )
-        self.server.middleware.append(self.notifier)
+        self.server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self.notifier.initialized
+        )
         self.server.extensions.update(advertised())
 
     async def forward_changes(self) -> None:
