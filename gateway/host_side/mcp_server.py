@@ -33,7 +33,7 @@ from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side.call_results import text_content, to_call_result
-from gateway.host_side.callers import call_refusal, caller_of
+from gateway.host_side.callers import caller_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
@@ -333,12 +333,13 @@ class McpFrontend:
     async def _invoke(
         self, ctx: Context, tool: DeviceTool, arguments: JsonObject
     ) -> types.CallToolResult:
-        refusal = call_refusal(ctx)
-        if refusal is not None:
-            return _error(refusal)
-        origin = getattr(getattr(ctx.request, "client", None), "host", None)  # None: stdio
+        caller = caller_of(ctx)
+        if caller.refusal is not None:
+            return _error(caller.refusal)
         try:
-            result = await self._router.call(tool, arguments, caller=caller_of(ctx), origin=origin)
+            result = await self._router.call(
+                tool, arguments, caller=caller.name, origin=caller.origin
+            )
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
         return to_call_result(result)
