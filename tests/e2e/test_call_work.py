@@ -132,13 +132,13 @@ async def test_the_host_side_of_a_call_is_its_guards_and_little_else(
     async with gateway(tmp_path) as run, listed_device(run):
         session = run.gateway.registry.lookup(TOOL).device.session  # type: ignore[union-attr]
 
-        async def at_once(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        async def at_once(self: Any, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
             for task in asyncio.all_tasks():
                 if task.get_coro().__qualname__ == "RequestResponseCycle.run_asgi":
                     chains.append(_chain(task))
             return {"content": [{"type": "text", "text": '{"power":false}'}]}
 
-        monkeypatch.setattr(session, "call", at_once)
+        monkeypatch.setattr(type(session), "call", at_once)  # the class: slots or not
         async with Client(run.mcp_url, mode="legacy") as client:
             await client.call_tool(TOOL, {})  # warm
             profile = cProfile.Profile()
