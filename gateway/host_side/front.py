@@ -1,7 +1,7 @@
 """The host listener's front: MCP requests straight to their guards, the rest to Starlette.
 
-A host's every MCP request (each tool call) would otherwise pass Starlette's error and
-exception middleware, its router and the route before its own guards: four coroutine frames
+A host's every MCP request (each tool call) would otherwise pass Starlette's app, its error and
+exception middleware, its router and the route before its own guards: seven coroutine frames
 that each resumption of the request's task goes through again, and a route match, for nothing
 the MCP path uses (the SDK's app answers its own errors, and uvicorn answers 500 for an app that
 fails before it responded). The direct path keeps every check the whole app makes: the same
