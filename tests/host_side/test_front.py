@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from starlette.middleware import Middleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.host_side.front import HostFront, wrapped
 
@@ -25,11 +25,11 @@ class Recorder:
             await self.app(scope, receive, send)
 
 
-async def _nothing() -> dict[str, Any]:
+async def _nothing() -> Message:
     return {}
 
 
-async def _drop(message: dict[str, Any]) -> None:
+async def _drop(message: Message) -> None:
     pass
 
 
