@@ -13,7 +13,10 @@ Two targets, served in this process and event loop, called by the same client co
 
 A third, ``hop``, is the device hop alone: the same tool called through the gateway's
 connection to the device (``DeviceConnection.call``: its protocol, the WebSocket both ways and
-the simulator), with no MCP, HTTP, routing or audit; the baseline has no such hop at all.
+the simulator), with no MCP, HTTP, routing or audit; the baseline has no such hop at all. A
+fourth, ``mcp``, is the gateway's host side alone: the same MCP call with the device's
+connection answering at once (what the lamp answers), so everything but the device hop: the
+listener's guards, the SDK server, routing, policy, the deadline, audit and metrics.
 
 After a warm-up, N sequential calls per target are timed with ``time.perf_counter()``, in
 alternating blocks so machine noise hits all alike. The table gives the median and p99 in
@@ -104,12 +107,14 @@ async def baseline() -> AsyncIterator[str]:
 
 
 Target = Callable[[], Awaitable[None]]  # one call, raising if it failed
+Instant = Callable[[bool], None]  # makes the device's connection answer at once, or not
 
 
 @contextlib.asynccontextmanager
-async def gateway(data_dir: Path) -> AsyncIterator[tuple[str, Target]]:
-    """Run the gateway with one simulated device whose tools are listed; yield the MCP URL and
-    the device hop (one call through the device connection alone)."""
+async def gateway(data_dir: Path) -> AsyncIterator[tuple[str, Target, Instant]]:
+    """Run the gateway with one simulated device whose tools are listed; yield the MCP URL,
+    the device hop (one call through the device connection alone) and the switch that makes
+    the connection answer at once."""
     config = Config(
         data_dir=data_dir,
         device_listen=LOOPBACK,
@@ -139,12 +144,27 @@ async def gateway(data_dir: Path) -> AsyncIterator[tuple[str, Target]]:
                 if result.get("isError"):
                     raise RuntimeError(f"{GATEWAY_TOOL} failed over the hop: {result}")
 
-            yield run.mcp_url, hop
+            # On the class: a connection may have no instance dict (slots).
+            kind, calls = type(session), type(session).call
+
+            async def at_once(self: Any, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+                return {"content": [{"type": "text", "text": LAMP_STATE}]}
+
+            def instant(on: bool) -> None:
+                kind.call = at_once if on else calls  # type: ignore[method-assign]
+
+            yield run.mcp_url, hop, instant
 
 
-def _mcp_call(client: Client, tool: str) -> Target:
+def _mcp_call(client: Client, tool: str, instant: Instant | None = None) -> Target:
     async def call() -> None:
-        result = await client.call_tool(tool, {})
+        if instant is not None:
+            instant(True)
+        try:
+            result = await client.call_tool(tool, {})
+        finally:
+            if instant is not None:
+                instant(False)
         if result.is_error:
             raise RuntimeError(f"{tool} failed: {result.content}")
 
@@ -171,7 +191,7 @@ def _summary(samples: list[float], cpu_s: float) -> dict[str, float]:
     }
 
 
-TARGETS = ("baseline", "gateway", "hop")
+TARGETS = ("baseline", "gateway", "hop", "mcp")
 
 
 async def measure(calls: int) -> dict[str, Any]:
@@ -181,7 +201,7 @@ async def measure(calls: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
         async with contextlib.AsyncExitStack() as stack:
             base_url = await stack.enter_async_context(baseline())
-            gw_url, hop = await stack.enter_async_context(gateway(Path(data_dir)))
+            gw_url, hop, instant = await stack.enter_async_context(gateway(Path(data_dir)))
             targets: dict[str, Target] = {"hop": hop}
             for name, url, tool in (
                 ("baseline", base_url, BASELINE_TOOL),
@@ -190,6 +210,8 @@ async def measure(calls: int) -> dict[str, Any]:
                 client = await stack.enter_async_context(Client(url, mode="legacy"))
                 await client.list_tools()  # the client caches output schemas from this
                 targets[name] = _mcp_call(client, tool)
+                if name == "gateway":  # the same session, its device answering at once
+                    targets["mcp"] = _mcp_call(client, tool, instant)
             for name in TARGETS:
                 await _timed_calls(targets[name], WARMUP, [])
             order = list(TARGETS)
@@ -208,7 +230,11 @@ async def measure(calls: int) -> dict[str, Any]:
         "cpu": gw["cpu_ms"] / base["cpu_ms"],
     }
     added = gw["median_ms"] - base["median_ms"]
-    figures["added_ms"] = {"median": added, "beyond_hop": added - hop_f["median_ms"]}
+    figures["added_ms"] = {
+        "median": added,
+        "beyond_hop": added - hop_f["median_ms"],
+        "mcp": figures["mcp"]["median_ms"] - base["median_ms"],
+    }
     return figures
 
 
@@ -227,6 +253,7 @@ def _table(figures: dict[str, Any]) -> str:
         f"the gateway adds {added['median']:.3f} ms a call (goal <= 0.3 ms), of which the device "
         f"hop (hop's median) is {figures['hop']['median_ms']:.3f} ms and the rest "
         f"{added['beyond_hop']:.3f} ms",
+        f"its host side alone (mcp: the device answering at once) adds {added['mcp']:.3f} ms",
     ]
     return "\n".join(lines)
 

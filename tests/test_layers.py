@@ -48,6 +48,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "devices": [
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
+        {"deadlines"},  # the calls' timeouts on timers shared by their length
         {"token_joins"},  # the shared token's caps on new devices
         {"pages"},  # the tools/list pages seen lately, shared by the sessions
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
@@ -82,6 +83,7 @@ INNER: dict[str, list[set[str]]] = {
             "call_results",
             "fleet_app",
             "callers",
+            "front",  # /mcp straight to its guards, past Starlette's layers
         },
         {"mcp_server"},
         {"dashboard", "metrics"},

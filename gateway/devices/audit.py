@@ -49,6 +49,7 @@ _BLOCK = 64 * 1024
 _FLUSH_DELAY = 0.05  # seconds a record may wait for others to share its write
 _MAX_BATCH = 256  # records held at most: a burst is written at once beyond this
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)  # made once, not per record
 CLI_AGENT = "esp-mcp-gateway-cli"  # the CLI's User-Agent: its changes are audited as the CLI's
 KINDS = (
     "call",
@@ -200,7 +201,7 @@ class AuditLog:
 
     def _hold(self, entry: dict[str, Any]) -> str:
         """Format ``entry`` now (returned); write it with the records that follow it shortly."""
-        line = json.dumps(entry, ensure_ascii=False, default=str)
+        line = _ENCODER.encode(entry)
         self._held.append(line)
         if len(self._held) >= _MAX_BATCH:
             self.flush()

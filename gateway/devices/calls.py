@@ -13,7 +13,6 @@ upload the gateway refused is said in the result too, whatever the device makes 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -24,6 +23,7 @@ from typing import Any
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.connection import CallReport, reporting
+from gateway.devices.deadlines import Deadlines
 from gateway.devices.photos import Catch, PhotoStore, photo_uri
 from gateway.devices.registry import DeviceTool
 from gateway.errors import (
@@ -53,6 +53,7 @@ class CallRouter:
         self._config = config
         self._audit = audit
         self._photos = photos
+        self._deadlines = Deadlines()  # each call's timeout, on a timer shared by its length
 
     async def call(
         self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False,
@@ -125,7 +126,7 @@ class CallRouter:
             options.tool_timeouts.get(tool_name) or options.timeout or self._config.call_timeout
         )
         try:
-            async with asyncio.timeout(timeout) as deadline:
+            async with self._deadlines.within(timeout) as deadline:
                 report.timeout = deadline
                 return await session.call(tool_name, arguments)
         except TimeoutError:

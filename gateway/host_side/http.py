@@ -32,6 +32,7 @@ from gateway.devices.registry import DeviceRegistry
 from gateway.host_side.api import AddBoard, Enroll, HostApi
 from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.dashboard.session import SessionAuthBackend
+from gateway.host_side.front import HostFront, wrapped
 from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
 from gateway.host_side.oauth import BearerTokens, ConnectedApps, OAuthSite
@@ -130,7 +131,7 @@ def build_host_app(
     oauth: OAuthSite | None = None,
     add_board: AddBoard | None = None,
     forget_board: Callable[[str], None] | None = None,
-) -> tuple[Starlette, StreamableHTTPSessionManager]:
+) -> tuple[ASGIApp, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``).
 
     ``trouble`` says why ``/healthz`` must fail (None when all is well). With ``oauth`` the
@@ -157,8 +158,9 @@ def build_host_app(
     def mcp_guard(app: ASGIApp) -> ASGIApp:  # 401s that point at the OAuth metadata
         return oauth.require(app, tokenless=not token) if oauth is not None else guard(app)
 
+    mcp = mcp_guard(StreamableHTTPASGIApp(manager))
     routes = [
-        Route("/mcp", endpoint=mcp_guard(StreamableHTTPASGIApp(manager))),
+        Route("/mcp", endpoint=mcp),
         Route("/sse", endpoint=mcp_guard(_SseEndpoint(frontend, sse)), methods=["GET"]),
         Mount("/messages/", app=mcp_guard(sse.handle_post_message)),
         Route("/api/devices", endpoint=guard(_Endpoint(api.devices)), methods=["GET"]),
@@ -196,7 +198,9 @@ def build_host_app(
         middleware.append(
             Middleware(AuthenticationMiddleware, backend=backend, on_error=_auth_refused)
         )
-    return Starlette(routes=routes, middleware=middleware), manager
+    app = Starlette(routes=routes, middleware=middleware)
+    # Every tool call is a POST to /mcp: it skips Starlette's layers, never the guards.
+    return HostFront(app, {"/mcp": wrapped(mcp, middleware)}), manager
 
 
 def _auth_refused(conn: HTTPConnection, exc: AuthenticationError) -> Response:

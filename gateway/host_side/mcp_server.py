@@ -16,7 +16,6 @@ from typing import Any
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
-from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import (
@@ -34,7 +33,7 @@ from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side.call_results import text_content, to_call_result
-from gateway.host_side.callers import call_refusal, caller_of
+from gateway.host_side.callers import caller_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
@@ -133,6 +132,9 @@ class ChangeNotifier:
     ``ServerSession`` proxy per message, so sessions are keyed by their private ``_connection``
     (pinned by ``mcp==2.3.*`` and by the end-to-end tests), captured once per connection at
     ``notifications/initialized`` and dropped by the connection's exit stack.
+
+    It is that notification's handler, not a server middleware: a middleware would wrap every
+    message of every session (each tool call) to look for this one.
     """
 
     def __init__(self) -> None:
@@ -141,15 +143,10 @@ class ChangeNotifier:
         self.bus = InMemorySubscriptionBus()
         self.listen_handler = ListenHandler(self.bus)
 
-    async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
-        """Server middleware: remember each handshake-era connection once it is initialized."""
-        result = await call_next(ctx)
-        if (
-            ctx.method == "notifications/initialized"
-            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
-        ):
+    async def initialized(self, ctx: Context, params: types.NotificationParams) -> None:
+        """``notifications/initialized``: remember the handshake-era connection it ends."""
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             self._track(ctx.session)
-        return result
 
     def _track(self, session: ServerSession) -> None:
         connection = getattr(session, "_connection", None)
@@ -235,7 +232,9 @@ class McpFrontend:
         self.server.add_request_handler(
             "tools/list", types.PaginatedRequestParams, self._list_tools
         )
-        self.server.middleware.append(self.notifier)
+        self.server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self.notifier.initialized
+        )
         self.server.extensions.update(advertised())
 
     async def forward_changes(self) -> None:
@@ -334,12 +333,13 @@ class McpFrontend:
     async def _invoke(
         self, ctx: Context, tool: DeviceTool, arguments: JsonObject
     ) -> types.CallToolResult:
-        refusal = call_refusal(ctx)
-        if refusal is not None:
-            return _error(refusal)
-        origin = getattr(getattr(ctx.request, "client", None), "host", None)  # None: stdio
+        caller = caller_of(ctx)
+        if caller.refusal is not None:
+            return _error(caller.refusal)
         try:
-            result = await self._router.call(tool, arguments, caller=caller_of(ctx), origin=origin)
+            result = await self._router.call(
+                tool, arguments, caller=caller.name, origin=caller.origin
+            )
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
         return to_call_result(result)

@@ -24,6 +24,7 @@ from gateway.devices.registry import APPROVED, DeviceRegistry
 __all__ = ["GatewayMetrics"]
 
 _CALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_HELD_CALLS = 256  # calls counted together at most (the rest wait for a scrape)
 _DISCOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -56,19 +57,32 @@ class GatewayMetrics:
         self._calls_by_outcome: dict[
             str, CounterMetric
         ] = {}  # the counter of each outcome, found once
+        self._ended: list[tuple[str, float]] = []  # calls not counted yet: outcome, seconds
         self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
         self.registry.register(self._state)
         audit.watchers.append(self.call_ended)
         registry.discovery_watchers.append(self.discovery_seconds.observe)
 
     def call_ended(self, outcome: str, seconds: float) -> None:
-        """Count one call (``AuditLog`` watcher)."""
-        # Outcomes are a handful of names (ok, rejected, cancelled, the DeviceError kinds).
-        counter = self._calls_by_outcome.get(outcome)
-        if counter is None:
-            counter = self._calls_by_outcome[outcome] = self.calls.labels(outcome)
-        counter.inc()
-        self.call_seconds.observe(seconds)
+        """Count one call (``AuditLog`` watcher).
+
+        Held until the next scrape (or ``_HELD_CALLS`` of them): a call pays for an append,
+        not for a counter and a histogram, each behind its lock.
+        """
+        ended = self._ended
+        ended.append((outcome, seconds))
+        if len(ended) >= _HELD_CALLS:
+            self._count_calls()
+
+    def _count_calls(self) -> None:
+        ended, self._ended = self._ended, []
+        for outcome, seconds in ended:
+            # Outcomes are a handful of names (ok, rejected, cancelled, the DeviceError kinds).
+            counter = self._calls_by_outcome.get(outcome)
+            if counter is None:
+                counter = self._calls_by_outcome[outcome] = self.calls.labels(outcome)
+            counter.inc()
+            self.call_seconds.observe(seconds)
 
     def admitted(self, refusal: str | None, transport: str) -> bool:
         """Count a device connection refused at admission (bad token, rejected, rebound)."""
@@ -78,6 +92,7 @@ class GatewayMetrics:
 
     async def endpoint(self, request: Request) -> Response:
         """``GET /metrics``."""
+        self._count_calls()
         text = generate_latest(self.registry)
         if self.replica is not None:
             text = _labelled(text, self.replica)
