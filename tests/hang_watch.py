@@ -40,21 +40,22 @@ def lead(timeout: float) -> float:
 
 
 class LastLines(logging.Handler):
-    """The last log records of the process, kept as they come (formatted only for a dump); it
-    sees what pytest's log capture sees, and changes no logger's level."""
+    """The last log records of the process, as text; it sees what pytest's log capture sees
+    (warnings and up, unless a test lowers a level), and changes no logger's level."""
 
     def __init__(self, size: int = LOG_LINES) -> None:
         super().__init__()
-        self.records: deque[logging.LogRecord] = deque(maxlen=size)
+        # Text, not records: a record's traceback would keep a finished test's objects alive.
+        self.texts: deque[str] = deque(maxlen=size)
         self.setFormatter(
             logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s")
         )
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+        self.texts.append(self.format(record))
 
     def lines(self) -> list[str]:
-        return [self.format(record) for record in list(self.records)]
+        return list(self.texts)
 
 
 class HangWatch:
@@ -180,8 +181,10 @@ def _awaits(awaitable: object) -> object:
 
 def install(config: pytest.Config) -> None:
     """Register the watchdog (tests/conftest.py ``pytest_configure``)."""
-    if not config.pluginmanager.has_plugin("timeout"):
-        return  # nothing to run ahead of
+    if not config.pluginmanager.has_plugin("timeout") or config.pluginmanager.has_plugin(
+        "hang-watch"
+    ):
+        return  # nothing to run ahead of, or installed already
     watch = HangWatch()
     logging.getLogger().addHandler(watch.log)
     config.pluginmanager.register(watch, "hang-watch")
