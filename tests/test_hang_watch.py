@@ -46,7 +46,7 @@ def loop_in_a_thread():
     yield
 
 
-@pytest.mark.timeout(4)
+@pytest.mark.timeout(8)
 async def test_hangs(loop_in_a_thread) -> None:
     logging.getLogger("gateway.cluster").warning("asking the broker for the fleet")
     async with anyio.create_task_group() as group:
@@ -54,7 +54,7 @@ async def test_hangs(loop_in_a_thread) -> None:
         await never_answered(anyio.Event())
 
 
-@pytest.mark.timeout(4)
+@pytest.mark.timeout(60)
 async def test_passes() -> None:
     pass
 """
@@ -75,11 +75,12 @@ def test_a_hung_test_says_where_each_task_waits(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     assert "1 failed, 1 passed" in done.stdout, output
-    assert "Timeout (>4.0s" in done.stdout, output
+    assert "Timeout (>8.0s" in done.stdout, output
     dump = done.stderr
     assert dump.count("hang watch:") == 1, output
-    assert "hang watch: test_hung.py::test_hangs[asyncio] still runs 3 s in" in dump, output
-    test_loop, thread_loop = _sections(dump, "--- <"), _sections(dump, "in thread fixture-loop")
+    assert "hang watch: test_hung.py::test_hangs[asyncio] still runs 6 s in" in dump, output
+    test_loop = _loop_section(dump, "in thread MainThread")
+    thread_loop = _loop_section(dump, "in thread fixture-loop")
     # The test's own task and its child, each down to where it waits, and on what.
     assert "in never_answered\n    await event.wait()" in test_loop, output
     assert "name='the-child'" in test_loop, output
@@ -90,7 +91,7 @@ def test_a_hung_test_says_where_each_task_waits(tmp_path: Path) -> None:
     assert "WARNING gateway.cluster: asking the broker for the fleet" in dump, output
 
 
-def _sections(dump: str, marker: str) -> str:
-    """The loop sections of the dump whose heading has ``marker``."""
-    parts = dump.split("\n--- ")
-    return "\n".join(part for part in parts if marker.removeprefix("--- ") in part.split("\n")[0])
+def _loop_section(dump: str, heading: str) -> str:
+    """The section of the dump on the loop whose heading says ``heading``."""
+    [section] = [part for part in dump.split("\n--- ") if heading in part.split("\n")[0]]
+    return section
