@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 from gateway.app import Running, running
 from gateway.config import Config, ListenAddress
 from tests.bounds import bound, exceeded_hint  # tests import bound from here
+from tests.hang_watch import install as install_hang_watch
 from tests.ports import refusing_port
 from tests.programs import HINTS
 
@@ -84,6 +85,12 @@ def listener_tasks() -> int:
     """Tasks of the running loop that run gateway or uvicorn code (not a test's clients)."""
     frames = [getattr(t.get_coro(), "cr_frame", None) for t in asyncio.all_tasks()]
     return sum(f is not None and _gateway_side(f.f_globals.get("__name__")) for f in frames)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test about to be stopped by pytest-timeout first says where its tasks wait
+    (tests/hang_watch.py)."""
+    install_hang_watch(config)
 
 
 @pytest.fixture

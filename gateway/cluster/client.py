@@ -25,7 +25,11 @@ from pathlib import Path
 import aiomqtt
 
 from gateway.cluster.records import ClusterTopics
-from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation, mend_socket_registration
+from gateway.device_side.broker.aiomqtt_fixes import (
+    honour_cancellation,
+    mend_socket_registration,
+    publish_honouring_cancellation,
+)
 from gateway.device_side.transports.mqtt import BrokerLogin
 from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 
@@ -231,7 +235,7 @@ class ClusterClient:
             self.topics.probe("+")  # fmt: skip
         future = self._sync[token] = asyncio.get_running_loop().create_future()
         try:
-            await client.publish(topic, token.encode(), qos=1, retain=True)
+            await publish_honouring_cancellation(client, topic, token.encode(), qos=1, retain=True)
             await client.subscribe(wildcard, qos=_DELIVERY_QOS)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_SYNC_AGAIN):
@@ -252,7 +256,7 @@ class ClusterClient:
             self._sync.pop(token, None)
             with contextlib.suppress(aiomqtt.MqttError):
                 await client.unsubscribe(wildcard)
-                await client.publish(topic, b"", qos=1, retain=True)
+                await publish_honouring_cancellation(client, topic, b"", qos=1, retain=True)
 
     async def resubscribe(self) -> bool:
         """Subscribe again to the retained records: the broker sends them all once more.
@@ -277,7 +281,7 @@ class ClusterClient:
         if client is None:
             return False
         try:
-            await client.publish(topic, payload, qos=qos, retain=retain)
+            await publish_honouring_cancellation(client, topic, payload, qos=qos, retain=retain)
         except aiomqtt.MqttError:
             return False
         return True

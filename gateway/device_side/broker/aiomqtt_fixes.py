@@ -2,9 +2,10 @@
 
 Two on Python 3.11 that every reconnecting client of the gateway works around, used by the
 gateway's own client (``transports/mqtt.py``) and by the per-device upstream clients
-(``upstream/mqtt_client.py``); a socket registered after it closed
-(``mend_socket_registration``, every client); and ``FleetClient`` for the gateway's own
-client, which carries every device's messages.
+(``upstream/mqtt_client.py``); a cancellation lost with a PUBACK on Python 3.11
+(``publish_honouring_cancellation``: the device transport's and the cluster's publishes); a
+socket registered after it closed (``mend_socket_registration``, every client); and
+``FleetClient`` for the gateway's own client, which carries every device's messages.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "consume_disconnect",
     "honour_cancellation",
     "mend_socket_registration",
+    "publish_honouring_cancellation",
 ]
 
 
@@ -35,6 +37,21 @@ def honour_cancellation() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def publish_honouring_cancellation(
+    client: aiomqtt.Client, topic: str, payload: bytes, *, qos: int, retain: bool = False
+) -> None:
+    """``client.publish``, and a cancellation that came with its acknowledgement raised after
+    all (``honour_cancellation``).
+
+    aiomqtt awaits the PUBACK with ``asyncio.wait_for``, which on Python 3.11 returns it to a
+    task cancelled in the very turn of the loop that brought it, and the cancellation is lost:
+    a device session being stopped went back to reading its link, and the gateway's stop
+    waited for it for ever.
+    """
+    await client.publish(topic, payload, qos=qos, retain=retain)
+    honour_cancellation()
 
 
 def consume_disconnect(client: aiomqtt.Client) -> None:

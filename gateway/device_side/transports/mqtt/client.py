@@ -23,6 +23,7 @@ from gateway.device_side.broker.aiomqtt_fixes import (
     consume_disconnect,
     honour_cancellation,
     mend_socket_registration,
+    publish_honouring_cancellation,
 )
 from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
 from gateway.devices.link import LinkClosed
@@ -91,7 +92,7 @@ class BrokerClient:
         if client is None:
             raise LinkClosed("not connected to the MQTT broker")
         try:
-            await client.publish(topic, payload, qos=1)
+            await publish_honouring_cancellation(client, topic, payload, qos=1)
         except aiomqtt.MqttError as exc:
             raise LinkClosed(f"MQTT publish failed: {exc}") from None
 
