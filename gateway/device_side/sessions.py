@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from gateway.config import Config, is_loopback_host
+from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt import MqttLink, MqttTransport
 from gateway.device_side.upstream.mqtt_relay import MqttProxies, MqttRelay
 from gateway.device_side.upstream.settings import SERVER_HELLO_SECONDS
@@ -179,9 +180,9 @@ class DeviceSessions:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # Cancelled again until they end: a session that swallowed a cancellation (one lost
+            # with a PUBACK, say) would otherwise keep the gateway's stop waiting for ever.
+            await cancel_all(tasks)
 
     async def _serve_mqtt_device(self, link: MqttLink, identity: DeviceIdentity) -> None:
         try:
