@@ -243,21 +243,25 @@ async def _mqtt_device(group: Group, device: Device) -> None:
         group.fail(device, "ota")
         return
 
-    def answer(payload: bytes) -> str | None:
+    def answer(session: MqttSession, topic: str, payload: bytes) -> None:
         parsed = _parse(payload)
         if parsed.get("type") != "mcp":
-            return None  # no hello over MQTT unless a conversation starts
+            return  # no hello over MQTT unless a conversation starts
         if device.asked_at is None:
             device.asked_at = time.monotonic()
         reply, last = mcp_reply(parsed.get("payload"), "")
+        if reply is not None:
+            session.publish(reply)
         if last:
             group.listed(device)
-        return reply
 
     device.first_at = time.monotonic()
-    # MQTT 3.1.1, never subscribing: the broker pushes the down topic (§2).
+    # Stock firmware never subscribes: the broker pushes the down topic (§2). A broker that
+    # does not (``announce``) is asked for it, and the device says hello once subscribed.
     loop = asyncio.get_running_loop()
-    session = MqttSession(login, topic, int(mqtt.get("keepalive", 240)), answer, spec.announce)
+    down = topic.rpartition("/")[0] + "/down" if spec.announce else None
+    session = MqttSession(login, topic, int(mqtt.get("keepalive", 240)), answer, down,
+                          spec.announce)  # fmt: skip
     device.abort = session.abort
     try:
         async with asyncio.timeout(spec.open_timeout):  # TCP and CONNACK, as aiomqtt's timeout
@@ -299,6 +303,8 @@ class Worker:
 
     async def handle(self, op: str, name: str, arg: Any) -> Any:
         """Carry out one request; return the reply."""
+        if op == "ready":  # imported and serving
+            return None
         if op == "start":
             return self._start(name, arg)
         group = self.groups[name]

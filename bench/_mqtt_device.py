@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 
 from gateway.protocol.mqtt import puback, publish, remaining_length
 
-__all__ = ["MqttSession", "ServerPackets", "check_in", "connect_packet", "subscribe_packet"]
+__all__ = ["Handler", "MqttSession", "ServerPackets", "check_in", "connect_packet",
+           "subscribe_packet"]  # fmt: skip
 
 PINGREQ = b"\xc0\x00"  # §3.12
 _CONNACK, _PUBLISH, _SUBACK = 2, 3, 9  # §2.2.1 packet types a device reads
@@ -38,11 +39,15 @@ def _string(text: str | bytes) -> bytes:
     return len(data).to_bytes(2, "big") + data
 
 
-def connect_packet(client_id: str, username: str, password: str, keepalive: int) -> bytes:
-    """§3.1 CONNECT, MQTT 3.1.1, clean session, user name and password, no will."""
-    body = (_string("MQTT") + b"\x04\xc2" + keepalive.to_bytes(2, "big") + _string(client_id)
-            + _string(username) + _string(password))  # fmt: skip
-    return b"\x10" + remaining_length(len(body)) + body
+def connect_packet(
+    client_id: str, username: str | None, password: str | None, keepalive: int
+) -> bytes:
+    """§3.1 CONNECT, MQTT 3.1.1, clean session, no will (a login without a user name is
+    anonymous)."""
+    login = b"" if username is None else _string(username) + _string(password or "")
+    flags = b"\x02" if username is None else b"\xc2"
+    body = _string("MQTT") + b"\x04" + flags + keepalive.to_bytes(2, "big") + _string(client_id)
+    return b"\x10" + remaining_length(len(body + login)) + body + login
 
 
 def subscribe_packet(packet_id: int, topic_filter: str, qos: int = 0) -> bytes:
@@ -82,30 +87,38 @@ class ServerPackets:
         self._buffer = buffer[at:]
 
 
-class MqttSession(asyncio.Protocol):
-    """One device's MQTT connection: logs in, then answers what arrives with ``answer``.
+Handler = Callable[["MqttSession", str, bytes], None]
+"""What a session does with each message delivered to it: ``(session, topic, payload)``."""
 
-    ``answer(payload)`` returns what to publish back (or None); ``connected`` resolves with the
-    CONNACK's return code, ``lost`` when the connection ends.
+
+class MqttSession(asyncio.Protocol):
+    """One client's MQTT connection: logs in, then hands each message to ``on_message``.
+
+    ``topic`` is where ``publish`` goes unless told otherwise. With ``subscribe``, the session
+    subscribes to that filter once connected, and with ``announce`` it then says hello on
+    ``topic``. ``connected`` resolves with the CONNACK's return code, ``lost`` when the
+    connection ends.
     """
 
-    __slots__ = ("_answer", "_keepalive", "_login", "_packets", "_sent_at", "_timer", "_topic",
-                 "_transport", "announce", "connected", "lost")  # fmt: skip
+    __slots__ = ("_announce", "_keepalive", "_login", "_on_message", "_packets", "_sent_at",
+                 "_subscribe", "_timer", "_topic", "_transport", "connected", "lost")  # fmt: skip
 
     def __init__(
         self,
         login: bytes,
         topic: str,
         keepalive: int,
-        answer: Callable[[bytes], str | None],
+        on_message: Handler,
+        subscribe: str | None = None,
         announce: bool = False,
     ) -> None:
         loop = asyncio.get_running_loop()
         self._login = login
         self._topic = topic
         self._keepalive = keepalive
-        self._answer = answer
-        self.announce = announce
+        self._on_message = on_message
+        self._subscribe = subscribe
+        self._announce = announce
         self._packets = ServerPackets()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -128,8 +141,9 @@ class MqttSession(asyncio.Protocol):
         self._transport.write(data)
         self._sent_at = asyncio.get_running_loop().time()
 
-    def _publish(self, text: str) -> None:
-        self._write(publish(self._topic, text.encode()))
+    def publish(self, text: str, topic: str | None = None) -> None:
+        """PUBLISH ``text`` at QoS 0 to ``topic`` (by default the session's own)."""
+        self._write(publish(topic or self._topic, text.encode()))
 
     def data_received(self, data: bytes) -> None:
         for kind, flags, body in self._packets.feed(data):
@@ -137,8 +151,8 @@ class MqttSession(asyncio.Protocol):
                 self._delivered(flags, body)
             elif kind == _CONNACK:
                 self._connack(body[1] if len(body) > 1 else 255)
-            elif kind == _SUBACK:
-                self._publish('{"type":"hello"}')
+            elif kind == _SUBACK and self._announce:
+                self.publish('{"type":"hello"}')
             # PINGRESP: nothing to do (esp-mqtt only notes that the server is there)
 
     def _connack(self, code: int) -> None:
@@ -149,18 +163,16 @@ class MqttSession(asyncio.Protocol):
             return
         if self._keepalive:
             self._timer = asyncio.get_running_loop().call_later(self._keepalive, self._ping)
-        if self.announce:
-            self._write(subscribe_packet(1, self._topic.rpartition("/")[0] + "/down"))
+        if self._subscribe is not None:
+            self._write(subscribe_packet(1, self._subscribe))
 
     def _delivered(self, flags: int, body: bytes) -> None:
-        qos = flags >> 1 & 0x03
         at = 2 + int.from_bytes(body[:2], "big")
-        if qos:
+        topic = body[2:at].decode()
+        if flags & 0x06:  # QoS 1
             self._write(puback(int.from_bytes(body[at : at + 2], "big")))
             at += 2
-        reply = self._answer(body[at:])
-        if reply is not None:
-            self._publish(reply)
+        self._on_message(self, topic, body[at:])
 
     def _ping(self) -> None:
         # esp-mqtt: a PINGREQ once a keepalive has passed since the device last sent anything
