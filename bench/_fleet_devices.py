@@ -1,8 +1,9 @@
 """The processes behind ``fleet.py``: lean stock-like devices, and the bare baseline server.
 
 A *worker* (``worker_main``) is one process with one asyncio loop holding many devices, each a
-plain ``websockets`` client (or an OTA check-in plus an ``aiomqtt`` client) that behaves like
-stock xiaozhi firmware on the wire (docs/protocol.md §1-§4) and nothing more: no firmware
+plain ``websockets`` client (or an OTA check-in plus a raw-socket MQTT session,
+``_mqtt_device``) that behaves like stock xiaozhi firmware on the wire (docs/protocol.md §1-§4)
+and nothing more: no firmware
 code, pre-serialised replies (``_fleet_catalogue``), so thousands fit in a few processes. The
 orchestrator drives workers over a ``multiprocessing`` pipe, one request and one reply at a
 time: ``start`` a named group of devices, ``wait`` for it, fetch its ``results``, ``stop`` it.
@@ -27,10 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
-from urllib.parse import urlsplit
 
-import aiomqtt
 from _fleet_catalogue import CALL_RESULT, INIT_RESULT, page_for
+from _mqtt_device import MqttSession, check_in, connect_packet
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, WebSocketException
@@ -39,9 +39,11 @@ from websockets.http11 import Request, Response
 __all__ = ["FleetSpec", "Outcome", "baseline_main", "raise_fd_limit", "worker_main"]
 
 JsonObject = dict[str, Any]
-Outcome = tuple[float | None, float | None, str | None]
+Outcome = tuple[float | None, float | None, str | None, float | None, float | None]
 """Per device: when it answered its last tools/list page, when the server first answered
-(WebSocket: the server hello; MQTT: the OTA reply), and why it failed (None if it did not)."""
+(WebSocket: the server hello; MQTT: the OTA reply), why it failed (None if it did not), when
+it was connected (WebSocket: the handshake done; MQTT: its CONNACK) and when the server's
+first MCP request reached it (the storm's timeline)."""
 
 DEVICE_HELLO = json.dumps(
     {
@@ -141,6 +143,8 @@ class Device:
     listed_at: float | None = None
     first_at: float | None = None
     failure: str | None = None
+    connected_at: float | None = None
+    asked_at: float | None = None
     abort: Callable[[], None] | None = None  # drops the connection at once (no close frame)
     holds_slot: bool = False
 
@@ -197,6 +201,7 @@ async def _ws_device(group: Group, device: Device) -> None:
         group.fail(device, "connect")
         return
     device.abort = ws.transport.abort
+    device.connected_at = time.monotonic()
     try:
         await ws.send(DEVICE_HELLO)
         session = ""
@@ -208,6 +213,8 @@ async def _ws_device(group: Group, device: Device) -> None:
                     session = str(message.get("session_id") or "")
                     waiting.reschedule(None)
                 elif message.get("type") == "mcp":
+                    if device.asked_at is None:
+                        device.asked_at = time.monotonic()
                     reply, last = mcp_reply(message.get("payload"), session)
                     if reply is not None:
                         await ws.send(reply)
@@ -222,78 +229,54 @@ async def _ws_device(group: Group, device: Device) -> None:
         ws.transport.abort()
 
 
-async def _ota_check_in(url: str, device: Device) -> JsonObject:
-    """POST the stock OTA request (docs/protocol.md §3) over a raw HTTP/1.1 connection."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    body = json.dumps({
-        "version": 2, "language": "en-US", "flash_size": 16777216,
-        "minimum_free_heap_size": "123456", "mac_address": device.device_id,
-        "uuid": device.client_id, "chip_model_name": "esp32s3",
-        "application": {"name": "xiaozhi", "version": "1.0.0"},
-        "board": {"type": "bench-board", "name": "bench-board", "mac": device.device_id},
-    }).encode()  # fmt: skip
-    head = (
-        f"POST {parts.path} HTTP/1.1\r\nHost: {host}:{port}\r\nActivation-Version: 1\r\n"
-        f"Device-Id: {device.device_id}\r\nClient-Id: {device.client_id}\r\n"
-        "User-Agent: bench-board/1.0.0\r\nAccept-Language: en-US\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(head.encode() + body)
-        data = await reader.read()  # the server closes: Connection: close
-    finally:
-        writer.close()
-    status, _, rest = data.partition(b"\r\n")
-    if status.split()[1:2] != [b"200"]:
-        raise ValueError(f"OTA answered {status.decode(errors='replace')}")
-    reply = json.loads(rest.partition(b"\r\n\r\n")[2])
-    if not isinstance(reply, dict) or not isinstance(reply.get("mqtt"), dict):
-        raise ValueError("the OTA reply has no mqtt block")
-    return reply
-
-
 async def _mqtt_device(group: Group, device: Device) -> None:
     """A stock device over MQTT: OTA check-in, then the broker with the issued login."""
+    spec = group.spec
     try:
         async with asyncio.timeout(30):  # esp_http_client's timeout (§3)
-            mqtt = (await _ota_check_in(group.spec.url, device))["mqtt"]
+            mqtt = await check_in(spec.url, device.device_id, device.client_id)
         host, _, port = str(mqtt["endpoint"]).rpartition(":")
-        login = {key: str(mqtt[key]) for key in ("client_id", "username", "password")}
+        login = connect_packet(str(mqtt["client_id"]), str(mqtt["username"]),
+                               str(mqtt["password"]), int(mqtt.get("keepalive", 240)))  # fmt: skip
         topic = str(mqtt["publish_topic"])
     except (OSError, TimeoutError, ValueError, KeyError, IndexError):
         group.fail(device, "ota")
         return
+
+    def answer(session: MqttSession, topic: str, payload: bytes) -> None:
+        parsed = _parse(payload)
+        if parsed.get("type") != "mcp":
+            return  # no hello over MQTT unless a conversation starts
+        if device.asked_at is None:
+            device.asked_at = time.monotonic()
+        reply, last = mcp_reply(parsed.get("payload"), "")
+        if reply is not None:
+            session.publish(reply)
+        if last:
+            group.listed(device)
+
     device.first_at = time.monotonic()
-    # MQTT 3.1.1, never subscribing: the broker pushes the down topic (§2).
-    client = aiomqtt.Client(host, int(port), identifier=login["client_id"],
-                            username=login["username"], password=login["password"],
-                            protocol=aiomqtt.ProtocolVersion.V311, clean_session=True,
-                            keepalive=int(mqtt.get("keepalive", 240)),
-                            timeout=group.spec.open_timeout)  # fmt: skip
-    connected = False
+    # Stock firmware never subscribes: the broker pushes the down topic (§2). A broker that
+    # does not (``announce``) is asked for it, and the device says hello once subscribed.
+    loop = asyncio.get_running_loop()
+    down = topic.rpartition("/")[0] + "/down" if spec.announce else None
+    session = MqttSession(login, topic, int(mqtt.get("keepalive", 240)), answer, down,
+                          spec.announce)  # fmt: skip
+    device.abort = session.abort
     try:
-        async with client:
-            connected = True
-            if group.spec.announce:
-                await client.subscribe(topic.rpartition("/")[0] + "/down", qos=0)
-                await client.publish(topic, '{"type":"hello"}', qos=0)
-            async for message in client.messages:
-                if not isinstance(message.payload, bytes | str):
-                    continue
-                parsed = _parse(message.payload)
-                if parsed.get("type") != "mcp":
-                    continue  # no hello over MQTT unless a conversation starts
-                reply, last = mcp_reply(parsed.get("payload"), "")
-                if reply is not None:
-                    await client.publish(topic, reply, qos=0)
-                if last:
-                    group.listed(device)
-        group.fail(device, "closed")
-    except aiomqtt.MqttError:
-        group.fail(device, "closed" if connected else "mqtt_connect")
+        async with asyncio.timeout(spec.open_timeout):  # TCP and CONNACK, as aiomqtt's timeout
+            await loop.create_connection(lambda: session, host, int(port))
+            code = await session.connected
+    except (OSError, TimeoutError, ValueError):
+        session.abort()
+        group.fail(device, "mqtt_connect")
+        return
+    if code:
+        group.fail(device, "mqtt_connect")
+        return
+    device.connected_at = time.monotonic()
+    await session.lost
+    group.fail(device, "closed")
 
 
 async def _run_device(group: Group, device: Device) -> None:
@@ -320,6 +303,8 @@ class Worker:
 
     async def handle(self, op: str, name: str, arg: Any) -> Any:
         """Carry out one request; return the reply."""
+        if op == "ready":  # imported and serving
+            return None
         if op == "start":
             return self._start(name, arg)
         group = self.groups[name]
@@ -329,7 +314,8 @@ class Worker:
                     await group.done.wait()
             return group.counts()
         if op == "results":
-            return [(d.listed_at, d.first_at, d.failure) for d in group.devices]
+            return [(d.listed_at, d.first_at, d.failure, d.connected_at, d.asked_at)
+                    for d in group.devices]  # fmt: skip
         if op == "stop":
             await self._stop(self.groups.pop(name))
             return None
@@ -357,7 +343,7 @@ class Worker:
         for device in group.devices:
             if device.abort is not None:
                 device.abort()
-        for _ in range(5):  # cancel again: aiomqtt may swallow a cancellation (Python 3.11)
+        for _ in range(5):  # cancel again: a task may swallow a cancellation (Python 3.11)
             pending = [task for task in group.tasks if not task.done()]
             if not pending:
                 return
@@ -395,7 +381,7 @@ def worker_main(conn: Connection) -> None:
     try:
         asyncio.run(_serve_requests(conn))
     finally:
-        # Thousands of sockets and maybe a stuck aiomqtt task: leave without the slow goodbyes.
+        # Thousands of sockets and maybe a stuck task: leave without the slow goodbyes.
         os._exit(0)
 
 

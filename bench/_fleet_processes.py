@@ -92,6 +92,9 @@ class Pool:
             CHILDREN.append(process)
             self.pipes.append(parent)
             self.pids.append(process.pid or 0)
+        # Spawned workers import for a second or more (longer on a busy machine): a group
+        # started meanwhile would begin late, and its times would count the imports.
+        self.ask("ready", "", [None] * size, timeout=120)
 
     def cpu_s(self) -> float:
         """CPU time of all the workers so far, in seconds."""

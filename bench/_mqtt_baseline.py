@@ -2,9 +2,10 @@
 
 What the gateway does with a stock MQTT device, done as cheaply as the well-known pieces allow:
 mosquitto carries the messages, and one process (``mqtt_baseline_main``) answers the OTA
-check-in with an ``mqtt`` block naming mosquitto and, as a single ``aiomqtt`` client on
-``<prefix>/+/up``, runs each device's discovery (``initialize``, then ``tools/list`` following
-``nextCursor``) as soon as the device says hello. mosquitto cannot subscribe a device to its
+check-in with an ``mqtt`` block naming mosquitto and, as a single raw MQTT client on
+``<prefix>/+/up`` (``_mqtt_device.MqttSession``, as lean as the devices), runs each device's
+discovery (``initialize``, then ``tools/list`` following ``nextCursor``) as soon as the device
+says hello. mosquitto cannot subscribe a device to its
 ``down`` topic as the embedded broker does, so the devices of this baseline subscribe themselves
 and then say hello (``FleetSpec.announce``); that costs the baseline, not the gateway, a packet
 each way more.
@@ -24,9 +25,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 from _fleet_devices import raise_fd_limit
 from _fleet_processes import CHILDREN, RunBroken, _ChildServer, _free_port, cpu_s
+from _mqtt_device import MqttSession, connect_packet
 
 __all__ = ["MqttBaseline", "mqtt_baseline_main"]
 
@@ -129,42 +130,47 @@ _INIT = {"protocolVersion": "2024-11-05", "capabilities": {},
          "clientInfo": {"name": "bench-baseline", "version": "1"}}  # fmt: skip
 
 
-async def _discover(client: aiomqtt.Client) -> None:
+def _discover(client: MqttSession, topic: str, data: bytes) -> None:
     """Each device's discovery, driven by what arrives on the up topics (one id at a time)."""
-    await client.subscribe(f"{PREFIX}/+/up", qos=0)
-    async for message in client.messages:
-        device_id = str(message.topic).split("/")[1]
-        try:
-            parsed = json.loads(message.payload)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            continue
-        down = f"{PREFIX}/{device_id}/down"
-        if parsed.get("type") == "hello":
-            await client.publish(down, _request(1, "initialize", _INIT))
-            continue
-        payload = parsed.get("payload") if parsed.get("type") == "mcp" else None
-        if not isinstance(payload, dict) or not isinstance(payload.get("id"), int):
-            continue
-        result = payload.get("result")
-        if not isinstance(result, dict):
-            continue
-        cursor = result.get("nextCursor") if payload["id"] > 1 else ""
-        if cursor is None:
-            continue  # the last page: this device is discovered
-        params = {"cursor": cursor} if cursor else {}
-        await client.publish(down, _request(payload["id"] + 1, "tools/list", params))
+    device_id = topic.split("/")[1]
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return
+    if not isinstance(parsed, dict):
+        return
+    down = f"{PREFIX}/{device_id}/down"
+    if parsed.get("type") == "hello":
+        client.publish(_request(1, "initialize", _INIT), down)
+        return
+    payload = parsed.get("payload") if parsed.get("type") == "mcp" else None
+    if not isinstance(payload, dict) or not isinstance(payload.get("id"), int):
+        return
+    result = payload.get("result")
+    if not isinstance(result, dict):
+        return
+    cursor = result.get("nextCursor") if payload["id"] > 1 else ""
+    if cursor is None:
+        return  # the last page: this device is discovered
+    params = {"cursor": cursor} if cursor else {}
+    client.publish(_request(payload["id"] + 1, "tools/list", params), down)
 
 
 async def _baseline(conn: Connection, port: int) -> None:
+    loop = asyncio.get_running_loop()
     server = await asyncio.start_server(lambda r, w: _ota(r, w, port), "127.0.0.1", 0,
                                         backlog=2048)  # fmt: skip
-    async with server, aiomqtt.Client("127.0.0.1", port, identifier=_CLIENT_ID,
-                                      max_queued_outgoing_messages=None) as client:  # fmt: skip
-        task = asyncio.create_task(_discover(client))
+    # A raw client as lean as the devices (``_mqtt_device``): anonymous, on every up topic.
+    login = connect_packet(_CLIENT_ID, None, None, 0)
+    client = MqttSession(login, "", 0, _discover, subscribe=f"{PREFIX}/+/up")
+    async with server:
+        await loop.create_connection(lambda: client, "127.0.0.1", port)
+        if await client.connected:
+            raise RuntimeError("mosquitto refused the discovery client")
         conn.send(server.sockets[0].getsockname()[1])
         with contextlib.suppress(EOFError):
-            await asyncio.get_running_loop().run_in_executor(None, conn.recv)
-        task.cancel()
+            await loop.run_in_executor(None, conn.recv)
+        client.abort()
 
 
 def mqtt_baseline_main(conn: Connection, port: int) -> None:

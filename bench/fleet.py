@@ -166,10 +166,12 @@ def run_group(
             break  # the rest are neither listed nor failed: reported as pending
     wall = time.monotonic() - start_at
     server_cpu = _server_cpu(server) - server_cpu
+    workers_cpu = pool.cpu_s() - workers_cpu
     cpu = {
         "server_cpu_s": round(server_cpu, 2),  # steadier than times on a shared machine
         "server_cpu_percent": round(100 * server_cpu / wall, 1),
-        "workers_cpu_percent": round(100 * (pool.cpu_s() - workers_cpu) / wall, 1),
+        "workers_cpu_percent": round(100 * workers_cpu / wall, 1),
+        "workers_cpu_s": round(workers_cpu, 2),  # what the emulated devices cost
     }
     return Run(start_at, pool.results(group), cpu)
 
@@ -189,12 +191,16 @@ def summarize(run: Run) -> dict[str, Any]:
     """Counts, times (from the common start) and CPU of one group."""
     listed = [o[0] - run.start_at for o in run.outcomes if o[0] is not None]
     first = [o[1] - run.start_at for o in run.outcomes if o[1] is not None]
+    connected = [o[3] - run.start_at for o in run.outcomes if o[3] is not None]
+    asked = [o[4] - run.start_at for o in run.outcomes if o[4] is not None]
     failed = Counter(o[2] or "pending" for o in run.outcomes if o[0] is None)
     return run.cpu | {
         "devices": len(run.outcomes),
         "listed": len(listed),
         "listed_s": _seconds(listed),
         "first_reply_s": _seconds(first),
+        "connected_s": _seconds(connected),
+        "asked_s": _seconds(asked),
         "failed": dict(sorted(failed.items())),
     }
 
@@ -644,6 +650,11 @@ def _idle_lines(i: dict[str, Any]) -> list[str]:
     ]
 
 
+def _timeline(name: str, t: dict[str, Any]) -> str:
+    steps = ("first_reply_s", "connected_s", "asked_s", "listed_s")
+    return f"{name} " + " ".join(f"{_s(t[k]['p50'])}/{_s(t[k]['max'])}" for k in steps)
+
+
 def _mqtt_lines(m: dict[str, Any]) -> list[str]:
     ws, mq, mo = m["websocket"], m["mqtt"], m["mosquitto"]
     rss = "  RSS per device right after: " + ", ".join(
@@ -658,6 +669,13 @@ def _mqtt_lines(m: dict[str, Any]) -> list[str]:
         _group_line("websocket", ws),
         _group_line("mqtt", mq),
         _group_line("mosquitto", mo),
+        "  timeline, p50/max s of 1st, connected (handshake or CONNACK), asked (first MCP "
+        "request), listed: "
+        + "; ".join(
+            _timeline(name, t) for name, t in (("websocket", ws), ("mqtt", mq), ("mosquitto", mo))
+        ),  # fmt: skip
+        f"  device workers' CPU: websocket {ws['workers_cpu_s']:.2f} s, mqtt "
+        f"{mq['workers_cpu_s']:.2f} s, mosquitto {mo['workers_cpu_s']:.2f} s",
         f"  confirmed via /api/devices: websocket at {_s(ws.get('confirmed_s'))} s, mqtt at "
         f"{_s(mq.get('confirmed_s'))} s: x{_s(m['ratio_confirmed'])}   goal <= "
         f"{m['goal_ratio']:g}x" + _incomplete(ws, mq, mo),

@@ -18,11 +18,15 @@ from gateway.config import Config, ListenAddress, env_name
 from gateway.errors import GatewayError, PortTaken
 from gateway.net.limits import Guard, protocol_classes
 
-__all__ = ["Listener", "bind", "listening", "uvicorn_config"]
+__all__ = ["LISTEN_BACKLOG", "Listener", "bind", "listening", "uvicorn_config"]
 
 # Server pings keep NAT mappings and dead-peer detection alive (devices answer pings, never send
 # them: docs/protocol.md §1).
 _PING_INTERVAL = 20.0
+# Connections the kernel queues for a listener until it accepts them (uvicorn's default): a fleet
+# joining at once arrives faster than one loop accepts, and past the queue a connection attempt
+# is dropped and retried by the device's TCP a second later, then three (the tail of a storm).
+LISTEN_BACKLOG = 2048
 
 
 class Listener(uvicorn.Server):
@@ -64,7 +68,7 @@ def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
                 listener,
             ) from None
         raise GatewayError(f"cannot listen on {address}: {exc.strerror or exc}") from None
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
@@ -75,6 +79,7 @@ def uvicorn_config(app: ASGIApp, config: Config, guard: Guard) -> uvicorn.Config
     return uvicorn.Config(
         app,
         http=http,
+        backlog=LISTEN_BACKLOG,  # asyncio listens again with it on the socket handed over
         lifespan="off",  # Gateway owns the lifespan of everything
         log_config=None,  # keep the CLI's logging: stderr only (stdout is MCP in stdio mode)
         log_level="warning",

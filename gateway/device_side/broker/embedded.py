@@ -35,6 +35,7 @@ from gateway.devices.broadcast import Broadcast, Subscription
 from gateway.errors import GatewayError, PortTaken
 from gateway.net.addresses import local_host
 from gateway.net.limits import Guard, ListenerLimits, ThrottledLog
+from gateway.net.listeners import LISTEN_BACKLOG
 
 __all__ = ["GATEWAY_LOGIN", "EmbeddedBroker", "Presence", "PresenceFeed"]
 
@@ -137,7 +138,11 @@ class EmbeddedBroker:
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
-                self._connection, self.listen.host, self.port, reuse_address=True
+                self._connection,
+                self.listen.host,
+                self.port,
+                reuse_address=True,
+                backlog=LISTEN_BACKLOG,  # a fleet's devices may all connect at once
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import select
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -179,6 +182,34 @@ async def test_port_in_use_is_a_gateway_error() -> None:
         with pytest.raises(PortTaken, match=f"cannot use port {port}") as caught:
             await b.start()
     assert isinstance(caught.value, GatewayError) and caught.value.listener == "mqtt"
+
+
+async def test_a_burst_of_devices_connecting_at_once_is_queued_not_dropped() -> None:
+    """A fleet joining at once arrives faster than the loop accepts: the listener queues the
+    connections (a dropped attempt costs the device a second, then three, the tail of a storm).
+    Here the loop accepts nothing until all of them have connected."""
+    burst = 300  # over asyncio's default backlog of 100
+    async with broker() as b:
+        sockets = [socket.socket() for _ in range(burst)]
+        try:
+            for sock in sockets:
+                sock.setblocking(False)
+                assert sock.connect_ex(("127.0.0.1", b.port)) in (0, errno.EINPROGRESS)
+            # Blocking the loop on purpose: the broker accepts none while they connect.
+            poll = select.poll()
+            for sock in sockets:
+                poll.register(sock, select.POLLOUT)
+            connected: set[int] = set()
+            deadline = time.monotonic() + bound(5)
+            while len(connected) < burst and time.monotonic() < deadline:
+                for fd, _ in poll.poll(100):
+                    poll.unregister(fd)
+                    connected.add(fd)
+            errors = [s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) for s in sockets]
+            assert len(connected) == burst and not any(errors)
+        finally:
+            for sock in sockets:
+                sock.close()
 
 
 async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
