@@ -3,6 +3,11 @@
 Stock firmware sends its identity and token as headers (``Authorization``, ``Device-Id``,
 ``Client-Id``, ``Protocol-Version``; docs/protocol.md §1); some clients send the same as query
 parameters instead. A device without a valid token is refused before the upgrade (HTTP 403).
+
+The listener serves the device path below ASGI (``device_sockets``: a ``DeviceSocket`` per
+connection, gateway/device_side/transports/device_socket.py). Beside voice servers the proxy
+takes a device's WebSocket over as a Starlette ``WebSocket``: the ASGI route
+(``device_websocket_routes``) serves the device path then.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.device_side.broker.topics import is_device_id
+from gateway.device_side.transports.device_socket import DeviceSocket, DeviceSockets
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
 
@@ -23,6 +29,7 @@ __all__ = [
     "Proxied",
     "StarletteLink",
     "authenticate",
+    "device_sockets",
     "device_websocket_routes",
 ]
 
@@ -109,6 +116,35 @@ Proxied = Callable[[DeviceIdentity], Callable[[WebSocket], Awaitable[None]] | No
 accepts or refuses it itself), or None when the gateway serves the device alone."""
 
 
+def device_sockets(
+    admit: Admit,
+    serve: Callable[[DeviceSocket, DeviceIdentity], Awaitable[None]],
+    settle: Callable[[], Awaitable[None]] | None = None,
+) -> DeviceSockets:
+    """The device WebSocket served below ASGI; ``serve`` runs a connection for an
+    authenticated device, over its ``DeviceSocket``.
+
+    ``settle`` is awaited once a device is admitted, before its WebSocket is accepted (the
+    registry commits what the login decided).
+    """
+
+    async def endpoint(socket: DeviceSocket) -> None:
+        client = socket.remote
+        remote = f"{client[0]}:{client[1]}" if client else None
+        peer = client[0] if client else None
+        identity = authenticate(socket.headers(), socket.query(), admit, peer)
+        if isinstance(identity, str):
+            logger.warning("refused device WebSocket from %s: %s", remote, identity)
+            socket.refuse()  # HTTP 403
+            return
+        if settle is not None:  # what the login decided is on disk before it is accepted
+            await settle()
+        if socket.accept():  # (False: the device left meanwhile)
+            await serve(socket, identity)
+
+    return DeviceSockets({DEVICE_PATH, DEVICE_PATH.rstrip("/")}, endpoint)
+
+
 def device_websocket_routes(
     admit: Admit,
     serve: Callable[[StarletteLink, DeviceIdentity], Awaitable[None]],
@@ -158,8 +194,11 @@ class DeviceSocketFront:
     whole app as before.
     """
 
-    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+    def __init__(
+        self, app: ASGIApp, routes: list[BaseRoute], sockets: DeviceSockets | None = None
+    ) -> None:
         self.app = app
+        self.sockets = sockets  # the device WebSocket below ASGI, for the listener to serve
         self._endpoints = {
             route.path: route.endpoint for route in routes if isinstance(route, WebSocketRoute)
         }
