@@ -20,9 +20,9 @@ WebSocket:
 - close handling: the device's close is echoed; ours waits up to ``CLOSE_TIMEOUT`` for the
   echo; either way the messages end and a send raises ``LinkClosed``; on shutdown, 1012.
 
-``DeviceSockets`` makes one for each handshake on the device path and runs ``Endpoint`` (the
-device route: authenticate, settle, accept, serve) in one task per connection, which uvicorn
-awaits on shutdown like its own.
+``DeviceSockets`` (gateway/device_side/transports/websocket.py) makes one for each handshake on
+the device path; it runs its ``Endpoint`` (authenticate, settle, accept, serve) in one task per
+connection, which uvicorn awaits on shutdown like its own.
 """
 
 from __future__ import annotations
@@ -33,22 +33,18 @@ import random
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
-from urllib.parse import parse_qsl, unquote
 
-import uvicorn
 from uvicorn.server import ServerState
 from websockets.exceptions import InvalidState
-from websockets.extensions.base import ServerExtensionFactory
-from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
 from gateway.devices.link import LinkClosed
 from gateway.net.limits import Guarded, Slot
-from gateway.net.websocket import Keepalive, keepalive
+from gateway.net.websocket import Keepalive
 
-__all__ = ["CLOSE_TIMEOUT", "DeviceSocket", "DeviceSockets", "Endpoint"]
+__all__ = ["CLOSE_TIMEOUT", "DeviceSocket", "Endpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,32 +55,6 @@ Buffer = bytes | bytearray | memoryview
 
 Endpoint = Callable[["DeviceSocket"], Awaitable[None]]
 """Serves one device WebSocket: ``refuse()`` it, or ``accept()`` it and use it as the link."""
-
-
-def _deflate() -> list[ServerExtensionFactory]:
-    # What uvicorn offers with ws_per_message_deflate (its default): stock firmware never asks.
-    return [
-        ServerPerMessageDeflateFactory(
-            server_max_window_bits=12, client_max_window_bits=12, compress_settings={"memLevel": 5}
-        )
-    ]
-
-
-class DeviceSockets:
-    """The device paths a listener serves below ASGI (``SocketRoutes``), and their endpoint."""
-
-    def __init__(self, paths: set[str], endpoint: Endpoint) -> None:
-        self.paths = frozenset(paths)
-        self.endpoint = endpoint
-
-    def protocol_for(
-        self, target: bytes, config: uvicorn.Config, state: ServerState
-    ) -> asyncio.Protocol | None:
-        """A ``DeviceSocket`` for a handshake on a device path, else None."""
-        path = target.partition(b"?")[0].decode("latin-1")
-        if path not in self.paths and unquote(path) not in self.paths:
-            return None
-        return DeviceSocket(self.endpoint, config, state)
 
 
 class DeviceSocket(asyncio.Protocol, Guarded):
@@ -98,19 +68,17 @@ class DeviceSocket(asyncio.Protocol, Guarded):
     # A frame is written whole or not at all, even when the send is cancelled (see ``send``).
     sends_whole = True
 
-    def __init__(self, endpoint: Endpoint, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        state: ServerState,
+        conn: ServerProtocol,
+        keepalive: Keepalive | None,
+    ) -> None:
         self._endpoint = endpoint
         self._state = state
-        self.conn = ServerProtocol(
-            extensions=_deflate() if config.ws_per_message_deflate else None,
-            max_size=config.ws_max_size,
-            logger=logger,
-        )
-        interval = config.ws_ping_interval
-        self._keepalive: Keepalive | None = None
-        if interval is not None and interval > 0:
-            loop = asyncio.get_running_loop()
-            self._keepalive = keepalive(loop, interval, config.ws_ping_timeout)
+        self.conn = conn
+        self._keepalive = keepalive
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.slot: Slot | None = None
         self.request: Request | None = None  # until the endpoint accepts or refuses
@@ -194,19 +162,6 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         """The device's address and port."""
         peer = self.transport.get_extra_info("peername")
         return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and peer else None
-
-    def headers(self) -> dict[str, str]:
-        """The handshake's headers, names in lower case; the first of repeated ones."""
-        assert self.request is not None  # until accepted or refused
-        headers: dict[str, str] = {}
-        for name, value in self.request.headers.raw_items():
-            headers.setdefault(name.lower(), value)
-        return headers
-
-    def query(self) -> dict[str, str]:
-        """The handshake's query parameters (the last of repeated ones)."""
-        assert self.request is not None
-        return dict(parse_qsl(self.request.path.partition("?")[2], keep_blank_values=True))
 
     def refuse(self) -> None:
         """Answer the handshake with HTTP 403 and close."""

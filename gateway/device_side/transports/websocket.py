@@ -12,22 +12,31 @@ takes a device's WebSocket over as a Starlette ``WebSocket``: the ASGI route
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from urllib.parse import parse_qsl, unquote
 
+import uvicorn
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from uvicorn.server import ServerState
+from websockets.extensions.base import ServerExtensionFactory
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.server import ServerProtocol
 
 from gateway.device_side.broker.topics import is_device_id
-from gateway.device_side.transports.device_socket import DeviceSocket, DeviceSockets
+from gateway.device_side.transports.device_socket import DeviceSocket, Endpoint
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
+from gateway.net.websocket import keepalive
 
 __all__ = [
     "DeviceSocketFront",
     "Proxied",
     "StarletteLink",
+    "DeviceSockets",
     "authenticate",
     "device_sockets",
     "device_websocket_routes",
@@ -116,6 +125,40 @@ Proxied = Callable[[DeviceIdentity], Callable[[WebSocket], Awaitable[None]] | No
 accepts or refuses it itself), or None when the gateway serves the device alone."""
 
 
+def _deflate() -> list[ServerExtensionFactory]:
+    # What uvicorn offers with ws_per_message_deflate (its default): stock firmware never asks.
+    return [
+        ServerPerMessageDeflateFactory(
+            server_max_window_bits=12, client_max_window_bits=12, compress_settings={"memLevel": 5}
+        )
+    ]
+
+
+class DeviceSockets:
+    """The device paths a listener serves below ASGI (``SocketRoutes``), and their endpoint."""
+
+    def __init__(self, paths: set[str], endpoint: Endpoint) -> None:
+        self.paths = frozenset(paths)
+        self.endpoint = endpoint
+
+    def protocol_for(
+        self, target: bytes, config: uvicorn.Config, state: ServerState
+    ) -> asyncio.Protocol | None:
+        """A ``DeviceSocket`` for a handshake on a device path, else None."""
+        path = target.partition(b"?")[0].decode("latin-1")
+        if path not in self.paths and unquote(path) not in self.paths:
+            return None
+        conn = ServerProtocol(
+            extensions=_deflate() if config.ws_per_message_deflate else None,
+            max_size=config.ws_max_size,
+            logger=logger,
+        )
+        interval, wheel = config.ws_ping_interval, None
+        if interval is not None and interval > 0:
+            wheel = keepalive(asyncio.get_running_loop(), interval, config.ws_ping_timeout)
+        return DeviceSocket(self.endpoint, state, conn, wheel)
+
+
 def device_sockets(
     admit: Admit,
     serve: Callable[[DeviceSocket, DeviceIdentity], Awaitable[None]],
@@ -132,7 +175,13 @@ def device_sockets(
         client = socket.remote
         remote = f"{client[0]}:{client[1]}" if client else None
         peer = client[0] if client else None
-        identity = authenticate(socket.headers(), socket.query(), admit, peer)
+        request = socket.request
+        assert request is not None  # until it is accepted or refused
+        headers: dict[str, str] = {}  # lower-case names, the first of repeated ones (ASGI's)
+        for name, value in request.headers.raw_items():
+            headers.setdefault(name.lower(), value)
+        query = dict(parse_qsl(request.path.partition("?")[2], keep_blank_values=True))
+        identity = authenticate(headers, query, admit, peer)
         if isinstance(identity, str):
             logger.warning("refused device WebSocket from %s: %s", remote, identity)
             socket.refuse()  # HTTP 403
