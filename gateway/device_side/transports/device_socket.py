@@ -1,28 +1,15 @@
 """The device WebSocket below ASGI: one protocol from handshake to close, and it is the link.
 
-Through uvicorn, every device WebSocket pays for the ASGI layers on top of websockets' sans-I/O
-``ServerProtocol``: a scope dict, a ``run_asgi`` task, a Starlette ``WebSocket``, a message dict
-per frame and the awaits that pass it along. ``DeviceSocket`` stands straight on
-``ServerProtocol`` as uvicorn's websockets-sansio protocol does, and does the device route's
-work with none of that: a whole text message goes from ``data_received`` to the connection that
-waits for it, and a send goes straight to the transport. It keeps what uvicorn gives the device
-WebSocket:
-
-- the handshake as uvicorn answers it (websockets' checks, uvicorn's ``server`` and ``date``
-  headers, permessage-deflate when offered, a refusal as HTTP 403), and the handshake's headers
-  released once accepted;
-- the listener's guard (``Guarded``): a slot counted from the first byte, authenticated once
-  accepted, given back when the connection is lost;
-- ``max_size`` (a bigger message closes with 1009), the shared ``Keepalive`` wheel's pings;
-- backpressure both ways: reading stops while two messages wait for the connection, and a send
-  waits, before it writes anything, while the transport's buffer is over its high-water mark
-  (a send cut short never leaves half a frame: ``sends_whole``);
-- close handling: the device's close is echoed; ours waits up to ``CLOSE_TIMEOUT`` for the
-  echo; either way the messages end and a send raises ``LinkClosed``; on shutdown, 1012.
-
-``DeviceSockets`` (gateway/device_side/transports/websocket.py) makes one for each handshake on
-the device path; it runs its ``Endpoint`` (authenticate, settle, accept, serve) in one task per
-connection, which uvicorn awaits on shutdown like its own.
+Through uvicorn, a device WebSocket pays for the ASGI layers on websockets' sans-I/O
+``ServerProtocol``: a scope, a ``run_asgi`` task, a Starlette ``WebSocket``, a message dict per
+frame and the awaits that pass it along. ``DeviceSocket`` stands on ``ServerProtocol`` directly
+(as uvicorn's websockets-sansio protocol does) with none of them: a text message goes from
+``data_received`` to its connection in the same loop turn (``PushLink.deliver``), and a send goes
+straight to the transport. It keeps what uvicorn gave the device WebSocket (docs/architecture.md
+"The device WebSocket"): the handshake's answers, the listener's guard (``Guarded``), the size
+limit (1009), the ``Keepalive`` wheel, backpressure both ways, close handling and shutdown.
+``DeviceSockets`` (transports/websocket.py) makes one per handshake on the device path and runs
+its ``Endpoint`` (authenticate, settle, accept, serve) in one task, awaited on shutdown.
 """
 
 from __future__ import annotations
@@ -60,10 +47,10 @@ Endpoint = Callable[["DeviceSocket"], Awaitable[None]]
 class DeviceSocket(asyncio.Protocol, Guarded):
     """One device WebSocket: the asyncio protocol, and the ``DeviceLink`` of its connection."""
 
-    __slots__ = ("_closed", "_drained", "_endpoint", "_keepalive", "_messages", "_parts",
-                 "_reading", "_state", "_text", "_waiter", "close_sent", "close_timer", "conn",
-                 "handshake_complete", "keepalive_slot", "pending_ping_payload", "ping_sent_at",
-                 "request", "response", "slot", "transport")  # fmt: skip
+    __slots__ = ("_closed", "_deliver", "_drained", "_endpoint", "_keepalive", "_messages",
+                 "_parts", "_reading", "_state", "_text", "_waiter", "close_sent", "close_timer",
+                 "conn", "handshake_complete", "keepalive_slot", "pending_ping_payload",
+                 "ping_sent_at", "request", "response", "slot", "transport")  # fmt: skip
 
     # A frame is written whole or not at all, even when the send is cancelled (see ``send``).
     sends_whole = True
@@ -89,13 +76,12 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         self.pending_ping_payload: bytes | None = None
         self.ping_sent_at = 0.0
         self._messages: list[str] = []  # whole text messages the connection has not taken
+        self._deliver: Callable[[str], None] | None = None  # or takes each as it comes
         self._waiter: asyncio.Future[None] | None = None  # the connection, waiting for one
         self._drained: asyncio.Future[None] | None = None  # while the transport's buffer is full
         self._reading = True
         self._text: bool | None = None  # the message being received is text (None: none is)
         self._parts: list[Buffer] = []  # its fragments so far
-
-    # --- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a socket's: a Transport
@@ -110,28 +96,27 @@ class DeviceSocket(asyncio.Protocol, Guarded):
             elif isinstance(event, Request):
                 self._request(event)
         if conn.parser_exc is not None and not self.close_sent:  # RFC 6455 7.1.7: fail it
-            self._write()  # the close frame the parser chose (1002, 1009)
-            self.close_sent = True
-            self._end()
-            self.transport.close()
-
-    def eof_received(self) -> None:
-        pass  # the close (or connection_lost) ends the connection, not a half-close
+            self._closing()  # with the close frame the parser chose (1002, 1009)
 
     def pause_writing(self) -> None:
         if self._drained is None:
             self._drained = asyncio.get_running_loop().create_future()
+        if self._deliver is not None and self._reading:  # what it sends may need answers
+            self._reading = False
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)
+        if self._deliver is not None and not self._reading and not self._closed:
+            self._reading = True
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_keepalive()
         self._state.connections.discard(self)
-        self.handshake_complete = True
-        self._closed = True
+        self.handshake_complete = self._closed = True
         self._end()
         self.resume_writing()  # a lost transport never drains: no send waits forever
         if self.close_timer is not None:
@@ -150,12 +135,7 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         elif not self.handshake_complete:  # the endpoint has not answered: as uvicorn does
             self.handshake_complete = True
             self.conn.send_response(self.conn.reject(500, "Internal Server Error"))
-        self._write()
-        self.close_sent = True
-        self._end()
-        self.transport.close()
-
-    # --- what the endpoint sees ------------------------------------------------------------
+        self._closing()
 
     @property
     def remote(self) -> tuple[str, int] | None:
@@ -168,11 +148,9 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         if self.handshake_complete:
             return
         self._release_handshake()
-        self.handshake_complete = self.close_sent = True
+        self.handshake_complete = True
         self.conn.send_response(self.conn.reject(HTTPStatus.FORBIDDEN, ""))
-        self._write()
-        self._end()
-        self.transport.close()
+        self._closing()
 
     def accept(self) -> bool:
         """Answer the handshake with 101 and start the keepalive; False if the device left."""
@@ -193,8 +171,6 @@ class DeviceSocket(asyncio.Protocol, Guarded):
             self._keepalive.add(self)
         return True
 
-    # --- DeviceLink ------------------------------------------------------------------------
-
     async def send(self, text: str) -> None:
         """Send one text frame; raise ``LinkClosed`` if the WebSocket is closed or closing.
 
@@ -210,6 +186,36 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         except InvalidState:
             raise LinkClosed("the device WebSocket is closing") from None
         self._write()
+
+    def write_now(self, text: str) -> bool:
+        """Send one text frame if the transport's buffer has room; False if not (or closed)."""
+        if self._drained is not None or self._closed or self.close_sent:
+            return False
+        try:
+            self.conn.send_text(text.encode())
+        except InvalidState:
+            return False  # closing: the connection's sender finds the link closed
+        self._write()
+        return True
+
+    async def deliver(self, receive: Callable[[str], None]) -> None:
+        """Give ``receive`` each text message as it arrives, in that loop turn, until the
+        WebSocket closes (``PushLink``)."""
+        self._deliver = receive
+        try:
+            while self._messages:  # what came before the connection started
+                receive(self._messages.pop(0))
+            if not self._reading and self._drained is None and not self._closed:
+                self._reading = True
+                self.transport.resume_reading()
+            while not self._closed:
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+        finally:
+            self._deliver = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
         """Yield each text message until the WebSocket closes; binary (audio) ones are not
@@ -254,8 +260,6 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         loop = asyncio.get_running_loop()
         self.close_timer = loop.call_later(CLOSE_TIMEOUT, self.transport.close)
 
-    # --- Keepalive (KeptAlive) -------------------------------------------------------------
-
     def send_ping(self, now: float) -> None:
         """Send a ping whose pong the keepalive waits for."""
         # A random payload tells this ping's pong from stale or unsolicited ones (as uvicorn).
@@ -270,12 +274,7 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         if self.close_sent or self.transport.is_closing():
             return
         self.conn.fail(1011, "keepalive ping timeout")
-        self._write()
-        self.close_sent = True
-        self._end()
-        self.transport.close()
-
-    # --- internals -------------------------------------------------------------------------
+        self._closing()
 
     def _request(self, request: Request) -> None:
         self.response = response = self.conn.accept(request)
@@ -332,10 +331,10 @@ class DeviceSocket(asyncio.Protocol, Guarded):
             logger.warning("device WebSocket from %s: a text message that is not UTF-8",
                            self.remote)  # fmt: skip
             self.conn.fail(1007, "invalid UTF-8")
-            self._write()
-            self.close_sent = True
-            self._end()
-            self.transport.close()
+            self._closing()
+            return
+        if self._deliver is not None:
+            self._deliver(text)
             return
         self._messages.append(text)
         self._wake()
@@ -384,6 +383,13 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         if self.request is not None:
             self.request.headers.clear()
         self.request = self.response = None
+
+    def _closing(self) -> None:
+        """Write what the parser queued (a close frame), end the messages, close."""
+        self._write()
+        self.close_sent = True
+        self._end()
+        self.transport.close()
 
     def _write(self) -> None:
         data = self.conn.data_to_send()

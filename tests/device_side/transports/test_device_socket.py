@@ -309,3 +309,32 @@ async def test_a_device_that_never_reads_holds_its_calls_not_the_gateway(
         async with asyncio.timeout(bound(10)):
             results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, DeviceUnavailable) for r in results), results
+
+
+async def test_a_calls_answer_wakes_its_caller_on_the_next_loop_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer's frame settles the call in the turn it is read (no task of the connection
+    woken in between): the caller runs in the very next turn."""
+    loop = asyncio.get_running_loop()
+    turn, arrived = [0], [-1]
+    run_once = loop._run_once  # type: ignore[attr-defined]
+
+    def counting() -> None:
+        turn[0] += 1
+        run_once()
+
+    data_received = DeviceSocket.data_received
+
+    def received(self: DeviceSocket, data: bytes) -> None:
+        arrived[0] = turn[0]
+        data_received(self, data)
+
+    async with gateway(tmp_path) as run, listed_device(run) as dev:
+        device = run.gateway.registry.get(dev.device_id)
+        assert device is not None and device.session is not None
+        monkeypatch.setattr(DeviceSocket, "data_received", received)
+        monkeypatch.setattr(loop, "_run_once", counting)
+        for _ in range(5):
+            await device.session.call("self.lamp.get_state", {})
+            assert turn[0] - arrived[0] == 1
