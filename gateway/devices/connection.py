@@ -1,12 +1,12 @@
 """One live device: pumps its link through the sans-I/O protocol and turns events into effects.
 
 ``DeviceConnection.run()`` owns the link for its whole life: it feeds every incoming message to
-``DeviceProtocol`` (from a ``PushLink``, the device WebSocket, in the loop turn it arrives, so a
-call's answer wakes its caller with no turn of this task in between), sends what the protocol queues, hands listed catalogues to the registry,
-resolves the futures of pending calls, and arms one timer for the protocol's deadline (the
-protocol decides what a deadline means: discover without a hello, or give up discovery). When
-the link goes, the protocol fails every pending call at once (DESIGN.md "Calls": a disconnect
-must not wait for the call timeout).
+``DeviceProtocol`` (from a ``PushLink``, the device WebSocket, in the loop turn it arrives: a
+call's answer wakes its caller with no turn of this task in between), sends what the protocol
+queues, hands listed catalogues to the registry, resolves the futures of pending calls, and
+arms one timer for the protocol's deadline (the protocol decides what a deadline means:
+discover without a hello, or give up discovery). When the link goes, the protocol fails every
+pending call at once (DESIGN.md "Calls": a disconnect must not wait for the call timeout).
 
 Calls under pressure: the protocol sends at most ``max_calls_in_flight`` calls at once, keeps up
 to ``max_calls_queued`` more waiting, and refuses the rest at once (``DeviceBusy``); the waiting

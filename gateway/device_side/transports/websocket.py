@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_UVICORN_LOG = logging.getLogger("uvicorn.error")
 
 
 class StarletteLink:
@@ -151,7 +152,9 @@ class DeviceSockets:
         conn = ServerProtocol(
             extensions=_deflate() if config.ws_per_message_deflate else None,
             max_size=config.ws_max_size,
-            logger=logger,
+            # uvicorn's logger, at the listener's level: websockets logs each handshake's
+            # headers (the device token) at debug level, never wanted here.
+            logger=_UVICORN_LOG,
         )
         interval, wheel = config.ws_ping_interval, None
         if interval is not None and interval > 0:
