@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import uvicorn
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.server import ServerState
 from websockets.extensions.base import ServerExtensionFactory
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
@@ -141,6 +143,9 @@ class DeviceSockets:
     def __init__(self, paths: set[str], endpoint: Endpoint) -> None:
         self.paths = frozenset(paths)
         self.endpoint = endpoint
+        self._config: uvicorn.Config | None = None  # the listener's, from its first handshake
+        self._extensions: list[ServerExtensionFactory] | None = None
+        self._proxy: ProxyHeadersMiddleware | None = None
 
     def protocol_for(
         self, target: bytes, config: uvicorn.Config, state: ServerState
@@ -149,8 +154,14 @@ class DeviceSockets:
         path = target.partition(b"?")[0].decode("latin-1")
         if path not in self.paths and unquote(path) not in self.paths:
             return None
+        if config is not self._config:  # what uvicorn works out per connection, once
+            self._config = config
+            self._extensions = _deflate() if config.ws_per_message_deflate else None
+            self._proxy = None
+            if config.proxy_headers:
+                self._proxy = ProxyHeadersMiddleware(_client, config.forwarded_allow_ips)  # type: ignore[arg-type]
         conn = ServerProtocol(
-            extensions=_deflate() if config.ws_per_message_deflate else None,
+            extensions=self._extensions,
             max_size=config.ws_max_size,
             # uvicorn's logger, at the listener's level: websockets logs each handshake's
             # headers (the device token) at debug level, never wanted here.
@@ -160,6 +171,29 @@ class DeviceSockets:
         if interval is not None and interval > 0:
             wheel = keepalive(asyncio.get_running_loop(), interval, config.ws_ping_timeout)
         return DeviceSocket(self.endpoint, state, conn, wheel)
+
+    async def client(self, socket: DeviceSocket, forwarded: str | None) -> tuple[str, int] | None:
+        """The device's address: as uvicorn's proxy headers make it (``X-Forwarded-For`` from
+        a trusted proxy, loopback by default), else the peer's."""
+        remote = socket.remote
+        if forwarded is None or self._proxy is None:
+            return remote
+        scope: dict[str, Any] = {
+            "type": "websocket",
+            "client": remote,
+            "headers": [(b"x-forwarded-for", forwarded.encode("latin-1"))],
+        }
+        await self._proxy(scope, _nothing, _nothing)  # type: ignore[arg-type]
+        client: tuple[str, int] | None = scope["client"]
+        return client
+
+
+async def _client(scope: Scope, receive: Receive, send: Send) -> None:
+    pass  # the scope itself is the answer: ``DeviceSockets.client`` reads its client
+
+
+async def _nothing(*args: object) -> None:
+    raise AssertionError("not called")
 
 
 def device_sockets(
@@ -175,14 +209,17 @@ def device_sockets(
     """
 
     async def endpoint(socket: DeviceSocket) -> None:
-        client = socket.remote
-        remote = f"{client[0]}:{client[1]}" if client else None
-        peer = client[0] if client else None
         request = socket.request
         assert request is not None  # until it is accepted or refused
         headers: dict[str, str] = {}  # lower-case names, the first of repeated ones (ASGI's)
         for name, value in request.headers.raw_items():
             headers.setdefault(name.lower(), value)
+        forwarded = None
+        if "x-forwarded-for" in headers:  # all of them, as uvicorn reads them
+            forwarded = ", ".join(request.headers.get_all("x-forwarded-for"))
+        client = await sockets.client(socket, forwarded)
+        remote = f"{client[0]}:{client[1]}" if client else None
+        peer = client[0] if client else None
         query = dict(parse_qsl(request.path.partition("?")[2], keep_blank_values=True))
         identity = authenticate(headers, query, admit, peer)
         if isinstance(identity, str):
@@ -194,7 +231,8 @@ def device_sockets(
         if socket.accept():  # (False: the device left meanwhile)
             await serve(socket, identity)
 
-    return DeviceSockets({DEVICE_PATH, DEVICE_PATH.rstrip("/")}, endpoint)
+    sockets = DeviceSockets({DEVICE_PATH, DEVICE_PATH.rstrip("/")}, endpoint)
+    return sockets
 
 
 def device_websocket_routes(

@@ -338,3 +338,15 @@ async def test_a_calls_answer_wakes_its_caller_on_the_next_loop_turn(
         for _ in range(5):
             await device.session.call("self.lamp.get_state", {})
             assert turn[0] - arrived[0] == 1
+
+
+async def test_a_trusted_proxy_names_the_device_address_as_uvicorn_would(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind a reverse proxy on loopback (uvicorn's default trust), the refusal names the
+    address in ``X-Forwarded-For``, as through uvicorn's proxy-headers middleware."""
+    request = handshake(Authorization="Bearer wrong", **{"X-Forwarded-For": "192.0.2.7"})
+    async with gateway(tmp_path) as run, peer(run, request) as device:
+        assert (await device.head()).startswith(b"HTTP/1.1 403")
+        await device.closed()
+    assert any("refused device WebSocket from 192.0.2.7:" in r.message for r in caplog.records)
