@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import struct
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -99,8 +100,17 @@ class Peer:
 
 
 @asynccontextmanager
-async def peer(run: Running, request: bytes | None = None) -> AsyncIterator[Peer]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", run.device_port)
+async def peer(
+    run: Running, request: bytes | None = None, receive_buffer: int | None = None
+) -> AsyncIterator[Peer]:
+    """A raw connection to the device listener that has sent ``request`` (a valid handshake);
+    ``receive_buffer``: its socket's, fixed (the kernel grows it no further)."""
+    sock = socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", run.device_port))
+    reader, writer = await asyncio.open_connection(sock=sock)
     try:
         device = Peer(reader, writer)
         await device.send(handshake() if request is None else request)
@@ -110,9 +120,9 @@ async def peer(run: Running, request: bytes | None = None) -> AsyncIterator[Peer
 
 
 @asynccontextmanager
-async def accepted(run: Running) -> AsyncIterator[Peer]:
+async def accepted(run: Running, receive_buffer: int | None = None) -> AsyncIterator[Peer]:
     """A raw device whose handshake the gateway accepted."""
-    async with peer(run) as device:
+    async with peer(run, receive_buffer=receive_buffer) as device:
         assert (await device.head()).startswith(b"HTTP/1.1 101")
         yield device
 
@@ -290,7 +300,7 @@ async def test_a_device_that_never_reads_holds_its_calls_not_the_gateway(
     monkeypatch.setattr(DeviceSocket, "pause_writing", pausing)
     limits = {"max_message_bytes": 1 << 20, "call_max_in_flight": 16}
     async with gateway(tmp_path, **limits) as run, listed_device(run) as other:
-        async with accepted(run) as device:
+        async with accepted(run, receive_buffer=1 << 16) as device:
             await device.send(frame(TEXT, HELLO))
             assert (await device.message())["type"] == "hello"
             for result in ({"protocolVersion": "2024-11-05", "capabilities": {}}, {"tools": []}):
