@@ -16,6 +16,7 @@ from gateway.device_side.sessions import DeviceSessions
 from gateway.device_side.transports.websocket import (
     DeviceSocketFront,
     Proxied,
+    device_sockets,
     device_websocket_routes,
 )
 from gateway.device_side.vision import Elsewhere, VisionEndpoint, VisionTokens
@@ -59,4 +60,9 @@ def build_device_app(
         limit = config.vision_max_photo_bytes
         routes += VisionEndpoint(vision, photos, limit, elsewhere).routes()
     routes += extra
-    return DeviceSocketFront(Starlette(routes=[*routes, Route("/healthz", health)]), sockets)
+    # Served below ASGI unless the voice proxy may take a WebSocket over (it needs Starlette's).
+    direct = None
+    if proxied is None:
+        direct = device_sockets(admission.websocket, sessions.serve, admission.settle)
+    app = Starlette(routes=[*routes, Route("/healthz", health)])
+    return DeviceSocketFront(app, sockets, direct)

@@ -1,11 +1,12 @@
 """One live device: pumps its link through the sans-I/O protocol and turns events into effects.
 
 ``DeviceConnection.run()`` owns the link for its whole life: it feeds every incoming message to
-``DeviceProtocol``, sends what the protocol queues, hands listed catalogues to the registry,
-resolves the futures of pending calls, and arms one timer for the protocol's deadline (the
-protocol decides what a deadline means: discover without a hello, or give up discovery). When
-the link goes, the protocol fails every pending call at once (DESIGN.md "Calls": a disconnect
-must not wait for the call timeout).
+``DeviceProtocol`` (from a ``PushLink``, the device WebSocket, in the loop turn it arrives: a
+call's answer wakes its caller with no turn of this task in between), sends what the protocol
+queues, hands listed catalogues to the registry, resolves the futures of pending calls, and
+arms one timer for the protocol's deadline (the protocol decides what a deadline means:
+discover without a hello, or give up discovery). When the link goes, the protocol fails every
+pending call at once (DESIGN.md "Calls": a disconnect must not wait for the call timeout).
 
 Calls under pressure: the protocol sends at most ``max_calls_in_flight`` calls at once, keeps up
 to ``max_calls_queued`` more waiting, and refuses the rest at once (``DeviceBusy``); the waiting
@@ -27,9 +28,9 @@ import asyncio
 import logging
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
+from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed, PushLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import DeviceToolError, DeviceUnavailable, InvalidState
 from gateway.protocol import (
@@ -133,14 +134,10 @@ class DeviceConnection:
             await replaced.aclose()
         try:
             self._arm()  # MQTT: a deadline already due, discovery starts at once
-            async for text in self._link:
-                self._protocol.receive_text(text)
-                del text  # not kept alive while the device is idle: a tools/list page is 8 KB
-                self._handle(self._protocol.events_received())
-                self._unsent.extend(self._protocol.data_to_send())  # queued in order
-                if self._unsent:  # a call's reply, the most common frame, wants no answer
-                    await self._flush()
-                self._arm()
+            if hasattr(self._link, "deliver"):  # a PushLink: each message in the turn it came
+                await cast(PushLink, self._link).deliver(self._received)
+            else:
+                await self._pull()
         except (LinkClosed, DeviceUnavailable):
             pass
         finally:
@@ -189,6 +186,31 @@ class DeviceConnection:
         await self._link.aclose()
 
     # --- internals -------------------------------------------------------------------------
+
+    async def _pull(self) -> None:
+        async for text in self._link:
+            self._protocol.receive_text(text)
+            del text  # not kept alive while the device is idle: a tools/list page is 8 KB
+            self._handle(self._protocol.events_received())
+            self._unsent.extend(self._protocol.data_to_send())  # queued in order
+            if self._unsent:  # a call's reply, the most common frame, wants no answer
+                await self._flush()
+            self._arm()
+
+    def _received(self, text: str) -> None:
+        """A message from a ``PushLink``, in the loop turn it arrived."""
+        self._protocol.receive_text(text)
+        del text
+        self._handle(self._protocol.events_received())
+        unsent = self._unsent
+        unsent.extend(self._protocol.data_to_send())
+        if unsent and self._sender is None and not self._send_lock.locked():
+            link = cast(PushLink, self._link)  # nothing else sends: in order, now
+            while unsent and link.write_now(unsent[0]):
+                del unsent[0]
+        if unsent:  # the socket is full (or gone): the sender task waits for it
+            self._send_soon()
+        self._arm()
 
     async def _flush(self) -> int:
         """Send every frame the protocol has queued; return how many."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["BOARD_TRANSPORT", "DeviceIdentity", "DeviceLink", "LinkClosed"]
+__all__ = ["BOARD_TRANSPORT", "DeviceIdentity", "DeviceLink", "LinkClosed", "PushLink"]
 
 # A board that serves MCP itself, the gateway its MCP client (gateway/device_side/boards).
 BOARD_TRANSPORT = "mcp-http"
@@ -39,4 +39,17 @@ class DeviceLink(Protocol):
 
     async def aclose(self) -> None:
         """Close the link (idempotent)."""
+        ...
+
+
+class PushLink(DeviceLink, Protocol):
+    """A link that hands each message over in the loop turn it arrives (the device WebSocket):
+    a call's answer settles the call without waking the connection's task first."""
+
+    async def deliver(self, receive: Callable[[str], None]) -> None:
+        """Call ``receive`` with each text message as it arrives, until the link closes."""
+        ...
+
+    def write_now(self, text: str) -> bool:
+        """Write one text message if that needs no wait; False if it would (or is closed)."""
         ...

@@ -34,11 +34,11 @@ import h11
 
 from gateway.config import Config
 from gateway.net.networks import Network, in_networks, networks
-from gateway.net.upgrade import DirectUpgrade
+from gateway.net.upgrade import DirectUpgrade, SocketRoutes
 from gateway.net.websocket import LeanWebSocket
 
-__all__ = ["Guard", "ListenerLimits", "Slot", "ThrottledLog", "in_networks", "listener_limits",
-           "networks", "protocol_classes"]  # fmt: skip
+__all__ = ["Guard", "Guarded", "ListenerLimits", "Slot", "ThrottledLog", "in_networks",
+           "listener_limits", "networks", "protocol_classes"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -288,6 +288,14 @@ class Slot:
         self.release()
 
 
+class Guarded:
+    """A WebSocket protocol that takes over its connection's slot from the h11 protocol; it
+    authenticates the slot once accepted and releases it once the connection is lost."""
+
+    __slots__ = ()
+    slot: Slot | None
+
+
 class _GuardedHttp(DirectUpgrade):
     """uvicorn's h11 protocol (a WebSocket handshake parsed once), reporting its connection's
     life to ``guard``."""
@@ -328,7 +336,7 @@ class _GuardedHttp(DirectUpgrade):
         if slot is not None:
             slot.request_started()
         protocol = super().upgrade(request)
-        if slot is not None and isinstance(protocol, _GuardedWebSocket):
+        if slot is not None and isinstance(protocol, Guarded):
             protocol.slot = slot
         return protocol
 
@@ -342,7 +350,7 @@ class _GuardedHttp(DirectUpgrade):
             slot.request_started(self.headers)
 
 
-class _GuardedWebSocket(LeanWebSocket):
+class _GuardedWebSocket(LeanWebSocket, Guarded):
     """uvicorn's websockets-sansio protocol (made lean); an accepted WebSocket authenticates its
     slot."""
 
@@ -378,11 +386,15 @@ class _GuardedWebSocket(LeanWebSocket):
             self.slot.release()
 
 
-def protocol_classes(guard: Guard) -> tuple[type[asyncio.Protocol], type[asyncio.Protocol]]:
-    """uvicorn's ``http`` and ``ws`` protocol classes for a listener guarded by ``guard``."""
+def protocol_classes(
+    guard: Guard, sockets: SocketRoutes | None = None
+) -> tuple[type[asyncio.Protocol], type[asyncio.Protocol]]:
+    """uvicorn's ``http`` and ``ws`` protocol classes for a listener guarded by ``guard``;
+    ``sockets``: the WebSocket paths it serves below ASGI (their protocols are ``Guarded``)."""
 
     class Http(_GuardedHttp):
         pass
 
     Http.guard = guard
+    Http.sockets = sockets
     return Http, _GuardedWebSocket

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 from gateway.config import Config, ListenAddress, env_name
 from gateway.errors import GatewayError, PortTaken
 from gateway.net.limits import Guard, protocol_classes
+from gateway.net.upgrade import SocketRoutes
 
 __all__ = ["LISTEN_BACKLOG", "Listener", "bind", "listening", "uvicorn_config"]
 
@@ -72,10 +73,13 @@ def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
     return sock
 
 
-def uvicorn_config(app: ASGIApp, config: Config, guard: Guard) -> uvicorn.Config:
-    """How a listener serves ``app``: ``guard``'s caps and deadlines, no lifespan, no logs."""
+def uvicorn_config(
+    app: ASGIApp, config: Config, guard: Guard, sockets: SocketRoutes | None = None
+) -> uvicorn.Config:
+    """How a listener serves ``app``: ``guard``'s caps and deadlines, no lifespan, no logs;
+    ``sockets``, WebSocket paths it serves below ``app`` (the device WebSocket)."""
     # Caps, handshake and authentication deadlines at the transport (gateway/net/limits.py).
-    http, ws = protocol_classes(guard)
+    http, ws = protocol_classes(guard, sockets)
     return uvicorn.Config(
         app,
         http=http,

@@ -13,11 +13,14 @@ else (a request in pieces, pipelined bytes, plain HTTP) takes uvicorn's h11 path
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar, Protocol
 
 import h11
+from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
-__all__ = ["DirectUpgrade", "websocket_upgrade"]
+__all__ = ["DirectUpgrade", "SocketRoutes", "websocket_upgrade"]
 
 _END = b"\r\n\r\n"
 _INVALID = b"Invalid HTTP request received."
@@ -58,9 +61,22 @@ def websocket_upgrade(data: bytes) -> bytes | None:
     return b"\r\n".join(lines)
 
 
+class SocketRoutes(Protocol):
+    """WebSocket paths a listener serves itself, with no ASGI app in between."""
+
+    def protocol_for(
+        self, target: bytes, config: Config, state: ServerState
+    ) -> asyncio.Protocol | None:
+        """A new protocol for a handshake asking for ``target`` (its path and query), or None
+        to leave it to the ASGI app. ``config``: the listener's WebSocket settings (``ws_*``);
+        ``state``: its connections and tasks, which uvicorn closes and awaits on shutdown."""
+        ...
+
+
 class DirectUpgrade(H11Protocol):
     """uvicorn's h11 protocol, handing a connection's WebSocket handshake over unparsed."""
 
+    sockets: ClassVar[SocketRoutes | None] = None  # paths served below ASGI
     _fresh = True  # no bytes received yet on this connection
 
     def data_received(self, data: bytes) -> None:
@@ -84,9 +100,15 @@ class DirectUpgrade(H11Protocol):
     def upgrade(self, request: bytes) -> asyncio.Protocol:
         """Give the connection and its handshake ``request`` to a new WebSocket protocol."""
         self.connections.discard(self)
-        protocol: asyncio.Protocol = self.ws_protocol_class(  # type: ignore[call-arg, misc]
-            config=self.config, server_state=self.server_state, app_state=self.app_state
-        )
+        protocol: asyncio.Protocol | None = None
+        if self.sockets is not None:  # the request line: "<method> <target> HTTP/1.1"
+            start = request.find(b" ") + 1
+            target = request[start : request.find(b" ", start)]
+            protocol = self.sockets.protocol_for(target, self.config, self.server_state)
+        if protocol is None:
+            protocol = self.ws_protocol_class(  # type: ignore[call-arg, misc]
+                config=self.config, server_state=self.server_state, app_state=self.app_state
+            )
         protocol.connection_made(self.transport)
         protocol.data_received(request)
         self.transport.set_protocol(protocol)

@@ -30,12 +30,12 @@ import math
 import random
 import struct
 import weakref
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import Frame
 
-__all__ = ["TICKS", "Flag", "Inbox", "Keepalive", "LeanWebSocket"]
+__all__ = ["TICKS", "Flag", "Inbox", "KeptAlive", "Keepalive", "LeanWebSocket", "keepalive"]
 
 T = TypeVar("T")
 
@@ -138,8 +138,24 @@ class Flag:
         return True
 
 
+class KeptAlive(Protocol):
+    """What ``Keepalive`` asks of a WebSocket protocol it pings."""
+
+    keepalive_slot: int | None
+    close_sent: bool
+    pending_ping_payload: bytes | None
+    ping_sent_at: float
+
+    @property
+    def transport(self) -> asyncio.Transport: ...
+
+    def send_ping(self, now: float) -> None: ...
+
+    def keepalive_timeout(self) -> None: ...
+
+
 class Keepalive:
-    """The pings of every ``LeanWebSocket`` of one loop with one ping interval and timeout.
+    """The pings of every ``KeptAlive`` WebSocket of one loop with one ping interval and timeout.
 
     Connections wait in slots, one per tick; a slot holds connections due for a ping, or past
     their pong deadline if a ping is still unanswered when the slot comes.
@@ -150,7 +166,7 @@ class Keepalive:
         self.tick = interval / TICKS
         # The loop only by a weak reference: the loop's registry of wheels is keyed weakly by it.
         self._loop_ref = weakref.ref(loop)
-        self._slots: dict[int, set[LeanWebSocket]] = {}
+        self._slots: dict[int, set[KeptAlive]] = {}
         self._done = math.floor(loop.time() / self.tick)  # every slot up to here was handled
         self._timer: asyncio.TimerHandle | None = None
         self._armed = 0  # the slot the timer is set for
@@ -161,16 +177,16 @@ class Keepalive:
         assert loop is not None  # only its own callbacks call the wheel
         return loop
 
-    def add(self, ws: LeanWebSocket) -> None:
+    def add(self, ws: KeptAlive) -> None:
         """Keep ``ws`` alive from now on: its first ping goes out about one interval from now."""
         self._ping_after(ws, self._loop.time())
 
-    def answered(self, ws: LeanWebSocket) -> None:
+    def answered(self, ws: KeptAlive) -> None:
         """``ws``'s pong came back: move it from its deadline to its next ping."""
         self.remove(ws)
         self._ping_after(ws, ws.ping_sent_at)
 
-    def remove(self, ws: LeanWebSocket) -> None:
+    def remove(self, ws: KeptAlive) -> None:
         """Stop keeping ``ws`` alive (idempotent)."""
         slot, ws.keepalive_slot = ws.keepalive_slot, None
         if slot is not None:
@@ -180,12 +196,12 @@ class Keepalive:
                 if not members:
                     del self._slots[slot]
 
-    def _ping_after(self, ws: LeanWebSocket, start: float) -> None:
+    def _ping_after(self, ws: KeptAlive, start: float) -> None:
         # Up to a tick early rather than late: the deadline after it then never passes later
         # than uvicorn's own (interval + timeout after the last pong).
         self._put(ws, math.floor((start + self.interval) / self.tick) - 1)
 
-    def _put(self, ws: LeanWebSocket, slot: int) -> None:
+    def _put(self, ws: KeptAlive, slot: int) -> None:
         slot = max(slot, self._done + 1)
         ws.keepalive_slot = slot
         self._slots.setdefault(slot, set()).add(ws)
@@ -212,7 +228,7 @@ class Keepalive:
         if self._slots and self._timer is None:
             self._arm(min(self._slots))
 
-    def _visit(self, ws: LeanWebSocket, now: float) -> None:
+    def _visit(self, ws: KeptAlive, now: float) -> None:
         if ws.close_sent or ws.transport.is_closing():
             return  # closing: connection_lost follows
         if ws.pending_ping_payload is not None and self.timeout is not None:  # deadline passed

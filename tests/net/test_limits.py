@@ -26,6 +26,7 @@ from gateway.net.limits import (
     protocol_classes,
 )
 from gateway.net.listeners import Listener
+from gateway.net.upgrade import SocketRoutes
 from tests.conftest import bound, make_config
 
 pytestmark = pytest.mark.anyio
@@ -83,12 +84,12 @@ class WatchedGuard(Guard):
 
 @asynccontextmanager
 async def serving(
-    limits: ListenerLimits, **settings: Any
+    limits: ListenerLimits, sockets: SocketRoutes | None = None, **settings: Any
 ) -> AsyncIterator[tuple[int, WatchedGuard]]:
-    """A uvicorn on a free loopback port with ``limits`` (and uvicorn ``settings``); yields its
-    port and guard."""
+    """A uvicorn on a free loopback port with ``limits`` (the WebSocket paths of ``sockets``
+    served below ASGI, and uvicorn ``settings``); yields its port and guard."""
     guard = WatchedGuard(limits)
-    http, ws = protocol_classes(guard)
+    http, ws = protocol_classes(guard, sockets)
     config = uvicorn.Config(app, http=http, ws=ws, lifespan="off", log_config=None,
                             log_level="warning", timeout_graceful_shutdown=1,
                             **settings)  # fmt: skip

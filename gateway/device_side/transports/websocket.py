@@ -3,30 +3,49 @@
 Stock firmware sends its identity and token as headers (``Authorization``, ``Device-Id``,
 ``Client-Id``, ``Protocol-Version``; docs/protocol.md §1); some clients send the same as query
 parameters instead. A device without a valid token is refused before the upgrade (HTTP 403).
+
+The listener serves the device path below ASGI (``device_sockets``: a ``DeviceSocket`` per
+connection, gateway/device_side/transports/device_socket.py). Beside voice servers the proxy
+takes a device's WebSocket over as a Starlette ``WebSocket``: the ASGI route
+(``device_websocket_routes``) serves the device path then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, unquote
 
+import uvicorn
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+from uvicorn.server import ServerState
+from websockets.extensions.base import ServerExtensionFactory
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.server import ServerProtocol
 
 from gateway.device_side.broker.topics import is_device_id
+from gateway.device_side.transports.device_socket import DeviceSocket, Endpoint
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
+from gateway.net.websocket import keepalive
 
 __all__ = [
     "DeviceSocketFront",
     "Proxied",
     "StarletteLink",
+    "DeviceSockets",
     "authenticate",
+    "device_sockets",
     "device_websocket_routes",
 ]
 
 logger = logging.getLogger(__name__)
+_UVICORN_LOG = logging.getLogger("uvicorn.error")
 
 
 class StarletteLink:
@@ -109,6 +128,113 @@ Proxied = Callable[[DeviceIdentity], Callable[[WebSocket], Awaitable[None]] | No
 accepts or refuses it itself), or None when the gateway serves the device alone."""
 
 
+def _deflate() -> list[ServerExtensionFactory]:
+    # What uvicorn offers with ws_per_message_deflate (its default): stock firmware never asks.
+    return [
+        ServerPerMessageDeflateFactory(
+            server_max_window_bits=12, client_max_window_bits=12, compress_settings={"memLevel": 5}
+        )
+    ]
+
+
+class DeviceSockets:
+    """The device paths a listener serves below ASGI (``SocketRoutes``), and their endpoint."""
+
+    def __init__(self, paths: set[str], endpoint: Endpoint) -> None:
+        self.paths = frozenset(paths)
+        self.endpoint = endpoint
+        self._config: uvicorn.Config | None = None  # the listener's, from its first handshake
+        self._extensions: list[ServerExtensionFactory] | None = None
+        self._proxy: ProxyHeadersMiddleware | None = None
+
+    def protocol_for(
+        self, target: bytes, config: uvicorn.Config, state: ServerState
+    ) -> asyncio.Protocol | None:
+        """A ``DeviceSocket`` for a handshake on a device path, else None."""
+        path = target.partition(b"?")[0].decode("latin-1")
+        if path not in self.paths and unquote(path) not in self.paths:
+            return None
+        if config is not self._config:  # what uvicorn works out per connection, once
+            self._config = config
+            self._extensions = _deflate() if config.ws_per_message_deflate else None
+            self._proxy = None
+            if config.proxy_headers:
+                self._proxy = ProxyHeadersMiddleware(_client, config.forwarded_allow_ips)  # type: ignore[arg-type]
+        conn = ServerProtocol(
+            extensions=self._extensions,
+            max_size=config.ws_max_size,
+            # uvicorn's logger, at the listener's level: websockets logs each handshake's
+            # headers (the device token) at debug level, never wanted here.
+            logger=_UVICORN_LOG,
+        )
+        interval, wheel = config.ws_ping_interval, None
+        if interval is not None and interval > 0:
+            wheel = keepalive(asyncio.get_running_loop(), interval, config.ws_ping_timeout)
+        return DeviceSocket(self.endpoint, state, conn, wheel)
+
+    async def client(self, socket: DeviceSocket, forwarded: str | None) -> tuple[str, int] | None:
+        """The device's address: as uvicorn's proxy headers make it (``X-Forwarded-For`` from
+        a trusted proxy, loopback by default), else the peer's."""
+        remote = socket.remote
+        if forwarded is None or self._proxy is None:
+            return remote
+        scope: dict[str, Any] = {
+            "type": "websocket",
+            "client": remote,
+            "headers": [(b"x-forwarded-for", forwarded.encode("latin-1"))],
+        }
+        await self._proxy(scope, _nothing, _nothing)  # type: ignore[arg-type]
+        client: tuple[str, int] | None = scope["client"]
+        return client
+
+
+async def _client(scope: Scope, receive: Receive, send: Send) -> None:
+    pass  # the scope itself is the answer: ``DeviceSockets.client`` reads its client
+
+
+async def _nothing(*args: object) -> None:
+    raise AssertionError("not called")
+
+
+def device_sockets(
+    admit: Admit,
+    serve: Callable[[DeviceSocket, DeviceIdentity], Awaitable[None]],
+    settle: Callable[[], Awaitable[None]] | None = None,
+) -> DeviceSockets:
+    """The device WebSocket served below ASGI; ``serve`` runs a connection for an
+    authenticated device, over its ``DeviceSocket``.
+
+    ``settle`` is awaited once a device is admitted, before its WebSocket is accepted (the
+    registry commits what the login decided).
+    """
+
+    async def endpoint(socket: DeviceSocket) -> None:
+        request = socket.request
+        assert request is not None  # until it is accepted or refused
+        headers: dict[str, str] = {}  # lower-case names, the first of repeated ones (ASGI's)
+        for name, value in request.headers.raw_items():
+            headers.setdefault(name.lower(), value)
+        forwarded = None
+        if "x-forwarded-for" in headers:  # all of them, as uvicorn reads them
+            forwarded = ", ".join(request.headers.get_all("x-forwarded-for"))
+        client = await sockets.client(socket, forwarded)
+        remote = f"{client[0]}:{client[1]}" if client else None
+        peer = client[0] if client else None
+        query = dict(parse_qsl(request.path.partition("?")[2], keep_blank_values=True))
+        identity = authenticate(headers, query, admit, peer)
+        if isinstance(identity, str):
+            logger.warning("refused device WebSocket from %s: %s", remote, identity)
+            socket.refuse()  # HTTP 403
+            return
+        if settle is not None:  # what the login decided is on disk before it is accepted
+            await settle()
+        if socket.accept():  # (False: the device left meanwhile)
+            await serve(socket, identity)
+
+    sockets = DeviceSockets({DEVICE_PATH, DEVICE_PATH.rstrip("/")}, endpoint)
+    return sockets
+
+
 def device_websocket_routes(
     admit: Admit,
     serve: Callable[[StarletteLink, DeviceIdentity], Awaitable[None]],
@@ -158,8 +284,11 @@ class DeviceSocketFront:
     whole app as before.
     """
 
-    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+    def __init__(
+        self, app: ASGIApp, routes: list[BaseRoute], sockets: DeviceSockets | None = None
+    ) -> None:
         self.app = app
+        self.sockets = sockets  # the device WebSocket below ASGI, for the listener to serve
         self._endpoints = {
             route.path: route.endpoint for route in routes if isinstance(route, WebSocketRoute)
         }

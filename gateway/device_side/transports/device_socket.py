@@ -1,0 +1,397 @@
+"""The device WebSocket below ASGI: one protocol from handshake to close, and it is the link.
+
+Through uvicorn, a device WebSocket pays for the ASGI layers on websockets' sans-I/O
+``ServerProtocol``: a scope, a ``run_asgi`` task, a Starlette ``WebSocket``, a message dict per
+frame and the awaits that pass it along. ``DeviceSocket`` stands on ``ServerProtocol`` directly
+(as uvicorn's websockets-sansio protocol does) with none of them: a text message goes from
+``data_received`` to its connection in the same loop turn (``PushLink.deliver``), and a send goes
+straight to the transport. It keeps what uvicorn gave the device WebSocket (docs/architecture.md
+"The device WebSocket"): the handshake's answers, the listener's guard (``Guarded``), the size
+limit (1009), the ``Keepalive`` wheel, backpressure both ways, close handling and shutdown.
+``DeviceSockets`` (transports/websocket.py) makes one per handshake on the device path and runs
+its ``Endpoint`` (authenticate, settle, accept, serve) in one task, awaited on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
+
+from uvicorn.server import ServerState
+from websockets.exceptions import InvalidState
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
+
+from gateway.devices.link import LinkClosed
+from gateway.net.limits import Guarded, Slot
+from gateway.net.websocket import Keepalive
+
+__all__ = ["CLOSE_TIMEOUT", "DeviceSocket", "Endpoint"]
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT = 10.0  # s our close waits for the device's echo (uvicorn's close_timeout)
+_QUEUED = 2  # messages waiting for the connection before reading stops
+
+Buffer = bytes | bytearray | memoryview
+
+Endpoint = Callable[["DeviceSocket"], Awaitable[None]]
+"""Serves one device WebSocket: ``refuse()`` it, or ``accept()`` it and use it as the link."""
+
+
+class DeviceSocket(asyncio.Protocol, Guarded):
+    """One device WebSocket: the asyncio protocol, and the ``DeviceLink`` of its connection."""
+
+    __slots__ = ("_closed", "_deliver", "_drained", "_endpoint", "_keepalive", "_messages",
+                 "_parts", "_reading", "_state", "_text", "_waiter", "close_sent", "close_timer",
+                 "conn", "handshake_complete", "keepalive_slot", "pending_ping_payload",
+                 "ping_sent_at", "request", "response", "slot", "transport")  # fmt: skip
+
+    # A frame is written whole or not at all, even when the send is cancelled (see ``send``).
+    sends_whole = True
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        state: ServerState,
+        conn: ServerProtocol,
+        keepalive: Keepalive | None,
+    ) -> None:
+        self._endpoint = endpoint
+        self._state = state
+        self.conn = conn
+        self._keepalive = keepalive
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+        self.slot: Slot | None = None
+        self.request: Request | None = None  # until the endpoint accepts or refuses
+        self.response: Response | None = None
+        self.handshake_complete = self.close_sent = self._closed = False
+        self.close_timer: asyncio.TimerHandle | None = None
+        self.keepalive_slot: int | None = None
+        self.pending_ping_payload: bytes | None = None
+        self.ping_sent_at = 0.0
+        self._messages: list[str] = []  # whole text messages the connection has not taken
+        self._deliver: Callable[[str], None] | None = None  # or takes each as it comes
+        self._waiter: asyncio.Future[None] | None = None  # the connection, waiting for one
+        self._drained: asyncio.Future[None] | None = None  # while the transport's buffer is full
+        self._reading = True
+        self._text: bool | None = None  # the message being received is text (None: none is)
+        self._parts: list[Buffer] = []  # its fragments so far
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a socket's: a Transport
+        self._state.connections.add(self)  # type: ignore[arg-type]  # uvicorn calls .shutdown()
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        conn.receive_data(data)
+        for event in conn.events_received():
+            if isinstance(event, Frame):
+                self._frame(event)
+            elif isinstance(event, Request):
+                self._request(event)
+        if conn.parser_exc is not None and not self.close_sent:  # RFC 6455 7.1.7: fail it
+            self._closing()  # with the close frame the parser chose (1002, 1009)
+
+    def pause_writing(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+        if self._deliver is not None and self._reading:  # what it sends may need answers
+            self._reading = False
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+        if self._deliver is not None and not self._reading and not self._closed:
+            self._reading = True
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_keepalive()
+        self._state.connections.discard(self)
+        self.handshake_complete = self._closed = True
+        self._end()
+        self.resume_writing()  # a lost transport never drains: no send waits forever
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+            self.close_timer = None
+        if self.slot is not None:
+            self.slot.release()
+        if exc is None:
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """The listener stops (uvicorn calls this on every connection it tracks)."""
+        self._stop_keepalive()
+        if self.handshake_complete and not self.close_sent:
+            self.conn.send_close(1012)  # service restart
+        elif not self.handshake_complete:  # the endpoint has not answered: as uvicorn does
+            self.handshake_complete = True
+            self.conn.send_response(self.conn.reject(500, "Internal Server Error"))
+        self._closing()
+
+    @property
+    def remote(self) -> tuple[str, int] | None:
+        """The device's address and port."""
+        peer = self.transport.get_extra_info("peername")
+        return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and peer else None
+
+    def refuse(self) -> None:
+        """Answer the handshake with HTTP 403 and close."""
+        if self.handshake_complete:
+            return
+        self._release_handshake()
+        self.handshake_complete = True
+        self.conn.send_response(self.conn.reject(HTTPStatus.FORBIDDEN, ""))
+        self._closing()
+
+    def accept(self) -> bool:
+        """Answer the handshake with 101 and start the keepalive; False if the device left."""
+        response = self.response
+        if self.handshake_complete or response is None or self.transport.is_closing():
+            return False
+        # As uvicorn: its own date and server headers in place of the parser's date.
+        del response.headers["Date"]
+        for name, value in self._state.default_headers:
+            response.headers[name.decode("latin-1")] = value.decode("latin-1")
+        self.handshake_complete = True
+        self.conn.send_response(response)
+        self._write()
+        self._release_handshake()
+        if self.slot is not None:
+            self.slot.authenticate()
+        if self._keepalive is not None:
+            self._keepalive.add(self)
+        return True
+
+    async def send(self, text: str) -> None:
+        """Send one text frame; raise ``LinkClosed`` if the WebSocket is closed or closing.
+
+        A full transport buffer is waited out before anything is written, so a send cancelled
+        while it waits has written nothing.
+        """
+        while self._drained is not None and not self._closed:
+            await asyncio.shield(self._drained)
+        if self._closed or self.close_sent:
+            raise LinkClosed("the device WebSocket is closed")
+        try:
+            self.conn.send_text(text.encode())
+        except InvalidState:
+            raise LinkClosed("the device WebSocket is closing") from None
+        self._write()
+
+    def write_now(self, text: str) -> bool:
+        """Send one text frame if the transport's buffer has room; False if not (or closed)."""
+        if self._drained is not None or self._closed or self.close_sent:
+            return False
+        try:
+            self.conn.send_text(text.encode())
+        except InvalidState:
+            return False  # closing: the connection's sender finds the link closed
+        self._write()
+        return True
+
+    async def deliver(self, receive: Callable[[str], None]) -> None:
+        """Give ``receive`` each text message as it arrives, in that loop turn, until the
+        WebSocket closes (``PushLink``)."""
+        self._deliver = receive
+        try:
+            while self._messages:  # what came before the connection started
+                receive(self._messages.pop(0))
+            if not self._reading and self._drained is None and not self._closed:
+                self._reading = True
+                self.transport.resume_reading()
+            while not self._closed:
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+        finally:
+            self._deliver = None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        """Yield each text message until the WebSocket closes; binary (audio) ones are not
+        kept."""
+        messages = self._messages
+        while True:
+            if messages:
+                text = messages.pop(0)
+                if not self._reading and not messages and not self._closed:
+                    self._reading = True
+                    self.transport.resume_reading()
+                yield text
+                del text  # an idle device must not keep its last message alive
+            elif self._closed:
+                return
+            else:
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+
+    async def aclose(self) -> None:
+        """Close the WebSocket (1000) if it is open; its messages end at once."""
+        if not self.handshake_complete:
+            self.refuse()
+            return
+        if self.close_sent or self._closed or self.transport.is_closing():
+            self._end()
+            return
+        try:
+            self.conn.send_close(1000, "")
+        except InvalidState:
+            pass
+        self._write()
+        self.close_sent = True
+        self._end()
+        self._stop_keepalive()
+        if not self._reading:  # the device's echo must get through
+            self._reading = True
+            self.transport.resume_reading()
+        loop = asyncio.get_running_loop()
+        self.close_timer = loop.call_later(CLOSE_TIMEOUT, self.transport.close)
+
+    def send_ping(self, now: float) -> None:
+        """Send a ping whose pong the keepalive waits for."""
+        # A random payload tells this ping's pong from stale or unsolicited ones (as uvicorn).
+        self.pending_ping_payload = struct.pack("!I", random.getrandbits(32))
+        self.ping_sent_at = now
+        self.conn.send_ping(self.pending_ping_payload)
+        self._write()
+
+    def keepalive_timeout(self) -> None:
+        """No pong within the ping timeout: fail the connection (1011), as uvicorn does."""
+        self.pending_ping_payload = None
+        if self.close_sent or self.transport.is_closing():
+            return
+        self.conn.fail(1011, "keepalive ping timeout")
+        self._closing()
+
+    def _request(self, request: Request) -> None:
+        self.response = response = self.conn.accept(request)
+        if response.status_code != 101:  # not a valid WebSocket handshake: 400, 426
+            self.handshake_complete = self.close_sent = True
+            self.conn.send_response(response)
+            self._write()
+            self.transport.close()
+            return
+        self.request = request
+        task = asyncio.get_running_loop().create_task(self._run())
+        self._state.tasks.add(task)
+        task.add_done_callback(self._state.tasks.discard)
+
+    async def _run(self) -> None:
+        try:
+            await self._endpoint(self)
+        except Exception:  # one device's failure is its own: logged, its socket closed
+            logger.exception("device WebSocket failed")
+            if not self.handshake_complete:
+                self.handshake_complete = True
+                self.conn.send_response(self.conn.reject(500, "Internal Server Error"))
+                self._write()
+        finally:
+            if self.close_timer is None:
+                self.transport.close()
+
+    def _frame(self, frame: Frame) -> None:
+        opcode = frame.opcode
+        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+            self._text = opcode is Opcode.TEXT
+            self._parts = [frame.data] if self._text else []  # audio: not kept
+        elif opcode is Opcode.CONT:
+            if self._text:
+                self._parts.append(frame.data)
+        elif opcode is Opcode.PING:
+            self._write()  # the pong the parser queued
+            return
+        elif opcode is Opcode.PONG:
+            self._pong(frame)
+            return
+        else:  # CLOSE
+            self._close_received()
+            return
+        if frame.fin:
+            text, parts, self._parts, self._text = self._text, self._parts, [], None
+            if text and not self.close_sent:  # past our close, messages are dropped (uvicorn)
+                self._message(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def _message(self, data: Buffer) -> None:
+        try:
+            text = str(data, "utf-8")
+        except UnicodeDecodeError:  # RFC 6455 8.1: fail the connection with 1007
+            logger.warning("device WebSocket from %s: a text message that is not UTF-8",
+                           self.remote)  # fmt: skip
+            self.conn.fail(1007, "invalid UTF-8")
+            self._closing()
+            return
+        if self._deliver is not None:
+            self._deliver(text)
+            return
+        self._messages.append(text)
+        self._wake()
+        if self._reading and len(self._messages) >= _QUEUED:  # the connection is behind
+            self._reading = False
+            self.transport.pause_reading()
+
+    def _pong(self, frame: Frame) -> None:
+        if self.pending_ping_payload is None or bytes(frame.data) != self.pending_ping_payload:
+            return  # unsolicited or stale
+        self.pending_ping_payload = None
+        if self._keepalive is not None and not self.close_sent:
+            self._keepalive.answered(self)
+
+    def _close_received(self) -> None:
+        if self.close_sent:  # the echo of our close: the closing handshake is complete
+            if self.close_timer is not None:
+                self.close_timer.cancel()
+                self.close_timer = None
+            self.transport.close()
+            return
+        self._write()  # the echo the parser queued
+        self.close_sent = True
+        self._end()
+        self.transport.close()
+
+    def _end(self) -> None:
+        """No more messages: the connection's iteration ends once it took what came."""
+        self._closed = self._closed or self.close_sent
+        self._stop_keepalive()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _stop_keepalive(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.remove(self)
+        self.pending_ping_payload = None
+
+    def _release_handshake(self) -> None:
+        # websockets' parser keeps the request in its frame for the connection's life: empty
+        # its headers (nothing reads them again), about 1.3 KB an idle device.
+        if self.request is not None:
+            self.request.headers.clear()
+        self.request = self.response = None
+
+    def _closing(self) -> None:
+        """Write what the parser queued (a close frame), end the messages, close."""
+        self._write()
+        self.close_sent = True
+        self._end()
+        self.transport.close()
+
+    def _write(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.transport.write(b"".join(data))
