@@ -98,14 +98,21 @@ class RemoteCalls:
         params = {"name": tool, "arguments": arguments}
         frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
         down = direct or self._topics.bridge(device_id, "down")
+        # The call does not wait for the broker's PUBACK: a broker link lost after the frame
+        # went out fails the call at once (``fail``), while the publish would wait out
+        # aiomqtt's 10 s for an acknowledgement that never comes.
+        sent = asyncio.ensure_future(self._publish(down, frame.encode()))
         try:
+            await asyncio.wait((sent, future), return_when=asyncio.FIRST_COMPLETED)
             # (failed meanwhile, when the broker went while it was sent: that error stands)
-            if not await self._publish(down, frame.encode()) and not future.done():
+            if not future.done() and sent.done() and not sent.result():
                 future.set_exception(
                     DeviceUnavailable(device_id, "this replica is cut from the cluster broker")
                 )
             return await future
         finally:
+            if not sent.done():
+                sent.cancel()
             self._calls.pop(call_id, None)
             self._waiting -= Counter({device_id: 1})  # (a count that reaches 0 goes)
             if future.cancelled() or not future.done():  # the caller gave up: timeout, or left
