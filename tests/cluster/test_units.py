@@ -70,9 +70,11 @@ class Wire:
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, object]]] = []
         self.up = True
+        self.something_sent = asyncio.Event()
 
     async def publish(self, topic: str, payload: bytes) -> bool:
         self.sent.append((topic, json.loads(payload)))
+        self.something_sent.set()
         return self.up
 
 
@@ -88,7 +90,8 @@ async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awa
     calls = RemoteCalls(ClusterTopics("fleet"), id_slice(5), wire.publish, 65536)
     calls.use_ids(id_slice(6))
     task = asyncio.create_task(calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {}))
-    await asyncio.sleep(0)
+    async with asyncio.timeout(1):  # the frame goes out from the call's publish task
+        await wire.something_sent.wait()
     topic, frame = wire.sent[-1]
     call_id = frame["payload"]["id"]  # type: ignore[index]
     assert topic == f"fleet/bridge/{DEVICE}/down" and slice_of(call_id) == 6
