@@ -259,9 +259,7 @@ class ClientConnection(asyncio.Protocol):
             self._write(unsuback(packet.packet_id))
         elif isinstance(packet, Disconnect):
             self.will = None  # §3.14.4: a clean end discards the will
-            self.closed = True
-            if self._transport is not None:
-                self._transport.close()
+            self._leave()
         elif isinstance(packet, Connect):
             _log.warning("order", "MQTT client %r at %s sent a second CONNECT; closed its "
                          "connection", self.client_id, self.peer)  # fmt: skip
@@ -287,6 +285,18 @@ class ClientConnection(asyncio.Protocol):
         self._login = asyncio.get_running_loop().create_task(
             self._settle(), name=f"gateway.mqtt.login[{self.client_id}]"
         )
+
+    def _leave(self) -> None:
+        """The client said goodbye: nothing more is owed to it. A close would wait to flush what
+        it left unread, and a client that never reads never lets it: with keep-alive 0 nothing
+        else would ever end the connection, which holds its place under the listener's cap."""
+        transport = self._transport
+        self.closed = True
+        if transport is not None:
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
 
     def _refuse(self, code: int) -> None:
         self._write(connack(code))

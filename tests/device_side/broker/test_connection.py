@@ -334,10 +334,10 @@ async def test_bytes_after_a_closing_packet_are_not_parsed(
 
 async def test_a_device_that_leaves_without_reading_frees_its_place() -> None:
     """A DISCONNECT with replies still unread used to leave the connection closing forever
-    (nothing flushes to a client that never reads, and a take-over or the keep-alive check left
-    a closing connection alone): a device reconnecting that way filled the broker's cap, and
-    other devices were refused. Its next login ends it, and the other device gets in."""
-    limits = ListenerLimits("mqtt", 2, 100, handshake_timeout=10, auth_timeout=30)
+    (nothing flushes to a client that never reads): with keep-alive 0 only the device's next
+    login ended it, and meanwhile it held a place under the broker's cap, so other devices were
+    refused. Its goodbye ends it now, and the other device gets in with no second login."""
+    limits = ListenerLimits("mqtt", 1, 100, handshake_timeout=10, auth_timeout=30)
     loop = asyncio.get_running_loop()
     async with broker(limit=256 * 1024, limits=limits) as b:
         with socket.socket() as sock:  # a plain socket: nothing reads it behind the test's back
@@ -355,16 +355,14 @@ async def test_a_device_that_leaves_without_reading_frees_its_place() -> None:
                 while server_side.get_write_buffer_size() < 64 * 1024:  # PINGRESPs unread
                     await loop.sock_sendall(sock, b"\xc0\x00" * 1000)
                     await asyncio.sleep(0)  # the broker reads them
-                closing = asyncio.Event()
-                close = server_side.close
-                server_side.close = lambda: (closing.set(), close())[1]  # type: ignore[method-assign]
-                await loop.sock_sendall(sock, b"\xe0\x00")  # DISCONNECT
-                await closing.wait()
-            _, again = await logged_in(b.port, DEVICE, TOKEN)  # takes over the first one
-            _, other = await logged_in(b.port, OTHER, TOKEN)
-            assert first not in b.connections
-            for w in (again, other):
-                w.close()
+                left = asyncio.Event()
+                b.watch(lambda presence: left.set())
+                await loop.sock_sendall(sock, b"\xe0\x00")  # DISCONNECT, and still not reading
+                await left.wait()  # ended at once, its backlog dropped
+            assert first not in b.connections and DEVICE not in b.online()
+            _, other = await logged_in(b.port, OTHER, TOKEN)  # the only place under the cap
+            assert OTHER in b.online()
+            other.close()
 
 
 async def test_retained_messages_have_a_budget() -> None:
