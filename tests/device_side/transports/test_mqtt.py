@@ -160,6 +160,23 @@ def test_link_drops_a_flood_and_nothing_after_closing() -> None:
     assert link.queued == 257  # the 256 messages and the end marker
 
 
+async def test_a_flood_of_big_messages_is_bounded_by_size_too() -> None:
+    """256 messages of the broker's largest packet would be 64 MiB held for one device: what
+    waits is bounded by its size as well, and room is made again as the session reads."""
+    link = MqttLink(MqttTransport(BrokerLogin("127.0.0.1", 1), Topics()), DEVICE)
+    big = "x" * (256 * 1024)
+    for _ in range(10):
+        link.feed(big)
+    assert link.queued == 4  # 1 MiB
+    link.feed("small")
+    assert link.queued == 4
+    reader = aiter(link)
+    async with asyncio.timeout(bound(5)):
+        assert await anext(reader) == big
+    link.feed("small")
+    assert link.queued == 4
+
+
 def test_a_flood_is_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixture) -> None:
     """A device that floods its up topic gets its messages dropped, not a log line for each."""
     link = MqttLink(MqttTransport(BrokerLogin("127.0.0.1", 1), Topics()), DEVICE)

@@ -17,6 +17,8 @@ logger = logging.getLogger(__package__)  # one logger for the whole transport
 _log = ThrottledLog(logger)  # a flood is thousands of messages a second: not a line for each
 
 _MAX_QUEUED = 256  # messages a device may have waiting; more are dropped (a flood, not a device)
+# and their characters: 256 messages of the broker's largest packet would be 64 MiB a device
+_MAX_QUEUED_CHARS = 1024 * 1024
 
 
 class LinkOwner(Protocol):
@@ -43,6 +45,7 @@ class MqttLink:
         # as it is connected; an idle link holds only the future its reader waits on.
         self._queue: deque[str | None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._queued_chars = 0
 
     @property
     def queued(self) -> int:
@@ -64,6 +67,8 @@ class MqttLink:
             finally:
                 self._waiter = None
         item = self._queue.popleft()
+        if item is not None:
+            self._queued_chars -= len(item)
         if not self._queue:
             self._queue = None  # an idle link keeps no deque
         return item
@@ -72,10 +77,11 @@ class MqttLink:
         """Queue a message the device published."""
         if self.closed:
             return
-        if self.queued >= _MAX_QUEUED:
+        if self.queued >= _MAX_QUEUED or self._queued_chars + len(text) > _MAX_QUEUED_CHARS:
             _log.warning("flood", "device %s floods its up topic; message dropped",
                          self.device_id)  # fmt: skip
             return
+        self._queued_chars += len(text)
         self._put(text)
 
     async def send(self, text: str) -> None:
