@@ -21,7 +21,7 @@ from gateway.config import Config
 from gateway.net.limits import ThrottledLog
 from gateway.net.networks import Network, in_networks, networks
 
-__all__ = ["RateLimiter", "configured_limiter", "rate_limited"]
+__all__ = ["RateLimiter", "configured_limiter", "rate_limited", "refusal"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,21 +71,31 @@ def configured_limiter(config: Config, requests: str) -> RateLimiter:
     )
 
 
-def rate_limited(handler: Handler, limiter: RateLimiter, what: str) -> Handler:
-    """``handler`` behind ``limiter``: 429 and ``Retry-After`` for an address over its rate."""
-    log = ThrottledLog(logger)
+def refusal(limiter: RateLimiter, log: ThrottledLog, address: str, what: str) -> Response | None:
+    """None when ``address`` may make one more of ``what`` now; else the 429 that says why and
+    when to come back (``Retry-After``), logged at a bounded rate."""
+    wait = limiter.wait(address)
+    if not wait:
+        return None
+    log.warning("429", "too many %s from %s: answered 429", what, address or "?")
+    seconds = math.ceil(wait)
+    body = {
+        "error": f"too many {what} from this address; retry in {seconds} s",
+        "retry_after": round(wait, 3),
+    }
+    return JSONResponse(body, 429, headers={"Retry-After": str(seconds)})
+
+
+def rate_limited(
+    handler: Handler, limiter: RateLimiter, what: str, log: ThrottledLog | None = None
+) -> Handler:
+    """``handler`` behind ``limiter``: 429 and ``Retry-After`` for an address over its rate
+    (``log``: shared with another path behind the same limiter)."""
+    throttled = log or ThrottledLog(logger)
 
     async def limited(request: Request) -> Response:
         address = request.client.host if request.client else ""
-        wait = limiter.wait(address)
-        if not wait:
-            return await handler(request)
-        log.warning("429", "too many %s from %s: answered 429", what, address or "?")
-        seconds = math.ceil(wait)
-        body = {
-            "error": f"too many {what} from this address; retry in {seconds} s",
-            "retry_after": round(wait, 3),
-        }
-        return JSONResponse(body, 429, headers={"Retry-After": str(seconds)})
+        refused = refusal(limiter, throttled, address, what)
+        return await handler(request) if refused is None else refused
 
     return limited
