@@ -4,10 +4,11 @@ A stock device checks in at the OTA endpoint once per boot: one small POST, one 
 uvicorn's path that is an ``h11.Connection`` parsing the request, an ASGI scope and a task for
 it, Starlette's middleware and router, and h11 again writing the reply: more of an MQTT
 device's join than everything the gateway does with its check-in. ``direct_post`` recognises
-such a request when it arrives whole in a connection's first packet, for a listener that
-serves its target directly (``DirectRequests``); ``response_bytes`` writes the reply as uvicorn
+such a request when its head arrives whole in a connection's first packet (its body in the
+same packet or in the next ones: firmware may write the two apart), for a listener that serves
+its target directly (``DirectRequests``); ``response_bytes`` writes the reply as uvicorn
 and h11 would have written it, byte for byte. Anything out of the ordinary (the request in
-pieces or pipelined, chunked, ``Expect``, ``Upgrade``, proxy headers, another method, target or
+pieces, pipelined, chunked, ``Expect``, ``Upgrade``, proxy headers, another method, target or
 HTTP version, a head or body past its limit, a header line h11 might read otherwise) is left
 to uvicorn's h11 path, which answers it as it always did.
 """
@@ -42,8 +43,14 @@ class DirectPost:
 
     target: bytes
     headers: dict[str, str]  # lower-case names, the first of repeated ones (as Starlette's get)
-    body: bytes
+    body: bytes  # what came of it so far
+    length: int  # Content-Length
     keep_alive: bool  # no ``Connection: close``
+
+    @property
+    def whole(self) -> bool:
+        """Has the whole body come?"""
+        return len(self.body) == self.length
 
 
 class Reply(Protocol):
@@ -73,8 +80,9 @@ class DirectRequests(Protocol):
 
 
 def direct_post(data: bytes, requests: DirectRequests) -> DirectPost | None:
-    """``data`` as a ``DirectPost`` if it is exactly one whole, plain HTTP/1.1 ``POST`` to one
-    of ``requests.targets``; else None (h11 reads it)."""
+    """``data`` as a ``DirectPost`` if it is one plain HTTP/1.1 ``POST`` to one of
+    ``requests.targets``, its head whole and its body whole or not yet (``DirectPost.whole``),
+    nothing after it; else None (h11 reads it)."""
     if not data.startswith(b"POST "):
         return None
     end = data.find(_END)
@@ -108,9 +116,9 @@ def direct_post(data: bytes, requests: DirectRequests) -> DirectPost | None:
                 keep_alive = False
         headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
     body = data[end + len(_END) :]
-    if not host or length is None or length > requests.max_body or len(body) != length:
-        return None  # no Host (h11's 400), a body in pieces, too long, or pipelined bytes
-    return DirectPost(start[1], headers, body, keep_alive)
+    if not host or length is None or length > requests.max_body or len(body) > length:
+        return None  # no Host (h11's 400), a body too long, or pipelined bytes
+    return DirectPost(start[1], headers, body, length, keep_alive)
 
 
 def response_bytes(

@@ -32,7 +32,7 @@ from typing import ClassVar
 import h11
 
 from gateway.config import Config
-from gateway.net.direct_http import DirectPost, DirectRequests
+from gateway.net.direct_http import DirectRequests
 from gateway.net.networks import Network, in_networks, networks
 from gateway.net.throttled import ThrottledLog
 from gateway.net.upgrade import DirectUpgrade, SocketRoutes
@@ -302,11 +302,10 @@ class _GuardedHttp(DirectUpgrade):
         super().on_response_complete()
         self._follow()
 
-    def answer(self, post: DirectPost, requests: DirectRequests) -> None:
-        """A whole request answered below h11: its headers came in time, as h11's would."""
+    def head_received(self) -> None:
+        """A request read below h11: its headers came in time, as h11's would."""
         if self._slot is not None:
             self._slot.request_started()
-        super().answer(post, requests)
 
     def upgrade(self, request: bytes) -> asyncio.Protocol:
         """Hand the slot over to the WebSocket protocol that takes the transport."""

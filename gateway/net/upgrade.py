@@ -92,10 +92,11 @@ class DirectUpgrade(H11Protocol):
     sockets: ClassVar[SocketRoutes | None] = None  # paths served below ASGI
     requests: ClassVar[DirectRequests | None] = None  # POST targets answered below ASGI
     _fresh = True  # no bytes received yet on this connection
+    _body_due: bytes | None = None  # a direct POST whose body has not all come, as it came
 
     def data_received(self, data: bytes) -> None:
-        """A first request that is a whole WebSocket handshake, or a whole plain POST to a
-        directly answered target, skips h11."""
+        """A first request that is a whole WebSocket handshake, or a plain POST to a directly
+        answered target (its head whole in the first packet), skips h11."""
         if self._fresh:
             self._fresh = False
             request = websocket_upgrade(data) if self.ws_protocol_class is not None else None
@@ -103,13 +104,31 @@ class DirectUpgrade(H11Protocol):
                 self.upgrade(request)
                 return
             # uvicorn's concurrency limit and access log live in the h11 path: not skipped
-            requests = self.requests
-            if requests is not None and self.limit_concurrency is None and not self.access_log:
-                post = direct_post(data, requests)
-                if post is not None:
-                    self.answer(post, requests)
-                    return
+            if self.requests is not None and self.limit_concurrency is None and not self.access_log:
+                self._direct(data, head_seen=False)
+                return
+        elif self._body_due is not None:  # the rest of a direct POST's body
+            data, self._body_due = self._body_due + data, None
+            self._direct(data, head_seen=True)
+            return
         super().data_received(data)
+
+    def _direct(self, data: bytes, head_seen: bool) -> None:
+        """Answer a whole direct POST, wait for the rest of its body, or leave it to h11."""
+        assert self.requests is not None
+        post = direct_post(data, self.requests)
+        if post is None:
+            super().data_received(data)  # h11 has seen nothing yet: it reads it all
+            return
+        if not head_seen:
+            self.head_received()
+        if post.whole:
+            self.answer(post, self.requests)
+        else:
+            self._body_due = data
+
+    def head_received(self) -> None:
+        """A direct POST's head came whole (where h11 would have read its request)."""
 
     def answer(self, post: DirectPost, requests: DirectRequests) -> None:
         """Answer ``post`` as the ASGI route would, then carry on as after any response: the
