@@ -301,3 +301,20 @@ async def test_a_failing_handler_is_answered_500_and_logged_as_on_the_asgi_path(
         assert direct.startswith(b"HTTP/1.1 500") and normalized(direct) == normalized(routed)
         failures = [r for r in caplog.records if r.message.startswith("Exception in ASGI")]
         assert len(failures) == 2 and all(r.exc_info for r in failures)
+
+
+async def test_a_check_in_keeps_the_listener_deadlines(tmp_path: Path) -> None:
+    """A head whole in the first packet stops the handshake deadline, as h11's path does; its
+    connection, which never authenticates, is closed at the authentication deadline if the
+    body never comes. A head that never ends is closed at the handshake deadline."""
+    deadlines = {"limits_handshake_timeout": 0.3, "limits_auth_timeout": 1.0}
+    async with gateway(tmp_path, **deadlines, **EMBEDDED) as run:
+        refused = run.gateway.metrics.refusals["device"]
+        opened = [await asyncio.open_connection("127.0.0.1", run.device_port) for _ in range(2)]
+        for (_, writer), piece in zip(opened, (post()[:-10], post()[:40]), strict=True):
+            writer.write(piece)
+        for reader, writer in opened:
+            async with asyncio.timeout(bound(10)):
+                assert await reader.read(-1) == b""  # closed, unanswered
+            writer.close()
+        assert refused() == {"auth": 1, "handshake": 1}
