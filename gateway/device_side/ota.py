@@ -54,7 +54,6 @@ from gateway.device_side.upstream.settings import (
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError
 from gateway.net.direct_http import DirectPost
-from gateway.net.limits import ThrottledLog
 from gateway.net.public import OTA_PATH, PublicAddress, split_host
 from gateway.net.rate_limit import configured_limiter, rate_limited, refusal
 
@@ -95,7 +94,6 @@ class OtaEndpoint:
         self._warned_loopback = False
         # [limits] ota_per_minute, ota_burst: one bucket per address for both paths
         self._limiter = configured_limiter(config, "ota")
-        self._limit_log = ThrottledLog(logging.getLogger("gateway.net.rate_limit"))
         # Told of each device offered MQTT (booting now): the transport looks for it soon.
         self.checked_in: Callable[[str], None] = lambda device_id: None
 
@@ -108,7 +106,7 @@ class OtaEndpoint:
     def routes(self) -> list[BaseRoute]:
         """The OTA routes, with and without the trailing slash."""
         methods = ["GET", "POST"]
-        endpoint = rate_limited(self.endpoint, self._limiter, _CHECK_INS, self._limit_log)
+        endpoint = rate_limited(self.endpoint, self._limiter, _CHECK_INS)
         routes: list[BaseRoute] = [
             Route(OTA_PATH, endpoint, methods=methods),
             Route(OTA_PATH.rstrip("/"), endpoint, methods=methods),
@@ -119,18 +117,20 @@ class OtaEndpoint:
             routes.append(Route(OTA_PATH + "activate", activate, methods=["POST"]))
         return routes
 
+    # --- a check-in: below ASGI (``DirectRequests``, net/direct_http.py) or by the route ---
+
+    targets = frozenset(path.encode() for path in (OTA_PATH, OTA_PATH.rstrip("/")))
+    max_body = _MAX_BODY
+
     @property
     def direct(self) -> OtaEndpoint | None:
         """This endpoint as the device listener's ``DirectRequests``, unless a check-in may
         need a voice server (the route waits for it) or OTA is off."""
         return self if self._proxy is None and self._config.ota_enabled else None
 
-    targets = frozenset(path.encode() for path in (OTA_PATH, OTA_PATH.rstrip("/")))
-    max_body = _MAX_BODY
-
     def answer(self, post: DirectPost, client: str | None) -> Response:
         """A check-in answered below ASGI, as the route answers it (``DirectRequests``)."""
-        refused = refusal(self._limiter, self._limit_log, client or "", _CHECK_INS)
+        refused = refusal(self._limiter, client or "", _CHECK_INS)
         if refused is not None:
             return refused
         check_in = self._read(post.headers, post.body, client or "?")
