@@ -16,6 +16,7 @@ takes uvicorn's h11 path unchanged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import ClassVar, Protocol
 
 import h11
@@ -92,7 +93,8 @@ class DirectUpgrade(H11Protocol):
     sockets: ClassVar[SocketRoutes | None] = None  # paths served below ASGI
     requests: ClassVar[DirectRequests | None] = None  # POST targets answered below ASGI
     _fresh = True  # no bytes received yet on this connection
-    _body_due: bytes | None = None  # a direct POST whose body has not all come, as it came
+    # A direct POST whose body has not all come: the request, its head as it came, its body
+    _due: tuple[DirectPost, bytes, bytearray] | None = None
 
     def data_received(self, data: bytes) -> None:
         """A first request that is a whole WebSocket handshake, or a plain POST to a directly
@@ -105,27 +107,37 @@ class DirectUpgrade(H11Protocol):
                 return
             # uvicorn's concurrency limit and access log live in the h11 path: not skipped
             if self.requests is not None and self.limit_concurrency is None and not self.access_log:
-                self._direct(data, head_seen=False)
+                self._direct(data)
                 return
-        elif self._body_due is not None:  # the rest of a direct POST's body
-            data, self._body_due = self._body_due + data, None
-            self._direct(data, head_seen=True)
+        elif self._due is not None:  # the rest of a direct POST's body
+            self._more_body(data)
             return
         super().data_received(data)
 
-    def _direct(self, data: bytes, head_seen: bool) -> None:
+    def _direct(self, data: bytes) -> None:
         """Answer a whole direct POST, wait for the rest of its body, or leave it to h11."""
         assert self.requests is not None
         post = direct_post(data, self.requests)
         if post is None:
             super().data_received(data)  # h11 has seen nothing yet: it reads it all
             return
-        if not head_seen:
-            self.head_received()
+        self.head_received()
         if post.whole:
             self.answer(post, self.requests)
+        else:  # the head is kept as it came, for h11 should more than the body come
+            self._due = post, data[: len(data) - len(post.body)], bytearray(post.body)
+
+    def _more_body(self, data: bytes) -> None:
+        assert self._due is not None and self.requests is not None
+        post, head, body = self._due
+        body += data  # appended in place: a body in many small packets is not copied each time
+        if len(body) < post.length:
+            return
+        self._due = None
+        if len(body) > post.length:  # bytes after the body: h11 reads it all, as it came
+            super().data_received(head + body)
         else:
-            self._body_due = data
+            self.answer(dataclasses.replace(post, body=bytes(body)), self.requests)
 
     def head_received(self) -> None:
         """A direct POST's head came whole (where h11 would have read its request)."""

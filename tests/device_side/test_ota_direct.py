@@ -21,6 +21,7 @@ import pytest
 
 from gateway.app import Running
 from gateway.config import ListenAddress
+from gateway.net import upgrade
 from gateway.net.limits import Guard, listener_limits
 from gateway.net.listeners import bind, listening, uvicorn_config
 from gateway.net.upgrade import DirectUpgrade
@@ -126,6 +127,7 @@ class Work:
         self.h11_reads = Reads()
         self.asgi_tasks = 0  # uvicorn's RequestResponseCycle.run_asgi
         self.scopes = 0  # requests that reached the device app
+        self.heads = 0  # direct POSTs' heads parsed
 
 
 @contextmanager
@@ -147,6 +149,13 @@ def counted(run: Running, monkeypatch: pytest.MonkeyPatch) -> Iterator[Work]:
         received(self, data)
 
     monkeypatch.setattr(DirectUpgrade, "data_received", packet)
+    parse = upgrade.direct_post
+
+    def head(data: bytes, requests: Any) -> Any:
+        work.heads += 1
+        return parse(data, requests)
+
+    monkeypatch.setattr(upgrade, "direct_post", head)
     front = run.gateway.device_app
     app = front.app
 
@@ -193,7 +202,7 @@ async def test_stock_check_ins_take_no_h11_no_scope_and_no_task(
     ("name", "pieces", "scopes"),
     [
         ("body in pieces", [post()[:-10], post()[-10:]], 0),  # as firmware may write it
-        ("body in three pieces", [post()[:-20], post()[-20:-10], post()[-10:]], 0),
+        ("body in bytes", [post()[: -len(BODY)], *(bytes([b]) for b in BODY)], 0),
         ("head in pieces", [post()[:40], post()[40:]], 1),
         ("bytes after the body", [post(close=False)[:-10], post(close=False)[-10:] + post()], 2),
     ],
@@ -209,6 +218,7 @@ async def test_a_check_in_in_pieces_is_answered_as_the_asgi_route_answers_it(
         with counted(run, monkeypatch) as work:
             direct = await exchange(run.device_port, *pieces, reads=work.reads, responses=responses)
             assert work.scopes == scopes
+            assert work.heads == 1  # the first packet only, not once per piece
             work.reads.clear()
             routed = await exchange(asgi, *pieces, reads=work.reads, responses=responses)
         assert direct.startswith(b"HTTP/1.1 200 OK\r\n")
