@@ -2,15 +2,15 @@
 
 A stock device checks in at the OTA endpoint once per boot: one small POST, one JSON reply. On
 uvicorn's path that is an ``h11.Connection`` parsing the request, an ASGI scope and a task for
-it, Starlette's middleware and router, and h11 again writing the reply: more of an MQTT
-device's join than everything the gateway does with its check-in. ``direct_post`` recognises
+it, Starlette's middleware and router, and h11 again writing the reply: about twice what the
+gateway's own handling of the check-in costs. ``direct_post`` recognises
 such a request when its head arrives whole in a connection's first packet (its body in the
 same packet or in the next ones: firmware may write the two apart), for a listener that serves
 its target directly (``DirectRequests``); ``response_bytes`` writes the reply as uvicorn
-and h11 would have written it, byte for byte. Anything out of the ordinary (the request in
-pieces, pipelined, chunked, ``Expect``, ``Upgrade``, proxy headers, another method, target or
-HTTP version, a head or body past its limit, a header line h11 might read otherwise) is left
-to uvicorn's h11 path, which answers it as it always did.
+and h11 would have written it, byte for byte. Anything out of the ordinary (a head in
+pieces, bytes after the body, chunked, ``Expect``, ``Upgrade``, proxy headers, another
+method, target or HTTP version, a head or body past its limit, a header line h11 might read
+otherwise) is left to uvicorn's h11 path, which answers it as it always did.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _THEIRS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class DirectPost:
-    """One whole ``POST`` to a directly served target."""
+    """One ``POST`` to a directly served target, its head whole (its body perhaps not yet)."""
 
     target: bytes
     headers: dict[str, str]  # lower-case names, the first of repeated ones (as Starlette's get)
