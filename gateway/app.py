@@ -335,9 +335,15 @@ async def running(config: Config) -> AsyncIterator[Running]:
     try:
         async with accept_errors_throttled(), Gateway(config) as gateway:
             apps: dict[str, ASGIApp] = {"device": gateway.device_app, "host": gateway.host_app}
-            direct = {"device": gateway.device_app.sockets}  # the device WebSocket, below ASGI
+            # The device WebSocket and the OTA check-in, served below ASGI
+            front = gateway.device_app
+            direct = {"device": (front.sockets, front.requests)}
             served = [
-                (name, uvicorn_config(app, config, gateway.guard(name), direct.get(name)), sock)
+                (
+                    name,
+                    uvicorn_config(app, config, gateway.guard(name), *direct.get(name, ())),
+                    sock,
+                )
                 for (name, app), sock in zip(apps.items(), sockets, strict=True)
             ]
             async with listening(served) as ports:

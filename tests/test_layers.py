@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     "net": [
+        {"direct_http", "throttled"},  # direct_http: small POSTs answered below ASGI
         {"addresses", "destinations", "websocket", "networks", "upgrade"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},
@@ -70,6 +71,7 @@ INNER: dict[str, list[set[str]]] = {
     "device_side": [
         {"broker", "vision"},
         {"upstream"},  # beside a voice server: the tap, the relay, the OTA and camera forwards
+        {"ota_rules"},  # what a check-in says and a reply may say
         {"ota", "transports"},
         {"admission", "sessions"},
         {"http", "boards"},  # boards: devices that serve MCP themselves, the gateway their client

@@ -65,4 +65,4 @@ def build_device_app(
     if proxied is None:
         direct = device_sockets(admission.websocket, sessions.serve, admission.settle)
     app = Starlette(routes=[*routes, Route("/healthz", health)])
-    return DeviceSocketFront(app, sockets, direct)
+    return DeviceSocketFront(app, sockets, direct, ota.direct)  # the check-in below ASGI too

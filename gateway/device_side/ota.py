@@ -10,17 +10,21 @@ configured, never ``activation``. A device that checks in is pending until the u
 it, and a device id bound to another Client-Id gets no credentials at all
 (``DeviceRegistry.admit``).
 The device writes every key and value of those blocks to NVS, where a key over 15 characters
-or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards every reply.
+or an overlong value aborts it in a boot loop (§7.1): ``check_reply`` guards every reply
+(gateway/device_side/ota_rules.py).
+
+A check-in that arrives whole in its connection's first packet is answered below ASGI, by
+``answer`` (``DirectRequests``, gateway/net/direct_http.py): the same rate limit, checks,
+registration, logs and reply as the route, without h11, an ASGI scope or a task. Beside a voice
+server every check-in takes the route (it waits for the server).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -29,6 +33,15 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.config import Config, is_loopback_host
 from gateway.device_side.broker import DeviceCredentials, Topics, is_device_id
+from gateway.device_side.ota_rules import (
+    MAX_KEY,
+    NVS_SECTIONS,
+    CheckIn,
+    check_reply,
+    check_sections,
+    parse_check_in,
+    short,
+)
 from gateway.device_side.upstream.forwarder import UpstreamUnavailable
 from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from gateway.device_side.upstream.ota_reply import ProxiedReply, proxied_reply
@@ -40,101 +53,17 @@ from gateway.device_side.upstream.settings import (
 )
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError
+from gateway.net.direct_http import DirectPost
 from gateway.net.public import OTA_PATH, PublicAddress, split_host
-from gateway.net.rate_limit import configured_limiter, rate_limited
+from gateway.net.rate_limit import configured_limiter, rate_limited, refusal
 
-__all__ = ["CheckIn", "OtaEndpoint", "check_reply", "parse_check_in"]
+__all__ = ["MAX_KEY", "CheckIn", "OtaEndpoint", "check_reply", "parse_check_in"]
 
 logger = logging.getLogger(__name__)
 
-MAX_KEY = 15  # docs/protocol.md §7.1: NVS keys; longer ones abort the device at boot
-MAX_VALUE = 256  # NVS allows 4000 bytes; ours stay short so a mistake cannot come near it
 KEEPALIVE = 240  # seconds, the stock default (docs/protocol.md §2)
-_NVS_SECTIONS = ("mqtt", "websocket")  # copied key by key into NVS by the device
 _MAX_BODY = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class CheckIn:
-    """What a device said about itself in its OTA request."""
-
-    device_id: str
-    client_id: str | None
-    board: str | None
-    firmware: str | None
-
-
-def parse_check_in(headers: Mapping[str, str], body: bytes) -> CheckIn | str:
-    """Read an OTA request (docs/protocol.md §3); return it, or why it cannot be answered."""
-    try:
-        # strict=False: the body is hand-concatenated and may carry raw control characters; a
-        # body that is not JSON at all (an unescaped SSID) still leaves the headers.
-        data = json.loads(body, strict=False) if body else {}
-    except (ValueError, RecursionError):
-        data = {}
-    data = data if isinstance(data, dict) else {}
-    device_id = (headers.get("device-id") or _text(data.get("mac_address")) or "").lower()
-    if not is_device_id(device_id):
-        return "missing or malformed Device-Id (expected the lower-case MAC aa:bb:cc:dd:ee:ff)"
-    board, _, version = (headers.get("user-agent") or "").partition("/")
-    application = data.get("application")
-    board_info = data.get("board")
-    if not version and isinstance(application, dict):
-        version = _text(application.get("version")) or ""
-    if not board and isinstance(board_info, dict):
-        board = _text(board_info.get("type")) or ""
-    return CheckIn(
-        device_id=device_id,
-        client_id=_short(headers.get("client-id")),
-        board=_short(board),
-        firmware=_short(version),
-    )
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _short(value: str | None) -> str | None:
-    return value.strip()[:64] or None if value else None
-
-
-def check_reply(reply: Mapping[str, Any]) -> list[str]:
-    """Every way ``reply`` could crash or misconfigure a stock device (empty when safe)."""
-    problems = []
-    if "activation" in reply:
-        problems.append("activation must never be sent (the device would loop on it)")
-    sections = [name for name in _NVS_SECTIONS if name in reply]
-    if "websocket" not in sections:  # a WebSocket-only client would wait forever without it
-        problems.append(f"websocket must be sent (beside mqtt or alone), got {sections}")
-    problems += check_sections(reply)
-    firmware = reply.get("firmware")
-    if firmware is not None:
-        version = firmware.get("version") if isinstance(firmware, dict) else None
-        parts = version.split(".") if isinstance(version, str) else [""]
-        if not all(p.isdigit() and p.isascii() for p in parts):
-            problems.append(f"firmware.version {version!r} is not numeric (std::stoi throws)")
-        if not isinstance(firmware, dict) or not isinstance(firmware.get("url"), str):
-            problems.append("firmware.url must be a string")
-    server_time = reply.get("server_time")
-    if not isinstance(server_time, dict) or type(server_time.get("timestamp")) is not int:
-        problems.append("server_time.timestamp must be an integer (milliseconds)")
-    return problems
-
-
-def check_sections(reply: Mapping[str, Any]) -> list[str]:
-    """What in the ``mqtt``/``websocket`` sections would break the device's NVS (§7.1)."""
-    problems = []
-    for name in (name for name in _NVS_SECTIONS if name in reply):
-        block = reply[name]
-        for key, value in block.items() if isinstance(block, dict) else []:
-            if len(key.encode()) > MAX_KEY:  # NVS counts bytes: a non-ASCII key is longer
-                problems.append(f"{name}.{key}: key longer than {MAX_KEY} characters")
-            if isinstance(value, str) and len(value.encode()) > MAX_VALUE:
-                problems.append(f"{name}.{key}: value longer than {MAX_VALUE} bytes")
-            if not isinstance(value, str | int) or isinstance(value, bool):
-                problems.append(f"{name}.{key}: only strings and numbers are stored")
-    return problems
+_CHECK_INS = "OTA check-ins"  # what the rate limit's refusal names
 
 
 class OtaEndpoint:
@@ -163,6 +92,8 @@ class OtaEndpoint:
         self._topics = Topics(config.mqtt_topic_prefix)
         self.broker_port: int | None = None  # the embedded broker's port, once it listens
         self._warned_loopback = False
+        # [limits] ota_per_minute, ota_burst: one bucket per address for both paths
+        self._limiter = configured_limiter(config, "ota")
         # Told of each device offered MQTT (booting now): the transport looks for it soon.
         self.checked_in: Callable[[str], None] = lambda device_id: None
 
@@ -175,8 +106,7 @@ class OtaEndpoint:
     def routes(self) -> list[BaseRoute]:
         """The OTA routes, with and without the trailing slash."""
         methods = ["GET", "POST"]
-        limiter = configured_limiter(self._config, "ota")  # [limits] ota_per_minute, ota_burst
-        endpoint = rate_limited(self.endpoint, limiter, "OTA check-ins")
+        endpoint = rate_limited(self.endpoint, self._limiter, _CHECK_INS)
         routes: list[BaseRoute] = [
             Route(OTA_PATH, endpoint, methods=methods),
             Route(OTA_PATH.rstrip("/"), endpoint, methods=methods),
@@ -187,31 +117,66 @@ class OtaEndpoint:
             routes.append(Route(OTA_PATH + "activate", activate, methods=["POST"]))
         return routes
 
+    # --- a check-in: below ASGI (``DirectRequests``, net/direct_http.py) or by the route ---
+
+    targets = frozenset(path.encode() for path in (OTA_PATH, OTA_PATH.rstrip("/")))
+    max_body = _MAX_BODY
+
+    @property
+    def direct(self) -> OtaEndpoint | None:
+        """This endpoint as the device listener's ``DirectRequests``, unless a check-in may
+        need a voice server (the route waits for it) or OTA is off."""
+        return self if self._proxy is None and self._config.ota_enabled else None
+
+    def answer(self, post: DirectPost, client: str | None) -> Response:
+        """A check-in answered below ASGI, as the route answers it (``DirectRequests``)."""
+        refused = refusal(self._limiter, client or "", _CHECK_INS)
+        if refused is not None:
+            return refused
+        check_in = self._read(post.headers, post.body, client or "?")
+        if isinstance(check_in, Response):
+            return check_in
+        return self._offer(check_in, post.headers.get("host"), client or "?")
+
     async def endpoint(self, request: Request) -> Response:
         """Answer one OTA request."""
         if request.method == "GET":
             return PlainTextResponse("esp-mcp-gateway OTA endpoint: devices POST here\n")
         body = await request.body()
-        if len(body) > _MAX_BODY:
-            return PlainTextResponse("request body too large\n", status_code=413)
-        check_in = parse_check_in(request.headers, body)
         client = request.client.host if request.client else "?"
-        if isinstance(check_in, str):
-            logger.warning("refused OTA request from %s: %s", client, check_in)
-            return JSONResponse({"error": check_in}, status_code=400)
+        check_in = self._read(request.headers, body, client)
+        if isinstance(check_in, Response):
+            return check_in
         ota_url = self._proxy.ota_url(check_in.device_id) if self._proxy is not None else None
+        host_header = request.headers.get("host")
+        if ota_url is None:
+            return self._offer(check_in, host_header, client)
         admit = functools.partial(self._admit, check_in, client)
         # A new proxied device is admitted (listed, pending) only once its server answered: a
         # failed check-in leaves no device behind. A known one is judged first, so a rejected
         # device is never asked about in its server.
-        new = ota_url is not None and self._registry.get(check_in.device_id) is None
+        new = self._registry.get(check_in.device_id) is None
         if not new and (refused := admit()) is not None:
             return refused
-        host_header = request.headers.get("host")
         self._remember(host_header)
-        if ota_url is not None:
-            return await self._proxied(request, body, check_in, host_header, ota_url,
-                                       admit if new else None)  # fmt: skip
+        return await self._proxied(request, body, check_in, host_header, ota_url,
+                                   admit if new else None)  # fmt: skip
+
+    def _read(self, headers: Mapping[str, str], body: bytes, client: str) -> CheckIn | Response:
+        """The check-in a request makes, or the refusal of a request that makes none."""
+        if len(body) > _MAX_BODY:
+            return PlainTextResponse("request body too large\n", status_code=413)
+        check_in = parse_check_in(headers, body)
+        if isinstance(check_in, str):
+            logger.warning("refused OTA request from %s: %s", client, check_in)
+            return JSONResponse({"error": check_in}, status_code=400)
+        return check_in
+
+    def _offer(self, check_in: CheckIn, host_header: str | None, client: str) -> Response:
+        """The gateway's own reply (no voice server): credentials for an admitted device."""
+        if (refused := self._admit(check_in, client)) is not None:
+            return refused
+        self._remember(host_header)
         reply = self.reply(check_in, host_header)
         problems = check_reply(reply)
         if problems:  # a 500 makes the device retry later; a bad reply could brick it
@@ -229,7 +194,7 @@ class OtaEndpoint:
         )
         if "mqtt" in reply:
             self.checked_in(check_in.device_id)
-        offered = " and ".join(name for name in _NVS_SECTIONS if name in reply)
+        offered = " and ".join(name for name in NVS_SECTIONS if name in reply)
         logger.info("OTA: offered %s %s (%s)", check_in.device_id, offered, client)
         return JSONResponse(reply)
 
@@ -369,7 +334,7 @@ class OtaEndpoint:
         ota_url = self._proxy.ota_url(device_id) if is_device_id(device_id) else None
         if ota_url is None or self._registry.get(device_id) is None:  # firmware checks in first
             return JSONResponse({"error": "this device has no voice server here"}, 404)
-        client_id = _short(request.headers.get("client-id"))
+        client_id = short(request.headers.get("client-id"))
         refusal = self._registry.admit(device_id, trusted=False, client_id=client_id,
                                        transport="OTA activation")  # fmt: skip
         if refusal is not None:  # nothing asked of its server in the name of a refused device

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -33,7 +32,9 @@ from typing import ClassVar
 import h11
 
 from gateway.config import Config
+from gateway.net.direct_http import DirectRequests
 from gateway.net.networks import Network, in_networks, networks
+from gateway.net.throttled import ThrottledLog
 from gateway.net.upgrade import DirectUpgrade, SocketRoutes
 from gateway.net.websocket import LeanWebSocket
 
@@ -104,35 +105,6 @@ def listener_limits(config: Config, listener: str) -> ListenerLimits:
         bearer=config.host_token if host else None,
         trusted_peers=networks(config.host_ingress_peers) if host else (),
     )
-
-
-class ThrottledLog:
-    """Logs each kind of event at most once per ``interval``, counting the ones held back."""
-
-    def __init__(
-        self,
-        log: logging.Logger,
-        interval: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._log, self._interval, self._clock = log, interval, clock
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def warning(self, kind: str, message: str, *args: object) -> bool:
-        """Log ``message`` unless ``kind`` was logged within the interval; True if logged."""
-        now = self._clock()
-        last = self._last.get(kind)
-        if last is not None and now - last < self._interval:
-            self._held[kind] = self._held.get(kind, 0) + 1
-            return False
-        self._last[kind] = now
-        held = self._held.pop(kind, 0)
-        if held and last is not None:
-            message += " (and %d more like it in the last %.0f s)"
-            args = (*args, held, now - last)
-        self._log.warning(message, *args)
-        return True
 
 
 class Guard:
@@ -330,6 +302,11 @@ class _GuardedHttp(DirectUpgrade):
         super().on_response_complete()
         self._follow()
 
+    def head_received(self) -> None:
+        """A request read below h11: its headers came in time, as h11's would."""
+        if self._slot is not None:
+            self._slot.request_started()
+
     def upgrade(self, request: bytes) -> asyncio.Protocol:
         """Hand the slot over to the WebSocket protocol that takes the transport."""
         slot, self._slot = self._slot, None
@@ -387,14 +364,17 @@ class _GuardedWebSocket(LeanWebSocket, Guarded):
 
 
 def protocol_classes(
-    guard: Guard, sockets: SocketRoutes | None = None
+    guard: Guard, sockets: SocketRoutes | None = None, requests: DirectRequests | None = None
 ) -> tuple[type[asyncio.Protocol], type[asyncio.Protocol]]:
     """uvicorn's ``http`` and ``ws`` protocol classes for a listener guarded by ``guard``;
-    ``sockets``: the WebSocket paths it serves below ASGI (their protocols are ``Guarded``)."""
+    ``sockets``: the WebSocket paths it serves below ASGI (their protocols are ``Guarded``);
+    ``requests``: the POST targets it answers below ASGI (their requests never authenticate
+    the connection: for the device listener, where none does)."""
 
     class Http(_GuardedHttp):
         pass
 
     Http.guard = guard
     Http.sockets = sockets
+    Http.requests = requests
     return Http, _GuardedWebSocket

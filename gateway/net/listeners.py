@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 
 from gateway.config import Config, ListenAddress, env_name
 from gateway.errors import GatewayError, PortTaken
+from gateway.net.direct_http import DirectRequests
 from gateway.net.limits import Guard, protocol_classes
 from gateway.net.upgrade import SocketRoutes
 
@@ -74,12 +75,17 @@ def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
 
 
 def uvicorn_config(
-    app: ASGIApp, config: Config, guard: Guard, sockets: SocketRoutes | None = None
+    app: ASGIApp,
+    config: Config,
+    guard: Guard,
+    sockets: SocketRoutes | None = None,
+    requests: DirectRequests | None = None,
 ) -> uvicorn.Config:
     """How a listener serves ``app``: ``guard``'s caps and deadlines, no lifespan, no logs;
-    ``sockets``, WebSocket paths it serves below ``app`` (the device WebSocket)."""
+    ``sockets``, WebSocket paths it serves below ``app`` (the device WebSocket); ``requests``,
+    POST targets it answers below ``app`` (the OTA check-in)."""
     # Caps, handshake and authentication deadlines at the transport (gateway/net/limits.py).
-    http, ws = protocol_classes(guard, sockets)
+    http, ws = protocol_classes(guard, sockets, requests)
     return uvicorn.Config(
         app,
         http=http,

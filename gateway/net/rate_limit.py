@@ -1,6 +1,7 @@
 """Request rates per remote address: a token bucket each, and a 429 in front of a handler.
 
-``RateLimiter`` is pure bookkeeping (a clock in, seconds to wait out). ``rate_limited()`` puts one
+``RateLimiter`` is bookkeeping (a clock in, seconds to wait out) with the throttled log of its
+refusals. ``rate_limited()`` puts one
 in front of a Starlette request handler: over the rate, the answer is 429 with a JSON body that
 says why and when to come back, and a ``Retry-After`` header. The OTA endpoint and ``/api/enroll``
 use it (``[limits]``); a stock device checks in once per boot, far below the defaults.
@@ -21,7 +22,7 @@ from gateway.config import Config
 from gateway.net.limits import ThrottledLog
 from gateway.net.networks import Network, in_networks, networks
 
-__all__ = ["RateLimiter", "configured_limiter", "rate_limited"]
+__all__ = ["RateLimiter", "configured_limiter", "rate_limited", "refusal"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class RateLimiter:
         self._clock = clock
         self._max = max_addresses
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, when
+        self.log = ThrottledLog(logger)  # its 429s, at a bounded rate, whichever path answers
 
     def wait(self, address: str) -> float:
         """Take a token for ``address``: 0.0 when it may go ahead, else seconds until it may."""
@@ -71,21 +73,27 @@ def configured_limiter(config: Config, requests: str) -> RateLimiter:
     )
 
 
+def refusal(limiter: RateLimiter, address: str, what: str) -> Response | None:
+    """None when ``address`` may make one more of ``what`` now; else the 429 that says why and
+    when to come back (``Retry-After``), logged at a bounded rate."""
+    wait = limiter.wait(address)
+    if not wait:
+        return None
+    limiter.log.warning("429", "too many %s from %s: answered 429", what, address or "?")
+    seconds = math.ceil(wait)
+    body = {
+        "error": f"too many {what} from this address; retry in {seconds} s",
+        "retry_after": round(wait, 3),
+    }
+    return JSONResponse(body, 429, headers={"Retry-After": str(seconds)})
+
+
 def rate_limited(handler: Handler, limiter: RateLimiter, what: str) -> Handler:
     """``handler`` behind ``limiter``: 429 and ``Retry-After`` for an address over its rate."""
-    log = ThrottledLog(logger)
 
     async def limited(request: Request) -> Response:
         address = request.client.host if request.client else ""
-        wait = limiter.wait(address)
-        if not wait:
-            return await handler(request)
-        log.warning("429", "too many %s from %s: answered 429", what, address or "?")
-        seconds = math.ceil(wait)
-        body = {
-            "error": f"too many {what} from this address; retry in {seconds} s",
-            "retry_after": round(wait, 3),
-        }
-        return JSONResponse(body, 429, headers={"Retry-After": str(seconds)})
+        refused = refusal(limiter, address, what)
+        return await handler(request) if refused is None else refused
 
     return limited

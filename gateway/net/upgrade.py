@@ -6,19 +6,25 @@ again. A device joining pays for both parses, an ``h11.Connection`` and an HTTP 
 reads. ``DirectUpgrade`` looks at the first bytes a connection sends: when they are one whole
 ``GET`` request that asks for a WebSocket as uvicorn would upgrade it (``Connection`` naming
 ``upgrade``, ``Upgrade: websocket``), they go to the WebSocket protocol as they came, which
-parses and checks them as it always did (a handshake it cannot read is answered 400). Anything
-else (a request in pieces, pipelined bytes, plain HTTP) takes uvicorn's h11 path unchanged.
+parses and checks them as it always did (a handshake it cannot read is answered 400). Likewise
+a first packet that is one whole plain ``POST`` to a target the listener answers directly (the
+OTA check-in: ``DirectRequests``, gateway/net/direct_http.py) is answered at once, with no h11
+and no ASGI scope or task. Anything else (a request in pieces, pipelined bytes, other HTTP)
+takes uvicorn's h11 path unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import ClassVar, Protocol
 
 import h11
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
+
+from gateway.net.direct_http import DirectPost, DirectRequests, direct_post, response_bytes
 
 __all__ = ["DirectUpgrade", "SocketRoutes", "websocket_upgrade"]
 
@@ -28,6 +34,14 @@ _BAD_REQUEST = (  # what uvicorn's h11 path answers a request it cannot parse
     b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_INVALID), _INVALID)
 )
+
+
+class _InternalError:
+    """What Starlette's error middleware answers when a handler raises (debug off)."""
+
+    status_code = 500
+    body = b"Internal Server Error"
+    raw_headers = ((b"content-length", b"21"), (b"content-type", b"text/plain; charset=utf-8"))
 
 
 def websocket_upgrade(data: bytes) -> bytes | None:
@@ -77,17 +91,72 @@ class DirectUpgrade(H11Protocol):
     """uvicorn's h11 protocol, handing a connection's WebSocket handshake over unparsed."""
 
     sockets: ClassVar[SocketRoutes | None] = None  # paths served below ASGI
+    requests: ClassVar[DirectRequests | None] = None  # POST targets answered below ASGI
     _fresh = True  # no bytes received yet on this connection
+    # A direct POST whose body has not all come: the request, its head as it came, its body
+    _due: tuple[DirectPost, bytes, bytearray] | None = None
 
     def data_received(self, data: bytes) -> None:
-        """A first request that is a whole WebSocket handshake skips h11."""
+        """A first request that is a whole WebSocket handshake, or a plain POST to a directly
+        answered target (its head whole in the first packet), skips h11."""
         if self._fresh:
             self._fresh = False
             request = websocket_upgrade(data) if self.ws_protocol_class is not None else None
             if request is not None:
                 self.upgrade(request)
                 return
+            # uvicorn's concurrency limit and access log live in the h11 path: not skipped
+            if self.requests is not None and self.limit_concurrency is None and not self.access_log:
+                self._direct(data)
+                return
+        elif self._due is not None:  # the rest of a direct POST's body
+            self._more_body(data)
+            return
         super().data_received(data)
+
+    def _direct(self, data: bytes) -> None:
+        """Answer a whole direct POST, wait for the rest of its body, or leave it to h11."""
+        assert self.requests is not None
+        post = direct_post(data, self.requests)
+        if post is None:
+            super().data_received(data)  # h11 has seen nothing yet: it reads it all
+            return
+        self.head_received()
+        if post.whole:
+            self.answer(post, self.requests)
+        else:  # the head is kept as it came, for h11 should more than the body come
+            self._due = post, data[: len(data) - len(post.body)], bytearray(post.body)
+
+    def _more_body(self, data: bytes) -> None:
+        assert self._due is not None and self.requests is not None
+        post, head, body = self._due
+        body += data  # appended in place: a body in many small packets is not copied each time
+        if len(body) < post.length:
+            return
+        self._due = None
+        if len(body) > post.length:  # bytes after the body: h11 reads it all, as it came
+            super().data_received(head + body)
+        else:
+            self.answer(dataclasses.replace(post, body=bytes(body)), self.requests)
+
+    def head_received(self) -> None:
+        """A direct POST's head came whole (where h11 would have read its request)."""
+
+    def answer(self, post: DirectPost, requests: DirectRequests) -> None:
+        """Answer ``post`` as the ASGI route would, then carry on as after any response: the
+        connection closes if it asked to, else waits for its next request (through h11)."""
+        server = self.server_state.default_headers  # uvicorn's date and server headers
+        try:
+            reply = requests.answer(post, self.client[0] if self.client else None)
+        except Exception as exc:  # as uvicorn's and Starlette's error handling answer it
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            self.transport.write(response_bytes(_InternalError(), server, True))
+            self.transport.close()
+        else:
+            self.transport.write(response_bytes(reply, server, post.keep_alive))
+            if not post.keep_alive:
+                self.transport.close()
+        self.on_response_complete()
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         """A handshake h11 parsed (it came in pieces): written back out, as uvicorn does."""

@@ -32,6 +32,7 @@ from gateway.device_side.broker.topics import is_device_id
 from gateway.device_side.transports.device_socket import DeviceSocket, Endpoint
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
+from gateway.net.direct_http import DirectRequests
 from gateway.net.websocket import keepalive
 
 __all__ = [
@@ -285,10 +286,15 @@ class DeviceSocketFront:
     """
 
     def __init__(
-        self, app: ASGIApp, routes: list[BaseRoute], sockets: DeviceSockets | None = None
+        self,
+        app: ASGIApp,
+        routes: list[BaseRoute],
+        sockets: DeviceSockets | None = None,
+        requests: DirectRequests | None = None,
     ) -> None:
         self.app = app
         self.sockets = sockets  # the device WebSocket below ASGI, for the listener to serve
+        self.requests = requests  # POSTs it answers below ASGI (the OTA check-in)
         self._endpoints = {
             route.path: route.endpoint for route in routes if isinstance(route, WebSocketRoute)
         }
