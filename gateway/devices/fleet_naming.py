@@ -74,6 +74,12 @@ class FleetNames:
         self._unsettled.clear()
         return found
 
+    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> list[NameAssignment]:
+        """``assign`` each tool of ``tools`` (nothing new: see the class)."""
+        for tool in tools.names:
+            self.assign(device_id, alias, tool)
+        return []
+
     def share(self, device_id: str, tools: ToolNames) -> None:
         """Nothing to share: a cluster's names are decided pair by pair (``NameMap.share``)."""
 

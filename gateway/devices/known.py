@@ -208,18 +208,11 @@ class KnownDevices:
         device.catalogue = catalogue
         decided = self._decisions(device.device_id, catalogue) if catalogue is not None else None
         device.decisions, device.names = decided, self._names
-        new_names = []
-        specs = catalogue.tools if catalogue is not None else ()
+        tools = decided.names if decided is not None else None  # the catalogue's, shared
         if self._fleet_names is not None:  # tools no longer listed free their names
-            self._fleet_names.release(device.device_id, {spec.name for spec in specs})
-        device_id, alias = device.device_id, device.alias  # 25 tools a join
-        for spec in specs:
-            entry, is_new = self._names.assign(device_id, alias, spec.name)
-            if is_new:
-                new_names.append(entry)
-        if decided is not None:  # its plain names held through the catalogue's, not one by one
-            self._names.share(device_id, decided.names)
-        self._store.save_names(new_names)
+            self._fleet_names.release(device.device_id, set(tools.names) if tools else set())
+        if tools is not None:  # its plain names held through the catalogue's, not one by one
+            self._store.save_names(self._names.assign_all(device.device_id, device.alias, tools))
         self._show(device)
         self._decide_displaced()
 

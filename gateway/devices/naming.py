@@ -107,7 +107,7 @@ class ToolNames:
     device's alias and this, and finds a plain name's holder by its tool part (``with_suffix``).
     """
 
-    __slots__ = ("_by_suffix", "names", "suffixes")
+    __slots__ = ("_by_suffix", "distinct", "names", "suffixes")
 
     def __init__(self, names: Iterable[str] = ()) -> None:
         """The tool names ``names``, in the device's order."""
@@ -117,6 +117,8 @@ class ToolNames:
         self._by_suffix: dict[str, tuple[str, ...]] = {}
         for tool, suffix in self.suffixes.items():
             self._by_suffix[suffix] = (*self._by_suffix.get(suffix, ()), tool)
+        # no two tools share a name part (nor a name): their plain names cannot collide
+        self.distinct = len(self._by_suffix) == len(self.names)
 
     def __contains__(self, tool: object) -> bool:
         return tool in self.suffixes
@@ -175,14 +177,23 @@ class NameMap:
     ``ToolNames`` instead of a string and an entry each (``lookup`` finds a plain name's holder
     by its alias part and its tool part). Only the other names (cut, disambiguated, under an
     older alias, or of tools the device no longer lists) are kept one by one.
+
+    A joining device of a known firmware takes its whole catalogue at once (``assign_all``):
+    when none of its plain names is taken, it holds them through the shared ``ToolNames`` at
+    once, with no entry made, searched or deleted per tool.
     """
 
     def __init__(self, saved: Iterable[NameAssignment] = ()) -> None:
         self._held: dict[str, _Held] = {}
         self._special: dict[str, NameAssignment] = {}  # by name: the names held one by one
         self._by_prefix: dict[str, list[_Held]] = {}  # clean alias -> the devices named under it
+        # Every head of a listed clean alias that ends before one of its underscores, with how
+        # many aliases have it: ``a_b`` (listed) makes ``a_b_c`` of ``a`` and ``b.c`` collide.
+        self._heads: dict[str, int] = {}
+        self.walks = 0  # for tests: names searched for their holder underscore by underscore
         for entry in saved:
-            self._keep(self._held.get(entry.device_id) or self._hold(entry), entry)
+            held = self._held.get(entry.device_id) or self._hold(entry.device_id, entry.alias)
+            self._keep(held, entry)
 
     def assign(self, device_id: str, alias: str, tool: str) -> tuple[NameAssignment, bool]:
         """The name for ``tool`` on ``device_id``; the flag is True if it was just made."""
@@ -191,19 +202,64 @@ class NameMap:
         if known is not None and known.alias == alias:
             return known, False
         if held is None:
-            held = self._hold(NameAssignment(device_id, tool, alias, ""))
+            held = self._hold(device_id, alias)
         elif held.alias != alias:
             self._rename(held, alias)
         if known is not None:  # the device was renamed: the tool's old name is free again
             self._drop(held, tool)
         name = candidate_name(alias, tool)
         attempt = 0
-        while name in META_TOOL_NAMES or self.lookup(name) not in (None, (device_id, tool)):
+        while name in META_TOOL_NAMES or self._walk(name) not in (None, (device_id, tool)):
             name = disambiguated_name(candidate_name(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)
         self._keep(held, entry)
         return entry, True
+
+    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> list[NameAssignment]:
+        """Assign every tool of ``tools`` on ``device_id``, which then holds its plain names
+        through ``tools`` (``assign`` each, then ``share``); return the names just made."""
+        plain = self._free_plain_names(device_id, alias, tools)
+        if plain is None:  # known already, or a name is taken: one by one, as ever
+            made = [e for tool in tools.names for e, new in [self.assign(device_id, alias, tool)]
+                    if new]  # fmt: skip
+            self.share(device_id, tools)
+            return made
+        self._hold(device_id, alias).tools = tools
+        return [NameAssignment(device_id, tool, alias, name)
+                for tool, name in zip(tools.names, plain, strict=True)]  # fmt: skip
+
+    def _free_plain_names(self, device_id: str, alias: str, tools: ToolNames) -> list[str] | None:
+        """The plain names of ``tools`` under ``alias`` if ``device_id`` holds no name yet and
+        no other pair holds any of them; else None.
+
+        The holder of another plain name ``<q>_<t>`` equal to ``<prefix>_<suffix>`` has ``q``
+        equal to ``prefix`` or to a head of it (found here once per device, not per tool), or
+        ``q`` longer, starting with ``prefix_`` (``_heads`` says whether any does: then each
+        name is searched as ``lookup`` does).
+        """
+        if device_id in self._held or not tools.distinct:
+            return None
+        prefix = clean_alias(alias)
+        walk = prefix in self._heads
+        namesakes = [  # (a device under a head of the prefix, what its tool part starts with)
+            (held, prefix[len(head) + 1 :] + "_" if head != prefix else "")
+            for head in [*_heads_of(prefix), prefix]
+            for held in self._by_prefix.get(head, ())
+        ]
+        special, plain = self._special, []
+        for suffix in tools.suffixes.values():
+            name = f"{prefix}_{suffix}"
+            if len(name) > MAX_NAME_LENGTH or name in META_TOOL_NAMES or name in special:
+                return None
+            for held, start in namesakes:
+                if any(held.special is None or tool not in held.special
+                       for tool in held.tools.with_suffix(start + suffix)):  # fmt: skip
+                    return None
+            if walk and self._walk(name) is not None:
+                return None
+            plain.append(name)
+        return plain
 
     def share(self, device_id: str, tools: ToolNames) -> None:
         """Let ``device_id``, whose tools are now ``tools`` (each assigned), hold their plain
@@ -249,6 +305,10 @@ class NameMap:
             cut = name.find("_", cut + 1)
         return None
 
+    def _walk(self, name: str) -> tuple[str, str] | None:
+        self.walks += 1
+        return self.lookup(name)
+
     def entries(self) -> list[NameAssignment]:
         """Every assignment, for persisting."""
         found = []
@@ -259,16 +319,29 @@ class NameMap:
             found += special.values()
         return found
 
-    def _hold(self, first: NameAssignment) -> _Held:
-        held = self._held[first.device_id] = _Held(first.device_id, first.alias)
-        self._by_prefix.setdefault(held.prefix, []).append(held)
+    def _hold(self, device_id: str, alias: str) -> _Held:
+        held = self._held[device_id] = _Held(device_id, alias)
+        self._list(held)
         return held
+
+    def _list(self, held: _Held) -> None:
+        namesakes = self._by_prefix.setdefault(held.prefix, [])
+        namesakes.append(held)
+        if len(namesakes) == 1:
+            heads = self._heads
+            for head in _heads_of(held.prefix):
+                heads[head] = heads.get(head, 0) + 1
 
     def _unlist(self, held: _Held) -> None:
         namesakes = self._by_prefix[held.prefix]
         namesakes.remove(held)
         if not namesakes:
             del self._by_prefix[held.prefix]
+            heads = self._heads
+            for head in _heads_of(held.prefix):
+                heads[head] -= 1
+                if not heads[head]:
+                    del heads[head]
 
     def _rename(self, held: _Held, alias: str) -> None:
         """Its names so far stay, one by one, until each is assigned again under ``alias``."""
@@ -276,7 +349,7 @@ class NameMap:
         held.tools = _NO_TOOLS
         self._unlist(held)
         held.rename(alias)
-        self._by_prefix.setdefault(held.prefix, []).append(held)
+        self._list(held)
 
     def _spell_out(self, held: _Held, keep: ToolNames) -> None:
         """Keep one by one the implied names of ``held``'s tools that are not in ``keep``."""
@@ -296,3 +369,8 @@ class NameMap:
         old = held.special.pop(tool, None) if held.special is not None else None
         if old is not None and self._special.get(old.name) is old:
             del self._special[old.name]
+
+
+def _heads_of(prefix: str) -> list[str]:
+    """The heads of ``prefix`` that end before one of its underscores."""
+    return [prefix[:cut] for cut, c in enumerate(prefix) if c == "_" and cut > 0]
