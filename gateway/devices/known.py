@@ -168,8 +168,9 @@ class KnownDevices:
             self._save(record)
         return device
 
-    def _learn_board(self, device: Device, board: str) -> None:
-        """Note the device's board if none is known; name the device after it if it had none.
+    def _learn_board(self, device: Device, board: str) -> bool:
+        """Note the device's board if none is known; name the device after it if it had none
+        (then True: the caller's log line says so, one line less a join).
 
         An alias is fixed once people or hosts may have seen it: from the first sight of a board
         (a stock device's OTA check-in) or the first listing. A device that connected without
@@ -180,14 +181,14 @@ class KnownDevices:
         if device.named:  # by its board, the config, an enrollment or a past run
             # The OTA check-in's board (its board.type) says it better than serverInfo.
             record.board = record.board or board
-            return
+            return False
         record.board = board
         alias = self._alias(record.device_id, board)
-        logger.info("device %s is named %s, after its board", record.device_id, alias)
         if self._by_alias.get(record.alias) is device:
             del self._by_alias[record.alias]
         record.alias = alias
         self._by_alias.setdefault(alias, device)
+        return True
 
     def _alias(self, device_id: str, board: str | None) -> str:
         configured = self._config.device(device_id).name

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.config import DeviceOptions
 from gateway.devices.audit import Actor
+from gateway.devices.naming import NameMap
 from gateway.devices.store import DeviceRecord, Store
 from tests.conftest import make_config
 from tests.fakes import ScriptedSession, Stack, tool
@@ -148,6 +149,27 @@ async def test_a_join_costs_its_own_work_whatever_the_fleet(tmp_path: Path) -> N
     assert small == large == (25, 26)  # its 25 tools shown; its row and its 25 names written
     assert len(stack.registry.exposed_tools()) == 3001 * 25
     stack.close()
+
+
+async def test_devices_of_a_known_firmware_are_named_without_searching(tmp_path: Path) -> None:
+    """A fleet of one firmware joins: no name is searched for its holder nor held one by one,
+    and every name comes back the same after a restart."""
+    stack = Stack(make_config(tmp_path))
+    tools = tuple(tool(f"self.audio_speaker.tool_{i}") for i in range(25))
+    for n in range(300):
+        join(stack, n, tools)
+    names = stack.registry._names
+    assert isinstance(names, NameMap) and names.walks == 0 and not names._special
+    before = [t.name for t in stack.registry.exposed_tools()]
+    assert len(set(before)) == 300 * 25
+    stack.close()
+    again = Stack(make_config(tmp_path))
+    assert [t.name for t in again.registry.exposed_tools()] == before
+    for n in range(300):  # back after the restart: their names as they were, none new
+        join(again, n, tools)
+    assert again.store.flush() == 300  # the devices' rows; no name row
+    assert [t.name for t in again.registry.exposed_tools()] == before
+    again.close()
 
 
 def held_per_device(stack: Stack, tools: tuple[dict[str, object], ...], first: int) -> float:
