@@ -28,47 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.datadir import create_private, tighten
-from gateway.devices.catalogue import digest_of
 from gateway.devices.naming import NameAssignment
+from gateway.devices.store_layout import DEVICE_COLUMNS, prepare
 from gateway.errors import GatewayError, StorageUnavailable
 
 __all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
 
 logger = logging.getLogger(__name__)
-
-_VERSION = 3  # PRAGMA user_version; 0 is the first layout (a catalogue per device row)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS devices (
-    device_id   TEXT PRIMARY KEY,
-    alias       TEXT NOT NULL,
-    board       TEXT,
-    client_id   TEXT,
-    transport   TEXT,
-    server_info TEXT,
-    catalogue   TEXT,
-    first_seen  REAL NOT NULL,
-    last_seen   REAL NOT NULL,
-    state       TEXT NOT NULL DEFAULT 'approved',
-    binding     TEXT
-);
-CREATE INDEX IF NOT EXISTS devices_by_catalogue ON devices (catalogue);
-CREATE TABLE IF NOT EXISTS catalogues (
-    digest TEXT PRIMARY KEY,
-    tools  TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tool_names (
-    device_id TEXT NOT NULL,
-    tool      TEXT NOT NULL,
-    alias     TEXT NOT NULL,
-    name      TEXT NOT NULL UNIQUE,
-    PRIMARY KEY (device_id, tool)
-);
-"""
-_DEVICE_COLUMNS = (
-    "device_id, alias, board, client_id, transport, server_info, catalogue, first_seen, last_seen,"
-    " state, binding"
-)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -88,7 +54,7 @@ class DeviceRecord:
     binding: str | None = None  # the Client-Id it was approved with; others are refused
 
     def row(self) -> tuple[object, ...]:
-        """The ``devices`` row, in ``_DEVICE_COLUMNS`` order."""
+        """The ``devices`` row, in ``DEVICE_COLUMNS`` order."""
         info = json.dumps(self.server_info) if self.server_info is not None else None
         return (self.device_id, self.alias, self.board, self.client_id, self.transport, info,
                 self.catalogue, self.first_seen, self.last_seen, self.state,
@@ -154,7 +120,7 @@ class Store:
         self._db = open_database(path, "")
         self._lock = threading.Lock()
         with self._lock:
-            _prepare(self._db)
+            prepare(self._db)
         self._pending = _empty()
         self._dirty = asyncio.Event()
         self._turn = asyncio.Lock()  # one write at a time, in the order their batches were taken
@@ -171,7 +137,7 @@ class Store:
     def load(self) -> StoredState:
         """Every device, catalogue and name kept so far."""
         with self._lock:
-            rows = self._db.execute(f"SELECT {_DEVICE_COLUMNS} FROM devices").fetchall()
+            rows = self._db.execute(f"SELECT {DEVICE_COLUMNS} FROM devices").fetchall()
             catalogues = self._db.execute("SELECT digest, tools FROM catalogues").fetchall()
             names = self._db.execute("SELECT device_id, tool, alias, name FROM tool_names")
             return StoredState([_record(row) for row in rows], catalogues,
@@ -198,7 +164,7 @@ class Store:
 
     def release_catalogue(self, digest: str) -> None:
         """Queue the removal of a catalogue row, done if no device refers to it by then (a
-        device listing new catalogues for ever leaves none behind; ``_prepare`` sweeps too)."""
+        device listing new catalogues for ever leaves none behind; ``prepare`` sweeps too)."""
         self._pending.released.add(digest)
         self._dirty.set()
 
@@ -285,7 +251,7 @@ class Store:
                 db.executemany("DELETE FROM tool_names WHERE device_id = ?", forgotten)
                 db.executemany("INSERT OR IGNORE INTO catalogues VALUES (?, ?)",
                                batch.catalogues.items())  # fmt: skip
-                db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
+                db.executemany(f"INSERT OR REPLACE INTO devices ({DEVICE_COLUMNS}) VALUES "
                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
                 db.executemany(
                     "DELETE FROM catalogues WHERE digest = ?1 AND NOT EXISTS"
@@ -344,52 +310,3 @@ def _record(row: tuple[Any, ...]) -> DeviceRecord:
         state=row[9],
         binding=row[10],
     )
-
-
-def _prepare(db: sqlite3.Connection) -> None:
-    """Bring the file to ``_VERSION`` and drop catalogues no device uses any more.
-
-    The first layout kept a whole catalogue in each device row; its rows move to the shared
-    table (and are judged again when loaded, like every stored catalogue).
-    """
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    columns = {row[1] for row in db.execute("PRAGMA table_info(devices)")}
-    first_layout = version < _VERSION and "tools" in columns
-    with db:
-        db.execute("BEGIN")
-        if first_layout:
-            db.execute("ALTER TABLE devices RENAME TO devices_v1")
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
-        if first_layout:
-            _copy_first_layout(db)
-        if version == 2:  # device approval came in version 3: devices known before stay approved
-            db.execute("ALTER TABLE devices ADD COLUMN state TEXT NOT NULL DEFAULT 'approved'")
-            db.execute("ALTER TABLE devices ADD COLUMN binding TEXT")
-        db.execute(
-            "DELETE FROM catalogues WHERE digest NOT IN"
-            " (SELECT catalogue FROM devices WHERE catalogue IS NOT NULL)"
-        )
-        db.execute(f"PRAGMA user_version = {_VERSION}")
-
-
-def _copy_first_layout(db: sqlite3.Connection) -> None:
-    """Move each old row's catalogue into the shared table."""
-    rows = db.execute(
-        "SELECT device_id, alias, board, client_id, transport, server_info, tools,"
-        " first_seen, last_seen FROM devices_v1"
-    ).fetchall()
-    for *head, tools, first_seen, last_seen in rows:
-        try:
-            entries = json.loads(tools)
-        except ValueError:
-            entries = []
-        digest = digest_of(entries) if isinstance(entries, list) and entries else None
-        if digest is not None:
-            stored = json.dumps({"tools": entries, "rejected": []}, ensure_ascii=True)
-            db.execute("INSERT OR IGNORE INTO catalogues VALUES (?, ?)", (digest, stored))
-        db.execute(f"INSERT INTO devices ({_DEVICE_COLUMNS}) VALUES "
-                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'approved', NULL)",
-                   (*head, digest, first_seen, last_seen))  # fmt: skip
-    db.execute("DROP TABLE devices_v1")
