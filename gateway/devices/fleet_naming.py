@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gateway.devices.naming import (
     META_TOOL_NAMES,
+    MadeNames,
     NameAssignment,
     ToolNames,
     candidate_name,
@@ -74,7 +75,7 @@ class FleetNames:
         self._unsettled.clear()
         return found
 
-    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> list[NameAssignment]:
+    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> MadeNames:
         """``assign`` each tool of ``tools`` (nothing new: see the class)."""
         for tool in tools.names:
             self.assign(device_id, alias, tool)

@@ -21,8 +21,10 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "META_TOOL_NAMES",
     "NAME_PATTERN",
+    "MadeNames",
     "NameAssignment",
     "NameMap",
+    "PlainNames",
     "ToolNames",
     "candidate_name",
     "derive_alias",
@@ -131,6 +133,34 @@ class ToolNames:
 _NO_TOOLS = ToolNames()
 
 
+@dataclass(frozen=True, slots=True)
+class PlainNames:
+    """Every tool of ``tools`` on ``device_id`` under its plain name: what ``NameMap.assign_all``
+    made at once, kept (and persisted) as one object, its assignments spelled out on demand."""
+
+    device_id: str
+    alias: str
+    prefix: str  # clean_alias(alias)
+    tools: ToolNames
+
+    def __len__(self) -> int:
+        return len(self.tools.names)
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        """(device_id, tool, alias, name) of each tool: the store's rows."""
+        device_id, alias, prefix = self.device_id, self.alias, self.prefix
+        return [(device_id, tool, alias, f"{prefix}_{suffix}")
+                for tool, suffix in self.tools.suffixes.items()]  # fmt: skip
+
+    def entries(self) -> list[NameAssignment]:
+        """Each assignment, in the tools' order."""
+        return [NameAssignment(*row) for row in self.rows()]
+
+
+MadeNames = list[NameAssignment] | PlainNames
+"""Names just made, to persist: one by one, or a whole catalogue's at once."""
+
+
 class _Held:
     """The names one device holds: plain ones implied by ``tools``, the rest in ``special``."""
 
@@ -216,22 +246,21 @@ class NameMap:
         self._keep(held, entry)
         return entry, True
 
-    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> list[NameAssignment]:
+    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> MadeNames:
         """Assign every tool of ``tools`` on ``device_id``, which then holds its plain names
         through ``tools`` (``assign`` each, then ``share``); return the names just made."""
-        plain = self._free_plain_names(device_id, alias, tools)
-        if plain is None:  # known already, or a name is taken: one by one, as ever
+        if not self._plain_names_free(device_id, alias, tools):
             made = [e for tool in tools.names for e, new in [self.assign(device_id, alias, tool)]
                     if new]  # fmt: skip
             self.share(device_id, tools)
             return made
-        self._hold(device_id, alias).tools = tools
-        return [NameAssignment(device_id, tool, alias, name)
-                for tool, name in zip(tools.names, plain, strict=True)]  # fmt: skip
+        held = self._hold(device_id, alias)
+        held.tools = tools
+        return PlainNames(device_id, alias, held.prefix, tools)
 
-    def _free_plain_names(self, device_id: str, alias: str, tools: ToolNames) -> list[str] | None:
-        """The plain names of ``tools`` under ``alias`` if ``device_id`` holds no name yet and
-        no other pair holds any of them; else None.
+    def _plain_names_free(self, device_id: str, alias: str, tools: ToolNames) -> bool:
+        """True if ``device_id`` holds no name yet and no other pair holds any plain name of
+        ``tools`` under ``alias`` (each valid as it is).
 
         The holder of another plain name ``<q>_<t>`` equal to ``<prefix>_<suffix>`` has ``q``
         equal to ``prefix`` or to a head of it (found here once per device, not per tool), or
@@ -239,7 +268,7 @@ class NameMap:
         name is searched as ``lookup`` does).
         """
         if device_id in self._held or not tools.distinct:
-            return None
+            return False
         prefix = clean_alias(alias)
         walk = prefix in self._heads
         namesakes = [  # (a device under a head of the prefix, what its tool part starts with)
@@ -247,19 +276,18 @@ class NameMap:
             for head in [*_heads_of(prefix), prefix]
             for held in self._by_prefix.get(head, ())
         ]
-        special, plain = self._special, []
+        special = self._special
         for suffix in tools.suffixes.values():
             name = f"{prefix}_{suffix}"
             if len(name) > MAX_NAME_LENGTH or name in META_TOOL_NAMES or name in special:
-                return None
+                return False
             for held, start in namesakes:
                 if any(held.special is None or tool not in held.special
                        for tool in held.tools.with_suffix(start + suffix)):  # fmt: skip
-                    return None
+                    return False
             if walk and self._walk(name) is not None:
-                return None
-            plain.append(name)
-        return plain
+                return False
+        return True
 
     def share(self, device_id: str, tools: ToolNames) -> None:
         """Let ``device_id``, whose tools are now ``tools`` (each assigned), hold their plain

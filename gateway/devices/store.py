@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.datadir import create_private, tighten
-from gateway.devices.naming import NameAssignment
+from gateway.devices.naming import MadeNames, NameAssignment, PlainNames
 from gateway.devices.store_layout import DEVICE_COLUMNS, prepare
 from gateway.errors import GatewayError, StorageUnavailable
 
@@ -98,6 +98,7 @@ class _Batch:
     devices: dict[str, DeviceRecord]
     catalogues: dict[str, str]
     names: dict[tuple[str, str], NameAssignment]
+    plain: dict[str, PlainNames]  # by device id: a new device's names, one object (written first)
     forgotten: set[str]  # device ids whose rows go first
     released: set[str]  # catalogue digests a device no longer uses: gone if none does
 
@@ -106,11 +107,11 @@ class _Batch:
 
     def rows(self) -> int:
         parts = (self.devices, self.catalogues, self.names, self.forgotten, self.released)
-        return sum(len(part) for part in parts)
+        return sum(len(part) for part in parts) + sum(len(p) for p in self.plain.values())
 
 
 def _empty() -> _Batch:
-    return _Batch({}, {}, {}, set(), set())
+    return _Batch({}, {}, {}, {}, set(), set())
 
 
 class Store:
@@ -155,8 +156,12 @@ class Store:
         self._pending.catalogues[digest] = stored
         self._dirty.set()
 
-    def save_names(self, entries: list[NameAssignment]) -> None:
+    def save_names(self, entries: MadeNames) -> None:
         """Queue new or changed name assignments."""
+        if isinstance(entries, PlainNames):  # a joining device's: its rows made by the writer
+            self._pending.plain[entries.device_id] = entries
+            self._dirty.set()
+            return
         for entry in entries:
             self._pending.names[(entry.device_id, entry.tool)] = entry
         if entries:
@@ -174,6 +179,7 @@ class Store:
         pending.devices.pop(device_id, None)
         for pair in [pair for pair in pending.names if pair[0] == device_id]:
             del pending.names[pair]
+        pending.plain.pop(device_id, None)
         pending.forgotten.add(device_id)
         self._dirty.set()
 
@@ -260,9 +266,10 @@ class Store:
                 )
                 # A storm's 25 names a device are most of the writer's work: one statement
                 # each. REPLACE also deletes the row of any other holder of the name (UNIQUE).
-                db.executemany("INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)",
-                               [(e.device_id, e.tool, e.alias, e.name)
-                                for e in batch.names.values()])  # fmt: skip
+                # A new device's plain names go first: any assigned one by one since is newer.
+                names = [row for plain in batch.plain.values() for row in plain.rows()]
+                names += [(e.device_id, e.tool, e.alias, e.name) for e in batch.names.values()]
+                db.executemany("INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)", names)
         except sqlite3.Error as exc:  # a full disk, a read-only or vanished data dir
             return exc
         return None
@@ -291,6 +298,8 @@ class Store:
             pending.catalogues.setdefault(digest, stored)
         for pair, entry in batch.names.items():
             pending.names.setdefault(pair, entry)
+        for device_id, plain in batch.plain.items():
+            pending.plain.setdefault(device_id, plain)
         pending.forgotten |= batch.forgotten  # deletes go first: a device back since is kept
         pending.released |= batch.released
         self._dirty.set()

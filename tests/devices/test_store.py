@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.devices.naming import NameAssignment
+from gateway.devices.naming import NameAssignment, NameMap, ToolNames
 from gateway.devices.store import DeviceRecord, Store
 from gateway.errors import StorageUnavailable
 from tests.conftest import bound, make_config
@@ -61,6 +61,29 @@ def test_a_name_given_to_another_tool_leaves_its_old_holder(tmp_path: Path) -> N
     names = {(n.device_id, n.tool): n.name for n in store.load().names}
     assert names == {("aa:01", "self.b"): "lamp_b", ("aa:02", "self.a"): "lamp_a",
                      ("aa:04", "self.b"): "lamp_c"}  # fmt: skip
+    store.close()
+
+
+def test_a_catalogue_named_at_once_is_one_pending_object_and_its_rows(tmp_path: Path) -> None:
+    """A new device's plain names wait as one object, land as a row each (failed writes kept,
+    renames after them win), and a device forgotten before the write leaves none."""
+    path = tmp_path / "registry.sqlite3"
+    store, names = Store(path), NameMap()
+    firmware = ToolNames([f"self.tool_{i}" for i in range(25)])
+    for n in range(3):
+        store.save_names(names.assign_all(f"aa:0{n}", f"lamp_{n}", firmware))
+    assert len(store._pending.plain) == 3 and not store._pending.names
+    store.forget_device("aa:02")
+    names.forget("aa:02")
+    store._db.execute("PRAGMA query_only = ON")  # a full disk: the batch stays queued
+    assert store.flush() == 2 * 25 + 1 and store.rows_written == 0
+    store._db.execute("PRAGMA query_only = OFF")
+    store.save_names(names.assign_all("aa:01", "hall", firmware))  # renamed meanwhile
+    assert store.flush() == 2 * 25 + 25 + 1 and rows(path, "tool_names") == 2 * 25
+    loaded = store.load().names
+    assert sorted(loaded, key=repr) == sorted(names.entries(), key=repr)
+    assert {e.name for e in loaded if e.device_id == "aa:01"} == {
+        f"hall_tool_{i}" for i in range(25)}  # fmt: skip
     store.close()
 
 
