@@ -67,6 +67,8 @@ def clean_alias(alias: str) -> str:
     return cleaned or "device_" + short_hash(alias)
 
 
+# A joining device asks three times (Device.named, before and at its first listing).
+@functools.lru_cache(maxsize=1024)
 def derive_alias(device_id: str, board: str | None) -> str:
     """An alias for a device the config does not name: board name plus the id's last bytes.
 
