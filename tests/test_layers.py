@@ -47,6 +47,7 @@ INNER: dict[str, list[set[str]]] = {
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [
+        {"name_rules"},  # how one MCP name is spelled
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
         {"deadlines"},  # the calls' timeouts on timers shared by their length
         {"token_joins"},  # the shared token's caps on new devices

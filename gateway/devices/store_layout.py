@@ -9,7 +9,7 @@ from gateway.devices.catalogue import digest_of
 
 __all__ = ["DEVICE_COLUMNS", "prepare"]
 
-_VERSION = 3  # PRAGMA user_version; 0 is the first layout (a catalogue per device row)
+_VERSION = 4  # PRAGMA user_version; 0 is the first layout (a catalogue per device row)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (
@@ -36,6 +36,14 @@ CREATE TABLE IF NOT EXISTS tool_names (
     alias     TEXT NOT NULL,
     name      TEXT NOT NULL UNIQUE,
     PRIMARY KEY (device_id, tool)
+);
+-- Version 4: a device's plain names (<alias>_<tool>) for a whole catalogue, one row
+-- (naming.PlainNames, tools as a JSON list). A tool_names row of the same device and tool is
+-- newer and wins.
+CREATE TABLE IF NOT EXISTS plain_names (
+    device_id TEXT PRIMARY KEY,
+    alias     TEXT NOT NULL,
+    tools     TEXT NOT NULL
 );
 """
 DEVICE_COLUMNS = (

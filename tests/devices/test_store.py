@@ -64,9 +64,10 @@ def test_a_name_given_to_another_tool_leaves_its_old_holder(tmp_path: Path) -> N
     store.close()
 
 
-def test_a_catalogue_named_at_once_is_one_pending_object_and_its_rows(tmp_path: Path) -> None:
-    """A new device's plain names wait as one object, land as a row each (failed writes kept,
-    renames after them win), and a device forgotten before the write leaves none."""
+def test_a_catalogue_named_at_once_is_one_row(tmp_path: Path) -> None:
+    """A new device's plain names are one pending object and one row (failed writes kept,
+    names assigned one by one since win), a device forgotten before the write leaves none, and
+    they load as the names they stand for."""
     path = tmp_path / "registry.sqlite3"
     store, names = Store(path), NameMap()
     firmware = ToolNames([f"self.tool_{i}" for i in range(25)])
@@ -76,14 +77,22 @@ def test_a_catalogue_named_at_once_is_one_pending_object_and_its_rows(tmp_path: 
     store.forget_device("aa:02")
     names.forget("aa:02")
     store._db.execute("PRAGMA query_only = ON")  # a full disk: the batch stays queued
-    assert store.flush() == 2 * 25 + 1 and store.rows_written == 0
+    assert store.flush() == 2 + 1 and store.rows_written == 0
     store._db.execute("PRAGMA query_only = OFF")
     store.save_names(names.assign_all("aa:01", "hall", firmware))  # renamed meanwhile
-    assert store.flush() == 2 * 25 + 25 + 1 and rows(path, "tool_names") == 2 * 25
+    assert store.flush() == 2 + 1 + 25
+    assert (rows(path, "plain_names"), rows(path, "tool_names")) == (2, 25)
     loaded = store.load().names
-    assert sorted(loaded, key=repr) == sorted(names.entries(), key=repr)
-    assert {e.name for e in loaded if e.device_id == "aa:01"} == {
+    assert {(e.device_id, e.tool): e.name for e in loaded} == {
+        (e.device_id, e.tool): e.name for e in names.entries()}  # fmt: skip
+    assert {e.name for e in names.entries() if e.device_id == "aa:01"} == {
         f"hall_tool_{i}" for i in range(25)}  # fmt: skip
+    restarted = NameMap(loaded)
+    for entry in names.entries():
+        assert restarted.lookup(entry.name) == (entry.device_id, entry.tool)
+    assert restarted.lookup("lamp_1_tool_0") is None  # the old alias's names stay free
+    store._db.execute("UPDATE plain_names SET tools = 'not json' WHERE device_id = 'aa:00'")
+    assert {e.device_id for e in store.load().names} == {"aa:01"}  # named again when it lists
     store.close()
 
 
