@@ -173,6 +173,29 @@ async def test_devices_of_a_known_firmware_are_named_without_searching(tmp_path:
     again.close()
 
 
+async def test_names_made_at_once_then_one_by_one_survive_a_restart(tmp_path: Path) -> None:
+    """A device named at once that later lists a new tool and drops one, and a device whose
+    plain name it would take, keep every name after a restart (the dropped tool's too)."""
+    config = make_config(tmp_path, devices={"aa:07": DeviceOptions(name="lamp_aa06_b")})
+    stack = Stack(config)
+    stack.registry.connect("aa:06", ScriptedSession(), transport="websocket")
+    stack.registry.set_catalogue("aa:06", (tool("self.a"), tool("self.b.c")), {"name": "lamp"})
+    lamp = stack.registry.get("aa:06")
+    assert lamp is not None
+    stack.registry.set_catalogue("aa:06", (tool("self.b.c"), tool("self.d")), None)
+    stack.registry.connect("aa:07", ScriptedSession(), transport="websocket")
+    stack.registry.set_catalogue("aa:07", (tool("self.c"),), None)  # spells lamp's b.c
+    names = stack.registry._names
+    before = {(e.device_id, e.tool): e.name for e in names.entries()}
+    assert lamp.alias == "lamp_aa06" and before[("aa:06", "self.a")] == "lamp_aa06_a"
+    assert before[("aa:06", "self.b.c")] == "lamp_aa06_b_c" and len(before) == 4
+    assert before[("aa:07", "self.c")].startswith("lamp_aa06_b_c_")  # hashed: taken
+    stack.close()
+    again = Stack(config)
+    assert {(e.device_id, e.tool): e.name for e in again.registry._names.entries()} == before
+    again.close()
+
+
 def held_per_device(stack: Stack, tools: tuple[dict[str, object], ...], first: int) -> float:
     """Objects the collector tracks, per device, that 200 more devices of ``tools`` add."""
     gc.collect()
