@@ -48,10 +48,11 @@ INNER: dict[str, list[set[str]]] = {
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [
+        {"name_rules"},  # how one MCP name is spelled
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
         {"deadlines"},  # the calls' timeouts on timers shared by their length
         {"token_joins"},  # the shared token's caps on new devices
-        {"pages"},  # the tools/list pages seen lately, shared by the sessions
+        {"pages", "store_layout"},  # pages: the tools/list pages seen lately, shared by sessions
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
         {"exposure"},  # what hosts see

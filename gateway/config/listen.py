@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -9,6 +10,8 @@ from gateway.config.values import string
 from gateway.errors import ConfigError
 
 
+# Asked for every device session (where its camera uploads): a handful of hosts, bounded.
+@functools.lru_cache(maxsize=256)
 def is_loopback_host(host: str) -> bool:
     """True for a host name or address only this machine can reach."""
     if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gateway.devices.naming import (
     META_TOOL_NAMES,
+    MadeNames,
     NameAssignment,
     ToolNames,
     candidate_name,
@@ -73,6 +74,12 @@ class FleetNames:
                     found.add(device_id)
         self._unsettled.clear()
         return found
+
+    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> MadeNames:
+        """``assign`` each tool of ``tools`` (nothing new: see the class)."""
+        for tool in tools.names:
+            self.assign(device_id, alias, tool)
+        return []
 
     def share(self, device_id: str, tools: ToolNames) -> None:
         """Nothing to share: a cluster's names are decided pair by pair (``NameMap.share``)."""

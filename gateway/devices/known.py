@@ -168,8 +168,9 @@ class KnownDevices:
             self._save(record)
         return device
 
-    def _learn_board(self, device: Device, board: str) -> None:
-        """Note the device's board if none is known; name the device after it if it had none.
+    def _learn_board(self, device: Device, board: str) -> bool:
+        """Note the device's board if none is known; name the device after it if it had none
+        (then True: the caller's log line says so, one line less a join).
 
         An alias is fixed once people or hosts may have seen it: from the first sight of a board
         (a stock device's OTA check-in) or the first listing. A device that connected without
@@ -180,14 +181,14 @@ class KnownDevices:
         if device.named:  # by its board, the config, an enrollment or a past run
             # The OTA check-in's board (its board.type) says it better than serverInfo.
             record.board = record.board or board
-            return
+            return False
         record.board = board
         alias = self._alias(record.device_id, board)
-        logger.info("device %s is named %s, after its board", record.device_id, alias)
         if self._by_alias.get(record.alias) is device:
             del self._by_alias[record.alias]
         record.alias = alias
         self._by_alias.setdefault(alias, device)
+        return True
 
     def _alias(self, device_id: str, board: str | None) -> str:
         configured = self._config.device(device_id).name
@@ -208,18 +209,11 @@ class KnownDevices:
         device.catalogue = catalogue
         decided = self._decisions(device.device_id, catalogue) if catalogue is not None else None
         device.decisions, device.names = decided, self._names
-        new_names = []
-        specs = catalogue.tools if catalogue is not None else ()
+        tools = decided.names if decided is not None else None  # the catalogue's, shared
         if self._fleet_names is not None:  # tools no longer listed free their names
-            self._fleet_names.release(device.device_id, {spec.name for spec in specs})
-        device_id, alias = device.device_id, device.alias  # 25 tools a join
-        for spec in specs:
-            entry, is_new = self._names.assign(device_id, alias, spec.name)
-            if is_new:
-                new_names.append(entry)
-        if decided is not None:  # its plain names held through the catalogue's, not one by one
-            self._names.share(device_id, decided.names)
-        self._store.save_names(new_names)
+            self._fleet_names.release(device.device_id, set(tools.names) if tools else set())
+        if tools is not None:  # its plain names held through the catalogue's, not one by one
+            self._store.save_names(self._names.assign_all(device.device_id, device.alias, tools))
         self._show(device)
         self._decide_displaced()
 

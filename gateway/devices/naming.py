@@ -11,83 +11,40 @@ same way after a restart, whichever device connects first.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import re
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from gateway.devices.name_rules import (
+    MAX_NAME_LENGTH,
+    META_TOOL_NAMES,
+    NAME_PATTERN,
+    candidate_name,
+    clean_alias,
+    derive_alias,
+    disambiguated_name,
+    sanitize,
+    short_hash,
+    tool_suffix,
+)
 
 __all__ = [
     "MAX_NAME_LENGTH",
     "META_TOOL_NAMES",
     "NAME_PATTERN",
+    "MadeNames",
     "NameAssignment",
     "NameMap",
+    "PlainNames",
     "ToolNames",
     "candidate_name",
+    "clean_alias",
     "derive_alias",
     "disambiguated_name",
     "sanitize",
+    "short_hash",
     "tool_suffix",
 ]
-
-MAX_NAME_LENGTH = 64
-NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-META_TOOL_NAMES = frozenset({"list_devices", "call_device_tool"})
-_HASH_LENGTH = 6
-_MAX_ALIAS_LENGTH = 32
-_INVALID = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def sanitize(text: str) -> str:
-    """Replace every character outside ``[A-Za-z0-9_-]`` with ``_``."""
-    return _INVALID.sub("_", text)
-
-
-def short_hash(*parts: str) -> str:
-    """A short, stable hex digest of ``parts``."""
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:_HASH_LENGTH]
-
-
-# Every device of a firmware names the same tools, and each of a device's tools its alias: cached
-# (bounded: names come from devices).
-@functools.lru_cache(maxsize=4096)
-def tool_suffix(tool_name: str) -> str:
-    """The tool part of an MCP name: ``self.lamp.turn_on`` -> ``lamp_turn_on``."""
-    bare = tool_name.removeprefix("self.")
-    return sanitize(bare) or "tool_" + short_hash(tool_name)
-
-
-@functools.lru_cache(maxsize=4096)
-def clean_alias(alias: str) -> str:
-    """An alias usable as a name prefix (configured names may hold spaces or dots)."""
-    cleaned = sanitize(alias.strip())[:_MAX_ALIAS_LENGTH].strip("_-")
-    return cleaned or "device_" + short_hash(alias)
-
-
-def derive_alias(device_id: str, board: str | None) -> str:
-    """An alias for a device the config does not name: board name plus the id's last bytes.
-
-    ``derive_alias("aa:bb:cc:dd:ee:ff", "bread-compact-wifi")`` -> ``bread-compact-wifi_eeff``.
-    """
-    digits = re.sub(r"[^0-9a-f]", "", device_id.lower())
-    suffix = digits[-4:] if len(digits) >= 4 else short_hash(device_id)[:4]
-    base = sanitize((board or "esp32").lower())[:24].strip("_-") or "esp32"
-    return f"{base}_{suffix}"
-
-
-def candidate_name(alias: str, tool_name: str) -> str:
-    """The plain MCP name of ``tool_name`` under ``alias``, cut to 64 characters with a hash."""
-    name = f"{clean_alias(alias)}_{tool_suffix(tool_name)}"
-    if len(name) <= MAX_NAME_LENGTH:
-        return name
-    return name[: MAX_NAME_LENGTH - _HASH_LENGTH - 1] + "_" + short_hash(alias, tool_name)
-
-
-def disambiguated_name(name: str, device_id: str, tool_name: str, attempt: int) -> str:
-    """``name`` made unique to (device, tool) by a hash of them (``attempt`` > 0: tried again)."""
-    tag = short_hash(device_id, tool_name, *([str(attempt)] if attempt else []))
-    return name[: MAX_NAME_LENGTH - _HASH_LENGTH - 1] + "_" + tag
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +64,7 @@ class ToolNames:
     device's alias and this, and finds a plain name's holder by its tool part (``with_suffix``).
     """
 
-    __slots__ = ("_by_suffix", "names", "suffixes")
+    __slots__ = ("_by_suffix", "_json", "distinct", "names", "suffixes")
 
     def __init__(self, names: Iterable[str] = ()) -> None:
         """The tool names ``names``, in the device's order."""
@@ -117,6 +74,15 @@ class ToolNames:
         self._by_suffix: dict[str, tuple[str, ...]] = {}
         for tool, suffix in self.suffixes.items():
             self._by_suffix[suffix] = (*self._by_suffix.get(suffix, ()), tool)
+        # no two tools share a name part (nor a name): their plain names cannot collide
+        self.distinct = len(self._by_suffix) == len(self.names)
+        self._json: str | None = None
+
+    def to_json(self) -> str:
+        """The names as a JSON list (made once: every device of the catalogue stores it)."""
+        if self._json is None:
+            self._json = json.dumps(self.names)
+        return self._json
 
     def __contains__(self, tool: object) -> bool:
         return tool in self.suffixes
@@ -127,6 +93,34 @@ class ToolNames:
 
 
 _NO_TOOLS = ToolNames()
+
+
+@dataclass(frozen=True, slots=True)
+class PlainNames:
+    """Every tool of ``tools`` on ``device_id`` under its plain name: what ``NameMap.assign_all``
+    made at once, kept (and persisted) as one object, its assignments spelled out on demand."""
+
+    device_id: str
+    alias: str
+    prefix: str  # clean_alias(alias)
+    tools: ToolNames
+
+    def __len__(self) -> int:
+        return len(self.tools.names)
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        """(device_id, tool, alias, name) of each tool: the store's rows."""
+        device_id, alias, prefix = self.device_id, self.alias, self.prefix
+        return [(device_id, tool, alias, f"{prefix}_{suffix}")
+                for tool, suffix in self.tools.suffixes.items()]  # fmt: skip
+
+    def entries(self) -> list[NameAssignment]:
+        """Each assignment, in the tools' order."""
+        return [NameAssignment(*row) for row in self.rows()]
+
+
+MadeNames = list[NameAssignment] | PlainNames
+"""Names just made, to persist: one by one, or a whole catalogue's at once."""
 
 
 class _Held:
@@ -175,14 +169,23 @@ class NameMap:
     ``ToolNames`` instead of a string and an entry each (``lookup`` finds a plain name's holder
     by its alias part and its tool part). Only the other names (cut, disambiguated, under an
     older alias, or of tools the device no longer lists) are kept one by one.
+
+    A joining device of a known firmware takes its whole catalogue at once (``assign_all``):
+    when none of its plain names is taken, it holds them through the shared ``ToolNames`` at
+    once, with no entry made, searched or deleted per tool.
     """
 
     def __init__(self, saved: Iterable[NameAssignment] = ()) -> None:
         self._held: dict[str, _Held] = {}
         self._special: dict[str, NameAssignment] = {}  # by name: the names held one by one
         self._by_prefix: dict[str, list[_Held]] = {}  # clean alias -> the devices named under it
+        # Every head of a listed clean alias that ends before one of its underscores, with how
+        # many aliases have it: ``a_b`` (listed) makes ``a_b_c`` of ``a`` and ``b.c`` collide.
+        self._heads: dict[str, int] = {}
+        self.walks = 0  # for tests: names searched for their holder underscore by underscore
         for entry in saved:
-            self._keep(self._held.get(entry.device_id) or self._hold(entry), entry)
+            held = self._held.get(entry.device_id) or self._hold(entry.device_id, entry.alias)
+            self._keep(held, entry)
 
     def assign(self, device_id: str, alias: str, tool: str) -> tuple[NameAssignment, bool]:
         """The name for ``tool`` on ``device_id``; the flag is True if it was just made."""
@@ -191,19 +194,62 @@ class NameMap:
         if known is not None and known.alias == alias:
             return known, False
         if held is None:
-            held = self._hold(NameAssignment(device_id, tool, alias, ""))
+            held = self._hold(device_id, alias)
         elif held.alias != alias:
             self._rename(held, alias)
         if known is not None:  # the device was renamed: the tool's old name is free again
             self._drop(held, tool)
         name = candidate_name(alias, tool)
         attempt = 0
-        while name in META_TOOL_NAMES or self.lookup(name) not in (None, (device_id, tool)):
+        while name in META_TOOL_NAMES or self._walk(name) not in (None, (device_id, tool)):
             name = disambiguated_name(candidate_name(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)
         self._keep(held, entry)
         return entry, True
+
+    def assign_all(self, device_id: str, alias: str, tools: ToolNames) -> MadeNames:
+        """Assign every tool of ``tools`` on ``device_id``, which then holds its plain names
+        through ``tools`` (``assign`` each, then ``share``); return the names just made."""
+        if not self._plain_names_free(device_id, alias, tools):
+            made = [e for tool in tools.names for e, new in [self.assign(device_id, alias, tool)]
+                    if new]  # fmt: skip
+            self.share(device_id, tools)
+            return made
+        held = self._hold(device_id, alias)
+        held.tools = tools
+        return PlainNames(device_id, alias, held.prefix, tools)
+
+    def _plain_names_free(self, device_id: str, alias: str, tools: ToolNames) -> bool:
+        """True if ``device_id`` holds no name yet and no other pair holds any plain name of
+        ``tools`` under ``alias`` (each valid as it is).
+
+        The holder of another plain name ``<q>_<t>`` equal to ``<prefix>_<suffix>`` has ``q``
+        equal to ``prefix`` or to a head of it (found here once per device, not per tool), or
+        ``q`` longer, starting with ``prefix_`` (``_heads`` says whether any does: then each
+        name is searched as ``lookup`` does).
+        """
+        if device_id in self._held or not tools.distinct:
+            return False
+        prefix = clean_alias(alias)
+        walk = prefix in self._heads
+        namesakes = [  # (a device under a head of the prefix, what its tool part starts with)
+            (held, prefix[len(head) + 1 :] + "_" if head != prefix else "")
+            for head in [*_heads_of(prefix), prefix]
+            for held in self._by_prefix.get(head, ())
+        ]
+        special = self._special
+        for suffix in tools.suffixes.values():
+            name = f"{prefix}_{suffix}"
+            if len(name) > MAX_NAME_LENGTH or name in META_TOOL_NAMES or name in special:
+                return False
+            for held, start in namesakes:
+                if any(held.special is None or tool not in held.special
+                       for tool in held.tools.with_suffix(start + suffix)):  # fmt: skip
+                    return False
+            if walk and self._walk(name) is not None:
+                return False
+        return True
 
     def share(self, device_id: str, tools: ToolNames) -> None:
         """Let ``device_id``, whose tools are now ``tools`` (each assigned), hold their plain
@@ -249,6 +295,10 @@ class NameMap:
             cut = name.find("_", cut + 1)
         return None
 
+    def _walk(self, name: str) -> tuple[str, str] | None:
+        self.walks += 1
+        return self.lookup(name)
+
     def entries(self) -> list[NameAssignment]:
         """Every assignment, for persisting."""
         found = []
@@ -259,16 +309,29 @@ class NameMap:
             found += special.values()
         return found
 
-    def _hold(self, first: NameAssignment) -> _Held:
-        held = self._held[first.device_id] = _Held(first.device_id, first.alias)
-        self._by_prefix.setdefault(held.prefix, []).append(held)
+    def _hold(self, device_id: str, alias: str) -> _Held:
+        held = self._held[device_id] = _Held(device_id, alias)
+        self._list(held)
         return held
+
+    def _list(self, held: _Held) -> None:
+        namesakes = self._by_prefix.setdefault(held.prefix, [])
+        namesakes.append(held)
+        if len(namesakes) == 1:
+            heads = self._heads
+            for head in _heads_of(held.prefix):
+                heads[head] = heads.get(head, 0) + 1
 
     def _unlist(self, held: _Held) -> None:
         namesakes = self._by_prefix[held.prefix]
         namesakes.remove(held)
         if not namesakes:
             del self._by_prefix[held.prefix]
+            heads = self._heads
+            for head in _heads_of(held.prefix):
+                heads[head] -= 1
+                if not heads[head]:
+                    del heads[head]
 
     def _rename(self, held: _Held, alias: str) -> None:
         """Its names so far stay, one by one, until each is assigned again under ``alias``."""
@@ -276,7 +339,7 @@ class NameMap:
         held.tools = _NO_TOOLS
         self._unlist(held)
         held.rename(alias)
-        self._by_prefix.setdefault(held.prefix, []).append(held)
+        self._list(held)
 
     def _spell_out(self, held: _Held, keep: ToolNames) -> None:
         """Keep one by one the implied names of ``held``'s tools that are not in ``keep``."""
@@ -296,3 +359,8 @@ class NameMap:
         old = held.special.pop(tool, None) if held.special is not None else None
         if old is not None and self._special.get(old.name) is old:
             del self._special[old.name]
+
+
+def _heads_of(prefix: str) -> list[str]:
+    """The heads of ``prefix`` that end before one of its underscores."""
+    return [prefix[:cut] for cut, c in enumerate(prefix) if c == "_" and cut > 0]

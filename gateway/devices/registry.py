@@ -164,8 +164,7 @@ class DeviceRegistry(DeviceAdmin):
                 logger.warning("device %s: tool %r rejected: %s",
                                record.alias, rejection.tool, rejection.reason)  # fmt: skip
         board = server_info.get("name") if server_info else None
-        if isinstance(board, str) and board:
-            self._learn_board(device, board)
+        named = isinstance(board, str) and board and self._learn_board(device, board)
         record.server_info = server_info
         record.last_seen = self._clock()
         if catalogue is not device.catalogue:
@@ -173,5 +172,6 @@ class DeviceRegistry(DeviceAdmin):
                 self._store.release_catalogue(record.catalogue)
             record.catalogue = catalogue.digest
             self._use(device, catalogue)
-        logger.info("device %s lists %s", device.label, device.tool_counts)
+        logger.info("device %s lists %s%s", device.label, device.tool_counts,
+                    ", named after its board" if named else "")  # fmt: skip
         self._save(record)  # after _use: its watchers see the catalogue in use (cluster)

@@ -11,7 +11,10 @@ told it is done: ``commit()`` writes everything queued at once, and the caller a
 it. Writes take turns (``_turn``), so a batch the writer took earlier can never land after a
 commit and put an older state back.
 
-Devices with the same firmware share one ``catalogues`` row, referenced by its digest.
+Devices with the same firmware share one ``catalogues`` row, referenced by its digest. A new
+device whose tools take their plain names writes those as one ``plain_names`` row (its alias and
+its tools), not a ``tool_names`` row per tool: 25 rows in two indexes were about a tenth of a
+storm's CPU.
 """
 
 from __future__ import annotations
@@ -28,47 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.datadir import create_private, tighten
-from gateway.devices.catalogue import digest_of
-from gateway.devices.naming import NameAssignment
+from gateway.devices.naming import MadeNames, NameAssignment, PlainNames, ToolNames, clean_alias
+from gateway.devices.store_layout import DEVICE_COLUMNS, prepare
 from gateway.errors import GatewayError, StorageUnavailable
 
 __all__ = ["DeviceRecord", "Store", "StoredState", "open_database"]
 
 logger = logging.getLogger(__name__)
-
-_VERSION = 3  # PRAGMA user_version; 0 is the first layout (a catalogue per device row)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS devices (
-    device_id   TEXT PRIMARY KEY,
-    alias       TEXT NOT NULL,
-    board       TEXT,
-    client_id   TEXT,
-    transport   TEXT,
-    server_info TEXT,
-    catalogue   TEXT,
-    first_seen  REAL NOT NULL,
-    last_seen   REAL NOT NULL,
-    state       TEXT NOT NULL DEFAULT 'approved',
-    binding     TEXT
-);
-CREATE INDEX IF NOT EXISTS devices_by_catalogue ON devices (catalogue);
-CREATE TABLE IF NOT EXISTS catalogues (
-    digest TEXT PRIMARY KEY,
-    tools  TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tool_names (
-    device_id TEXT NOT NULL,
-    tool      TEXT NOT NULL,
-    alias     TEXT NOT NULL,
-    name      TEXT NOT NULL UNIQUE,
-    PRIMARY KEY (device_id, tool)
-);
-"""
-_DEVICE_COLUMNS = (
-    "device_id, alias, board, client_id, transport, server_info, catalogue, first_seen, last_seen,"
-    " state, binding"
-)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -88,7 +57,7 @@ class DeviceRecord:
     binding: str | None = None  # the Client-Id it was approved with; others are refused
 
     def row(self) -> tuple[object, ...]:
-        """The ``devices`` row, in ``_DEVICE_COLUMNS`` order."""
+        """The ``devices`` row, in ``DEVICE_COLUMNS`` order."""
         info = json.dumps(self.server_info) if self.server_info is not None else None
         return (self.device_id, self.alias, self.board, self.client_id, self.transport, info,
                 self.catalogue, self.first_seen, self.last_seen, self.state,
@@ -132,6 +101,7 @@ class _Batch:
     devices: dict[str, DeviceRecord]
     catalogues: dict[str, str]
     names: dict[tuple[str, str], NameAssignment]
+    plain: dict[str, PlainNames]  # by device id: a new device's names, one row
     forgotten: set[str]  # device ids whose rows go first
     released: set[str]  # catalogue digests a device no longer uses: gone if none does
 
@@ -140,11 +110,11 @@ class _Batch:
 
     def rows(self) -> int:
         parts = (self.devices, self.catalogues, self.names, self.forgotten, self.released)
-        return sum(len(part) for part in parts)
+        return sum(len(part) for part in (*parts, self.plain))
 
 
 def _empty() -> _Batch:
-    return _Batch({}, {}, {}, set(), set())
+    return _Batch({}, {}, {}, {}, set(), set())
 
 
 class Store:
@@ -154,7 +124,7 @@ class Store:
         self._db = open_database(path, "")
         self._lock = threading.Lock()
         with self._lock:
-            _prepare(self._db)
+            prepare(self._db)
         self._pending = _empty()
         self._dirty = asyncio.Event()
         self._turn = asyncio.Lock()  # one write at a time, in the order their batches were taken
@@ -171,11 +141,13 @@ class Store:
     def load(self) -> StoredState:
         """Every device, catalogue and name kept so far."""
         with self._lock:
-            rows = self._db.execute(f"SELECT {_DEVICE_COLUMNS} FROM devices").fetchall()
+            rows = self._db.execute(f"SELECT {DEVICE_COLUMNS} FROM devices").fetchall()
             catalogues = self._db.execute("SELECT digest, tools FROM catalogues").fetchall()
+            plain = self._db.execute("SELECT device_id, alias, tools FROM plain_names").fetchall()
             names = self._db.execute("SELECT device_id, tool, alias, name FROM tool_names")
-            return StoredState([_record(row) for row in rows], catalogues,
-                               [NameAssignment(*n) for n in names])  # fmt: skip
+            # A device's plain names first: its names assigned one by one since are newer.
+            saved = [*_spelled(plain), *(NameAssignment(*n) for n in names)]
+            return StoredState([_record(row) for row in rows], catalogues, saved)
 
     # --- queued writes (no I/O: cheap on the event loop) -----------------------------------
 
@@ -189,8 +161,12 @@ class Store:
         self._pending.catalogues[digest] = stored
         self._dirty.set()
 
-    def save_names(self, entries: list[NameAssignment]) -> None:
+    def save_names(self, entries: MadeNames) -> None:
         """Queue new or changed name assignments."""
+        if isinstance(entries, PlainNames):  # a joining device's: one row
+            self._pending.plain[entries.device_id] = entries
+            self._dirty.set()
+            return
         for entry in entries:
             self._pending.names[(entry.device_id, entry.tool)] = entry
         if entries:
@@ -198,7 +174,7 @@ class Store:
 
     def release_catalogue(self, digest: str) -> None:
         """Queue the removal of a catalogue row, done if no device refers to it by then (a
-        device listing new catalogues for ever leaves none behind; ``_prepare`` sweeps too)."""
+        device listing new catalogues for ever leaves none behind; ``prepare`` sweeps too)."""
         self._pending.released.add(digest)
         self._dirty.set()
 
@@ -208,6 +184,7 @@ class Store:
         pending.devices.pop(device_id, None)
         for pair in [pair for pair in pending.names if pair[0] == device_id]:
             del pending.names[pair]
+        pending.plain.pop(device_id, None)
         pending.forgotten.add(device_id)
         self._dirty.set()
 
@@ -283,17 +260,20 @@ class Store:
                 forgotten = [(device_id,) for device_id in batch.forgotten]
                 db.executemany("DELETE FROM devices WHERE device_id = ?", forgotten)
                 db.executemany("DELETE FROM tool_names WHERE device_id = ?", forgotten)
+                db.executemany("DELETE FROM plain_names WHERE device_id = ?", forgotten)
                 db.executemany("INSERT OR IGNORE INTO catalogues VALUES (?, ?)",
                                batch.catalogues.items())  # fmt: skip
-                db.executemany(f"INSERT OR REPLACE INTO devices ({_DEVICE_COLUMNS}) VALUES "
+                db.executemany(f"INSERT OR REPLACE INTO devices ({DEVICE_COLUMNS}) VALUES "
                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
                 db.executemany(
                     "DELETE FROM catalogues WHERE digest = ?1 AND NOT EXISTS"
                     " (SELECT 1 FROM devices WHERE catalogue = ?1)",
                     [(digest,) for digest in batch.released],
                 )
-                # A storm's 25 names a device are most of the writer's work: one statement
-                # each. REPLACE also deletes the row of any other holder of the name (UNIQUE).
+                db.executemany("INSERT OR REPLACE INTO plain_names VALUES (?, ?, ?)",
+                               [(p.device_id, p.alias, p.tools.to_json())
+                                for p in batch.plain.values()])  # fmt: skip
+                # REPLACE also deletes the row of any other holder of the name (UNIQUE).
                 db.executemany("INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)",
                                [(e.device_id, e.tool, e.alias, e.name)
                                 for e in batch.names.values()])  # fmt: skip
@@ -325,6 +305,8 @@ class Store:
             pending.catalogues.setdefault(digest, stored)
         for pair, entry in batch.names.items():
             pending.names.setdefault(pair, entry)
+        for device_id, plain in batch.plain.items():
+            pending.plain.setdefault(device_id, plain)
         pending.forgotten |= batch.forgotten  # deletes go first: a device back since is kept
         pending.released |= batch.released
         self._dirty.set()
@@ -346,50 +328,15 @@ def _record(row: tuple[Any, ...]) -> DeviceRecord:
     )
 
 
-def _prepare(db: sqlite3.Connection) -> None:
-    """Bring the file to ``_VERSION`` and drop catalogues no device uses any more.
-
-    The first layout kept a whole catalogue in each device row; its rows move to the shared
-    table (and are judged again when loaded, like every stored catalogue).
-    """
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    columns = {row[1] for row in db.execute("PRAGMA table_info(devices)")}
-    first_layout = version < _VERSION and "tools" in columns
-    with db:
-        db.execute("BEGIN")
-        if first_layout:
-            db.execute("ALTER TABLE devices RENAME TO devices_v1")
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
-        if first_layout:
-            _copy_first_layout(db)
-        if version == 2:  # device approval came in version 3: devices known before stay approved
-            db.execute("ALTER TABLE devices ADD COLUMN state TEXT NOT NULL DEFAULT 'approved'")
-            db.execute("ALTER TABLE devices ADD COLUMN binding TEXT")
-        db.execute(
-            "DELETE FROM catalogues WHERE digest NOT IN"
-            " (SELECT catalogue FROM devices WHERE catalogue IS NOT NULL)"
-        )
-        db.execute(f"PRAGMA user_version = {_VERSION}")
-
-
-def _copy_first_layout(db: sqlite3.Connection) -> None:
-    """Move each old row's catalogue into the shared table."""
-    rows = db.execute(
-        "SELECT device_id, alias, board, client_id, transport, server_info, tools,"
-        " first_seen, last_seen FROM devices_v1"
-    ).fetchall()
-    for *head, tools, first_seen, last_seen in rows:
+def _spelled(rows: list[tuple[str, str, str]]) -> list[NameAssignment]:
+    """The assignments of ``plain_names`` rows (an unreadable row: its device's tools are
+    named again when it lists them)."""
+    found: list[NameAssignment] = []
+    for device_id, alias, tools in rows:
         try:
-            entries = json.loads(tools)
+            names = json.loads(tools)
         except ValueError:
-            entries = []
-        digest = digest_of(entries) if isinstance(entries, list) and entries else None
-        if digest is not None:
-            stored = json.dumps({"tools": entries, "rejected": []}, ensure_ascii=True)
-            db.execute("INSERT OR IGNORE INTO catalogues VALUES (?, ?)", (digest, stored))
-        db.execute(f"INSERT INTO devices ({_DEVICE_COLUMNS}) VALUES "
-                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, 'approved', NULL)",
-                   (*head, digest, first_seen, last_seen))  # fmt: skip
-    db.execute("DROP TABLE devices_v1")
+            continue
+        if isinstance(names, list) and all(isinstance(name, str) for name in names):
+            found += PlainNames(device_id, alias, clean_alias(alias), ToolNames(names)).entries()
+    return found

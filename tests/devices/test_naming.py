@@ -8,7 +8,10 @@ from hypothesis import strategies as st
 from gateway.devices.naming import (
     META_TOOL_NAMES,
     NAME_PATTERN,
+    MadeNames,
+    NameAssignment,
     NameMap,
+    PlainNames,
     ToolNames,
     clean_alias,
     derive_alias,
@@ -136,3 +139,68 @@ def test_a_tool_no_longer_listed_keeps_its_name_and_a_rename_frees_them() -> Non
     assert names.lookup("lamp_on") is None and names.lookup("lamp_off") is None
     names.forget("d")
     assert names.lookup("hall_on") is None and names.name_of("d", "self.on") is None
+
+
+small_names = st.text(alphabet="ab_.", min_size=1, max_size=6)  # often collide, across "_" too
+
+
+def spelled(made: MadeNames) -> list[NameAssignment]:
+    """The assignments of what ``assign_all`` made, at once or one by one."""
+    return made.entries() if isinstance(made, PlainNames) else made
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("pqr"), small_names,
+                          st.lists(small_names, min_size=1, max_size=5)), max_size=8))  # fmt: skip
+def test_a_whole_catalogue_at_once_is_named_as_one_by_one(
+    joins: list[tuple[str, str, list[str]]],
+) -> None:
+    """``assign_all`` gives every pair the name ``assign`` then ``share`` would, reports the
+    same names as new, and leaves the same names behind (for lookups and for a restart)."""
+    one_by_one, at_once = NameMap(), NameMap()
+    for device_id, alias, tools in joins:
+        catalogue = ToolNames(tools)
+        made = [e for t in catalogue.names for e, new in [one_by_one.assign(device_id, alias, t)]
+                if new]  # fmt: skip
+        one_by_one.share(device_id, catalogue)
+        assert spelled(at_once.assign_all(device_id, alias, catalogue)) == made
+    assert sorted(at_once.entries(), key=repr) == sorted(one_by_one.entries(), key=repr)
+    for entry in one_by_one.entries():
+        assert at_once.lookup(entry.name) == (entry.device_id, entry.tool)
+
+
+def test_a_fleet_of_one_firmware_is_named_without_searching_a_name() -> None:
+    """A thousand devices of one firmware join: no name is searched for its holder and no
+    name is held one by one, yet a plain name colliding across an underscore still is."""
+    names = NameMap()
+    firmware = ToolNames([f"self.audio_speaker.tool_{i}" for i in range(25)])
+    for n in range(1000):
+        made = names.assign_all(f"dev-{n}", f"bread-compact-wifi_{n:04x}", firmware)
+        assert isinstance(made, PlainNames) and len(made) == 25  # one object to persist
+        assert made.rows()[0][3] == f"bread-compact-wifi_{n:04x}_audio_speaker_tool_0"
+    assert names.walks == 0 and not names._special
+    # "bread-compact-wifi_0001_audio" + "speaker.tool_0" spells a name device 1 holds.
+    odd = spelled(names.assign_all("odd", "bread-compact-wifi_0001_audio",
+                                   ToolNames(["speaker.tool_0"])))  # fmt: skip
+    assert odd[0].name.startswith("bread-compact-wifi_0001_audio_speaker_tool_0_")
+    assert names.lookup("bread-compact-wifi_0001_audio_speaker_tool_0") == (
+        "dev-1", "self.audio_speaker.tool_0")  # fmt: skip
+    assert names.lookup(odd[0].name) == ("odd", "speaker.tool_0")
+
+
+def test_a_catalogue_at_once_yields_to_a_longer_alias_that_spells_its_names() -> None:
+    """A device named ``lamp_audio`` holds ``lamp_audio_speaker_on``: a later ``lamp`` whose
+    firmware has ``self.audio.speaker.on`` gets a hashed name for it, its other tools plain."""
+    names = NameMap()
+    names.assign_all("early", "lamp_audio", ToolNames(["self.speaker.on"]))
+    made = spelled(
+        names.assign_all("late", "lamp", ToolNames(["self.audio.speaker.on", "self.off"]))
+    )
+    assert made[0].name.startswith("lamp_audio_speaker_on_") and made[1].name == "lamp_off"
+    assert names.lookup("lamp_audio_speaker_on") == ("early", "self.speaker.on")
+    assert names.lookup(made[0].name) == ("late", "self.audio.speaker.on")
+    names.forget("early")
+    assert spelled(names.assign_all("later", "lamp", ToolNames(["self.x"])))[0].name == "lamp_x"
+    # "late": its first name found taken, then one by one (that name, its hashed one, the
+    # other); "later": none, as "early" is gone.
+    assert names.walks == 1 + 3

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.config import DeviceOptions
 from gateway.devices.audit import Actor
+from gateway.devices.naming import NameMap
 from gateway.devices.store import DeviceRecord, Store
 from tests.conftest import make_config
 from tests.fakes import ScriptedSession, Stack, tool
@@ -145,9 +146,54 @@ async def test_a_join_costs_its_own_work_whatever_the_fleet(tmp_path: Path) -> N
     before = work(stack)
     join(stack, 3000, tools)
     large = tuple(b - a for a, b in zip(before, work(stack), strict=True))
-    assert small == large == (25, 26)  # its 25 tools shown; its row and its 25 names written
+    # its 25 tools shown; its row and its plain names' row written (not a row per name)
+    assert small == large == (25, 2)
     assert len(stack.registry.exposed_tools()) == 3001 * 25
     stack.close()
+
+
+async def test_devices_of_a_known_firmware_are_named_without_searching(tmp_path: Path) -> None:
+    """A fleet of one firmware joins: no name is searched for its holder nor held one by one,
+    and every name comes back the same after a restart."""
+    stack = Stack(make_config(tmp_path))
+    tools = tuple(tool(f"self.audio_speaker.tool_{i}") for i in range(25))
+    for n in range(300):
+        join(stack, n, tools)
+    names = stack.registry._names
+    assert isinstance(names, NameMap) and names.walks == 0 and not names._special
+    before = [t.name for t in stack.registry.exposed_tools()]
+    assert len(set(before)) == 300 * 25
+    stack.close()
+    again = Stack(make_config(tmp_path))
+    assert [t.name for t in again.registry.exposed_tools()] == before
+    for n in range(300):  # back after the restart: their names as they were, none new
+        join(again, n, tools)
+    assert again.store.flush() == 300  # the devices' rows; no name row
+    assert [t.name for t in again.registry.exposed_tools()] == before
+    again.close()
+
+
+async def test_names_made_at_once_then_one_by_one_survive_a_restart(tmp_path: Path) -> None:
+    """A device named at once that later lists a new tool and drops one, and a device whose
+    plain name it would take, keep every name after a restart (the dropped tool's too)."""
+    config = make_config(tmp_path, devices={"aa:07": DeviceOptions(name="lamp_aa06_b")})
+    stack = Stack(config)
+    stack.registry.connect("aa:06", ScriptedSession(), transport="websocket")
+    stack.registry.set_catalogue("aa:06", (tool("self.a"), tool("self.b.c")), {"name": "lamp"})
+    lamp = stack.registry.get("aa:06")
+    assert lamp is not None
+    stack.registry.set_catalogue("aa:06", (tool("self.b.c"), tool("self.d")), None)
+    stack.registry.connect("aa:07", ScriptedSession(), transport="websocket")
+    stack.registry.set_catalogue("aa:07", (tool("self.c"),), None)  # spells lamp's b.c
+    names = stack.registry._names
+    before = {(e.device_id, e.tool): e.name for e in names.entries()}
+    assert lamp.alias == "lamp_aa06" and before[("aa:06", "self.a")] == "lamp_aa06_a"
+    assert before[("aa:06", "self.b.c")] == "lamp_aa06_b_c" and len(before) == 4
+    assert before[("aa:07", "self.c")].startswith("lamp_aa06_b_c_")  # hashed: taken
+    stack.close()
+    again = Stack(config)
+    assert {(e.device_id, e.tool): e.name for e in again.registry._names.entries()} == before
+    again.close()
 
 
 def held_per_device(stack: Stack, tools: tuple[dict[str, object], ...], first: int) -> float:

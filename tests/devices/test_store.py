@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.devices.naming import NameAssignment
+from gateway.devices.naming import NameAssignment, NameMap, ToolNames
 from gateway.devices.store import DeviceRecord, Store
 from gateway.errors import StorageUnavailable
 from tests.conftest import bound, make_config
@@ -61,6 +61,38 @@ def test_a_name_given_to_another_tool_leaves_its_old_holder(tmp_path: Path) -> N
     names = {(n.device_id, n.tool): n.name for n in store.load().names}
     assert names == {("aa:01", "self.b"): "lamp_b", ("aa:02", "self.a"): "lamp_a",
                      ("aa:04", "self.b"): "lamp_c"}  # fmt: skip
+    store.close()
+
+
+def test_a_catalogue_named_at_once_is_one_row(tmp_path: Path) -> None:
+    """A new device's plain names are one pending object and one row (failed writes kept,
+    names assigned one by one since win), a device forgotten before the write leaves none, and
+    they load as the names they stand for."""
+    path = tmp_path / "registry.sqlite3"
+    store, names = Store(path), NameMap()
+    firmware = ToolNames([f"self.tool_{i}" for i in range(25)])
+    for n in range(3):
+        store.save_names(names.assign_all(f"aa:0{n}", f"lamp_{n}", firmware))
+    assert len(store._pending.plain) == 3 and not store._pending.names
+    store.forget_device("aa:02")
+    names.forget("aa:02")
+    store._db.execute("PRAGMA query_only = ON")  # a full disk: the batch stays queued
+    assert store.flush() == 2 + 1 and store.rows_written == 0
+    store._db.execute("PRAGMA query_only = OFF")
+    store.save_names(names.assign_all("aa:01", "hall", firmware))  # renamed meanwhile
+    assert store.flush() == 2 + 1 + 25
+    assert (rows(path, "plain_names"), rows(path, "tool_names")) == (2, 25)
+    loaded = store.load().names
+    assert {(e.device_id, e.tool): e.name for e in loaded} == {
+        (e.device_id, e.tool): e.name for e in names.entries()}  # fmt: skip
+    assert {e.name for e in names.entries() if e.device_id == "aa:01"} == {
+        f"hall_tool_{i}" for i in range(25)}  # fmt: skip
+    restarted = NameMap(loaded)
+    for entry in names.entries():
+        assert restarted.lookup(entry.name) == (entry.device_id, entry.tool)
+    assert restarted.lookup("lamp_1_tool_0") is None  # the old alias's names stay free
+    store._db.execute("UPDATE plain_names SET tools = 'not json' WHERE device_id = 'aa:00'")
+    assert {e.device_id for e in store.load().names} == {"aa:01"}  # named again when it lists
     store.close()
 
 
