@@ -80,7 +80,7 @@ class DeviceMessages:
             raise
         finally:
             self._deliver = None
-        failure, self._failure = self._failure, None
+            failure, self._failure = self._failure, None  # (its traceback holds this socket)
         if failure is not None:
             raise failure
 
