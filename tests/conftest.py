@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -23,7 +24,7 @@ from gateway.config import Config, ListenAddress
 from tests.bounds import bound, exceeded_hint  # tests import bound from here
 from tests.hang_watch import install as install_hang_watch
 from tests.ports import refusing_port
-from tests.programs import HINTS
+from tests.programs import HINTS, ROOT
 
 DEVICE_TOKEN = "device-secret-for-tests"
 
@@ -91,6 +92,21 @@ def pytest_configure(config: pytest.Config) -> None:
     """A test about to be stopped by pytest-timeout first says where its tasks wait
     (tests/hang_watch.py)."""
     install_hang_watch(config)
+
+
+def run_with_suite_plugin(
+    test_file: Path, *options: str, factor: str = "1"
+) -> subprocess.CompletedProcess[str]:
+    """A real pytest run of ``test_file`` alone (its folder the rootdir) with this suite's
+    plugin (this module: bounds, the hang watch) at GATEWAY_TESTS_TIMEOUT_FACTOR=``factor``,
+    and without CI's rule that a skip fails the run (the outer run's, not this one's)."""
+    env = {**os.environ, "GATEWAY_TESTS_TIMEOUT_FACTOR": factor}
+    env.pop("GATEWAY_TESTS_NO_SKIPS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         "-q", *options, str(test_file), "--rootdir", str(test_file.parent)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=bound(120),
+    )  # fmt: skip
 
 
 @pytest.fixture

@@ -3,17 +3,12 @@ widen them (tests/bounds.py, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests import bounds
-from tests.conftest import bound
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import bound, run_with_suite_plugin
 
 
 def test_a_busy_machine_stretches_every_bound() -> None:
@@ -43,13 +38,7 @@ def test_a_run_out_bound_names_the_factor(tmp_path: Path) -> None:
         "def test_plain_failure():\n"
         "    assert 1 == 2\n"
     )
-    env = {**os.environ, "GATEWAY_TESTS_TIMEOUT_FACTOR": "1"}
-    env.pop("GATEWAY_TESTS_NO_SKIPS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "-q", str(tmp_path / "test_slow.py"), "--rootdir", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=bound(120),
-    )  # fmt: skip
+    done = run_with_suite_plugin(tmp_path / "test_slow.py")
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.count("GATEWAY_TESTS_TIMEOUT_FACTOR=3") == 1, done.stdout
     assert "bounds are scaled by GATEWAY_TESTS_TIMEOUT_FACTOR (1)" in done.stdout
@@ -62,11 +51,5 @@ def test_pytest_timeout_s_limit_scales_too(tmp_path: Path) -> None:
     (tmp_path / "test_long.py").write_text(
         "import time\ndef test_two_seconds():\n    time.sleep(2)\n"  # the clock is the subject
     )
-    env = {**os.environ, "GATEWAY_TESTS_TIMEOUT_FACTOR": "20"}
-    env.pop("GATEWAY_TESTS_NO_SKIPS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "-q", "-o", "timeout=1", str(tmp_path / "test_long.py"), "--rootdir", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=bound(120),
-    )  # fmt: skip
+    done = run_with_suite_plugin(tmp_path / "test_long.py", "-o", "timeout=1", factor="20")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -3,14 +3,9 @@ a real pytest run of a test hung on its event loop, with a fixture's loop in a t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import bound
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import run_with_suite_plugin
 
 HUNG = """
 import asyncio, logging, threading
@@ -65,13 +60,7 @@ def test_a_hung_test_says_where_each_task_waits(tmp_path: Path) -> None:
     and a fixture's in a thread, through an async generator), and the last log line; it comes
     before pytest-timeout's failure, and a passing test dumps nothing."""
     (tmp_path / "test_hung.py").write_text(HUNG)
-    env = {**os.environ, "GATEWAY_TESTS_TIMEOUT_FACTOR": "1"}
-    env.pop("GATEWAY_TESTS_NO_SKIPS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "-q", str(tmp_path / "test_hung.py"), "--rootdir", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=bound(120),
-    )  # fmt: skip
+    done = run_with_suite_plugin(tmp_path / "test_hung.py")
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     assert "1 failed, 1 passed" in done.stdout, output

@@ -222,8 +222,8 @@ class DeviceProtocol:
             frame = self._out.encode_mcp(outgoing.call_request(call_id, name, arguments))
         except (TypeError, ValueError, RecursionError) as exc:
             raise LocalProtocolError(f"tools/call arguments are not JSON: {exc}") from exc
-        size = envelope.utf8_length(frame)
-        if size > self._max_bytes:
+        if envelope.too_large(frame, self._max_bytes):  # measured without encoding if it can be
+            size = envelope.utf8_length(frame)
             raise LocalProtocolError(f"tools/call frame is {size} bytes, over {self._max_bytes}")
         if self._pending.add_call(call_id, frame):
             self._out.frame(frame)

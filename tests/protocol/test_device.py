@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gateway import __version__
 from gateway.errors import DeviceBusy, InvalidState, LocalProtocolError
+from gateway.protocol import envelope
 from gateway.protocol.device import DeviceProtocol, State
 from gateway.protocol.events import (
     CallFailed,
@@ -567,6 +568,25 @@ def test_call_tool_rejects_oversize_frame() -> None:
     assert protocol.pending_calls == frozenset()
     protocol.call_tool("a", {"text": "x"})
     assert len(protocol.data_to_send()) == 1
+
+
+def test_a_call_and_its_answer_are_not_encoded_again_to_be_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Non-ASCII both ways, neither the call's frame (its link encodes it to send it) nor the
+    answer (its link just decoded it) is encoded once more only to check its size."""
+    protocol = ready(max_message_bytes=65536)
+    protocol.data_to_send()
+    encoded: list[str] = []
+    monkeypatch.setattr(envelope, "utf8_length", lambda text: encoded.append(text) or 0)
+    call_id = protocol.call_tool("a", {"text": "打开客厅的灯"})
+    assert "打开客厅的灯" in protocol.data_to_send()[0]
+    answer = {"jsonrpc": "2.0", "id": call_id, "result": {"content": [{"text": "灯已打开"}]}}
+    envelope_ = {"session_id": SID, "type": "mcp", "payload": answer}
+    protocol.receive_text(json.dumps(envelope_, ensure_ascii=False))
+    [event] = protocol.events_received()
+    assert isinstance(event, CallSucceeded) and event.result == answer["result"]
+    assert encoded == []
 
 
 @pytest.mark.parametrize(

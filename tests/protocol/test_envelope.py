@@ -8,6 +8,7 @@ import re
 import pytest
 
 from gateway.errors import LocalProtocolError
+from gateway.protocol import envelope
 from gateway.protocol.envelope import (
     MalformedMessage,
     MessageTooLarge,
@@ -19,6 +20,7 @@ from gateway.protocol.envelope import (
     result_text,
     salvage_error_reply,
     server_hello,
+    too_large,
     utf8_length,
 )
 
@@ -140,6 +142,28 @@ def test_encode_rejects_nan() -> None:
     """NaN is not JSON."""
     with pytest.raises(ValueError):
         encode({"type": "x", "value": float("nan")})
+
+
+def test_too_large_encodes_only_where_the_character_count_cannot_decide(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A text is measured by its character count alone when that decides (1 to 4 UTF-8 bytes a
+    character, one when ASCII): only non-ASCII text with between a quarter of ``max_bytes`` and
+    ``max_bytes`` characters is encoded once more to be measured."""
+    encoded: list[str] = []
+
+    def counted(text: str) -> int:
+        encoded.append(text)
+        return utf8_length(text)
+
+    monkeypatch.setattr(envelope, "utf8_length", counted)
+    assert not too_large("温度" * 100, 800)  # 200 characters: 800 bytes at most
+    assert not too_large("x" * 800, 800) and too_large("x" * 801, 800)
+    assert too_large("温" * 801, 800)
+    assert encoded == []
+    assert too_large("温度" * 134, 800)  # 804 bytes
+    assert not too_large("温度" * 133 + "xx", 800)  # 800 bytes
+    assert encoded == ["温度" * 134, "温度" * 133 + "xx"]
 
 
 def test_utf8_length_counts_bytes() -> None:

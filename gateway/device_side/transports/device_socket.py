@@ -9,7 +9,8 @@ straight to the transport. It keeps what uvicorn gave the device WebSocket (docs
 "The device WebSocket"): the handshake's answers, the listener's guard (``Guarded``), the size
 limit (1009), the ``Keepalive`` wheel, backpressure both ways, close handling and shutdown.
 ``DeviceSockets`` (transports/websocket.py) makes one per handshake on the device path and runs
-its ``Endpoint`` (authenticate, settle, accept, serve) in one task, awaited on shutdown.
+its ``Endpoint`` (authenticate, settle, accept, serve) in one task, awaited on shutdown. What the
+device reads in, its text messages, is ``DeviceMessages`` (device_messages.py), the same object.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import asyncio
 import logging
 import random
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from uvicorn.server import ServerState
@@ -27,6 +28,7 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
+from gateway.device_side.transports.device_messages import INTERNAL_ERROR, DeviceMessages
 from gateway.devices.link import LinkClosed
 from gateway.net.limits import Guarded, Slot
 from gateway.net.websocket import Keepalive
@@ -36,19 +38,15 @@ __all__ = ["CLOSE_TIMEOUT", "DeviceSocket", "Endpoint"]
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 10.0  # s our close waits for the device's echo (uvicorn's close_timeout)
-_QUEUED = 2  # messages waiting for the connection before reading stops
-
-Buffer = bytes | bytearray | memoryview
 
 Endpoint = Callable[["DeviceSocket"], Awaitable[None]]
 """Serves one device WebSocket: ``refuse()`` it, or ``accept()`` it and use it as the link."""
 
 
-class DeviceSocket(asyncio.Protocol, Guarded):
+class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
     """One device WebSocket: the asyncio protocol, and the ``DeviceLink`` of its connection."""
 
-    __slots__ = ("_closed", "_deliver", "_drained", "_endpoint", "_keepalive", "_messages",
-                 "_parts", "_reading", "_state", "_text", "_waiter", "close_sent", "close_timer",
+    __slots__ = ("_drained", "_endpoint", "_keepalive", "_state", "close_sent", "close_timer",
                  "conn", "handshake_complete", "keepalive_slot", "pending_ping_payload",
                  "ping_sent_at", "request", "response", "slot", "transport")  # fmt: skip
 
@@ -62,6 +60,7 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         conn: ServerProtocol,
         keepalive: Keepalive | None,
     ) -> None:
+        super().__init__()
         self._endpoint = endpoint
         self._state = state
         self.conn = conn
@@ -70,18 +69,12 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         self.slot: Slot | None = None
         self.request: Request | None = None  # until the endpoint accepts or refuses
         self.response: Response | None = None
-        self.handshake_complete = self.close_sent = self._closed = False
+        self.handshake_complete = self.close_sent = False
         self.close_timer: asyncio.TimerHandle | None = None
         self.keepalive_slot: int | None = None
         self.pending_ping_payload: bytes | None = None
         self.ping_sent_at = 0.0
-        self._messages: list[str] = []  # whole text messages the connection has not taken
-        self._deliver: Callable[[str], None] | None = None  # or takes each as it comes
-        self._waiter: asyncio.Future[None] | None = None  # the connection, waiting for one
         self._drained: asyncio.Future[None] | None = None  # while the transport's buffer is full
-        self._reading = True
-        self._text: bool | None = None  # the message being received is text (None: none is)
-        self._parts: list[Buffer] = []  # its fragments so far
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a socket's: a Transport
@@ -110,8 +103,7 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         if drained is not None and not drained.done():
             drained.set_result(None)
         if self._deliver is not None and not self._reading and not self._closed:
-            self._reading = True
-            self.transport.resume_reading()
+            self._resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_keepalive()
@@ -198,46 +190,6 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         self._write()
         return True
 
-    async def deliver(self, receive: Callable[[str], None]) -> None:
-        """Give ``receive`` each text message as it arrives, in that loop turn, until the
-        WebSocket closes (``PushLink``)."""
-        self._deliver = receive
-        try:
-            while self._messages:  # what came before the connection started
-                receive(self._messages.pop(0))
-            if not self._reading and self._drained is None and not self._closed:
-                self._reading = True
-                self.transport.resume_reading()
-            while not self._closed:
-                waiter = self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await waiter
-                finally:
-                    self._waiter = None
-        finally:
-            self._deliver = None
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        """Yield each text message until the WebSocket closes; binary (audio) ones are not
-        kept."""
-        messages = self._messages
-        while True:
-            if messages:
-                text = messages.pop(0)
-                if not self._reading and not messages and not self._closed:
-                    self._reading = True
-                    self.transport.resume_reading()
-                yield text
-                del text  # an idle device must not keep its last message alive
-            elif self._closed:
-                return
-            else:
-                waiter = self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await waiter
-                finally:
-                    self._waiter = None
-
     async def aclose(self) -> None:
         """Close the WebSocket (1000) if it is open; its messages end at once."""
         if not self.handshake_complete:
@@ -255,8 +207,7 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         self._end()
         self._stop_keepalive()
         if not self._reading:  # the device's echo must get through
-            self._reading = True
-            self.transport.resume_reading()
+            self._resume_reading()
         loop = asyncio.get_running_loop()
         self.close_timer = loop.call_later(CLOSE_TIMEOUT, self.transport.close)
 
@@ -271,9 +222,13 @@ class DeviceSocket(asyncio.Protocol, Guarded):
     def keepalive_timeout(self) -> None:
         """No pong within the ping timeout: fail the connection (1011), as uvicorn does."""
         self.pending_ping_payload = None
+        self.fail(INTERNAL_ERROR, "keepalive ping timeout")
+
+    def fail(self, code: int = INTERNAL_ERROR, reason: str = "internal error") -> None:
+        """Fail the WebSocket at once with ``code`` (RFC 6455 7.1.7): nothing more is read."""
         if self.close_sent or self.transport.is_closing():
             return
-        self.conn.fail(1011, "keepalive ping timeout")
+        self.conn.fail(code, reason)
         self._closing()
 
     def _request(self, request: Request) -> None:
@@ -293,8 +248,10 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         try:
             await self._endpoint(self)
         except Exception:  # one device's failure is its own: logged, its socket closed
-            logger.exception("device WebSocket failed")
-            if not self.handshake_complete:
+            logger.exception("device WebSocket from %s failed", self.remote)
+            if self.handshake_complete:
+                self.fail()
+            else:
                 self.handshake_complete = True
                 self.conn.send_response(self.conn.reject(500, "Internal Server Error"))
                 self._write()
@@ -304,43 +261,14 @@ class DeviceSocket(asyncio.Protocol, Guarded):
 
     def _frame(self, frame: Frame) -> None:
         opcode = frame.opcode
-        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
-            self._text = opcode is Opcode.TEXT
-            self._parts = [frame.data] if self._text else []  # audio: not kept
-        elif opcode is Opcode.CONT:
-            if self._text:
-                self._parts.append(frame.data)
-        elif opcode is Opcode.PING:
+        if opcode is Opcode.PING:
             self._write()  # the pong the parser queued
-            return
         elif opcode is Opcode.PONG:
             self._pong(frame)
-            return
-        else:  # CLOSE
+        elif opcode is Opcode.CLOSE:
             self._close_received()
-            return
-        if frame.fin:
-            text, parts, self._parts, self._text = self._text, self._parts, [], None
-            if text and not self.close_sent:  # past our close, messages are dropped (uvicorn)
-                self._message(parts[0] if len(parts) == 1 else b"".join(parts))
-
-    def _message(self, data: Buffer) -> None:
-        try:
-            text = str(data, "utf-8")
-        except UnicodeDecodeError:  # RFC 6455 8.1: fail the connection with 1007
-            logger.warning("device WebSocket from %s: a text message that is not UTF-8",
-                           self.remote)  # fmt: skip
-            self.conn.fail(1007, "invalid UTF-8")
-            self._closing()
-            return
-        if self._deliver is not None:
-            self._deliver(text)
-            return
-        self._messages.append(text)
-        self._wake()
-        if self._reading and len(self._messages) >= _QUEUED:  # the connection is behind
-            self._reading = False
-            self.transport.pause_reading()
+        else:  # TEXT, BINARY, CONT
+            self._data_frame(frame)
 
     def _pong(self, frame: Frame) -> None:
         if self.pending_ping_payload is None or bytes(frame.data) != self.pending_ping_payload:
@@ -366,11 +294,6 @@ class DeviceSocket(asyncio.Protocol, Guarded):
         self._closed = self._closed or self.close_sent
         self._stop_keepalive()
         self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def _stop_keepalive(self) -> None:
         if self._keepalive is not None:

@@ -229,8 +229,13 @@ def device_sockets(
             return
         if settle is not None:  # what the login decided is on disk before it is accepted
             await settle()
-        if socket.accept():  # (False: the device left meanwhile)
+        if not socket.accept():  # the device left meanwhile
+            return
+        try:
             await serve(socket, identity)
+        except Exception:  # one device's failure is its own (as an MQTT device's): 1011
+            logger.exception("WebSocket device %s: session failed", identity.device_id)
+            socket.fail()
 
     sockets = DeviceSockets({DEVICE_PATH, DEVICE_PATH.rstrip("/")}, endpoint)
     return sockets
