@@ -36,7 +36,15 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     "net": [
-        {"addresses", "destinations", "websocket", "networks", "upgrade"},
+        {
+            "addresses",
+            "destinations",
+            "expiries",
+            "throttled_log",
+            "websocket",
+            "networks",
+            "upgrade",
+        },
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},
     ],
