@@ -74,17 +74,32 @@ async def test_a_call_parses_one_device_frame_and_starts_no_gateway_task(
                     timers[getattr(callback, "__qualname__", repr(callback))] += 1
                 return call_at(when, callback, *args, **kw)
 
+            stats: Counter[str] = Counter()
+            real_stat = os.stat
+            writes = run.gateway.audit.writes
+
+            def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+                stats[os.path.basename(os.fsdecode(path))] += 1
+                return real_stat(path, *args, **kw)
+
             loop.set_task_factory(counting_task)
             monkeypatch.setattr(loop, "call_at", counting_timer)
+            monkeypatch.setattr(os, "stat", counting_stat)
             try:
                 for _ in range(CALLS):
                     result = await client.call_tool(TOOL, {})
                     assert not result.is_error
+                run.gateway.audit.flush()  # the calls' records, written in the window
             finally:
                 loop.set_task_factory(None)
                 monkeypatch.setattr(loop, "call_at", call_at)
+                monkeypatch.setattr(os, "stat", real_stat)
     assert len(dev.calls) == CALLS + 1
     assert decoder.parsed == CALLS
+    # The audit log's writes ask nothing of its file (the stdlib's rollover check made two stats
+    # and a seek per write).
+    assert stats["audit.log"] == 0
+    assert run.gateway.audit.writes > writes
     assert tasks == Counter()
     # The calls' deadlines share one timer, and so do the host listener's connections'
     # handshake and authentication deadlines (one timer each): armed by the warm-up call and
