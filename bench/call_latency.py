@@ -216,6 +216,25 @@ def _summary(samples: list[float], cpu_s: float, gc_s: float) -> dict[str, float
 TARGETS = ("baseline", "gateway", "hop", "mcp")
 
 
+@contextlib.asynccontextmanager
+async def targets(data_dir: Path) -> AsyncIterator[dict[str, Target]]:
+    """Serve the bare server and the gateway; yield one call of each target, by name."""
+    async with contextlib.AsyncExitStack() as stack:
+        base_url = await stack.enter_async_context(baseline())
+        gw_url, hop, instant = await stack.enter_async_context(gateway(data_dir))
+        calls: dict[str, Target] = {"hop": hop}
+        for name, url, tool in (
+            ("baseline", base_url, BASELINE_TOOL),
+            ("gateway", gw_url, GATEWAY_TOOL),
+        ):
+            client = await stack.enter_async_context(Client(url, mode="legacy"))
+            await client.list_tools()  # the client caches output schemas from this
+            calls[name] = _mcp_call(client, tool)
+            if name == "gateway":  # the same session, its device answering at once
+                calls["mcp"] = _mcp_call(client, tool, instant)
+        yield calls
+
+
 async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
     """Warm up, then time ``calls`` calls per target in alternating blocks.
 
@@ -226,29 +245,17 @@ async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
     cpu = dict.fromkeys(TARGETS, 0.0)
     collected = dict.fromkeys(TARGETS, 0.0)
     with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
-        async with contextlib.AsyncExitStack() as stack:
-            base_url = await stack.enter_async_context(baseline())
-            gw_url, hop, instant = await stack.enter_async_context(gateway(Path(data_dir)))
-            targets: dict[str, Target] = {"hop": hop}
-            for name, url, tool in (
-                ("baseline", base_url, BASELINE_TOOL),
-                ("gateway", gw_url, GATEWAY_TOOL),
-            ):
-                client = await stack.enter_async_context(Client(url, mode="legacy"))
-                await client.list_tools()  # the client caches output schemas from this
-                targets[name] = _mcp_call(client, tool)
-                if name == "gateway":  # the same session, its device answering at once
-                    targets["mcp"] = _mcp_call(client, tool, instant)
+        async with targets(Path(data_dir)) as calls_of:
             if settle:
                 heap.settle()
             for name in TARGETS:
-                await _timed_calls(targets[name], WARMUP, [])
+                await _timed_calls(calls_of[name], WARMUP, [])
             order = list(TARGETS)
             done = 0
             while done < calls:
                 block = min(BLOCK, calls - done)
                 for name in order:
-                    spent, gc_s = await _timed_calls(targets[name], block, samples[name])
+                    spent, gc_s = await _timed_calls(calls_of[name], block, samples[name])
                     cpu[name] += spent
                     collected[name] += gc_s
                 order.reverse()
