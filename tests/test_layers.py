@@ -36,15 +36,8 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     "net": [
-        {
-            "addresses",
-            "destinations",
-            "expiries",
-            "throttled_log",
-            "websocket",
-            "networks",
-            "upgrade",
-        },
+        {"expiries", "throttled"},  # expiries: deadlines of one length on one timer
+        {"addresses", "destinations", "websocket", "networks", "upgrade"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},
     ],

@@ -34,7 +34,7 @@ import h11
 from gateway.config import Config
 from gateway.net.expiries import Expiries, Expiry
 from gateway.net.networks import Network, in_networks, networks
-from gateway.net.throttled_log import ThrottledLog
+from gateway.net.throttled import ThrottledLog
 from gateway.net.upgrade import DirectUpgrade, SocketRoutes
 from gateway.net.websocket import LeanWebSocket
 

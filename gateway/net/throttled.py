@@ -1,4 +1,4 @@
-"""Warnings about what a listener refused, logged at a bounded rate."""
+"""A log that says each kind of event at most once per interval (refusals under a flood)."""
 
 from __future__ import annotations
 
