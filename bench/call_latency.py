@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import statistics
 import sys
@@ -52,6 +53,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from gateway.app import running
+from gateway.cli import heap
 from gateway.config import Config, ListenAddress
 from gateway.net.listeners import bind
 from gateway.simulator import SimulatedDevice
@@ -171,58 +173,97 @@ def _mcp_call(client: Client, tool: str, instant: Instant | None = None) -> Targ
     return call
 
 
-async def _timed_calls(call: Target, count: int, into: list[float]) -> float:
-    """Make ``count`` calls, each timed into ``into``; return the process CPU time they took."""
-    cpu = time.process_time()
+class Collections:
+    """The garbage collector's runs in this process and the time they took (``gc.callbacks``):
+    the calls' CPU includes them, whichever call's allocation set one off."""
+
+    def __init__(self) -> None:
+        self.runs, self.seconds, self._start = 0, 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.runs += 1
+            self.seconds += time.perf_counter() - self._start
+
+
+COLLECTIONS = Collections()
+
+
+async def _timed_calls(call: Target, count: int, into: list[float]) -> tuple[float, float]:
+    """Make ``count`` calls, each timed into ``into``; return the process CPU time they took
+    and the collector's part of it."""
+    cpu, collected = time.process_time(), COLLECTIONS.seconds
     for _ in range(count):
         start = time.perf_counter()
         await call()
         into.append(time.perf_counter() - start)
-    return time.process_time() - cpu
+    return time.process_time() - cpu, COLLECTIONS.seconds - collected
 
 
-def _summary(samples: list[float], cpu_s: float) -> dict[str, float]:
+def _summary(samples: list[float], cpu_s: float, gc_s: float) -> dict[str, float]:
     ms = [s * 1000 for s in samples]
     return {
         "calls": len(ms),
         "median_ms": statistics.median(ms),
         "p99_ms": statistics.quantiles(ms, n=100, method="inclusive")[98],
         "cpu_ms": cpu_s * 1000 / len(ms),
+        "gc_ms": gc_s * 1000 / len(ms),
     }
 
 
 TARGETS = ("baseline", "gateway", "hop", "mcp")
 
 
-async def measure(calls: int) -> dict[str, Any]:
-    """Warm up, then time ``calls`` calls per target in alternating blocks."""
+@contextlib.asynccontextmanager
+async def targets(data_dir: Path) -> AsyncIterator[dict[str, Target]]:
+    """Serve the bare server and the gateway; yield one call of each target, by name."""
+    async with contextlib.AsyncExitStack() as stack:
+        base_url = await stack.enter_async_context(baseline())
+        gw_url, hop, instant = await stack.enter_async_context(gateway(data_dir))
+        calls: dict[str, Target] = {"hop": hop}
+        for name, url, tool in (
+            ("baseline", base_url, BASELINE_TOOL),
+            ("gateway", gw_url, GATEWAY_TOOL),
+        ):
+            client = await stack.enter_async_context(Client(url, mode="legacy"))
+            await client.list_tools()  # the client caches output schemas from this
+            calls[name] = _mcp_call(client, tool)
+            if name == "gateway":  # the same session, its device answering at once
+                calls["mcp"] = _mcp_call(client, tool, instant)
+        yield calls
+
+
+async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
+    """Warm up, then time ``calls`` calls per target in alternating blocks.
+
+    ``settle``: once everything listens, tune the collector as ``esp-mcp-gateway serve`` does
+    (``gateway.cli.heap.settle``); the bare server shares the process, so it gains alike.
+    """
     samples: dict[str, list[float]] = {name: [] for name in TARGETS}
     cpu = dict.fromkeys(TARGETS, 0.0)
+    collected = dict.fromkeys(TARGETS, 0.0)
     with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
-        async with contextlib.AsyncExitStack() as stack:
-            base_url = await stack.enter_async_context(baseline())
-            gw_url, hop, instant = await stack.enter_async_context(gateway(Path(data_dir)))
-            targets: dict[str, Target] = {"hop": hop}
-            for name, url, tool in (
-                ("baseline", base_url, BASELINE_TOOL),
-                ("gateway", gw_url, GATEWAY_TOOL),
-            ):
-                client = await stack.enter_async_context(Client(url, mode="legacy"))
-                await client.list_tools()  # the client caches output schemas from this
-                targets[name] = _mcp_call(client, tool)
-                if name == "gateway":  # the same session, its device answering at once
-                    targets["mcp"] = _mcp_call(client, tool, instant)
+        async with targets(Path(data_dir)) as calls_of:
+            if settle:
+                heap.settle()
             for name in TARGETS:
-                await _timed_calls(targets[name], WARMUP, [])
+                await _timed_calls(calls_of[name], WARMUP, [])
             order = list(TARGETS)
             done = 0
             while done < calls:
                 block = min(BLOCK, calls - done)
                 for name in order:
-                    cpu[name] += await _timed_calls(targets[name], block, samples[name])
+                    spent, gc_s = await _timed_calls(calls_of[name], block, samples[name])
+                    cpu[name] += spent
+                    collected[name] += gc_s
                 order.reverse()
                 done += block
-    figures: dict[str, Any] = {name: _summary(samples[name], cpu[name]) for name in TARGETS}
+    figures: dict[str, Any] = {
+        name: _summary(samples[name], cpu[name], collected[name]) for name in TARGETS
+    }
+    figures["gc"] = "settled" if settle else "default"
     base, gw, hop_f = figures["baseline"], figures["gateway"], figures["hop"]
     figures["ratio"] = {
         "median": gw["median_ms"] / base["median_ms"],
@@ -239,12 +280,12 @@ async def measure(calls: int) -> dict[str, Any]:
 
 
 def _table(figures: dict[str, Any]) -> str:
-    lines = [f"{'target':<10}{'calls':>7}{'median ms':>12}{'p99 ms':>10}{'cpu ms':>9}"]
+    lines = [f"{'target':<10}{'calls':>7}{'median ms':>12}{'p99 ms':>10}{'cpu ms':>9}{'gc ms':>8}"]
     for name in TARGETS:
         f = figures[name]
         lines.append(
             f"{name:<10}{f['calls']:>7}{f['median_ms']:>12.3f}{f['p99_ms']:>10.3f}"
-            f"{f['cpu_ms']:>9.3f}"
+            f"{f['cpu_ms']:>9.3f}{f['gc_ms']:>8.3f}"
         )
     ratio, added = figures["ratio"], figures["added_ms"]
     lines += [
@@ -254,6 +295,7 @@ def _table(figures: dict[str, Any]) -> str:
         f"hop (hop's median) is {figures['hop']['median_ms']:.3f} ms and the rest "
         f"{added['beyond_hop']:.3f} ms",
         f"its host side alone (mcp: the device answering at once) adds {added['mcp']:.3f} ms",
+        f"garbage collector: {figures['gc']} (gc ms: its share of each target's cpu ms)",
     ]
     return "\n".join(lines)
 
@@ -263,9 +305,16 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=500, help="timed calls per target")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=120.0, help="bound on the whole run, s")
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's collector settings rather than settle them as the gateway does",
+    )
     args = parser.parse_args()
+    gc.callbacks.append(COLLECTIONS)
     try:
-        figures = asyncio.run(asyncio.wait_for(measure(max(args.calls, 2)), args.timeout))
+        run = measure(max(args.calls, 2), settle=not args.default_gc)
+        figures = asyncio.run(asyncio.wait_for(run, args.timeout))
     except TimeoutError:
         print(f"call_latency: did not finish within {args.timeout:g} s", file=sys.stderr)
         return 1

@@ -31,6 +31,28 @@ async def test_call_latency_benchmark_runs_and_reports_both_targets() -> None:
     assert figures["ratio"]["median"] > 0 and figures["ratio"]["cpu"] > 0
     added = figures["added_ms"]
     assert added["median"] - added["beyond_hop"] == pytest.approx(figures["hop"]["median_ms"])
+    assert figures["gc"] == "settled"  # as serve runs the gateway
+    assert all(figures[name]["gc_ms"] >= 0 for name in ("baseline", "gateway", "hop", "mcp"))
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_call_work_benchmark_counts_what_a_call_costs() -> None:
+    """`bench/call_work.py --json` counts per call of each target its loop turns, callbacks,
+    connections and Python calls, and times the device hop hot and cold: a call through the
+    gateway is its host side plus its hop, turn for turn (give or take a timer's)."""
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "call_work.py"), "--calls", "4", "--json"], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    figures = json.loads(done.stdout)
+    gateway, mcp, hop = figures["gateway"], figures["mcp"], figures["hop"]
+    # A timer (the audit log's write) may fire in a turn of its own in one window, not another.
+    assert abs(gateway["turns"] - (mcp["turns"] + hop["turns"])) <= 1
+    assert hop["connections"] == 0 and gateway["connections"] >= 1
+    assert gateway["python_calls"] > hop["python_calls"] > 0
+    assert all(value > 0 for value in figures["hop_timed"].values())
 
 
 # fmt: off

@@ -36,7 +36,9 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     "net": [
-        {"direct_http", "throttled"},  # direct_http: small POSTs answered below ASGI
+        # direct_http: small POSTs answered below ASGI; expiries: deadlines of one length on
+        # one timer
+        {"direct_http", "expiries", "throttled"},
         {"addresses", "destinations", "websocket", "networks", "upgrade"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},

@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import logging.handlers
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -83,18 +84,29 @@ class _AuditFile(logging.handlers.RotatingFileHandler):
             path, maxBytes=max_bytes, backupCount=_BACKUPS, encoding="utf-8", delay=True
         )
         self.lost = 0  # records not written since the last one that was
+        self.size = 0  # characters in the file (its bytes when opened, then what was written)
 
     def _open(self) -> TextIOWrapper:
         fd = open_private(Path(self.baseFilename))
+        self.size = os.fstat(fd).st_size
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        """Would ``record`` take the file to ``maxBytes``? Counted from what was written since
+        the file opened: the stdlib asks the file at every write (two stats and a seek)."""
+        if self.stream is None:
+            self.stream = self._open()
+        return 0 < self.maxBytes <= self.size + len(record.getMessage()) + 1
 
     def emit(self, record: logging.LogRecord) -> None:
         """Write ``record``, a batch of lines (``handleError`` counts them when that fails)."""
         lost = self.lost
         super().emit(record)
-        if lost and self.lost == lost:
-            logger.warning("the audit log is written again (%d records were lost)", lost)
-            self.lost = 0
+        if self.lost == lost:
+            self.size += len(record.getMessage()) + 1
+            if lost:
+                logger.warning("the audit log is written again (%d records were lost)", lost)
+                self.lost = 0
 
     def handleError(self, record: logging.LogRecord) -> None:
         """Count the lost records; log the first of a run of failures; reopen next time."""
@@ -121,13 +133,7 @@ class AuditLog:
         self.writes = 0  # batches written (or tried) so far
         self.watchers: list[CallWatcher] = []
         self.replica: str | None = None  # cluster: each record says which replica wrote it
-        self._logger = logging.getLogger(f"gateway.devices.audit.{id(self)}")
-        self._logger.propagate = False  # audit records go to the file, not the console
-        self._logger.setLevel(logging.INFO)
         self._handler: _AuditFile | None = None
-        self._admin = logging.getLogger(f"gateway.devices.audit.{id(self)}.admin")
-        self._admin.propagate = False
-        self._admin.setLevel(logging.INFO)
         self._admin_handler: _AuditFile | None = None
         self._flush_delay = flush_delay
         self._held: list[str] = []  # formatted records waiting for their write
@@ -135,9 +141,7 @@ class AuditLog:
         if path is not None:
             private_dir(path.parent)
             self._handler = _AuditFile(path, max_bytes)
-            self._logger.addHandler(self._handler)
             self._admin_handler = _AuditFile(admin_path_of(path), max_bytes)
-            self._admin.addHandler(self._admin_handler)
 
     def record(
         self,
@@ -197,7 +201,7 @@ class AuditLog:
         line = self._hold(entry)
         if kind in KEPT_APART:  # rare, and acknowledged to a user: on disk before they are told
             self.flush()
-            self._admin.info("%s", line)
+            _write(self._admin_handler, line)
 
     def _hold(self, entry: dict[str, Any]) -> str:
         """Format ``entry`` now (returned); write it with the records that follow it shortly."""
@@ -222,17 +226,15 @@ class AuditLog:
         held, self._held = self._held, []
         if held and self._handler is not None:
             self.writes += 1
-            self._logger.info("%s", "\n".join(held), extra={"records": len(held)})
+            _write(self._handler, "\n".join(held), len(held))
 
     def close(self) -> None:
         """Write what is held, then close the file."""
         self.flush()
         if self._handler is not None:
-            self._logger.removeHandler(self._handler)
             self._handler.close()
             self._handler = None
         if self._admin_handler is not None:
-            self._admin.removeHandler(self._admin_handler)
             self._admin_handler.close()
             self._admin_handler = None
 
@@ -293,6 +295,16 @@ def admin_path_of(path: Path) -> Path:
 
 
 _stamp: tuple[int, str] = (-1, "")
+
+
+def _write(handler: _AuditFile | None, text: str, records: int = 1) -> None:
+    """Write ``text`` (``records`` lines) to ``handler``'s file: straight to the handler, not
+    through a logger, which would walk the stack for its caller's file and line at every write
+    only to drop them."""
+    if handler is not None:
+        record = logging.LogRecord(__name__, logging.INFO, __file__, 0, "%s", (text,), None)
+        record.records = records
+        handler.handle(record)
 
 
 def _now() -> str:

@@ -33,6 +33,7 @@ import h11
 
 from gateway.config import Config
 from gateway.net.direct_http import DirectRequests
+from gateway.net.expiries import Expiries, Expiry
 from gateway.net.networks import Network, in_networks, networks
 from gateway.net.throttled import ThrottledLog
 from gateway.net.upgrade import DirectUpgrade, SocketRoutes
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 _QUEUED_MESSAGES = 2  # a WebSocket's messages waiting for the app before it stops reading
 
 Headers = Sequence[tuple[bytes, bytes]]
+Deadlines = tuple["Expiries[Slot]", "Expiries[Slot]"]  # a listener's: handshake, authentication
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,19 @@ class Guard:
         self.refused: dict[str, int] = {}  # why (cap, per_address, handshake, auth) -> how many
         self._counted: dict[str, bool] = {}  # remote address -> not exempt from per_address
         self.log = log or ThrottledLog(logger)
+        self._expiries: Deadlines | None = None
+
+    def expiries(self, loop: asyncio.AbstractEventLoop) -> Deadlines:
+        """The connections' handshake and authentication deadlines on ``loop``: one timer each
+        for all of them, however many connections come and go (a host's, one per call)."""
+        queues = self._expiries
+        if queues is None or queues[0].loop is not loop:  # a guard outliving its loop (tests)
+            limits = self.limits
+            queues = self._expiries = (
+                Expiries(loop, limits.handshake_timeout, _handshake_expired),
+                Expiries(loop, limits.auth_timeout, _auth_expired),
+            )
+        return queues
 
     def admit(self, transport: asyncio.WriteTransport, deadlines: bool = True) -> Slot | None:
         """A slot for a new connection, or None after aborting it (over a cap).
@@ -153,8 +168,20 @@ class Guard:
         self.log.warning(kind, "%s listener: refused a connection: " + why, self.limits.name, *args)
 
 
+def _handshake_expired(slot: Slot, due: float) -> None:
+    slot.expire("handshake", "did not send a complete request within %g s")
+
+
+def _auth_expired(slot: Slot, due: float) -> None:
+    slot.expire("auth", "did not authenticate within %g s")
+
+
 class Slot:
-    """One connection's place in its listener: counted while open; its deadlines share a timer."""
+    """One connection's place in its listener: counted while open; its deadlines are entries in
+    the listener's queues (``Guard.expiries``), not timers of its own."""
+
+    __slots__ = ("_auth", "_counted", "_deadlines", "_handshake", "_open", "_transport",
+                 "address", "authenticated", "guard")  # fmt: skip
 
     def __init__(
         self,
@@ -172,23 +199,21 @@ class Slot:
         guard.connections += 1
         if counted:
             guard.unauthenticated[address] = guard.unauthenticated.get(address, 0) + 1
-        self._loop = asyncio.get_running_loop()
-        self._handshake_at: float | None = None  # loop time by which request headers are due
-        self._auth_at: float | None = None  # loop time by which it must have authenticated
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadlines = guard.expiries(asyncio.get_running_loop())
+        self._handshake: Expiry[Slot] | None = None  # request headers are due by then
+        self._auth: Expiry[Slot] | None = None  # it must have authenticated by then
         if deadlines:
-            self._auth_at = self._loop.time() + guard.limits.auth_timeout
+            self._auth = self._deadlines[1].start(self)
             self.awaiting_request()
 
     def awaiting_request(self) -> None:
         """The connection waits for a request's headers: start the handshake deadline."""
-        if self._open and self._handshake_at is None:
-            self._handshake_at = self._loop.time() + self.guard.limits.handshake_timeout
-            self._arm()
+        if self._open and self._handshake is None:
+            self._handshake = self._deadlines[0].start(self)
 
     def request_started(self, headers: Headers | None = None) -> None:
         """A request's headers are complete; they may authenticate the connection."""
-        self._handshake_at = None
+        self._end_handshake()
         if headers is not None and not self.authenticated:
             if self.guard.limits.trusts(headers, self.address):
                 self.authenticate()
@@ -196,23 +221,28 @@ class Slot:
     def authenticate(self) -> None:
         """The app accepted the connection: no authentication deadline, no per-address count."""
         self.authenticated = True
-        self._auth_at = None
+        self._end_auth()
         self._uncount()
-        if self._timer is not None and self._due() is None:  # no idle WebSocket keeps a timer
-            self._timer.cancel()
-            self._timer = None
 
     def release(self) -> None:
         """The connection closed (idempotent)."""
         if not self._open:
             return
         self._open = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._handshake_at = self._auth_at = None
+        self._end_handshake()
+        self._end_auth()
         self.guard.connections -= 1
         self._uncount()
+
+    def _end_handshake(self) -> None:
+        entry, self._handshake = self._handshake, None
+        if entry is not None:
+            self._deadlines[0].end(entry)
+
+    def _end_auth(self) -> None:
+        entry, self._auth = self._auth, None
+        if entry is not None:
+            self._deadlines[1].end(entry)
 
     def _uncount(self) -> None:
         if self._counted:
@@ -222,34 +252,12 @@ class Slot:
             if not table[self.address]:
                 del table[self.address]
 
-    def _due(self) -> tuple[float, str] | None:
-        """The nearer deadline still running, and its kind; None when none runs."""
-        handshake, auth = self._handshake_at, self._auth_at
-        if handshake is not None and (auth is None or handshake <= auth):
-            return handshake, "handshake"
-        return (auth, "auth") if auth is not None else None
-
-    def _arm(self) -> None:
-        due = self._due()
-        if due is None or (self._timer is not None and self._timer.when() <= due[0]):
-            return  # nothing to wait for, or the timer fires first and looks again then
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_at(due[0], self._on_timer)
-
-    def _on_timer(self) -> None:
-        assert self._timer is not None  # release() cancels it
-        fired_at, self._timer = self._timer.when(), None
-        due = self._due()
-        if due is not None and due[0] <= fired_at:
-            if due[1] == "handshake":
-                self._expire("handshake", "did not send a complete request within %g s")
-            else:
-                self._expire("auth", "did not authenticate within %g s")
+    def expire(self, kind: str, why: str) -> None:
+        """Its ``kind`` deadline passed: close the connection, and say why (rate-limited)."""
+        if kind == "handshake":
+            self._handshake = None
         else:
-            self._arm()  # what was due when it was armed is over; a later deadline may run
-
-    def _expire(self, kind: str, why: str) -> None:
+            self._auth = None
         guard = self.guard
         limits = guard.limits
         guard.refused[kind] = guard.refused.get(kind, 0) + 1

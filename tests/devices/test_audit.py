@@ -56,6 +56,43 @@ def test_a_full_disk_loses_records_but_raises_nothing(
     assert "the audit log is written again (2 records were lost)" in caplog.text
 
 
+def test_the_log_rotates_at_its_size_without_asking_the_file_at_every_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past max_bytes the file rotates (the older records in audit.log.1, both private), the
+    size counted from what was written: no stat or seek of the file per write (the stdlib's
+    rollover check made two stats and a seek at each, issue 29); a file reopened big rotates
+    at its first write."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, max_bytes=3000)
+    record(log, "self.first")  # the file opens: its size is read once
+    stats = 0
+    real_stat = os.stat
+
+    def counting(*args: object, **kwargs: object) -> os.stat_result:
+        nonlocal stats
+        stats += 1
+        return real_stat(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", counting)
+    for n in range(5):  # about 200 bytes a record, each written at once (no loop)
+        record(log, f"self.t{n}")
+    assert stats == 0
+    monkeypatch.undo()
+    for n in range(5, 20):  # one rotation
+        record(log, f"self.t{n}")
+    log.close()
+    rotated = tmp_path / "audit.log.1"
+    written = tools(rotated) + tools(path)
+    assert written == ["self.first", *(f"self.t{n}" for n in range(20))]
+    assert all(p.stat().st_size < 3000 for p in (path, rotated))
+    assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE(rotated.stat().st_mode) == 0o600
+    reopened = AuditLog(path, max_bytes=path.stat().st_size + 10)
+    record(reopened, "self.again")
+    reopened.close()
+    assert tools(path) == ["self.again"]
+
+
 @pytest.mark.anyio
 async def test_records_of_a_moment_share_one_write(tmp_path: Path) -> None:
     """In the event loop, records made close together go to the file in one write, later;

@@ -85,7 +85,7 @@ async def test_calls_of_one_length_share_one_timer(monkeypatch: pytest.MonkeyPat
     call_at = loop.call_at
 
     def counting(when: float, callback: object, *args: object, **kw: object) -> object:
-        if getattr(callback, "__qualname__", "") == "_Queue._fire":
+        if getattr(callback, "__qualname__", "") == "Expiries._fire":
             armed.append(when)
         return call_at(when, callback, *args, **kw)  # type: ignore[arg-type]
 

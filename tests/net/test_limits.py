@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 from websockets.asyncio.client import connect
 
+from gateway.net.expiries import Expiries
 from gateway.net.limits import (
     Guard,
     ListenerLimits,
@@ -163,17 +164,18 @@ async def test_a_kept_alive_connection_gets_a_new_deadline_for_each_request() ->
         writer.close()
 
 
-async def test_a_kept_alive_connection_arms_one_timer_for_all_its_deadlines(
+async def test_connections_and_their_requests_share_the_listeners_two_deadline_timers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Deadlines cost a connection one timer, not one per request and deadline: a request
-    that starts only clears its deadline (the host's calls each open one, issue 18)."""
+    """Deadlines cost a connection no timer of its own, nor one per request: the listener's
+    handshake and authentication deadlines each share one timer (a host opens a connection per
+    tool call, issue 29), however many connections come and go, and a deadline still fires."""
     loop = asyncio.get_running_loop()
     armed: list[object] = []
     call_at = loop.call_at
 
     def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
-        if isinstance(getattr(callback, "__self__", None), Slot):
+        if isinstance(getattr(callback, "__self__", None), (Slot, Expiries)):
             armed.append(callback)
         return call_at(when, callback, *args, **kwargs)
 
@@ -182,12 +184,13 @@ async def test_a_kept_alive_connection_arms_one_timer_for_all_its_deadlines(
         port,
         guard,
     ):
-        reader, writer = await opened(port)
         for _ in range(5):
-            assert await answered(reader, writer)
-        writer.close()
-        await guard.until(0)
-    assert len(armed) == 1
+            reader, writer = await opened(port)
+            for _ in range(3):
+                assert await answered(reader, writer)
+            writer.close()
+            await guard.until(0)
+    assert len(armed) == 2  # handshake, auth: once each, for the first connection
 
 
 async def test_a_connection_that_never_authenticates_is_closed_at_the_auth_deadline() -> None:

@@ -133,7 +133,9 @@ async def test_idle_websockets_share_one_keepalive_timer_and_hold_no_deques() ->
         peers = [await Peer.open(port) for _ in range(count)]
         try:
             gc.collect()
-            assert listener_timers() - timers <= 1  # the keepalive's, whatever the count
+            # The keepalive's and the listener's handshake and authentication deadlines' (one
+            # each, armed by the first connection), whatever the count.
+            assert listener_timers() - timers <= 3
             assert deques(peers) - before < count
         finally:
             for peer in peers:
