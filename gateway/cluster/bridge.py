@@ -74,6 +74,13 @@ class BridgedLink:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
+    @property
+    def fail(self) -> Callable[[], None] | None:
+        """How the device's own link fails (the WebSocket: 1011), if it can: a session that
+        fails ends as on a single gateway (``DeviceConnection.run``)."""
+        fail: Callable[[], None] | None = getattr(self.inner, "fail", None)
+        return fail
+
 
 class Bridge:
     """The WebSocket devices this replica holds, as the other replicas reach them."""

@@ -1,0 +1,88 @@
+"""A WebSocket device bridged onto the broker (cluster/bridge.py): its session's failure ends
+as on a single gateway, and each reply it sends is parsed once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from gateway.cluster.bridge import BridgedLink
+from gateway.device_side.transports import websocket
+from gateway.devices.registry import DeviceRegistry
+from tests.cluster.conftest import Check, eventually, replicas
+from tests.cluster.test_replicas import call, lists, mcp_name
+from tests.conftest import bound
+from tests.e2e.helpers import STOCK_HELLO, listed_device, receive_json, stock_headers
+from tests.mqtt_helpers import Mosquitto
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+BROKEN = "02:00:00:00:00:41"  # the device whose tool list the replica fails to handle
+OTHER = "02:00:00:00:00:42"
+
+
+def offline(device_id: str) -> Check:
+    """A check: the device is unknown or offline."""
+
+    def check(registry: DeviceRegistry) -> bool:
+        device = registry.get(device_id)
+        return device is None or not device.online
+
+    return check
+
+
+def _answer(request: dict[str, Any], result: dict[str, Any]) -> str:
+    reply = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+    return json.dumps({"session_id": "", "type": "mcp", "payload": reply})
+
+
+async def test_a_bridged_sessions_failure_closes_it_with_1011_and_spares_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The registry fails on one bridged device's tool list: its session ends as on a single
+    gateway (logged once with its id, closed with 1011, offline everywhere), while another
+    device on the same replica stays served, called from the other replica too."""
+    set_catalogue = DeviceRegistry.set_catalogue
+
+    def failing(registry: DeviceRegistry, device_id: str, *args: Any, **kwargs: Any) -> None:
+        if device_id == BROKEN:
+            raise RuntimeError("the registry broke on this device")
+        set_catalogue(registry, device_id, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceRegistry, "set_catalogue", failing)
+    async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port, 2) as runs:
+        first, second = runs
+        async with listed_device(first, OTHER):
+            await eventually(runs, lists(OTHER))
+            held = first.gateway.cluster.bridge.held_links()  # type: ignore[union-attr]
+            assert isinstance(held[OTHER], BridgedLink)
+            async with connect(first.device_url, additional_headers=stock_headers(BROKEN)) as ws:
+                await ws.send(json.dumps(STOCK_HELLO))
+                assert (await receive_json(ws))["type"] == "hello"
+                initialize: Any = (await receive_json(ws))["payload"]
+                await ws.send(_answer(initialize, {"protocolVersion": "2024-11-05"}))
+                listing: Any = (await receive_json(ws))["payload"]
+                assert listing["method"] == "tools/list"
+                await ws.send(_answer(listing, {"tools": []}))
+                async with asyncio.timeout(bound(5)):
+                    await ws.wait_closed()
+                assert ws.close_code == 1011
+            await eventually(runs, offline(BROKEN))
+            device = first.gateway.registry.get(BROKEN)
+            assert device is not None and not device.online and device.session is None
+            assert BROKEN not in first.gateway.cluster.bridge.held()  # type: ignore[union-attr]
+            state = mcp_name(second, OTHER, "self.lamp.get_state")
+            assert "power" in json.loads(await call(second, state, {}))  # across the bridge
+            state = mcp_name(first, OTHER, "self.lamp.get_state")
+            assert "power" in json.loads(await call(first, state, {}))  # local
+    failures = [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
+    assert [(r.name, r.getMessage()) for r in failures] == [
+        (websocket.__name__, f"WebSocket device {BROKEN}: session failed")
+    ]
+    assert "the registry broke on this device" in str(failures[0].exc_info)
