@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 BROKEN = "02:00:00:00:00:41"  # the device whose tool list the replica fails to handle
 OTHER = "02:00:00:00:00:42"
+# A gateway's request, which the simulated device (in this process too) parses
+REQUEST = re.compile(
+    r'\{"session_id":"[^"]*","type":"mcp","payload":\{"jsonrpc":"2\.0","id":\d+,"method"'
+)
 
 
 def offline(device_id: str) -> Check:
@@ -86,3 +91,34 @@ async def test_a_bridged_sessions_failure_closes_it_with_1011_and_spares_the_res
         (websocket.__name__, f"WebSocket device {BROKEN}: session failed")
     ]
     assert "the registry broke on this device" in str(failures[0].exc_info)
+
+
+async def test_each_reply_of_a_bridged_device_is_parsed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder routes a stock-framed reply by its head: a local call's reply is parsed once
+    (by the session), one from across once (by the caller's replica, not on the holder), and
+    a device's tools/list pages not even once (the session reads them unparsed)."""
+    frames: list[str] = []  # device frames parsed whole, by any replica
+    decode = json.JSONDecoder.decode
+
+    def counting(self: json.JSONDecoder, s: str, *args: Any) -> Any:
+        if s.startswith('{"session_id"') and not REQUEST.match(s):  # the simulated device's
+            frames.append(s)
+        return decode(self, s, *args)
+
+    monkeypatch.setattr(json.JSONDecoder, "decode", counting)
+    async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port, 2) as runs:
+        first, second = runs
+        async with listed_device(first, OTHER):
+            await eventually(runs, lists(OTHER))
+            assert not [frame for frame in frames if '"tools":[' in frame]  # pages: unparsed
+            assert len(frames) == len(set(frames))  # the initialize reply: once
+            for run, calls in ((first, 3), (second, 3)):  # local, then across
+                state = mcp_name(run, OTHER, "self.lamp.get_state")
+                frames.clear()
+                for _ in range(calls):
+                    assert "power" in json.loads(await call(run, state, {}))
+                replies = [frame for frame in frames if '"result"' in frame]
+                assert len(replies) == calls, replies
+                assert len(set(replies)) == calls  # each reply once, none twice
