@@ -162,7 +162,8 @@ def _frame(payload: str, session_id: str = "s-1") -> str:
     [
         (_frame('{"jsonrpc":"2.0","id":16777217,"result":{}}'), 16777217),  # stock: unparsed
         (_frame('{"jsonrpc":"2.0","id":5,"error":{"message":"no "x""}}', ""), 5),
-        (_frame('{"jsonrpc": "2.0", "id": 7, "result": {"a": "b\nc"}}'), 7),  # parsed
+        # not stock-framed: parsed, as the session parses it (a raw newline in a string)
+        (_frame('{"jsonrpc": "2.0", "id": 7, "result": {"a": "b\nc"}}'), 7),
         (_frame('{"result":{},"id":7,"jsonrpc":"2.0"}'), 7),
         ('{"type":"listen","state":"stop"}', None),  # no id: not even parsed
         (_frame('{"jsonrpc":"2.0","id":3,"method":"tools/list"}'), None),  # the device asks
