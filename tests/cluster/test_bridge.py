@@ -10,16 +10,26 @@ import re
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from websockets.asyncio.client import connect
 
 from gateway.cluster.bridge import BridgedLink
+from gateway.cluster.replica import id_slice
 from gateway.device_side.transports import websocket
 from gateway.devices.registry import DeviceRegistry
+from gateway.protocol import MAX_REQUEST_ID
 from tests.cluster.conftest import Check, eventually, replicas
 from tests.cluster.test_replicas import call, lists, mcp_name
 from tests.conftest import bound
-from tests.e2e.helpers import STOCK_HELLO, listed_device, receive_json, stock_headers
+from tests.e2e.helpers import (
+    STOCK_HELLO,
+    JsonObject,
+    RawDevice,
+    listed_device,
+    receive_json,
+    stock_headers,
+)
 from tests.mqtt_helpers import Mosquitto
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -122,3 +132,60 @@ async def test_each_reply_of_a_bridged_device_is_parsed_once(
                 replies = [frame for frame in frames if '"result"' in frame]
                 assert len(replies) == calls, replies
                 assert len(set(replies)) == calls  # each reply once, none twice
+
+
+LIAR = "02:00:00:00:00:43"
+LIE = json.dumps({"content": [{"type": "text", "text": "a lie"}]})
+STOCK_HEAD = '{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":%d,"result":'
+
+
+class Liar(RawDevice):
+    """Before it answers a call, sends frames that lie about their id or are no reply at all.
+
+    ``held`` is the request ids of the replica it is connected to: a frame that names the
+    call's id only in a repeated key (the one a parse takes) goes by its head to the side that
+    did not make the call.
+    """
+
+    held: range = range(0)
+
+    async def respond(self, message: JsonObject) -> JsonObject | None:
+        payload = message.get("payload")
+        if isinstance(payload, dict) and payload.get("method") == "tools/call":
+            call_id = payload["id"]
+            elsewhere = MAX_REQUEST_ID if call_id in self.held else 1
+            assert self._ws is not None
+            for frame in (
+                STOCK_HEAD % call_id + LIE + f',"id":{call_id + 1}}}}}',  # parsed: another id
+                STOCK_HEAD % elsewhere + LIE + f',"id":{call_id}}}}}',  # read: the other side
+                STOCK_HEAD % 99_999_999_999 + "{}}}",  # past int32
+                STOCK_HEAD % call_id + '{"content": nope}}',  # not JSON
+                STOCK_HEAD.removesuffix(',"result":') % call_id,
+                '{"id":' + "[" * 50_000,
+            ):
+                await self._ws.send(frame)
+        return await super().respond(message)
+
+
+async def test_frames_that_lie_about_their_id_settle_no_call(tmp_path: Path) -> None:
+    """A device's frames routed by a lying head, with ids past int32 or not JSON at all are
+    dropped wherever they go: the call across replicas and the local one get the true reply,
+    and the device stays served."""
+    tool = {"name": "self.lamp.turn_on", "description": "on", "inputSchema": {"type": "object"}}
+    liar = Liar(LIAR, "liar", [tool])
+    async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port, 2) as runs:
+        first, second = runs
+        async with anyio.create_task_group() as tasks:
+            liar.held = id_slice(first.gateway.cluster.no)  # type: ignore[union-attr]
+            await tasks.start(liar.serve, first.device_url)
+            await eventually(runs, lists(LIAR))
+            assert await call(second, mcp_name(second, LIAR, tool["name"]), {}) == (
+                "self.lamp.turn_on done"  # across the bridge
+            )
+            assert await call(first, mcp_name(first, LIAR, tool["name"]), {}) == (
+                "self.lamp.turn_on done"
+            )
+            assert len(liar.calls) == 2
+            device = first.gateway.registry.get(LIAR)
+            assert device is not None and device.online
+            await liar.close()
