@@ -15,7 +15,6 @@ by the replica the ownership rule picks (cluster/boards.py): ``board`` marks its
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +22,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from gateway.cluster.records import ClusterTopics, Presence
 from gateway.cluster.replica import id_slice
 from gateway.devices.link import DeviceLink, LinkClosed
+from gateway.protocol import MAX_REQUEST_ID
+from gateway.protocol.envelope import parse_json, stock_reply_id
 
 __all__ = ["Bridge", "BridgedLink"]
 
@@ -33,18 +34,31 @@ _FIRST_SLICE = id_slice(1).start - 1  # ids below every replica's slice
 
 
 def reply_id(text: str) -> int | None:
-    """The id of a JSON-RPC reply inside a device frame; None for anything else."""
+    """The id of a JSON-RPC reply inside a device frame; None for anything else.
+
+    A reply framed as stock firmware frames it is routed by the id its head names, unparsed:
+    the session that takes it parses it once (a known tools/list page, not at all), and the
+    replica it goes up to parses it there. Any other frame naming an id is parsed here, as the
+    session parses it (raw control characters allowed). A frame that lies about its id (a
+    repeated key) reaches a session that parses another one: only the device's own calls can
+    meet it, as the other replicas settle a bridged reply only for its device.
+    """
     if '"id"' not in text:
         return None  # most frames carry no id at all: no parse
-    try:
-        message = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    payload = message.get("payload") if isinstance(message, dict) else None
-    if not isinstance(payload, dict) or "method" in payload:
-        return None
-    request_id = payload.get("id")
-    return request_id if type(request_id) is int else None
+    request_id = stock_reply_id(text)
+    if request_id is None:
+        try:
+            message = parse_json(text)
+        except (ValueError, RecursionError):
+            return None
+        payload = message.get("payload") if isinstance(message, dict) else None
+        if not isinstance(payload, dict) or "method" in payload:
+            return None
+        request_id = payload.get("id")
+        if type(request_id) is not int:
+            return None
+    # No request of any replica has another id: the session drops such a reply as no one's.
+    return request_id if 0 <= request_id <= MAX_REQUEST_ID else None
 
 
 class BridgedLink:
@@ -73,6 +87,13 @@ class BridgedLink:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+    @property
+    def fail(self) -> Callable[[], None] | None:
+        """How the device's own link fails (the WebSocket: 1011), if it can: a session that
+        fails ends as on a single gateway (``DeviceConnection.run``)."""
+        fail: Callable[[], None] | None = getattr(self.inner, "fail", None)
+        return fail
 
 
 class Bridge:

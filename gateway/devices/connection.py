@@ -132,6 +132,7 @@ class DeviceConnection:
         )
         if replaced is not None:  # the device reconnected before we saw the old link drop
             await replaced.aclose()
+        failed = False
         try:
             self._arm()  # MQTT: a deadline already due, discovery starts at once
             if hasattr(self._link, "deliver"):  # a PushLink: each message in the turn it came
@@ -140,13 +141,23 @@ class DeviceConnection:
                 await self._pull()
         except (LinkClosed, DeviceUnavailable):
             pass
+        except Exception:
+            failed = True
+            raise
         finally:
             if self._timer is not None:
                 self._timer.cancel()
             self._protocol.close()
             self._handle(self._protocol.events_received())
             self._registry.disconnect(self.identity.device_id, self)
-            await self._link.aclose()
+            # A failure ends the link as failed (the WebSocket's 1011), not as a normal close:
+            # the device must not take it for one, and the caller logs it (a pulled link's,
+            # as a pushed one's, which ``deliver`` failed already).
+            fail = getattr(self._link, "fail", None) if failed else None
+            if fail is not None:
+                fail()
+            else:
+                await self._link.aclose()
 
     async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
         """Call ``tool`` on the device; return its result.

@@ -27,6 +27,7 @@ __all__ = [
     "parse_json",
     "salvage_error_reply",
     "server_hello",
+    "stock_reply_id",
     "too_large",
     "utf8_length",
 ]
@@ -52,6 +53,13 @@ _UNESCAPED_ERROR_REPLY = re.compile(
     re.DOTALL,
 )
 
+
+# The head of a reply framed as stock firmware (and ours) frames it (``result_text``), up to its
+# id: at most 10 digits, so that reading it costs nothing whatever the frame holds.
+_STOCK_REPLY_HEAD = re.compile(
+    r'\{"session_id":"[A-Za-z0-9-]*","type":"mcp",'
+    r'"payload":\{"jsonrpc":"2\.0","id":(0|[1-9][0-9]{0,9}),"(?:result|error)":'
+)
 
 # strict=False: the device copies raw control characters (e.g. newlines) into strings. One decoder
 # for every frame: json.loads makes a new one per call when given an option.
@@ -149,6 +157,18 @@ def result_text(text: str, session_id: object, request_id: object) -> str | None
     if not (text.startswith(head) and text.endswith("}}")):
         return None
     return text[len(head) : -2]
+
+
+def stock_reply_id(text: str) -> int | None:
+    """The request id of a reply framed as stock firmware frames it, read from the frame's head
+    without parsing it; None for any other frame (which only a parse can tell).
+
+    The id is the first one the frame names: a frame that names its id again later (a repeated
+    key, which a parse takes instead) gets a different one from a parse. Whoever routes by this
+    id must keep such a lie to the device that tells it (its own calls).
+    """
+    head = _STOCK_REPLY_HEAD.match(text)
+    return None if head is None else int(head[1])
 
 
 def salvage_error_reply(text: str) -> JsonObject | None:

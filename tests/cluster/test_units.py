@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cluster.bridge import reply_id
 from gateway.cluster.client import broker_login
 from gateway.cluster.records import BadRecord, ClusterTopics, read_catalogue
 from gateway.cluster.remote import RemoteCalls
@@ -150,3 +151,47 @@ def test_ownership_is_kept_per_live_set_and_only_moved_devices_are_weighed_again
     assert 150 < held < 350
     assert {d: ownership.owner(d, three) for d in devices} == owners  # gw-4 leaves
     assert ownership.hashes == 3 * 1000 + 1000 + 3 * held  # only its devices weighed again
+
+
+def _frame(payload: str, session_id: str = "s-1") -> str:
+    return f'{{"session_id":"{session_id}","type":"mcp","payload":{payload}}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (_frame('{"jsonrpc":"2.0","id":16777217,"result":{}}'), 16777217),  # stock: unparsed
+        (_frame('{"jsonrpc":"2.0","id":5,"error":{"message":"no "x""}}', ""), 5),
+        # not stock-framed: parsed, as the session parses it (a raw newline in a string)
+        (_frame('{"jsonrpc": "2.0", "id": 7, "result": {"a": "b\nc"}}'), 7),
+        (_frame('{"result":{},"id":7,"jsonrpc":"2.0"}'), 7),
+        ('{"type":"listen","state":"stop"}', None),  # no id: not even parsed
+        (_frame('{"jsonrpc":"2.0","id":3,"method":"tools/list"}'), None),  # the device asks
+        (_frame('{"jsonrpc":"2.0","id":"7","result":{}}'), None),
+        (_frame('{"jsonrpc":"2.0","id":true,"result":{}}'), None),
+        (_frame('{"jsonrpc":"2.0","id":7.0,"result":{}}'), None),
+        (_frame('{"jsonrpc":"2.0","id":-1,"result":{}}'), None),
+        (_frame('{"jsonrpc":"2.0","id":2147483648,"result":{}}'), None),  # past int32: no one's
+        (_frame('{"jsonrpc":"2.0","id":9999999999,"result":{}}'), None),
+        (_frame('{"jsonrpc":"2.0","id":' + "9" * 4000 + ',"result":{}}'), None),
+        (_frame('{"jsonrpc":"2.0","id":' + "9" * 5000 + ',"result":{}}'), None),  # unparsable
+        ('{"id":' + "[" * 100_000, None),  # not JSON
+        ('{"payload":' * 5000 + '{"id":1}' + "}" * 5000, None),  # too deep to parse
+        ('["id"]', None),
+        ('{"id":7}', None),
+    ],
+)
+def test_a_bridged_frame_is_routed_by_its_reply_id_whatever_it_holds(
+    text: str, expected: int | None
+) -> None:
+    """Stock-framed replies are read from their head, others parsed; anything else is no reply
+    (the session drops it), and no id outside int32 is routed anywhere."""
+    assert reply_id(text) == expected
+
+
+def test_a_frame_that_lies_about_its_id_is_routed_by_the_first_it_names() -> None:
+    """A repeated ``id`` key: the frame goes where its head says; the replica that gets it
+    parses the last one, and settles with it only a call to the device that lied."""
+    lie = _frame('{"jsonrpc":"2.0","id":16777217,"result":{},"id":33554433}')
+    assert reply_id(lie) == 16777217
+    assert json.loads(lie)["payload"]["id"] == 33554433

@@ -20,6 +20,7 @@ from gateway.protocol.envelope import (
     result_text,
     salvage_error_reply,
     server_hello,
+    stock_reply_id,
     too_large,
     utf8_length,
 )
@@ -247,3 +248,31 @@ def test_result_text_refuses_any_other_framing(
     text: str, session_id: object, request_id: object
 ) -> None:
     assert result_text(text, session_id, request_id) is None
+
+
+def test_stock_reply_id_reads_the_id_of_a_stock_framed_reply_from_its_head() -> None:
+    """Results and errors alike, in any session (the empty one before a hello too)."""
+    assert stock_reply_id(STOCK_HEAD + "{}}}") == 7
+    assert stock_reply_id(STOCK_ERROR) == 5
+    big = STOCK_HEAD.replace('"id":7', '"id":4294967295')
+    assert stock_reply_id(big + "{}}}") == 4294967295  # the bounds are the caller's to keep
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        STOCK_HEAD.replace('"id":7', '"id":' + "9" * 11) + "{}}}",  # too long to be one
+        STOCK_HEAD.replace('"id":7', '"id":07') + "{}}}",  # not JSON's way to write 7
+        STOCK_HEAD.replace('"id":7', '"id":-7') + "{}}}",
+        STOCK_HEAD.replace('"id":7', '"id":7.5') + "{}}}",
+        STOCK_HEAD.replace('"id":7', '"id":"7"') + "{}}}",
+        STOCK_HEAD.replace('"result"', '"method"') + '"x"}}',  # a request of the device's
+        STOCK_HEAD.replace(",", ", ") + "{}}}",  # other spacing: parsed, not read
+        " " + STOCK_HEAD + "{}}}",
+        STOCK_HEAD.replace("s-1", 's\\"1') + "{}}}",
+        '{"type":"mcp","payload":{"jsonrpc":"2.0","id":7,"result":{}}}',  # other keys
+        "not json",
+    ],
+)
+def test_stock_reply_id_leaves_any_other_frame_to_a_parse(text: str) -> None:
+    assert stock_reply_id(text) is None
