@@ -189,16 +189,20 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
             raise LinkClosed("the device WebSocket is closing") from None
         self._write()
 
-    def write_now(self, text: str) -> bool:
-        """Send one text frame if the transport's buffer has room; False if not (or closed)."""
+    def write_now(self, texts: list[str]) -> int:
+        """Send ``texts`` as text frames if the transport's buffer has room, in one write (a
+        joining device's hello answer and initialize: one send, not two); return how many."""
         if self._drained is not None or self._closed or self.close_sent:
-            return False
+            return 0
+        conn, sent = self.conn, 0
         try:
-            self.conn.send_text(text.encode())
+            for text in texts:
+                conn.send_text(text.encode())
+                sent += 1
         except InvalidState:
-            return False  # closing: the connection's sender finds the link closed
+            pass  # closing: the connection's sender finds the link closed
         self._write()
-        return True
+        return sent
 
     async def aclose(self) -> None:
         """Close the WebSocket (1000) if it is open; its messages end at once."""
