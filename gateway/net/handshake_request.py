@@ -10,6 +10,8 @@ goes to websockets as bytes, which answers it as it always did (400, 414, 431).
 
 from __future__ import annotations
 
+import re
+
 from websockets.datastructures import Headers
 from websockets.http11 import (
     MAX_LINE_LENGTH,
@@ -22,33 +24,33 @@ from websockets.http11 import (
 __all__ = ["handshake_request"]
 
 _PROTOCOLS = (b"HTTP/1.1", b"HTTP/1.0")  # what Request.parse accepts
+# Every header line as parse_headers accepts it, the empty line after the last: checked in one
+# match, from websockets' own patterns. Neither pattern takes CR or LF, so the lines are the
+# lines websockets would read (a bare LF fails the match), and a value matches its pattern
+# stripped of spaces and tabs exactly when it does unstripped (its pattern takes both).
+_HEADERS = re.compile(b"(?:%s:%s\r\n)*\r\n" % (_token_re.pattern, _value_re.pattern))
 
 
 def handshake_request(data: bytes) -> Request | None:
     """The ``Request`` websockets' parser makes of ``data`` (one whole request, its head and
     nothing after), or None if that parser would not accept it (or not in one piece)."""
-    if b"\n" in data.replace(b"\r\n", b""):
-        return None  # a bare LF ends a line for websockets, not for this split: let it decide
-    lines = data.split(b"\r\n")
-    if len(lines) < 3 or lines[-1] or lines[-2]:
-        return None  # not one head ended by an empty line
-    del lines[-2:]
-    if len(lines) - 1 > MAX_NUM_HEADERS or any(len(line) + 2 > MAX_LINE_LENGTH for line in lines):
+    line_end = data.find(b"\r\n")
+    if not 0 < line_end <= MAX_LINE_LENGTH - 2 or not _HEADERS.fullmatch(data, line_end + 2):
+        return None
+    lines = data[line_end + 2 : -2].split(b"\r\n")[:-1]  # each ended by CRLF
+    if len(lines) > MAX_NUM_HEADERS or max(map(len, lines), default=0) + 2 > MAX_LINE_LENGTH:
         return None  # over websockets' limits: it answers 414 or 431
-    parts = lines[0].split(b" ", 2)
-    if len(parts) != 3 or parts[2] not in _PROTOCOLS:
+    parts = data[:line_end].split(b" ", 2)
+    if len(parts) != 3 or parts[2] not in _PROTOCOLS or b"\n" in data[:line_end]:
         return None
     try:
         method, path = parts[0].decode("ascii"), parts[1].decode("ascii")
     except UnicodeDecodeError:
         return None
     headers = Headers()
-    for index in range(1, len(lines)):
-        raw_name, colon, raw_value = lines[index].partition(b":")
-        raw_value = raw_value.strip(b" \t")
-        if not colon or not _token_re.fullmatch(raw_name) or not _value_re.fullmatch(raw_value):
-            return None
-        headers.set_insecure(raw_name.decode("ascii"), raw_value.decode("iso-8859-1"))
+    for line in lines:
+        name, _, value = line.partition(b":")
+        headers.set_insecure(name.decode("ascii"), value.strip(b" \t").decode("iso-8859-1"))
     if "Transfer-Encoding" in headers or not set(headers.get_all("Content-Length")) <= {"0"}:
         return None
     return Request(path, headers, method, parts[2].decode("ascii"))

@@ -55,6 +55,8 @@ def test_a_plain_handshake_reads_as_websockets_reads_it() -> None:
         HANDSHAKE.replace(b"HTTP/1.1", b"HTTP/2", 1),
         HANDSHAKE.replace(b"GET /device?x=1", b"GET /d\xc3\xa9vice", 1),  # not ASCII
         HANDSHAKE.replace(b"\r\nupgrade", b"\nupgrade"),  # a bare line feed
+        HANDSHAKE.replace(b"GET /device", b"GET /de\nvice", 1),  # one in the request line
+        HANDSHAKE.replace(b"GET /device?x=1", b"GET /" + b"d" * MAX_LINE_LENGTH, 1),
         HANDSHAKE.replace(b"02:00", b"0" * MAX_LINE_LENGTH),  # a line over the limit
         HANDSHAKE.replace(b"host:", b"x: y\r\n" * MAX_NUM_HEADERS + b"host:"),  # too many
         HANDSHAKE.replace(b"device-id: 02:00:00:00:00:01\r\n", b"broken\r\n"),
@@ -62,6 +64,12 @@ def test_a_plain_handshake_reads_as_websockets_reads_it() -> None:
 )
 def test_what_websockets_would_refuse_is_left_to_it(data: bytes) -> None:
     assert handshake_request(data) is None
+
+
+def test_a_request_without_headers_reads_as_websockets_reads_it() -> None:
+    data = b"GET / HTTP/1.1\r\n\r\n"
+    ours, theirs = handshake_request(data), websockets_reads(data)
+    assert ours is not None and theirs is not None and same(ours, theirs)
 
 
 def test_content_length_zero_is_no_body_for_either() -> None:
