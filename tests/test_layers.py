@@ -37,8 +37,8 @@ LAYERS: list[set[str]] = [
 INNER: dict[str, list[set[str]]] = {
     "net": [
         # direct_http: small POSTs answered below ASGI; expiries: deadlines of one length on
-        # one timer
-        {"direct_http", "expiries", "throttled"},
+        # one timer; handshake_request: a WebSocket handshake read once, as websockets would
+        {"direct_http", "expiries", "handshake_request", "throttled"},
         {"addresses", "destinations", "websocket", "networks", "upgrade"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},

@@ -217,8 +217,7 @@ class DeviceConnection:
         unsent.extend(self._protocol.data_to_send())
         if unsent and self._sender is None and not self._send_lock.locked():
             link = cast(PushLink, self._link)  # nothing else sends: in order, now
-            while unsent and link.write_now(unsent[0]):
-                del unsent[0]
+            del unsent[: link.write_now(unsent)]  # one write for the turn's frames
         if unsent:  # the socket is full (or gone): the sender task waits for it
             self._send_soon()
         self._arm()

@@ -50,6 +50,7 @@ class PushLink(DeviceLink, Protocol):
         """Call ``receive`` with each text message as it arrives, until the link closes."""
         ...
 
-    def write_now(self, text: str) -> bool:
-        """Write one text message if that needs no wait; False if it would (or is closed)."""
+    def write_now(self, texts: list[str]) -> int:
+        """Write the first of ``texts`` (text messages, in order) that need no wait, in one
+        write; return how many (0 when the link must be waited for, or is closed)."""
         ...

@@ -25,6 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from gateway.net.direct_http import DirectPost, DirectRequests, direct_post, response_bytes
+from gateway.net.handshake_request import handshake_request
 
 __all__ = ["DirectUpgrade", "SocketRoutes", "websocket_upgrade"]
 
@@ -179,7 +180,14 @@ class DirectUpgrade(H11Protocol):
                 config=self.config, server_state=self.server_state, app_state=self.app_state
             )
         protocol.connection_made(self.transport)
-        protocol.data_received(request)
+        # A protocol that takes a parsed request (the device WebSocket) is spared websockets'
+        # second parse of it, when ours reads it as websockets would (handshake_request.py).
+        take = getattr(protocol, "take_request", None)
+        parsed = handshake_request(request) if take is not None else None
+        if take is not None and parsed is not None:
+            take(parsed)
+        else:
+            protocol.data_received(request)
         self.transport.set_protocol(protocol)
         # websockets' parser rejects a request it cannot read (a bad header name, a body, too
         # many headers) by only ending its side: uvicorn's protocol would then wait for the

@@ -26,6 +26,7 @@ from uvicorn.server import ServerState
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
+from websockets.protocol import Protocol
 from websockets.server import ServerProtocol
 
 from gateway.device_side.transports.device_messages import INTERNAL_ERROR, DeviceMessages
@@ -90,6 +91,15 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
                 self._request(event)
         if conn.parser_exc is not None and not self.close_sent:  # RFC 6455 7.1.7: fail it
             self._closing()  # with the close frame the parser chose (1002, 1009)
+
+    def take_request(self, request: Request) -> None:
+        """The handshake, parsed by the listener exactly as websockets' parser would have
+        (gateway/net/handshake_request.py): that parser goes straight on to the frames."""
+        conn = self.conn
+        # What ServerProtocol.parse runs once it has read the request: the frame parser.
+        conn.parser = Protocol.parse(conn)
+        next(conn.parser)
+        self._request(request)
 
     def pause_writing(self) -> None:
         if self._drained is None:
@@ -179,16 +189,20 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
             raise LinkClosed("the device WebSocket is closing") from None
         self._write()
 
-    def write_now(self, text: str) -> bool:
-        """Send one text frame if the transport's buffer has room; False if not (or closed)."""
+    def write_now(self, texts: list[str]) -> int:
+        """Send ``texts`` as text frames if the transport's buffer has room, in one write (a
+        joining device's hello answer and initialize: one send, not two); return how many."""
         if self._drained is not None or self._closed or self.close_sent:
-            return False
+            return 0
+        conn, sent = self.conn, 0
         try:
-            self.conn.send_text(text.encode())
+            for text in texts:
+                conn.send_text(text.encode())
+                sent += 1
         except InvalidState:
-            return False  # closing: the connection's sender finds the link closed
+            pass  # closing: the connection's sender finds the link closed
         self._write()
-        return True
+        return sent
 
     async def aclose(self) -> None:
         """Close the WebSocket (1000) if it is open; its messages end at once."""

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from gateway.device_side.transports.device_socket import DeviceSocket
 from gateway.device_side.transports.websocket import DeviceSocketFront
 from gateway.simulator import SimulatedDevice
 from tests.conftest import DEVICE_TOKEN, bound, gateway
@@ -71,3 +72,24 @@ async def test_a_refused_device_websocket_is_still_refused_before_the_upgrade(
             async with connect(run.device_url, additional_headers=headers, open_timeout=bound(5)):
                 pass
         assert refused.value.response.status_code == 403
+
+
+async def test_a_join_writes_the_frames_of_each_turn_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A joining device's frames that the gateway has in the same loop turn (the answer to
+    its hello and ``initialize``) go in one write: one send system call, not one a frame."""
+    writes: list[int] = []  # frames in each write to a device socket's transport
+    write = DeviceSocket._write
+
+    def counted(socket: DeviceSocket) -> None:
+        frames = len(socket.conn.writes)  # what the parser and sends queued since the last
+        if frames:
+            writes.append(frames)
+        write(socket)
+
+    monkeypatch.setattr(DeviceSocket, "_write", counted)
+    async with gateway(tmp_path) as run:
+        async with listed_device(run, "02:00:00:00:00:01"):
+            pass
+    assert writes[:2] == [1, 2], writes  # the 101; the hello's answer with initialize

@@ -1,0 +1,65 @@
+"""A whole WebSocket handshake request read once, into the ``Request`` websockets would make.
+
+``DirectUpgrade`` (upgrade.py) has the handshake's bytes whole in one packet. Handed over as
+bytes, websockets' ``ServerProtocol`` parses them again, line by line through generators: about
+a tenth of a device's join. ``handshake_request`` reads them in one pass into the same
+``Request``, passing exactly the checks ``Request.parse`` makes (its limits and patterns are
+websockets' own, imported). A request that would fail any of them is not read here (None): it
+goes to websockets as bytes, which answers it as it always did (400, 414, 431). Its checks are
+those of websockets 17 (tests/net/test_handshake_request.py compares the two on any input);
+with an older websockets (15 and 16 check the request line otherwise) nothing is read here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from websockets import version
+from websockets.datastructures import Headers
+from websockets.http11 import (
+    MAX_LINE_LENGTH,
+    MAX_NUM_HEADERS,
+    Request,
+    _token_re,
+    _value_re,
+)
+
+__all__ = ["MIRRORED", "handshake_request"]
+
+MIRRORED = int(version.version.split(".")[0]) >= 17  # the parser whose checks these are
+
+_PROTOCOLS = (b"HTTP/1.1", b"HTTP/1.0")  # what Request.parse accepts
+# Every header line as parse_headers accepts it, the empty line after the last: checked in one
+# match, from websockets' own patterns. Neither pattern takes CR or LF, so the lines are the
+# lines websockets would read (a bare LF fails the match), and a value matches its pattern
+# stripped of spaces and tabs exactly when it does unstripped (its pattern takes both).
+_HEADERS = re.compile(b"(?:%s:%s\r\n)*\r\n" % (_token_re.pattern, _value_re.pattern))
+
+
+def handshake_request(data: bytes) -> Request | None:
+    """The ``Request`` websockets' parser makes of ``data`` (one whole request, its head and
+    nothing after), or None if that parser would not accept it (or not in one piece)."""
+    line_end = data.find(b"\r\n")
+    if (
+        not MIRRORED
+        or not 0 < line_end <= MAX_LINE_LENGTH - 2
+        or not _HEADERS.fullmatch(data, line_end + 2)
+    ):
+        return None
+    lines = data[line_end + 2 : -2].split(b"\r\n")[:-1]  # each ended by CRLF
+    if len(lines) > MAX_NUM_HEADERS or max(map(len, lines), default=0) + 2 > MAX_LINE_LENGTH:
+        return None  # over websockets' limits: it answers 414 or 431
+    parts = data[:line_end].split(b" ", 2)
+    if len(parts) != 3 or parts[2] not in _PROTOCOLS or b"\n" in data[:line_end]:
+        return None
+    try:
+        method, path = parts[0].decode("ascii"), parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    headers = Headers()
+    for line in lines:
+        name, _, value = line.partition(b":")
+        headers.set_insecure(name.decode("ascii"), value.strip(b" \t").decode("iso-8859-1"))
+    if "Transfer-Encoding" in headers or not set(headers.get_all("Content-Length")) <= {"0"}:
+        return None
+    return Request(path, headers, method, parts[2].decode("ascii"))
