@@ -3,7 +3,6 @@ as on a single gateway, and each reply it sends is parsed once."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -12,7 +11,6 @@ from typing import Any
 
 import anyio
 import pytest
-from websockets.asyncio.client import connect
 
 from gateway.cluster.bridge import BridgedLink
 from gateway.cluster.replica import id_slice
@@ -21,14 +19,11 @@ from gateway.devices.registry import DeviceRegistry
 from gateway.protocol import MAX_REQUEST_ID
 from tests.cluster.conftest import Check, eventually, replicas
 from tests.cluster.test_replicas import call, lists, mcp_name
-from tests.conftest import bound
 from tests.e2e.helpers import (
-    STOCK_HELLO,
     JsonObject,
     RawDevice,
+    join_listing_no_tools,
     listed_device,
-    receive_json,
-    stock_headers,
 )
 from tests.mqtt_helpers import Mosquitto
 
@@ -52,11 +47,6 @@ def offline(device_id: str) -> Check:
     return check
 
 
-def _answer(request: dict[str, Any], result: dict[str, Any]) -> str:
-    reply = {"jsonrpc": "2.0", "id": request["id"], "result": result}
-    return json.dumps({"session_id": "", "type": "mcp", "payload": reply})
-
-
 async def test_a_bridged_sessions_failure_closes_it_with_1011_and_spares_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -77,17 +67,7 @@ async def test_a_bridged_sessions_failure_closes_it_with_1011_and_spares_the_res
             await eventually(runs, lists(OTHER))
             held = first.gateway.cluster.bridge.held_links()  # type: ignore[union-attr]
             assert isinstance(held[OTHER], BridgedLink)
-            async with connect(first.device_url, additional_headers=stock_headers(BROKEN)) as ws:
-                await ws.send(json.dumps(STOCK_HELLO))
-                assert (await receive_json(ws))["type"] == "hello"
-                initialize: Any = (await receive_json(ws))["payload"]
-                await ws.send(_answer(initialize, {"protocolVersion": "2024-11-05"}))
-                listing: Any = (await receive_json(ws))["payload"]
-                assert listing["method"] == "tools/list"
-                await ws.send(_answer(listing, {"tools": []}))
-                async with asyncio.timeout(bound(5)):
-                    await ws.wait_closed()
-                assert ws.close_code == 1011
+            assert await join_listing_no_tools(first.device_url, BROKEN) == 1011
             await eventually(runs, offline(BROKEN))
             device = first.gateway.registry.get(BROKEN)
             assert device is not None and not device.online and device.session is None

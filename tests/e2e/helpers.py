@@ -52,6 +52,23 @@ async def receive_json(ws: ClientConnection) -> dict[str, object]:
                 return message
 
 
+async def join_listing_no_tools(url: str, device_id: str) -> int | None:
+    """A stock device joins at ``url``, answers ``initialize`` and lists no tools, then waits
+    for the gateway to close it; its close code."""
+    async with connect(url, additional_headers=stock_headers(device_id)) as ws:
+        await ws.send(json.dumps(STOCK_HELLO))
+        assert (await receive_json(ws))["type"] == "hello"
+        for method, result in (("initialize", {"protocolVersion": "2024-11-05"}), ("tools/list",
+                               {"tools": []})):  # fmt: skip
+            request: Any = (await receive_json(ws))["payload"]
+            assert request["method"] == method
+            reply = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+            await ws.send(json.dumps({"session_id": "", "type": "mcp", "payload": reply}))
+        with anyio.fail_after(bound(5)):
+            await ws.wait_closed()
+        return ws.close_code
+
+
 class Inbox:
     """An MCP ``message_handler`` that records ``tools/list_changed`` pushes (or ``kind``'s)."""
 

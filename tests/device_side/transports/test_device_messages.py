@@ -3,8 +3,6 @@ in taking one does, on a real gateway with real WebSocket clients, and on a bare
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -12,26 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
 
 from gateway.device_side.transports import device_socket, websocket
 from gateway.device_side.transports.device_socket import DeviceSocket
 from gateway.device_side.transports.websocket import DeviceSockets
 from gateway.devices.registry import DeviceRegistry
-from tests.conftest import bound, gateway
+from tests.conftest import gateway
 from tests.device_side.transports.test_device_socket import CLOSE, TEXT, Peer, frame
 from tests.device_side.transports.test_device_socket_wire import HANDSHAKE
-from tests.e2e.helpers import STOCK_HELLO, listed_device, receive_json, stock_headers
+from tests.e2e.helpers import join_listing_no_tools, listed_device
 from tests.net.test_limits import LIMITS, opened, serving
 
 pytestmark = pytest.mark.anyio
 
 BROKEN = "02:00:00:00:00:41"  # the device whose tool list the gateway fails to handle
-
-
-def _answer(request: dict[str, Any], result: dict[str, Any]) -> str:
-    reply = {"jsonrpc": "2.0", "id": request["id"], "result": result}
-    return json.dumps({"session_id": "", "type": "mcp", "payload": reply})
 
 
 async def test_a_failure_handling_one_devices_message_closes_it_with_1011_and_spares_the_rest(
@@ -50,17 +42,7 @@ async def test_a_failure_handling_one_devices_message_closes_it_with_1011_and_sp
     monkeypatch.setattr(DeviceRegistry, "set_catalogue", failing)
     async with gateway(tmp_path) as run, listed_device(run) as other:
         url = run.device_url
-        async with connect(url, additional_headers=stock_headers(BROKEN)) as ws:
-            await ws.send(json.dumps(STOCK_HELLO))
-            assert (await receive_json(ws))["type"] == "hello"
-            initialize: Any = (await receive_json(ws))["payload"]
-            await ws.send(_answer(initialize, {"protocolVersion": "2024-11-05"}))
-            listing: Any = (await receive_json(ws))["payload"]
-            assert listing["method"] == "tools/list"
-            await ws.send(_answer(listing, {"tools": []}))
-            async with asyncio.timeout(bound(5)):
-                await ws.wait_closed()
-            assert ws.close_code == 1011
+        assert await join_listing_no_tools(url, BROKEN) == 1011
         device = run.gateway.registry.get(BROKEN)
         assert device is not None and not device.online and device.session is None
         other_device = run.gateway.registry.get(other.device_id)
