@@ -22,6 +22,7 @@ from tests.cluster.test_replicas import call, lists, mcp_name
 from tests.e2e.helpers import (
     JsonObject,
     RawDevice,
+    fail_catalogue_of,
     join_listing_no_tools,
     listed_device,
 )
@@ -53,14 +54,7 @@ async def test_a_bridged_sessions_failure_closes_it_with_1011_and_spares_the_res
     """The registry fails on one bridged device's tool list: its session ends as on a single
     gateway (logged once with its id, closed with 1011, offline everywhere), while another
     device on the same replica stays served, called from the other replica too."""
-    set_catalogue = DeviceRegistry.set_catalogue
-
-    def failing(registry: DeviceRegistry, device_id: str, *args: Any, **kwargs: Any) -> None:
-        if device_id == BROKEN:
-            raise RuntimeError("the registry broke on this device")
-        set_catalogue(registry, device_id, *args, **kwargs)
-
-    monkeypatch.setattr(DeviceRegistry, "set_catalogue", failing)
+    fail_catalogue_of(monkeypatch, BROKEN)
     async with Mosquitto(tmp_path / "broker") as broker, replicas(tmp_path, broker.port, 2) as runs:
         first, second = runs
         async with listed_device(first, OTHER):

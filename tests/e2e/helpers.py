@@ -12,12 +12,13 @@ from typing import Any
 import anyio
 import anyio.abc
 import mcp.types as types
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.app import Running
 from gateway.config import DeviceOptions
-from gateway.devices.registry import Changes
+from gateway.devices.registry import Changes, DeviceRegistry
 from gateway.simulator import SimulatedDevice
 from tests.conftest import DEVICE_TOKEN, bound
 
@@ -50,6 +51,19 @@ async def receive_json(ws: ClientConnection) -> dict[str, object]:
             if isinstance(frame, str):
                 message: dict[str, object] = json.loads(frame)
                 return message
+
+
+def fail_catalogue_of(monkeypatch: pytest.MonkeyPatch, device_id: str) -> None:
+    """Make the registry raise on ``device_id``'s tool list (a bug in handling one device's
+    message), and only on its."""
+    set_catalogue = DeviceRegistry.set_catalogue
+
+    def failing(registry: DeviceRegistry, device: str, *args: Any, **kwargs: Any) -> None:
+        if device == device_id:
+            raise RuntimeError("the registry broke on this device")
+        set_catalogue(registry, device, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceRegistry, "set_catalogue", failing)
 
 
 async def join_listing_no_tools(url: str, device_id: str) -> int | None:

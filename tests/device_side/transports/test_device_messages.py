@@ -7,18 +7,16 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gateway.device_side.transports import device_socket, websocket
 from gateway.device_side.transports.device_socket import DeviceSocket
 from gateway.device_side.transports.websocket import DeviceSockets
-from gateway.devices.registry import DeviceRegistry
 from tests.conftest import gateway
 from tests.device_side.transports.test_device_socket import CLOSE, TEXT, Peer, frame
 from tests.device_side.transports.test_device_socket_wire import HANDSHAKE
-from tests.e2e.helpers import join_listing_no_tools, listed_device
+from tests.e2e.helpers import fail_catalogue_of, join_listing_no_tools, listed_device
 from tests.net.test_limits import LIMITS, opened, serving
 
 pytestmark = pytest.mark.anyio
@@ -32,14 +30,7 @@ async def test_a_failure_handling_one_devices_message_closes_it_with_1011_and_sp
     """The registry fails on one device's tool list (handled in the loop turn its frame is
     read): that device's session ends as on any session error (logged once with its id, closed
     with 1011, offline), asyncio's transport is never failed, and another device stays served."""
-    set_catalogue = DeviceRegistry.set_catalogue
-
-    def failing(registry: DeviceRegistry, device_id: str, *args: Any, **kwargs: Any) -> None:
-        if device_id == BROKEN:
-            raise RuntimeError("the registry broke on this device")
-        set_catalogue(registry, device_id, *args, **kwargs)
-
-    monkeypatch.setattr(DeviceRegistry, "set_catalogue", failing)
+    fail_catalogue_of(monkeypatch, BROKEN)
     async with gateway(tmp_path) as run, listed_device(run) as other:
         url = run.device_url
         assert await join_listing_no_tools(url, BROKEN) == 1011
