@@ -10,6 +10,8 @@ an address (Home Assistant's ingress proxy, a TLS proxy in ``trusted_proxies``) 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -25,9 +27,10 @@ class RecordPeer:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Not a coroutine: no frame of its own for as long as a request (or WebSocket) lives.
         scope[PEER] = scope.get("client")
-        await self.app(scope, receive, send)
+        return self.app(scope, receive, send)
 
 
 def socket_peer(conn: HTTPConnection) -> str:
