@@ -6,15 +6,14 @@ a tenth of a device's join. ``handshake_request`` reads them in one pass into th
 ``Request``, passing exactly the checks ``Request.parse`` makes (its limits and patterns are
 websockets' own, imported). A request that would fail any of them is not read here (None): it
 goes to websockets as bytes, which answers it as it always did (400, 414, 431). Its checks are
-those of websockets 17 (tests/net/test_handshake_request.py compares the two on any input);
-with an older websockets (15 and 16 check the request line otherwise) nothing is read here.
+those of websockets 17, the oldest release the gateway installs with (15 and 16 check the
+request line otherwise); tests/net/test_handshake_request.py compares the two on any input.
 """
 
 from __future__ import annotations
 
 import re
 
-from websockets import version
 from websockets.datastructures import Headers
 from websockets.http11 import (
     MAX_LINE_LENGTH,
@@ -24,9 +23,7 @@ from websockets.http11 import (
     _value_re,
 )
 
-__all__ = ["MIRRORED", "handshake_request"]
-
-MIRRORED = int(version.version.split(".")[0]) >= 17  # the parser whose checks these are
+__all__ = ["handshake_request"]
 
 _PROTOCOLS = (b"HTTP/1.1", b"HTTP/1.0")  # what Request.parse accepts
 # Every header line as parse_headers accepts it, the empty line after the last: checked in one
@@ -40,11 +37,7 @@ def handshake_request(data: bytes) -> Request | None:
     """The ``Request`` websockets' parser makes of ``data`` (one whole request, its head and
     nothing after), or None if that parser would not accept it (or not in one piece)."""
     line_end = data.find(b"\r\n")
-    if (
-        not MIRRORED
-        or not 0 < line_end <= MAX_LINE_LENGTH - 2
-        or not _HEADERS.fullmatch(data, line_end + 2)
-    ):
+    if not 0 < line_end <= MAX_LINE_LENGTH - 2 or not _HEADERS.fullmatch(data, line_end + 2):
         return None
     lines = data[line_end + 2 : -2].split(b"\r\n")[:-1]  # each ended by CRLF
     if len(lines) > MAX_NUM_HEADERS or max(map(len, lines), default=0) + 2 > MAX_LINE_LENGTH:

@@ -18,6 +18,7 @@ from gateway.config import Config, ListenAddress, env_name
 from gateway.errors import GatewayError, PortTaken
 from gateway.net.direct_http import DirectRequests
 from gateway.net.limits import Guard, protocol_classes
+from gateway.net.peer import RecordPeer
 from gateway.net.upgrade import SocketRoutes
 
 __all__ = ["LISTEN_BACKLOG", "Listener", "bind", "listening", "uvicorn_config"]
@@ -45,6 +46,15 @@ class Listener(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         self.ready.set()
+
+
+class _Config(uvicorn.Config):
+    """A listener's uvicorn config: the socket's address is kept before proxy headers replace
+    it (``gateway.net.peer``), for the decisions that trust an address."""
+
+    def load(self) -> None:
+        super().load()
+        self.loaded_app = RecordPeer(self.loaded_app)
 
 
 def bind(address: ListenAddress, listener: str = "device") -> socket.socket:
@@ -86,7 +96,7 @@ def uvicorn_config(
     POST targets it answers below ``app`` (the OTA check-in)."""
     # Caps, handshake and authentication deadlines at the transport (gateway/net/limits.py).
     http, ws = protocol_classes(guard, sockets, requests)
-    return uvicorn.Config(
+    return _Config(
         app,
         http=http,
         backlog=LISTEN_BACKLOG,  # asyncio listens again with it on the socket handed over

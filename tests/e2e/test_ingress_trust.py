@@ -40,3 +40,30 @@ async def test_dashboard_under_ingress_needs_no_host_token_but_direct_access_doe
             mcp = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert devices.status_code == 200
     assert mcp.status_code == 401
+
+
+async def test_an_address_in_x_forwarded_for_is_never_taken_for_the_ingress_peer(
+    tmp_path: Path,
+) -> None:
+    """A local process naming the ingress peer in X-Forwarded-For (which uvicorn believes from
+    127.0.0.1) is refused on the dashboard, its API and /mcp; the peer itself still passes."""
+    forged = {"X-Forwarded-For": SUPERVISOR}
+    rename = {"device_id": "esp32-x", "name": "forged"}
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with gateway(tmp_path, host_token=HOST_TOKEN, host_ingress_peers=(SUPERVISOR,)) as run:
+        base = f"http://127.0.0.1:{run.host_port}"
+        async with httpx2.AsyncClient(base_url=base, timeout=bound(10), headers=forged) as http:
+            page = await http.get("/")
+            devices = await http.get("/api/dashboard/devices")
+            renamed = await http.post("/api/devices/rename", json=rename)
+            mcp = await http.post("/mcp", json=ping)
+        supervisor = httpx2.AsyncHTTPTransport(local_address=SUPERVISOR)
+        async with httpx2.AsyncClient(
+            base_url=base, timeout=bound(10), transport=supervisor
+        ) as peer:
+            peer_devices = await peer.get("/api/dashboard/devices")
+    assert page.status_code == 303 and page.headers["location"] == "login"
+    assert devices.status_code == 401 and "devices" not in devices.json()
+    assert renamed.status_code == 401
+    assert mcp.status_code == 401
+    assert peer_devices.status_code == 200 and peer_devices.json()["devices"] == []

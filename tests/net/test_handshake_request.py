@@ -8,9 +8,7 @@ from hypothesis import strategies as st
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
 from websockets.streams import StreamReader
 
-from gateway.net.handshake_request import MIRRORED, handshake_request
-
-mirrored = pytest.mark.skipif(not MIRRORED, reason="websockets < 17: left to its parser")
+from gateway.net.handshake_request import handshake_request
 
 HANDSHAKE = (
     b"GET /device?x=1 HTTP/1.1\r\nhost: 127.0.0.1\r\nupgrade: websocket\r\n"
@@ -41,7 +39,6 @@ def same(ours: Request, theirs: Request) -> bool:
     )  # fmt: skip
 
 
-@mirrored
 def test_a_plain_handshake_reads_as_websockets_reads_it() -> None:
     ours, theirs = handshake_request(HANDSHAKE), websockets_reads(HANDSHAKE)
     assert ours is not None and theirs is not None and same(ours, theirs)
@@ -69,14 +66,12 @@ def test_what_websockets_would_refuse_is_left_to_it(data: bytes) -> None:
     assert handshake_request(data) is None
 
 
-@mirrored
 def test_a_request_without_headers_reads_as_websockets_reads_it() -> None:
     data = b"GET / HTTP/1.1\r\n\r\n"
     ours, theirs = handshake_request(data), websockets_reads(data)
     assert ours is not None and theirs is not None and same(ours, theirs)
 
 
-@mirrored
 def test_content_length_zero_is_no_body_for_either() -> None:
     data = HANDSHAKE.replace(b"device-id:", b"content-length: 0\r\nx:")
     ours, theirs = handshake_request(data), websockets_reads(data)

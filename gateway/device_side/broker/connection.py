@@ -5,10 +5,9 @@ Bytes go through ``MqttReader`` (gateway/protocol) and each packet is handled at
 is accepted, then its keep-alive check (§3.1.2.10: 1.5 keep-alive periods of silence close it),
 which re-arms itself only when it fires, not on every packet. The one task it may ever have is
 its login (the registry commits it, ``settle``; a device waits for the gateway to listen,
-``until_heard``); the few packets that may come meanwhile are held, and a client hanging up
-ends its login with it. What it writes goes to the transport's buffer;
-a client that lets the buffer pass ``write_limit`` (a slow or stalled reader) is dropped, so
-it costs its own connection, never the process's memory.
+``until_heard``); the few packets that may come meanwhile are held (``BEFORE_CONNACK_BYTES`` in
+all), and a client hanging up ends its login with it. What it writes goes to the transport's
+buffer; a client that lets it pass ``write_limit`` (a slow or stalled reader) is dropped.
 """
 
 from __future__ import annotations
@@ -45,12 +44,15 @@ from gateway.protocol.mqtt import (
 )
 from gateway.protocol.mqtt_reader import MqttReader, check_filter
 
-__all__ = ["BrokerCore", "ClientConnection"]
+__all__ = ["BEFORE_CONNACK_BYTES", "BrokerCore", "ClientConnection"]
 
 logger = logging.getLogger(__name__)
 _log = ThrottledLog(logger)
 
 _HELD_PACKETS = 16  # packets a client may send before its CONNACK (stock firmware: one, hello)
+# Bytes a client may send before its CONNACK, all packets together: stock firmware sends a
+# CONNECT of about 200 bytes and perhaps its hello (about 300). Past it, it is no device.
+BEFORE_CONNACK_BYTES = 16 * 1024
 
 
 class BrokerCore(Protocol):
@@ -98,8 +100,8 @@ class BrokerCore(Protocol):
 class ClientConnection(asyncio.Protocol):
     """One client, from its TCP connection to its end (only devices log in)."""
 
-    __slots__ = ("_broker", "_held", "_heard", "_login", "_next_id", "_reader", "_slot",
-                 "_timer", "_transport", "accepted", "client_id", "closed", "filters",
+    __slots__ = ("_broker", "_early", "_held", "_heard", "_login", "_next_id", "_reader",
+                 "_slot", "_timer", "_transport", "accepted", "client_id", "closed", "filters",
                  "keepalive", "peer", "taken_over", "username", "will")  # fmt: skip
 
     def __init__(self, broker: BrokerCore) -> None:
@@ -110,6 +112,7 @@ class ClientConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._login: asyncio.Task[None] | None = None
         self._held: list[Packet] | None = None  # read while the login is decided
+        self._early = BEFORE_CONNACK_BYTES  # what it may still send before its CONNACK
         self._heard = 0.0  # loop time of the last bytes from the client
         self._next_id = 0
         self.peer = "?"
@@ -145,6 +148,13 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         self._heard = asyncio.get_running_loop().time()
+        if not self.accepted:
+            self._early -= len(data)
+            if self._early < 0:  # whatever the password: a CONNECT is tiny, so is a hello
+                _log.warning("early", "MQTT client at %s sent over %d bytes before its CONNACK; "
+                             "closed it", self.peer, BEFORE_CONNACK_BYTES)  # fmt: skip
+                self.abort()
+                return
         try:
             for packet in self._reader.packets(data):  # none parsed after a close
                 if self._login is not None and not self.accepted:
@@ -167,13 +177,8 @@ class ClientConnection(asyncio.Protocol):
         if self._held is None:
             self._held = []
         if len(self._held) >= _HELD_PACKETS:
-            _log.warning(
-                "flood",
-                "MQTT client %r at %s sent over %d packets before its CONNACK; closed it",
-                self.client_id,
-                self.peer,
-                _HELD_PACKETS,
-            )
+            _log.warning("flood", "MQTT client %r at %s sent over %d packets before its CONNACK; "
+                         "closed it", self.client_id, self.peer, _HELD_PACKETS)  # fmt: skip
             self.abort()
         else:
             self._held.append(packet)

@@ -29,6 +29,7 @@ from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFact
 from websockets.server import ServerProtocol
 
 from gateway.device_side.broker.topics import is_device_id
+from gateway.device_side.transports.device_messages import INTERNAL_ERROR
 from gateway.device_side.transports.device_socket import DeviceSocket, Endpoint
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
@@ -55,9 +56,18 @@ class StarletteLink:
     # uvicorn's send waits (for a full socket buffer to drain) before it writes anything, then
     # writes the frame at once: a cancelled send never leaves a frame half or wholly written.
     sends_whole = True
+    _close = (1000, "")  # how ``aclose`` closes it: normally, until ``fail``
 
     def __init__(self, websocket: WebSocket) -> None:
         self._ws = websocket
+
+    def fail(self, code: int = INTERNAL_ERROR, reason: str = "internal error") -> None:
+        """Mark the WebSocket failed: it closes with ``code`` (1011), never a normal 1000.
+
+        An ASGI close is awaited, and ``DeviceConnection.run`` fails a link where it cannot
+        await: the failure goes on to the route's endpoint, which closes it (``aclose``).
+        """
+        self._close = (code, reason)
 
     async def send(self, text: str) -> None:
         """Send one text frame."""
@@ -86,7 +96,7 @@ class StarletteLink:
         """Close the WebSocket if it is still open."""
         if self._ws.application_state == WebSocketState.CONNECTED:
             try:
-                await self._ws.close()
+                await self._ws.close(*self._close)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 pass  # the device left first: nothing to close
 
@@ -272,7 +282,13 @@ def device_websocket_routes(
         # The scope lives as long as the device stays (uvicorn and each ASGI frame above hold
         # it), and nothing reads its headers again: drop them, about 1.3 KB an idle device.
         del websocket.scope["headers"][:]
-        await serve(StarletteLink(websocket), identity)
+        link = StarletteLink(websocket)
+        try:
+            await serve(link, identity)
+        except Exception:  # one device's failure is its own (as below ASGI): 1011
+            logger.exception("WebSocket device %s: session failed", identity.device_id)
+            link.fail()
+            await link.aclose()
 
     return [
         WebSocketRoute(DEVICE_PATH, endpoint),

@@ -41,6 +41,7 @@ from gateway.host_side.dashboard.session import (
 )
 from gateway.host_side.dashboard.views import device_summary, device_tools, setup_facts
 from gateway.net.networks import in_networks, networks
+from gateway.net.peer import socket_peer
 from gateway.net.public import PublicAddress
 from gateway.net.rate_limit import RateLimiter, rate_limited
 
@@ -129,8 +130,8 @@ class Dashboard:
 
     def _must_sign_in(self, request: Request) -> bool:
         """A host token is set, and the request is not Home Assistant's ingress proxy's."""
-        peer = request.client.host if request.client else ""
-        return self.sessions.required and not in_networks(peer, self.ingress)
+        # The socket's address: X-Forwarded-For is anyone's to write (gateway/net/peer.py).
+        return self.sessions.required and not in_networks(socket_peer(request), self.ingress)
 
     # --- JSON --------------------------------------------------------------------------------
 

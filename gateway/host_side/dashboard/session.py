@@ -30,6 +30,7 @@ from starlette.requests import HTTPConnection, cookie_parser
 
 from gateway.devices.audit import CLI_AGENT, Actor
 from gateway.net.networks import Network, in_networks
+from gateway.net.peer import socket_peer
 
 __all__ = ["COOKIE", "CSRF_HEADER", "Session", "SessionAuthBackend", "Sessions",
            "actor_of"]  # fmt: skip
@@ -126,7 +127,7 @@ class SessionAuthBackend(AuthenticationBackend):
             return found  # type: ignore[no-any-return]
         if not conn.url.path.startswith(COOKIE_PATHS):
             return None
-        if conn.client is not None and in_networks(conn.client.host, self.ingress):
+        if in_networks(socket_peer(conn), self.ingress):  # the socket's, not X-Forwarded-For
             # Home Assistant's ingress signed its user in already; only its proxy is trusted,
             # and a cross-site request is still refused by the Origin check.
             return AuthCredentials([]), _DASHBOARD

@@ -18,6 +18,7 @@ from starlette.requests import HTTPConnection
 
 from gateway.config import Config
 from gateway.net.networks import Network, in_networks, networks
+from gateway.net.peer import socket_peer
 
 __all__ = ["CURRENT", "MCP_PATH", "Origin", "OriginRules"]
 
@@ -62,7 +63,8 @@ class OriginRules:
         peer = conn.client.host if conn.client else ""
         headers = conn.headers
         scheme, host, address = conn.url.scheme, headers.get("host", ""), peer
-        if self._proxies and in_networks(peer, self._proxies):
+        # Which proxy to believe: the socket's address (X-Forwarded-For is anyone's to write).
+        if self._proxies and in_networks(socket_peer(conn), self._proxies):
             scheme = _first(headers.get("x-forwarded-proto")) or scheme
             host = _first(headers.get("x-forwarded-host")) or host
             address = _last(headers.get("x-forwarded-for")) or peer

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.config import ListenAddress
 from gateway.device_side.broker import EmbeddedBroker, Topics
+from gateway.device_side.broker.connection import BEFORE_CONNACK_BYTES
 from gateway.net.limits import ListenerLimits
 from gateway.protocol import mqtt_reader
 from gateway.protocol.mqtt import Packet, remaining_length
@@ -389,3 +390,52 @@ async def test_retained_messages_have_a_budget() -> None:
         late = Listener()  # a subscriber that comes later gets those that were kept
         b.attach(late, [("xiaozhi/+/status", 0)])
         assert (await late.next())[0] == "xiaozhi/aa:bb:cc:dd:ef:00/status"
+
+
+async def test_a_client_that_sends_more_than_a_connect_before_any_login_is_cut() -> None:
+    """Before its CONNECT is even read, a client that sends over ``BEFORE_CONNACK_BYTES`` (a
+    CONNECT far bigger than any device's, under ``max_packet_bytes``) is cut at once, without
+    a deadline to wait for; a device joins as ever."""
+    big = 256 * 1024
+    async with broker(big) as b:
+        flood, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(b"\x10" + remaining_length(big - 8) + b"\x00" * (BEFORE_CONNACK_BYTES + 1))
+        await dropped(flood)
+        writer.close()
+        reader, device = await logged_in(b.port, DEVICE, TOKEN)
+        device.write(b"\xc0\x00")
+        async with asyncio.timeout(bound(5)):
+            assert await reader.readexactly(2) == b"\xd0\x00"
+        device.close()
+
+
+async def test_a_client_with_the_right_password_that_floods_before_its_connack_is_cut() -> None:
+    """A login with the right password may send a hello while it is settled, not more than
+    ``BEFORE_CONNACK_BYTES`` (one PUBLISH under ``max_packet_bytes`` can pass it): it is cut,
+    never accepted, and the next device is."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def settle() -> None:
+        entered.set()
+        await release.wait()
+
+    topic = Topics().up(DEVICE)
+    payload = b"x" * BEFORE_CONNACK_BYTES
+    listen = ListenAddress("127.0.0.1", 0)
+    async with EmbeddedBroker(listen, Topics(), lambda *_: True, settle=settle) as b:
+        gateway = Listener()
+        b.attach(gateway, [(topic, 0), (Topics().up(OTHER), 0)])
+        flood, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        writer.write(connect_packet(DEVICE, DEVICE, TOKEN))
+        async with asyncio.timeout(bound(5)):
+            await entered.wait()
+        writer.write(publish_head(topic, len(payload)) + payload)
+        await dropped(flood)
+        writer.close()
+        release.set()
+        reader, device = await logged_in(b.port, OTHER, TOKEN)
+        hello = b'{"type":"hello"}'
+        device.write(publish_head(Topics().up(OTHER), len(hello)) + hello)
+        assert await gateway.next() == (Topics().up(OTHER), hello, 0, False)  # none of the flood
+        assert b.online() == frozenset({OTHER})
+        device.close()

@@ -9,7 +9,6 @@ import pytest
 import websockets.http11
 from websockets.asyncio.client import connect
 
-from gateway.net.handshake_request import MIRRORED
 from tests.conftest import bound
 from tests.device_side.transports.test_device_socket import TEXT, Peer, frame
 from tests.device_side.transports.test_device_socket_wire import HANDSHAKE, SOCKETS
@@ -46,7 +45,7 @@ async def test_a_whole_handshake_is_parsed_once_not_again_by_websockets(
                 assert await ws.recv() == f"m{n}" * 100
                 assert [e.name for e in ws.protocol.extensions] == ["permessage-deflate"]
         await guard.until(0)
-    assert parses == ([] if MIRRORED else [b"/device"] * 3)  # websockets < 17: its own parse
+    assert parses == []
 
 
 async def test_a_handshake_in_pieces_is_read_by_h11_and_not_again_by_websockets(
@@ -66,7 +65,7 @@ async def test_a_handshake_in_pieces_is_read_by_h11_and_not_again_by_websockets(
         assert await device.frame() == (TEXT, b"hello")
         writer.close()
         await guard.until(0)
-    assert h11_reads and parses == ([] if MIRRORED else [b"/device"])
+    assert h11_reads and parses == []
 
 
 @pytest.mark.parametrize(

@@ -7,16 +7,21 @@ from pathlib import Path
 from starlette.requests import HTTPConnection
 
 from gateway.host_side.oauth.origin import OriginRules
+from gateway.net.peer import PEER
 from tests.conftest import make_config
 
 
-def connection(peer: str, scheme: str = "http", **headers: str) -> HTTPConnection:
-    """A request as uvicorn hands it over, from ``peer``."""
+def connection(
+    peer: str, scheme: str = "http", socket: str | None = None, **headers: str
+) -> HTTPConnection:
+    """A request as uvicorn hands it over, from ``peer`` (through uvicorn's proxy headers from
+    ``socket``, when given)."""
     raw = [(b"host", b"gw.lan:8766")] + [
         (name.replace("_", "-").encode(), value.encode()) for name, value in headers.items()
     ]
     return HTTPConnection({"type": "http", "scheme": scheme, "server": ("10.0.0.2", 8766),
-                           "path": "/token", "headers": raw, "client": (peer, 5000)})  # fmt: skip
+                           "path": "/token", "headers": raw, "client": (peer, 5000),
+                           PEER: (socket or peer, 5000)})  # fmt: skip
 
 
 def test_plain_http_gets_tokens_on_loopback_and_listed_networks_only(tmp_path: Path) -> None:
@@ -54,3 +59,12 @@ def test_forwarded_headers_count_only_from_trusted_proxies(tmp_path: Path) -> No
     assert via_proxy.address == "198.51.100.7"
     assert spoofed.issuer == "http://gw.lan:8766" and not spoofed.may_issue
     assert spoofed.address == "192.168.1.20"
+
+
+def test_a_proxy_named_only_in_x_forwarded_for_is_not_believed(tmp_path: Path) -> None:
+    """A local process that names the trusted proxy in X-Forwarded-For (which uvicorn's proxy
+    headers turn into the request's client) does not get its X-Forwarded-* believed."""
+    trusted = OriginRules(make_config(tmp_path, host_trusted_proxies=("10.0.0.5",)))
+    forged = trusted.of(connection("10.0.0.5", socket="127.0.0.1", x_forwarded_proto="https",
+                                   x_forwarded_host="evil.example"))  # fmt: skip
+    assert forged.issuer == "http://gw.lan:8766"
