@@ -112,9 +112,48 @@ Target = Callable[[], Awaitable[None]]  # one call, raising if it failed
 Instant = Callable[[bool], None]  # makes the device's connection answer at once, or not
 
 
+DEVICES = ("process", "simulator")  # where the gateway's device runs; the first is the default
+DEVICE_SCRIPT = Path(__file__).with_name("_call_device.py")
+
+
 @contextlib.asynccontextmanager
-async def gateway(data_dir: Path) -> AsyncIterator[tuple[str, Target, Instant]]:
-    """Run the gateway with one simulated device whose tools are listed; yield the MCP URL,
+async def device_process(url: str) -> AsyncIterator[None]:
+    """The lean device (``_call_device.py``) in a process of its own, connected to ``url``.
+
+    It holds our pipe on its stdin and ends when that closes, even if this process is killed.
+    """
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(DEVICE_SCRIPT), url, DEVICE_TOKEN, DEVICE_ID,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        if await child.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"the device process did not connect (exit {await child.wait()})")
+        yield
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            async with asyncio.timeout(5):
+                await child.wait()
+        except TimeoutError:
+            child.kill()
+            await child.wait()
+
+
+def _device(mode: str, url: str) -> contextlib.AbstractAsyncContextManager[object]:
+    if mode == "simulator":
+        return SimulatedDevice(url, DEVICE_TOKEN, device_id=DEVICE_ID)
+    return device_process(url)
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    data_dir: Path, device: str = DEVICES[0]
+) -> AsyncIterator[tuple[str, Target, Instant]]:
+    """Run the gateway with one device whose tools are listed (``device``: the lean device in
+    a process of its own, or a ``SimulatedDevice`` in this process and loop); yield the MCP URL,
     the device hop (one call through the device connection alone) and the switch that makes
     the connection answer at once."""
     config = Config(
@@ -127,7 +166,7 @@ async def gateway(data_dir: Path) -> AsyncIterator[tuple[str, Target, Instant]]:
     async with running(config) as run:
         registry = run.gateway.registry
         changes = registry.changes()  # subscribe before the device connects: no missed change
-        async with SimulatedDevice(run.device_url, DEVICE_TOKEN, device_id=DEVICE_ID):
+        async with _device(device, run.device_url):
             try:
                 while not any(
                     t.device.device_id == DEVICE_ID and t.device.online
@@ -217,11 +256,12 @@ TARGETS = ("baseline", "gateway", "hop", "mcp")
 
 
 @contextlib.asynccontextmanager
-async def targets(data_dir: Path) -> AsyncIterator[dict[str, Target]]:
-    """Serve the bare server and the gateway; yield one call of each target, by name."""
+async def targets(data_dir: Path, device: str = DEVICES[0]) -> AsyncIterator[dict[str, Target]]:
+    """Serve the bare server and the gateway (its device as ``device`` says); yield one call
+    of each target, by name."""
     async with contextlib.AsyncExitStack() as stack:
         base_url = await stack.enter_async_context(baseline())
-        gw_url, hop, instant = await stack.enter_async_context(gateway(data_dir))
+        gw_url, hop, instant = await stack.enter_async_context(gateway(data_dir, device))
         calls: dict[str, Target] = {"hop": hop}
         for name, url, tool in (
             ("baseline", base_url, BASELINE_TOOL),
@@ -235,7 +275,7 @@ async def targets(data_dir: Path) -> AsyncIterator[dict[str, Target]]:
         yield calls
 
 
-async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
+async def measure(calls: int, settle: bool = True, device: str = DEVICES[0]) -> dict[str, Any]:
     """Warm up, then time ``calls`` calls per target in alternating blocks.
 
     ``settle``: once everything listens, tune the collector as ``esp-mcp-gateway serve`` does
@@ -245,7 +285,7 @@ async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
     cpu = dict.fromkeys(TARGETS, 0.0)
     collected = dict.fromkeys(TARGETS, 0.0)
     with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
-        async with targets(Path(data_dir)) as calls_of:
+        async with targets(Path(data_dir), device) as calls_of:
             if settle:
                 heap.settle()
             for name in TARGETS:
@@ -264,6 +304,7 @@ async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
         name: _summary(samples[name], cpu[name], collected[name]) for name in TARGETS
     }
     figures["gc"] = "settled" if settle else "default"
+    figures["device"] = device
     base, gw, hop_f = figures["baseline"], figures["gateway"], figures["hop"]
     figures["ratio"] = {
         "median": gw["median_ms"] / base["median_ms"],
@@ -296,6 +337,12 @@ def _table(figures: dict[str, Any]) -> str:
         f"{added['beyond_hop']:.3f} ms",
         f"its host side alone (mcp: the device answering at once) adds {added['mcp']:.3f} ms",
         f"garbage collector: {figures['gc']} (gc ms: its share of each target's cpu ms)",
+        f"device: {figures['device']} (cpu ms: this process's, "
+        + (
+            "the device's not included)"
+            if figures["device"] == "process"
+            else "the device's in it)"
+        ),
     ]
     return "\n".join(lines)
 
@@ -310,10 +357,17 @@ def main() -> int:
         action="store_true",
         help="keep CPython's collector settings rather than settle them as the gateway does",
     )
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=DEVICES[0],
+        help="where the gateway's device runs: a lean device in a process of its own (as a "
+        "real device is another machine) or a SimulatedDevice in the bench's own process",
+    )
     args = parser.parse_args()
     gc.callbacks.append(COLLECTIONS)
     try:
-        run = measure(max(args.calls, 2), settle=not args.default_gc)
+        run = measure(max(args.calls, 2), settle=not args.default_gc, device=args.device)
         figures = asyncio.run(asyncio.wait_for(run, args.timeout))
     except TimeoutError:
         print(f"call_latency: did not finish within {args.timeout:g} s", file=sys.stderr)
