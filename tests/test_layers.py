@@ -38,7 +38,7 @@ INNER: dict[str, list[set[str]]] = {
     "net": [
         # direct_http: small POSTs answered below ASGI; expiries: deadlines of one length on
         # one timer; handshake_request: a WebSocket handshake read once, as websockets would
-        {"direct_http", "expiries", "handshake_request", "throttled"},
+        {"direct_http", "expiries", "handshake_request", "text_frames", "throttled"},
         {"addresses", "destinations", "websocket", "networks", "upgrade"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},
