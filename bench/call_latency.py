@@ -2,29 +2,33 @@
 
 Run from the repository root, in the project's venv::
 
-    python bench/call_latency.py [--calls N] [--json] [--timeout SECONDS]
+    python bench/call_latency.py [--calls N] [--json] [--timeout SECONDS] [--device MODE]
 
 Two targets, served in this process and event loop, called by the same client code
 (``mcp.Client(url, mode="legacy")``, streamable HTTP, one stateful session per target):
 
 * ``baseline``: a bare low-level SDK ``Server`` whose one tool answers at once, on uvicorn.
-* ``gateway``: the real gateway (``gateway.app.running``) with one ``SimulatedDevice`` connected
-  over WebSocket; the call is ``sim-esp32_0001_lamp_get_state``, a tool the device answers at once.
+* ``gateway``: the real gateway (``gateway.app.running``) with one device connected over
+  WebSocket; the call is ``sim-esp32_0001_lamp_get_state``, a tool the device answers at once.
+  The device is, as ``--device`` says, ``process`` (the default): the lean device of
+  ``_call_device.py`` in a process of its own, as a real device is another machine, so its
+  work and caches are not the gateway's; or ``simulator``: a ``SimulatedDevice`` (the
+  firmware's code) in this process and loop.
 
 A third, ``hop``, is the device hop alone: the same tool called through the gateway's
 connection to the device (``DeviceConnection.call``: its protocol, the WebSocket both ways and
-the simulator), with no MCP, HTTP, routing or audit; the baseline has no such hop at all. A
+the device), with no MCP, HTTP, routing or audit; the baseline has no such hop at all. A
 fourth, ``mcp``, is the gateway's host side alone: the same MCP call with the device's
 connection answering at once (what the lamp answers), so everything but the device hop: the
 listener's guards, the SDK server, routing, policy, the deadline, audit and metrics.
 
 After a warm-up, N sequential calls per target are timed with ``time.perf_counter()``, in
 alternating blocks so machine noise hits all alike. The table gives the median and p99 in
-milliseconds, the process's CPU time per call (``time.process_time()``, the client's included),
-the ratios gateway/baseline and what the gateway adds per call, with and without its device
-hop. A ratio of 1.0 would mean the gateway, the device WebSocket hop and the simulator cost
-nothing beyond the SDK's own per-call cost. It is a measurement, not a test: it exits 0
-(errors go to stderr, exit 1).
+milliseconds, this process's CPU time per call (``time.process_time()``, the client's
+included, a device process's not), the ratios gateway/baseline and what the gateway adds per
+call, with and without its device hop. A ratio of 1.0 would mean the gateway and its device
+WebSocket hop cost nothing beyond the SDK's own per-call cost. It is a measurement, not a
+test: it exits 0 (errors go to stderr, exit 1).
 """
 
 from __future__ import annotations
