@@ -2,29 +2,33 @@
 
 Run from the repository root, in the project's venv::
 
-    python bench/call_latency.py [--calls N] [--json] [--timeout SECONDS]
+    python bench/call_latency.py [--calls N] [--json] [--timeout SECONDS] [--device MODE]
 
 Two targets, served in this process and event loop, called by the same client code
 (``mcp.Client(url, mode="legacy")``, streamable HTTP, one stateful session per target):
 
 * ``baseline``: a bare low-level SDK ``Server`` whose one tool answers at once, on uvicorn.
-* ``gateway``: the real gateway (``gateway.app.running``) with one ``SimulatedDevice`` connected
-  over WebSocket; the call is ``sim-esp32_0001_lamp_get_state``, a tool the device answers at once.
+* ``gateway``: the real gateway (``gateway.app.running``) with one device connected over
+  WebSocket; the call is ``sim-esp32_0001_lamp_get_state``, a tool the device answers at once.
+  The device is, as ``--device`` says, ``process`` (the default): the lean device of
+  ``_call_device.py`` in a process of its own, as a real device is another machine, so its
+  work and caches are not the gateway's; or ``simulator``: a ``SimulatedDevice`` (the
+  firmware's code) in this process and loop.
 
 A third, ``hop``, is the device hop alone: the same tool called through the gateway's
 connection to the device (``DeviceConnection.call``: its protocol, the WebSocket both ways and
-the simulator), with no MCP, HTTP, routing or audit; the baseline has no such hop at all. A
+the device), with no MCP, HTTP, routing or audit; the baseline has no such hop at all. A
 fourth, ``mcp``, is the gateway's host side alone: the same MCP call with the device's
 connection answering at once (what the lamp answers), so everything but the device hop: the
 listener's guards, the SDK server, routing, policy, the deadline, audit and metrics.
 
 After a warm-up, N sequential calls per target are timed with ``time.perf_counter()``, in
 alternating blocks so machine noise hits all alike. The table gives the median and p99 in
-milliseconds, the process's CPU time per call (``time.process_time()``, the client's included),
-the ratios gateway/baseline and what the gateway adds per call, with and without its device
-hop. A ratio of 1.0 would mean the gateway, the device WebSocket hop and the simulator cost
-nothing beyond the SDK's own per-call cost. It is a measurement, not a test: it exits 0
-(errors go to stderr, exit 1).
+milliseconds, this process's CPU time per call (``time.process_time()``, the client's
+included, a device process's not), the ratios gateway/baseline and what the gateway adds per
+call, with and without its device hop. A ratio of 1.0 would mean the gateway and its device
+WebSocket hop cost nothing beyond the SDK's own per-call cost. It is a measurement, not a
+test: it exits 0 (errors go to stderr, exit 1).
 """
 
 from __future__ import annotations
@@ -112,9 +116,48 @@ Target = Callable[[], Awaitable[None]]  # one call, raising if it failed
 Instant = Callable[[bool], None]  # makes the device's connection answer at once, or not
 
 
+DEVICES = ("process", "simulator")  # where the gateway's device runs; the first is the default
+DEVICE_SCRIPT = Path(__file__).with_name("_call_device.py")
+
+
 @contextlib.asynccontextmanager
-async def gateway(data_dir: Path) -> AsyncIterator[tuple[str, Target, Instant]]:
-    """Run the gateway with one simulated device whose tools are listed; yield the MCP URL,
+async def device_process(url: str) -> AsyncIterator[None]:
+    """The lean device (``_call_device.py``) in a process of its own, connected to ``url``.
+
+    It holds our pipe on its stdin and ends when that closes, even if this process is killed.
+    """
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(DEVICE_SCRIPT), url, DEVICE_TOKEN, DEVICE_ID,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        if await child.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"the device process did not connect (exit {await child.wait()})")
+        yield
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            async with asyncio.timeout(5):
+                await child.wait()
+        except TimeoutError:
+            child.kill()
+            await child.wait()
+
+
+def _device(mode: str, url: str) -> contextlib.AbstractAsyncContextManager[object]:
+    if mode == "simulator":
+        return SimulatedDevice(url, DEVICE_TOKEN, device_id=DEVICE_ID)
+    return device_process(url)
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    data_dir: Path, device: str = DEVICES[0]
+) -> AsyncIterator[tuple[str, Target, Instant]]:
+    """Run the gateway with one device whose tools are listed (``device``: the lean device in
+    a process of its own, or a ``SimulatedDevice`` in this process and loop); yield the MCP URL,
     the device hop (one call through the device connection alone) and the switch that makes
     the connection answer at once."""
     config = Config(
@@ -127,7 +170,7 @@ async def gateway(data_dir: Path) -> AsyncIterator[tuple[str, Target, Instant]]:
     async with running(config) as run:
         registry = run.gateway.registry
         changes = registry.changes()  # subscribe before the device connects: no missed change
-        async with SimulatedDevice(run.device_url, DEVICE_TOKEN, device_id=DEVICE_ID):
+        async with _device(device, run.device_url):
             try:
                 while not any(
                     t.device.device_id == DEVICE_ID and t.device.online
@@ -217,11 +260,12 @@ TARGETS = ("baseline", "gateway", "hop", "mcp")
 
 
 @contextlib.asynccontextmanager
-async def targets(data_dir: Path) -> AsyncIterator[dict[str, Target]]:
-    """Serve the bare server and the gateway; yield one call of each target, by name."""
+async def targets(data_dir: Path, device: str = DEVICES[0]) -> AsyncIterator[dict[str, Target]]:
+    """Serve the bare server and the gateway (its device as ``device`` says); yield one call
+    of each target, by name."""
     async with contextlib.AsyncExitStack() as stack:
         base_url = await stack.enter_async_context(baseline())
-        gw_url, hop, instant = await stack.enter_async_context(gateway(data_dir))
+        gw_url, hop, instant = await stack.enter_async_context(gateway(data_dir, device))
         calls: dict[str, Target] = {"hop": hop}
         for name, url, tool in (
             ("baseline", base_url, BASELINE_TOOL),
@@ -235,7 +279,7 @@ async def targets(data_dir: Path) -> AsyncIterator[dict[str, Target]]:
         yield calls
 
 
-async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
+async def measure(calls: int, settle: bool = True, device: str = DEVICES[0]) -> dict[str, Any]:
     """Warm up, then time ``calls`` calls per target in alternating blocks.
 
     ``settle``: once everything listens, tune the collector as ``esp-mcp-gateway serve`` does
@@ -245,7 +289,7 @@ async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
     cpu = dict.fromkeys(TARGETS, 0.0)
     collected = dict.fromkeys(TARGETS, 0.0)
     with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
-        async with targets(Path(data_dir)) as calls_of:
+        async with targets(Path(data_dir), device) as calls_of:
             if settle:
                 heap.settle()
             for name in TARGETS:
@@ -264,6 +308,7 @@ async def measure(calls: int, settle: bool = True) -> dict[str, Any]:
         name: _summary(samples[name], cpu[name], collected[name]) for name in TARGETS
     }
     figures["gc"] = "settled" if settle else "default"
+    figures["device"] = device
     base, gw, hop_f = figures["baseline"], figures["gateway"], figures["hop"]
     figures["ratio"] = {
         "median": gw["median_ms"] / base["median_ms"],
@@ -296,6 +341,12 @@ def _table(figures: dict[str, Any]) -> str:
         f"{added['beyond_hop']:.3f} ms",
         f"its host side alone (mcp: the device answering at once) adds {added['mcp']:.3f} ms",
         f"garbage collector: {figures['gc']} (gc ms: its share of each target's cpu ms)",
+        f"device: {figures['device']} (cpu ms: this process's, "
+        + (
+            "the device's not included)"
+            if figures["device"] == "process"
+            else "the device's in it)"
+        ),
     ]
     return "\n".join(lines)
 
@@ -310,10 +361,17 @@ def main() -> int:
         action="store_true",
         help="keep CPython's collector settings rather than settle them as the gateway does",
     )
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=DEVICES[0],
+        help="where the gateway's device runs: a lean device in a process of its own (as a "
+        "real device is another machine) or a SimulatedDevice in the bench's own process",
+    )
     args = parser.parse_args()
     gc.callbacks.append(COLLECTIONS)
     try:
-        run = measure(max(args.calls, 2), settle=not args.default_gc)
+        run = measure(max(args.calls, 2), settle=not args.default_gc, device=args.device)
         figures = asyncio.run(asyncio.wait_for(run, args.timeout))
     except TimeoutError:
         print(f"call_latency: did not finish within {args.timeout:g} s", file=sys.stderr)

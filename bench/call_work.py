@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn.protocols.http.h11_impl as h11_impl
-from call_latency import TARGETS, WARMUP, Target, targets
+from call_latency import DEVICES, TARGETS, WARMUP, Target, targets
 
 from gateway.cli import heap
 
@@ -117,17 +117,17 @@ async def _hop_hot_and_cold(hop: Target, other: Target, calls: int) -> dict[str,
     return figures
 
 
-async def measure(calls: int) -> dict[str, Any]:
+async def measure(calls: int, device: str = DEVICES[0]) -> dict[str, Any]:
     """Warm up, then count ``calls`` calls of each target; time the hop hot and cold."""
     with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
-        async with targets(Path(data_dir)) as calls_of:
+        async with targets(Path(data_dir), device) as calls_of:
             heap.settle()
             for name in TARGETS:
                 for _ in range(WARMUP):
                     await calls_of[name]()
             figures = {name: await _count(calls_of[name], calls) for name in TARGETS}
             hop = await _hop_hot_and_cold(calls_of["hop"], calls_of["baseline"], calls)
-            return {**figures, "hop_timed": hop}
+            return {**figures, "hop_timed": hop, "device": device}
 
 
 def _table(figures: dict[str, Any]) -> str:
@@ -156,9 +156,17 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200, help="counted calls per target")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=120.0, help="bound on the whole run, s")
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=DEVICES[0],
+        help="where the gateway's device runs (as in call_latency.py): its work is counted "
+        "only when it runs in this process (simulator)",
+    )
     args = parser.parse_args()
     try:
-        figures = asyncio.run(asyncio.wait_for(measure(max(args.calls, 1)), args.timeout))
+        run = measure(max(args.calls, 1), args.device)
+        figures = asyncio.run(asyncio.wait_for(run, args.timeout))
     except TimeoutError:
         print(f"call_work: did not finish within {args.timeout:g} s", file=sys.stderr)
         return 1

@@ -113,6 +113,7 @@ class DeviceConnection:
         # cost an idle device 600 bytes.
         self._unsent: list[str] = []
         self._caller_sends = getattr(link, "sends_whole", False) is True
+        self._writes_now = hasattr(link, "write_now")  # a PushLink: writes without waiting
         self._timer: asyncio.TimerHandle | None = None
         self._timer_task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
@@ -179,10 +180,17 @@ class DeviceConnection:
         self._futures[call_id] = future
         try:
             if self._caller_sends and self._sender is None and not self._send_lock.locked():
-                try:  # no task per call: the frame goes now, in order (nothing else is sending)
-                    await self._flush()
-                except DeviceUnavailable:
-                    pass  # the link went: the protocol failed the call, and the future says so
+                if self._writes_now:  # no task, lock or await per call: the frame goes now
+                    unsent = self._unsent
+                    unsent.extend(self._protocol.data_to_send())
+                    del unsent[: cast(PushLink, self._link).write_now(unsent)]
+                    if unsent:  # the socket is full (or gone): the sender task waits for it
+                        self._send_soon()
+                else:
+                    try:  # no task per call: the frame goes now, in order (nothing else sends)
+                        await self._flush()
+                    except DeviceUnavailable:
+                        pass  # the link went: the protocol failed the call; the future says so
             else:
                 self._send_soon()
             return await future

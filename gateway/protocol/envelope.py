@@ -64,6 +64,9 @@ _STOCK_REPLY_HEAD = re.compile(
 # strict=False: the device copies raw control characters (e.g. newlines) into strings. One decoder
 # for every frame: json.loads makes a new one per call when given an option.
 _DECODER = json.JSONDecoder(strict=False)
+# Made once: ``json.dumps`` with any option makes a new encoder for every frame.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ASCII_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 class MalformedMessage(ValueError):
@@ -205,13 +208,13 @@ def encode(message: JsonObject) -> str:
         TypeError: ``message`` holds something that is not JSON.
         ValueError: ``message`` holds NaN or infinity, or refers to itself.
     """
-    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = _ENCODER.encode(message)
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             # A lone surrogate (e.g. echoed from a device's "\ud800") is only valid escaped.
-            text = json.dumps(message, separators=(",", ":"), allow_nan=False)
+            text = _ASCII_ENCODER.encode(message)
     return text
 
 

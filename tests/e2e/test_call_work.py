@@ -4,6 +4,7 @@ call path must not quietly bring back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections import Counter
@@ -13,9 +14,11 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from websockets.protocol import Protocol
 
 import gateway as gateway_package
 import gateway.protocol.envelope as envelope
+from gateway.devices.connection import DeviceConnection
 from tests.conftest import gateway
 from tests.e2e.helpers import listed_device
 
@@ -49,7 +52,10 @@ async def test_a_call_parses_one_device_frame_and_starts_no_gateway_task(
     """Per call through MCP: the device's reply is the only frame the gateway parses, the
     gateway's code starts no task (the caller sends its frame; uvicorn's request task is the
     SDK server's as much as ours) and arms no timer of its own: the calls' deadlines share one,
-    and the host connections' handshake and authentication deadlines share the listener's."""
+    and the host connections' handshake and authentication deadlines share the listener's.
+    The hop's two frames are read and written in place, not by websockets' frame machinery;
+    the call's frame is written at once (no lock, flush or await of its own); and no JSON
+    encoder is made for them (``json.dumps`` with options makes one a frame)."""
     async with gateway(tmp_path) as run, listed_device(run) as dev:
         async with Client(run.mcp_url, mode="legacy") as client:
             await client.call_tool(TOOL, {})  # warm: the client's schema cache, the audit file
@@ -82,6 +88,21 @@ async def test_a_call_parses_one_device_frame_and_starts_no_gateway_task(
                 stats[os.path.basename(os.fsdecode(path))] += 1
                 return real_stat(path, *args, **kw)
 
+            work: Counter[str] = Counter()  # the hop's: websockets' frames, flushes, encoders
+            _count_calls(monkeypatch, work, Protocol, "receive_data", "send_frame")
+            _count_calls(monkeypatch, work, DeviceConnection, "_flush")
+            real_encoder = json.JSONEncoder.__init__
+
+            def counting_encoder(encoder: json.JSONEncoder, *args: Any, **kw: Any) -> None:
+                frame = sys._getframe(1)
+                while frame.f_back is not None and frame.f_code.co_filename == json.__file__:
+                    frame = frame.f_back  # past json.dumps: who asked for it
+                if _gateway_module(frame.f_globals.get("__name__")) is not None:
+                    work[f"JSONEncoder by {frame.f_globals['__name__']}"] += 1
+                real_encoder(encoder, *args, **kw)
+
+            monkeypatch.setattr(json.JSONEncoder, "__init__", counting_encoder)
+
             loop.set_task_factory(counting_task)
             monkeypatch.setattr(loop, "call_at", counting_timer)
             monkeypatch.setattr(os, "stat", counting_stat)
@@ -94,8 +115,10 @@ async def test_a_call_parses_one_device_frame_and_starts_no_gateway_task(
                 loop.set_task_factory(None)
                 monkeypatch.setattr(loop, "call_at", call_at)
                 monkeypatch.setattr(os, "stat", real_stat)
+                monkeypatch.undo()
     assert len(dev.calls) == CALLS + 1
     assert decoder.parsed == CALLS
+    assert work == Counter(), work
     # The audit log's writes ask nothing of its file (the stdlib's rollover check made two stats
     # and a seek per write).
     assert stats["audit.log"] == 0
@@ -109,6 +132,21 @@ async def test_a_call_parses_one_device_frame_and_starts_no_gateway_task(
     assert timers["Expiries._fire"] <= 3
     assert set(timers) <= {"Expiries._fire", "AuditLog.flush"}
     assert timers["AuditLog.flush"] <= CALLS
+
+
+def _count_calls(
+    monkeypatch: pytest.MonkeyPatch, counts: Counter[str], owner: type, *names: str
+) -> None:
+    """Count into ``counts`` the calls of ``owner``'s methods ``names`` (sync or async)."""
+    for name in names:
+        real = getattr(owner, name)
+        key = f"{owner.__name__}.{name}"
+
+        def counting(*args: Any, _real: Any = real, _key: str = key, **kw: Any) -> Any:
+            counts[_key] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(owner, name, counting)
 
 
 def _chain(task: asyncio.Task[Any]) -> list[str]:

@@ -32,6 +32,7 @@ from websockets.server import ServerProtocol
 from gateway.device_side.transports.device_messages import INTERNAL_ERROR, DeviceMessages
 from gateway.devices.link import LinkClosed
 from gateway.net.limits import Guarded, Slot
+from gateway.net.text_frames import frame_text, text_frame, writes_plainly
 from gateway.net.websocket import Keepalive
 
 __all__ = ["CLOSE_TIMEOUT", "DeviceSocket", "Endpoint"]
@@ -83,6 +84,10 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
+        text = frame_text(conn, data)  # a call's reply: one whole text frame, read in place
+        if text is not None:
+            self._message(text)
+            return
         conn.receive_data(data)
         for event in conn.events_received():
             if isinstance(event, Frame):
@@ -183,6 +188,9 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
             await asyncio.shield(self._drained)
         if self._closed or self.close_sent:
             raise LinkClosed("the device WebSocket is closed")
+        if writes_plainly(self.conn):  # a tools/call: framed in place, not by websockets
+            self.transport.write(text_frame(text.encode()))
+            return
         try:
             self.conn.send_text(text.encode())
         except InvalidState:
@@ -194,7 +202,11 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         joining device's hello answer and initialize: one send, not two); return how many."""
         if self._drained is not None or self._closed or self.close_sent:
             return 0
-        conn, sent = self.conn, 0
+        conn = self.conn
+        if writes_plainly(conn):
+            self.transport.write(b"".join([text_frame(text.encode()) for text in texts]))
+            return len(texts)
+        sent = 0
         try:
             for text in texts:
                 conn.send_text(text.encode())
