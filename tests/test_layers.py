@@ -38,7 +38,8 @@ INNER: dict[str, list[set[str]]] = {
     "net": [
         # direct_http: small POSTs answered below ASGI; expiries: deadlines of one length on
         # one timer; handshake_request: a WebSocket handshake read once, as websockets would
-        # peer: the socket's address, kept before uvicorn's proxy headers replace it; text_frames: whole text frames in place
+        # peer: the socket's address, kept before uvicorn's proxy headers replace it;
+        # text_frames: a whole text frame read or written in place
         {"direct_http", "expiries", "handshake_request", "peer", "text_frames", "throttled"},
         {"addresses", "destinations", "websocket", "networks", "upgrade"},
         {"limits"},

@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 
 from websockets.protocol import OPEN, Protocol
+from websockets.streams import StreamReader
 
 try:  # websockets' C mask, as its own frames use when it was built with it
     from websockets.speedups import apply_mask
@@ -30,6 +31,11 @@ __all__ = ["frame_text", "text_frame", "writes_plainly"]
 _TEXT = 0x81  # FIN, no RSV bit, opcode 1 (RFC 6455 5.2)
 _MASKED = 0x80
 _SHORT, _MEDIUM = 126, 127  # the 7-bit length's markers of a 16-bit and a 64-bit length
+# Where websockets' parser waits between frames (``Protocol.parse``: ``reader.at_eof()``).
+# Anywhere else it may have taken a frame's header and wait for its payload with an empty
+# buffer, as when a device writes the header and the payload apart (esp_websocket_client does):
+# the payload's bytes are not a frame, whatever they look like.
+_BETWEEN_FRAMES = StreamReader.at_eof.__code__
 
 
 def _plain(conn: Protocol) -> bool:
@@ -45,6 +51,9 @@ def frame_text(conn: Protocol, data: bytes) -> bytes | None:
     if size < 6 or data[0] != _TEXT or not _plain(conn):
         return None
     if conn.current_size is not None or conn.reader.buffer or conn.max_fragment_size is not None:
+        return None
+    waiting = getattr(conn.parser, "gi_yieldfrom", None)
+    if getattr(waiting, "gi_code", None) is not _BETWEEN_FRAMES:
         return None
     length = data[1] ^ _MASKED  # 126 or more (not <126) when the mask bit is missing
     start = 6

@@ -65,6 +65,14 @@ def _closing() -> ServerProtocol:
 TEXT = _client_bytes(Frame(Opcode.TEXT, b'{"type":"mcp"}'))
 
 
+def _payload_pending() -> ServerProtocol:
+    """A frame's whole header (with its mask) read, its payload not yet come: the reader's
+    buffer is empty, but the parser is inside a frame."""
+    conn = _server()
+    conn.receive_data(bytes((0x81, 0x80 | len(TEXT))) + b"\0\0\0\0")  # a zero mask
+    return conn
+
+
 @pytest.mark.parametrize(
     ("conn", "data"),
     [
@@ -82,7 +90,26 @@ TEXT = _client_bytes(Frame(Opcode.TEXT, b'{"type":"mcp"}'))
         (_fragment(), _client_bytes(Frame(Opcode.CONT, b"last part"))),
         (_fragment(), TEXT),  # a new message while one is in progress: websockets fails it
         (_buffered(), TEXT),
+        (_payload_pending(), TEXT),  # the payload of the frame begun, that looks like a frame
         (_closing(), TEXT),
+    ],
+    ids=[
+        "not-all-yet",
+        "two-frames",
+        "too-short",
+        "cut-length",
+        "first-fragment",
+        "binary",
+        "ping",
+        "close",
+        "unmasked",
+        "64-bit-length",
+        "over-limit",
+        "continuation",
+        "new-message-in-fragment",
+        "half-a-header",
+        "payload-pending",
+        "closing",
     ],
 )
 def test_anything_else_is_left_to_websockets(conn: ServerProtocol, data: bytes) -> None:
@@ -107,3 +134,14 @@ def test_frames_are_written_in_place_only_on_a_plain_open_connection() -> None:
     fragmenting.send_text(b"part", fin=False)
     fragmenting.data_to_send()
     assert not writes_plainly(fragmenting)
+
+
+def test_a_payload_that_looks_like_a_frame_is_the_payload_of_the_frame_it_follows() -> None:
+    """A device that writes a frame's header and its payload apart: the payload's bytes arrive
+    alone. Whatever they look like, they end the frame begun, as websockets reads them."""
+    conn = _payload_pending()
+    assert frame_text(conn, TEXT) is None
+    conn.receive_data(TEXT)
+    [frame] = conn.events_received()
+    assert isinstance(frame, Frame) and frame.data == TEXT  # the zero mask leaves it as sent
+    assert frame_text(conn, TEXT) == b'{"type":"mcp"}'  # between frames again: read in place
