@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from threading import get_ident
 from typing import TextIO
 
 __all__ = ["LINE_FORMAT", "LineFormatter", "TurnHandler"]
@@ -63,6 +64,7 @@ class TurnHandler(logging.StreamHandler[TextIO]):
         self._held: list[str] = []  # formatted lines waiting for the end of their turn
         self._last: logging.LogRecord | None = None  # the newest line held: named if writing fails
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that will write them
+        self._thread = 0  # the thread that loop runs in
 
     def emit(self, record: logging.LogRecord) -> None:
         """Hold ``record``'s line until the turn ends; write it at once outside the loop."""
@@ -73,11 +75,18 @@ class TurnHandler(logging.StreamHandler[TextIO]):
             return
         self._held.append(line)
         self._last = record
-        loop = asyncio._get_running_loop()
-        if loop is None or record.levelno >= logging.WARNING or self._loop not in (None, loop):
+        if record.levelno >= logging.WARNING:
             self._write_held()
-        elif self._loop is None:  # the first line of this turn: the next turn writes them all
-            self._loop = loop
+            return
+        held_for = self._loop
+        if held_for is not None and self._thread == get_ident() and held_for.is_running():
+            return  # in the turn whose end is already asked for: no getpid (Python 3.11's
+            # get_running_loop asks the kernel for the pid each time, about 0.3 µs)
+        loop = asyncio._get_running_loop()
+        if loop is None or held_for is not None:  # outside the loop, or a loop gone meanwhile
+            self._write_held()
+        else:  # the first line of this turn: the next turn writes them all
+            self._loop, self._thread = loop, get_ident()
             loop.call_soon(self._turn_ended)
 
     def _turn_ended(self) -> None:

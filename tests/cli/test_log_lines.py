@@ -90,6 +90,47 @@ async def test_the_lines_of_a_turn_are_written_together_as_the_next_turn_starts(
     assert out.writes == 2 and out.lines()[-1].endswith("tests.log_lines: next turn")
 
 
+async def test_a_turn_asks_for_its_event_loop_once_not_per_line(
+    stream: tuple[Stream, logging.Logger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Python 3.11 asking for the running loop is a getpid system call: once a turn."""
+    out, log = stream
+    asked = []
+    running = asyncio._get_running_loop
+
+    def counted() -> asyncio.AbstractEventLoop | None:
+        asked.append(1)
+        return running()
+
+    monkeypatch.setattr(asyncio, "_get_running_loop", counted)
+    for turn in range(3):
+        for n in range(5):
+            log.info("turn %d line %d", turn, n)
+        await asyncio.sleep(0)
+    assert len(asked) == 3 and out.writes == 3 and len(out.lines()) == 15
+
+
+def test_lines_held_for_a_loop_that_stopped_go_out_with_the_next_line(
+    stream: tuple[Stream, logging.Logger],
+) -> None:
+    """A loop stopped in the turn it logged in never ends that turn: the next line (here,
+    outside any loop) writes what it held first."""
+    out, log = stream
+    loop = asyncio.new_event_loop()
+
+    async def log_and_stop() -> None:
+        log.info("held")
+        loop.stop()
+
+    loop.create_task(log_and_stop())
+    loop.run_forever()
+    loop.close()
+    assert out.writes == 0
+    log.info("after")
+    assert [line.split(": ", 1)[1] for line in out.lines()] == ["held", "after"]
+    assert out.writes == 1
+
+
 async def test_a_warning_is_written_at_once_after_the_lines_before_it(
     stream: tuple[Stream, logging.Logger],
 ) -> None:
