@@ -190,6 +190,22 @@ def test_a_failed_write_is_reported_as_the_stdlib_reports_it(
     log.info("and no other harm")  # the handler goes on
 
 
+async def test_a_line_that_cannot_be_formatted_is_reported_and_harms_no_other(
+    stream: tuple[Stream, logging.Logger],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out, log = stream
+    ours = [h for h in log.handlers if isinstance(h, TurnHandler)]
+    monkeypatch.setattr(log, "handlers", ours)  # pytest's own handler raises on a bad line
+    log.info("before")
+    log.info("a number: %d", "not one")
+    log.info("after")
+    assert "--- Logging error ---" in capsys.readouterr().err
+    await asyncio.sleep(0)
+    assert [line.split(": ", 1)[1] for line in out.lines()] == ["before", "after"]
+
+
 @asynccontextmanager
 async def joined(run_url: str, count: int) -> AsyncIterator[list[SimulatedDevice]]:
     async with AsyncExitStack() as stack:
