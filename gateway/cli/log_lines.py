@@ -9,7 +9,9 @@ A joining device logs a few INFO lines (approved, online, lists). Through the st
 - a line logged outside the event loop's thread, or at WARNING and above, is written at once,
   after the lines held before it, so that nothing is reordered and a warning is on disk before
   whatever follows it;
-- ``flush()`` (``logging.shutdown`` calls it at exit) writes what is held;
+- ``flush()`` (``logging.shutdown`` calls it at exit) writes what is held. What a turn holds
+  is lost only if the process is killed (SIGKILL) within that turn, and a loop blocked in the
+  middle of a turn holds its INFO lines until it goes on: warnings and errors are out already;
 - the date and time of a second are formatted once: the text is the stdlib ``Formatter``'s.
 
 The audit log batches its records alike (``devices/audit.py``), over a short delay rather than
