@@ -105,7 +105,7 @@ INNER: dict[str, list[set[str]]] = {
         {"site"},
         {"apps"},
     ],
-    "cli": [{"flashing", "doctor", "heap", "tables"}, {"commands"}],
+    "cli": [{"flashing", "doctor", "heap", "tables", "log_lines"}, {"commands"}],
     "config": [
         {"values"},
         {"listen", "boards"},

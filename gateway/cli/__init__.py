@@ -21,6 +21,7 @@ from gateway import __version__
 from gateway.cli.flashing.cli import BOARD_COMMANDS
 from gateway.cli.flashing.cli import add_parsers as add_board_parsers
 from gateway.cli.flashing.cli import run as run_board_command
+from gateway.cli.log_lines import TurnHandler
 from gateway.config import Config, load_config
 from gateway.datadir import usable_data_dir
 from gateway.errors import ConfigError, GatewayError
@@ -126,12 +127,8 @@ _CHATTY_LIBRARIES = ("mcp", "httpx", "httpx2", "httpcore", "uvicorn")
 
 
 def _setup_logging(level: str) -> None:
-    # stderr always: in stdio mode stdout is the MCP wire.
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # stderr always: in stdio mode stdout is the MCP wire. The lines of a loop turn in one write.
+    logging.basicConfig(handlers=[TurnHandler(sys.stderr)], level=level.upper())
     if level.lower() != "debug":
         for name in _CHATTY_LIBRARIES:
             logging.getLogger(name).setLevel(logging.WARNING)
