@@ -82,7 +82,8 @@ def check_fits(fleet: MixedFleet) -> str | None:
     if in_gateway > ceiling:
         hint = "" if fleet.leaves else ": spread MQTT over --mixed-leaves"
         return f"{in_gateway:,} devices on the gateway's sockets, at most {ceiling:,} {limit}{hint}"
-    if fleet.leaves and -(-len(fleet.mqtt) // fleet.leaves) > ceiling:
+    per_worker = -(-len(fleet.mqtt) // fleet.workers)  # worker i's go to leaf i % leaves
+    if fleet.leaves and per_worker * -(-fleet.workers // fleet.leaves) > ceiling:
         return f"over {ceiling:,} MQTT devices on a leaf broker {limit}: more --mixed-leaves"
     if -(-total // fleet.workers) > ceiling:
         return f"over {ceiling:,} devices in a worker process {limit}: more --workers"
@@ -195,11 +196,15 @@ def mixed(pool: Pool, workdir: Path, fleet: MixedFleet) -> dict[str, Any]:
 
 def _gateway(workdir: Path, fleet: MixedFleet, brokers: Brokers | None) -> Gateway:
     """The gateway: the embedded broker, or in external mode on the brokers' hub."""
+    # The device listener's cap (12,000 by default: docs/security.md) at the open-file limit,
+    # which bounds it anyway: a fleet this size is what the run is for.
+    settings = {"GATEWAY_LIMITS_DEVICE_CONNECTIONS": str(fd_ceiling())}
     if brokers is None:
-        return Gateway(workdir, "mixed", fleet.token, mqtt=True)
+        return Gateway(workdir, "mixed", fleet.token, mqtt=True, settings=settings)
     host, _, port = brokers.hub.rpartition(":")
-    settings = {"GATEWAY_MQTT_MODE": "external", "GATEWAY_MQTT_HOST": host,
-                "GATEWAY_MQTT_PORT": port, "GATEWAY_MQTT_PUBLIC_ENDPOINT": brokers.hub}  # fmt: skip
+    settings |= {"GATEWAY_MQTT_MODE": "external", "GATEWAY_MQTT_HOST": host,
+                 "GATEWAY_MQTT_PORT": port,
+                 "GATEWAY_MQTT_PUBLIC_ENDPOINT": brokers.hub}  # fmt: skip
     return Gateway(workdir, "mixed", fleet.token, mqtt=False, settings=settings)
 
 
