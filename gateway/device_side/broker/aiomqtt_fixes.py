@@ -100,9 +100,8 @@ def mend_socket_registration(client: aiomqtt.Client) -> aiomqtt.Client:
     def read() -> None:
         # paho's ``loop_read`` takes as many packets as it has publishes in flight (at least
         # one) and leaves the rest for the next wake: one broker connection carrying a fleet's
-        # messages then got one packet per turn of a loop busy with thousands of other sockets
-        # (the first MQTT devices of a 50,000 fleet missed their discovery deadline). Here the
-        # socket is read until it is empty, at most READ_BUDGET packets a wake.
+        # messages then got one packet per turn of a loop busy with thousands of other sockets.
+        # Here the socket is read until it is empty, at most READ_BUDGET packets a wake.
         try:
             for _ in range(READ_BUDGET):
                 rc = paho._packet_read()  # noqa: SLF001
