@@ -13,7 +13,6 @@ from typing import Any
 
 import aiomqtt
 import pytest
-from paho.mqtt.client import mqtt_ms_queued
 
 from gateway.cluster.client import ClusterClient
 from gateway.cluster.records import ClusterTopics
@@ -52,32 +51,6 @@ async def test_publishes_in_flight_are_not_walked_for_each_publish(tmp_path: Pat
             )
             assert (await anext(device.messages)).payload == b"0"
     assert _Counted.walks == 0
-
-
-async def test_the_device_transport_sends_every_publish_without_waiting_for_pubacks(
-    tmp_path: Path,
-) -> None:
-    """Fifty publishes at once from the gateway's device transport: all on the wire before the
-    first PUBACK, none queued behind others (paho's default window of 20 queued the rest, and
-    walked the queue at each PUBACK: a fleet's discovery on an external broker waited on it)."""
-    async with (
-        Mosquitto(tmp_path / "broker") as broker,
-        _connected("device transport", broker.port) as (publish, client),
-    ):
-        paho = client._client
-        acknowledged = paho.on_publish
-        queued_at_first_puback: list[int] = []
-
-        def on_publish(*args: Any) -> None:
-            if not queued_at_first_puback:
-                states = [m.state for m in paho._out_messages.values()]
-                queued_at_first_puback.append(states.count(mqtt_ms_queued))
-            acknowledged(*args)
-
-        paho.on_publish = on_publish
-        async with asyncio.timeout(bound(10)):
-            await asyncio.gather(*(publish("fleet/many", b"%d" % n) for n in range(IN_FLIGHT)))
-        assert queued_at_first_puback == [0]
 
 
 BURST = 300

@@ -108,11 +108,6 @@ class BrokerClient:
             timeout=10,
             clean_session=True,
             tls_context=login.ssl_context(),
-            # paho sends at most 20 QoS 1 publishes before their PUBACKs and, at each PUBACK,
-            # walks every publish queued behind them: a fleet's discovery on an external broker
-            # waited on the broker's round trips and paid for its own queue. No window: each
-            # goes out at once, and the broker paces its reading (TCP's flow control).
-            max_inflight_messages=0,
         )
         # aiomqtt warns past 10 publishes awaiting their PUBACK; a storm of devices being
         # discovered has a few per device in flight, so warn only when the broker really lags.
