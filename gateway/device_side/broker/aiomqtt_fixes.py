@@ -16,7 +16,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import aiomqtt
-from paho.mqtt.enums import MQTTErrorCode
 
 __all__ = [
     "FleetClient",
@@ -26,10 +25,6 @@ __all__ = [
     "mend_socket_registration",
     "publish_honouring_cancellation",
 ]
-
-# Packets read from the broker's socket per wake of the loop: enough to empty it under a fleet's
-# load, few enough that other sockets still get their turn.
-READ_BUDGET = 1000
 
 
 def honour_cancellation() -> None:
@@ -98,21 +93,13 @@ def mend_socket_registration(client: aiomqtt.Client) -> aiomqtt.Client:
             disconnected.set_exception(exc)
 
     def read() -> None:
-        # paho's ``loop_read`` takes as many packets as it has publishes in flight (at least
-        # one) and leaves the rest for the next wake: one broker connection carrying a fleet's
-        # messages then got one packet per turn of a loop busy with thousands of other sockets.
-        # Here the socket is read until it is empty, at most READ_BUDGET packets a wake.
         try:
-            for _ in range(READ_BUDGET):
-                rc = paho._packet_read()  # noqa: SLF001
-                if rc > 0:  # an error: paho's own handling (it disconnects)
-                    paho._loop_rc_handle(rc)  # noqa: SLF001
-                    return
-                if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
-                    # an SSL socket may hold decoded bytes paho did not take yet
-                    pending = getattr(paho.socket(), "pending", None)
-                    if not (pending and pending() > 0):
-                        return
+            while True:
+                paho.loop_read()
+                # an SSL socket may hold decoded bytes paho did not take yet
+                pending = getattr(paho.socket(), "pending", None)
+                if not (pending and pending() > 0):
+                    break
         except Exception as exc:  # noqa: BLE001 (aiomqtt's own rule, kept)
             failed(exc)
 

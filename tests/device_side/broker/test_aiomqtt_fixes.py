@@ -18,7 +18,6 @@ from gateway.cluster.client import ClusterClient
 from gateway.cluster.records import ClusterTopics
 from gateway.device_side.broker.aiomqtt_fixes import FleetClient, mend_socket_registration
 from gateway.device_side.transports.mqtt.client import BrokerClient, BrokerLogin
-from gateway.protocol import mqtt as mqtt_codec
 from tests.conftest import bound
 from tests.mqtt_helpers import Mosquitto
 
@@ -51,51 +50,6 @@ async def test_publishes_in_flight_are_not_walked_for_each_publish(tmp_path: Pat
             )
             assert (await anext(device.messages)).payload == b"0"
     assert _Counted.walks == 0
-
-
-BURST = 300
-
-
-def _publish_burst(port: int) -> None:
-    """From a plain blocking socket (the loop stands still meanwhile): ``BURST`` QoS 0 messages
-    on ``burst/...``, then a QoS 1 one whose PUBACK says the broker has handed them all on."""
-    login = b"\x00\x04MQTT\x04\x02\x00\x00\x00\x05burst"  # 3.1.1, clean, no keepalive
-    with socket.create_connection(("127.0.0.1", port), timeout=bound(5)) as raw:
-        raw.sendall(b"\x10" + bytes((len(login),)) + login)
-        assert raw.recv(4)[3] == 0  # CONNACK accepted
-        burst = [mqtt_codec.publish(f"burst/{n}", b"x") for n in range(BURST)]
-        raw.sendall(b"".join(burst) + mqtt_codec.publish("burst/end", b"", qos=1, packet_id=1))
-        assert raw.recv(4) == mqtt_codec.puback(1)
-
-
-async def test_a_burst_from_the_broker_is_read_in_a_few_wakes_of_the_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three hundred messages waiting in the client's socket with no publish of its own in
-    flight: read in a wake or two of the loop (paho's ``loop_read`` takes one packet a wake
-    then, and a busy loop turned the broker connection of a fleet into a queue)."""
-    loop = asyncio.get_running_loop()
-    wakes: list[int] = []
-    add_reader = loop.add_reader
-
-    def counting(fd: int, callback: Callable[..., object], *args: object) -> None:
-        def woken() -> None:
-            wakes.append(fd)
-            callback(*args)
-
-        add_reader(fd, woken)
-
-    async with Mosquitto(tmp_path / "broker") as broker:
-        monkeypatch.setattr(loop, "add_reader", counting)
-        client = mend_socket_registration(aiomqtt.Client("127.0.0.1", broker.port))
-        async with client, asyncio.timeout(bound(10)):
-            await client.subscribe("burst/#", qos=0)
-            _publish_burst(broker.port)
-            wakes.clear()
-            topics = [(await anext(client.messages)).topic.value for _ in range(BURST + 1)]
-            fd = client._client.socket().fileno()
-        assert topics == [f"burst/{n}" for n in range(BURST)] + ["burst/end"]
-        assert 1 <= wakes.count(fd) <= 2
 
 
 async def test_a_message_id_already_in_flight_is_refused() -> None:
