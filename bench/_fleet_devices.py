@@ -84,6 +84,9 @@ class FleetSpec:
     # MQTT: subscribe to the own down topic and say hello once connected (a broker that does
     # not subscribe devices itself, a server that learns of a device from its hello)
     announce: bool = False
+    # MQTT: the broker (host:port) to connect to instead of the OTA reply's endpoint: a fleet
+    # spread over leaf brokers, where the reply can name only one (``_fleet_brokers``)
+    broker: str | None = None
 
 
 # --- the device side of MCP (docs/protocol.md §4) -------------------------------------------
@@ -235,7 +238,7 @@ async def _mqtt_device(group: Group, device: Device) -> None:
     try:
         async with asyncio.timeout(30):  # esp_http_client's timeout (§3)
             mqtt = await check_in(spec.url, device.device_id, device.client_id)
-        host, _, port = str(mqtt["endpoint"]).rpartition(":")
+        host, _, port = (spec.broker or str(mqtt["endpoint"])).rpartition(":")
         login = connect_packet(str(mqtt["client_id"]), str(mqtt["username"]),
                                str(mqtt["password"]), int(mqtt.get("keepalive", 240)))  # fmt: skip
         topic = str(mqtt["publish_topic"])

@@ -10,8 +10,11 @@ times); one host's whole ``tools/list`` in whatever mode the fleet's size gives 
 grouped above the tool budget); and the median of a sample of ``call_device_tool`` calls
 (MCP over streamable HTTP, as a host calls), spread over both transports.
 
-One gateway process holds one socket per device: the open-file limit bounds the fleet
-(``fd_ceiling``), and the run refuses a fleet beyond it rather than fail half way.
+With the embedded broker one gateway process holds one socket per device: the open-file limit
+bounds the fleet (``fd_ceiling``). With ``leaves`` the MQTT devices join through mosquitto leaves
+bridged to a hub (``_fleet_brokers``) and the gateway, in external mode on the hub, holds only
+the WebSocket devices' sockets (and every device's state). The run refuses a fleet some process
+could not hold (``check_fits``) rather than fail half way.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from _fleet_brokers import Brokers
 from _fleet_devices import FleetSpec
 from _fleet_listing import list_all
 from _fleet_processes import Gateway, Pool, RunBroken, cpu_s
 from mcp import Client
 
-__all__ = ["FD_MARGIN", "MixedFleet", "fd_ceiling", "mixed"]
+__all__ = ["FD_MARGIN", "MixedFleet", "check_fits", "fd_ceiling", "mixed"]
 
 FD_MARGIN = 500  # descriptors the gateway needs beyond its devices (listeners, store, logs)
 # Per worker and transport: the fleet grows at the idle phase's steady pace (200 per worker in
@@ -60,6 +64,30 @@ class MixedFleet:
     token: str
     idle_seconds: float
     calls: int
+    leaves: int = 0  # >0: MQTT devices over this many mosquitto leaves bridged to a hub
+    workers: int = 1
+
+
+def check_fits(fleet: MixedFleet) -> str | None:
+    """Why one of the processes could not hold its share of ``fleet`` here, or None.
+
+    Every process holds an open file per socket: the gateway one per WebSocket device, and
+    with the embedded broker one per MQTT device too; a leaf broker one per device on it; a
+    worker one per device it runs.
+    """
+    ceiling, total = fd_ceiling(), len(fleet.websocket) + len(fleet.mqtt)
+    limit = f"(the hard open-file limit here is {ceiling + FD_MARGIN:,}, which only root with "
+    limit += "CAP_SYS_RESOURCE can raise)"
+    in_gateway = len(fleet.websocket) + (0 if fleet.leaves else len(fleet.mqtt))
+    if in_gateway > ceiling:
+        hint = "" if fleet.leaves else ": spread MQTT over --mixed-leaves"
+        return f"{in_gateway:,} devices on the gateway's sockets, at most {ceiling:,} {limit}{hint}"
+    per_worker = -(-len(fleet.mqtt) // fleet.workers)  # worker i's go to leaf i % leaves
+    if fleet.leaves and per_worker * -(-fleet.workers // fleet.leaves) > ceiling:
+        return f"over {ceiling:,} MQTT devices on a leaf broker {limit}: more --mixed-leaves"
+    if -(-total // fleet.workers) > ceiling:
+        return f"over {ceiling:,} devices in a worker process {limit}: more --workers"
+    return None
 
 
 def _online(gateway: Gateway) -> dict[str, int]:
@@ -70,12 +98,13 @@ def _online(gateway: Gateway) -> dict[str, int]:
     return {m[1]: int(float(m[2])) for line in text.splitlines() if (m := _ONLINE.match(line))}
 
 
-def _grow(pool: Pool, gateway: Gateway, groups: dict[str, tuple[FleetSpec, list[str]]]) -> float:
+def _grow(pool: Pool, gateway: Gateway, groups: dict[str, tuple[FleetSpec, list[str]]],
+          brokers: list[str] | None = None) -> float:  # fmt: skip
     """Start every group at once; wait until each device is listed or failed, or progress
     stalls. Return the common start (monotonic)."""
     start_at = time.monotonic() + 0.3
     for name, (spec, ids) in groups.items():
-        pool.start(name, replace(spec, start_at=start_at), ids)
+        pool.start(name, replace(spec, start_at=start_at), ids, brokers or ())
     settled, changed = -1, time.monotonic()
     while True:
         counts = [pool.wait(name, 0.25) for name in groups]
@@ -148,19 +177,40 @@ def _sample(ids: list[str], count: int) -> list[str]:
 
 
 def mixed(pool: Pool, workdir: Path, fleet: MixedFleet) -> dict[str, Any]:
-    """The phase: a fresh gateway with the embedded broker, its fleet grown, idle, listed and
-    called; the devices stay connected until the end."""
+    """The phase: a fresh gateway (with the embedded broker, or on external ones), its fleet
+    grown, idle, listed and called; the devices stay connected until the end."""
+    if (unfit := check_fits(fleet)) is not None:
+        raise RunBroken(unfit)
     total = len(fleet.websocket) + len(fleet.mqtt)
-    if total > fd_ceiling():
-        raise RunBroken(
-            f"{total:,} devices need as many open files in the gateway, beyond its hard limit "
-            f"here ({fd_ceiling() + FD_MARGIN:,}, which only root with CAP_SYS_RESOURCE can "
-            f"raise): at most {fd_ceiling():,} devices"
-        )
     figures: dict[str, Any] = {"devices": total, "websocket_devices": len(fleet.websocket),
-                               "mqtt_devices": len(fleet.mqtt),
+                               "mqtt_devices": len(fleet.mqtt), "leaves": fleet.leaves,
                                "fd_limit": fd_ceiling() + FD_MARGIN}  # fmt: skip
-    gateway = Gateway(workdir, "mixed", fleet.token, mqtt=True)
+    brokers = Brokers(workdir, fleet.leaves) if fleet.leaves else None
+    try:
+        figures |= _run(pool, workdir, fleet, brokers)
+    finally:
+        if brokers is not None:
+            brokers.close()
+    return figures
+
+
+def _gateway(workdir: Path, fleet: MixedFleet, brokers: Brokers | None) -> Gateway:
+    """The gateway: the embedded broker, or in external mode on the brokers' hub."""
+    # The device listener's cap (12,000 by default: docs/security.md) at the open-file limit,
+    # which bounds it anyway: a fleet this size is what the run is for.
+    settings = {"GATEWAY_LIMITS_DEVICE_CONNECTIONS": str(fd_ceiling())}
+    if brokers is None:
+        return Gateway(workdir, "mixed", fleet.token, mqtt=True, settings=settings)
+    host, _, port = brokers.hub.rpartition(":")
+    settings |= {"GATEWAY_MQTT_MODE": "external", "GATEWAY_MQTT_HOST": host,
+                 "GATEWAY_MQTT_PORT": port,
+                 "GATEWAY_MQTT_PUBLIC_ENDPOINT": brokers.hub}  # fmt: skip
+    return Gateway(workdir, "mixed", fleet.token, mqtt=False, settings=settings)
+
+
+def _run(pool: Pool, workdir: Path, fleet: MixedFleet, brokers: Brokers | None) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    gateway = _gateway(workdir, fleet, brokers)
     groups: dict[str, tuple[FleetSpec, list[str]]] = {}
     try:
         warm = FleetSpec("ws", gateway.device_url, fleet.token, open_timeout=30, hello_timeout=30)
@@ -170,11 +220,14 @@ def mixed(pool: Pool, workdir: Path, fleet: MixedFleet) -> dict[str, Any]:
         rss_before, cpu_before = gateway.rss_kb(), gateway.cpu_s()
         ws = FleetSpec("ws", gateway.device_url, fleet.token, open_timeout=60,
                        hello_timeout=None, max_inflight=FILL_INFLIGHT)  # fmt: skip
+        # mosquitto does not subscribe a stock device to its down topic as the embedded
+        # broker does: the devices subscribe and say hello (``announce``), and each worker's
+        # connect to its own leaf rather than the OTA reply's one endpoint.
         mq = FleetSpec("mqtt", gateway.ota_url, fleet.token, open_timeout=60,
-                       max_inflight=FILL_INFLIGHT)  # fmt: skip
+                       max_inflight=FILL_INFLIGHT, announce=brokers is not None)  # fmt: skip
         groups = {"mixed-ws": (ws, fleet.websocket), "mixed-mqtt": (mq, fleet.mqtt)}
         groups = {name: group for name, group in groups.items() if group[1]}
-        start_at = _grow(pool, gateway, groups)
+        start_at = _grow(pool, gateway, groups, brokers.leaves if brokers else [])
         grown = {name.removeprefix("mixed-"): _outcomes(pool, name, start_at) for name in groups}
         listed = sum(g["listed"] for g in grown.values())
         figures["grow"] = grown | {
@@ -186,9 +239,17 @@ def mixed(pool: Pool, workdir: Path, fleet: MixedFleet) -> dict[str, Any]:
         rss_after = gateway.rss_kb()
         figures["rss_before_kb"], figures["rss_after_kb"] = rss_before, rss_after
         figures["rss_per_device_kb"] = round((rss_after - rss_before) / max(listed, 1), 1)
+        brokers_cpu = brokers.cpu_s() if brokers else {}
         cpu, wall = gateway.cpu_over(fleet.idle_seconds)
         figures["idle_seconds"] = round(wall, 1)
         figures["idle_cpu_percent"] = round(100 * cpu / wall, 2)
+        if brokers is not None:
+            brokers.check()
+            figures["brokers_rss_kb"] = brokers.rss_kb()
+            figures["brokers_idle_cpu_percent"] = {
+                name: round(100 * (seconds - brokers_cpu[name]) / wall, 2)
+                for name, seconds in brokers.cpu_s().items()
+            }
         half = fleet.calls // 2
         sample = _sample(fleet.websocket, fleet.calls - half if fleet.mqtt else fleet.calls)
         sample += _sample(fleet.mqtt, half if fleet.websocket else fleet.calls)
@@ -208,9 +269,11 @@ def mixed(pool: Pool, workdir: Path, fleet: MixedFleet) -> dict[str, Any]:
 def mixed_lines(m: dict[str, Any]) -> list[str]:
     """The phase's figures as table lines."""
     grow, listing, calls = m["grow"], m["list"], m["calls"]
+    broker = (f"{m['leaves']} mosquitto leaves bridged to a hub" if m.get("leaves")
+              else "the embedded broker")  # fmt: skip
     lines = [
         f"mixed: {m['devices']:,} idle devices in one gateway ({m['websocket_devices']:,} "
-        f"WebSocket, {m['mqtt_devices']:,} MQTT through OTA and the embedded broker); "
+        f"WebSocket, {m['mqtt_devices']:,} MQTT through OTA and {broker}); "
         f"open-file limit {m['fd_limit']:,}"
     ]
     for name in ("ws", "mqtt"):
@@ -233,4 +296,8 @@ def mixed_lines(m: dict[str, Any]) -> list[str]:
         f"{calls['max_ms']} ms, {calls['errors']} errors; RSS after "
         f"{m['rss_after_list_kb'] / 1024:.0f} MB; gateway log {m['log']}",
     ]
+    if "brokers_rss_kb" in m:
+        rss, cpu = m["brokers_rss_kb"], m["brokers_idle_cpu_percent"]
+        lines.append("  brokers (RSS, idle CPU): " + ", ".join(
+            f"{name} {rss[name] / 1024:.0f} MB {cpu[name]} %" for name in rss))  # fmt: skip
     return lines

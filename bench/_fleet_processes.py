@@ -114,10 +114,17 @@ class Pool:
             replies.append(value)
         return replies
 
-    def start(self, group: str, spec: FleetSpec, ids: list[str]) -> None:
+    def start(
+        self, group: str, spec: FleetSpec, ids: list[str], brokers: Sequence[str] = ()
+    ) -> None:
+        """Start ``ids`` split evenly over the workers; with ``brokers``, worker i's MQTT
+        devices connect to ``brokers[i % len(brokers)]``."""
         size = len(self.pipes)
         chunks = [ids[i * len(ids) // size : (i + 1) * len(ids) // size] for i in range(size)]
-        self.ask("start", group, [replace(spec, ids=tuple(chunk)) for chunk in chunks])
+        specs = [replace(spec, ids=tuple(chunk)) for chunk in chunks]
+        if brokers:
+            specs = [replace(s, broker=brokers[i % len(brokers)]) for i, s in enumerate(specs)]
+        self.ask("start", group, specs)
 
     def wait(self, group: str, seconds: float) -> tuple[int, int, int]:
         """Wait up to ``seconds`` for the group; return (listed, failed, total)."""

@@ -68,7 +68,7 @@ from typing import Any, Protocol
 from _fleet_catalogue import PAGES, TOOL_COUNT
 from _fleet_devices import PING_INTERVAL, FleetSpec, Outcome, raise_fd_limit
 from _fleet_listing import PAGE_BYTES, Listed, list_all, pass_figures
-from _fleet_mixed import MixedFleet, fd_ceiling, mixed, mixed_lines
+from _fleet_mixed import MixedFleet, check_fits, mixed, mixed_lines
 from _fleet_processes import (
     Baseline,
     Gateway,
@@ -794,13 +794,17 @@ def measure(args: argparse.Namespace, phases: set[str], figures: dict[str, Any])
         if "list" in phases:
             listing(pool, workdir, args, figures)
         if "mixed" in phases:
-            over_mqtt = round(args.mixed_count * args.mqtt_share)
-            devices = MixedFleet(
-                websocket=device_ids("mixed-ws", args.mixed_count - over_mqtt),
-                mqtt=device_ids("mixed-mqtt", over_mqtt), warm_up=device_ids("warm-up", 1),
-                token=DEVICE_TOKEN, idle_seconds=args.mixed_idle_seconds, calls=args.mixed_calls,
-            )  # fmt: skip
-            figures["mixed"] = mixed(pool, workdir, devices)
+            figures["mixed"] = mixed(pool, workdir, _mixed_fleet(args))
+
+
+def _mixed_fleet(args: argparse.Namespace) -> MixedFleet:
+    over_mqtt = round(args.mixed_count * args.mqtt_share)
+    return MixedFleet(
+        websocket=device_ids("mixed-ws", args.mixed_count - over_mqtt),
+        mqtt=device_ids("mixed-mqtt", over_mqtt), warm_up=device_ids("warm-up", 1),
+        token=DEVICE_TOKEN, idle_seconds=args.mixed_idle_seconds, calls=args.mixed_calls,
+        leaves=args.mixed_leaves, workers=args.workers,
+    )  # fmt: skip
 
 
 def main() -> int:
@@ -823,6 +827,9 @@ def main() -> int:
     parser.add_argument("--mixed-count", type=int, default=50000, help="devices in the mixed fleet")
     parser.add_argument("--mqtt-share", type=float, default=0.5, help="of them over MQTT, 0-1")
     parser.add_argument("--mixed-calls", type=int, default=50, help="calls through the host side")
+    parser.add_argument("--mixed-leaves", type=int, default=0,
+                        help="MQTT devices over this many mosquitto leaves bridged to a hub, "
+                        "the gateway in external mode on it (0: the embedded broker)")  # fmt: skip
     # One MQTT keepalive (the OTA reply's 240 s): each MQTT device's PINGREQ counts about once.
     parser.add_argument("--mixed-idle-seconds", type=float, default=240.0,
                         help="the mixed fleet's idle CPU window, s")  # fmt: skip
@@ -844,12 +851,12 @@ def main() -> int:
         parser.error("counts, --workers, --joins and --list-passes must be at least 1")
     if max(args.list_counts) > LIST_MAX:
         parser.error(f"--list-counts: at most {LIST_MAX:,} devices (one alias each)")
-    if not 0.0 <= args.mqtt_share <= 1.0 or args.mixed_calls < 0:
-        parser.error("--mqtt-share is a fraction from 0 to 1; --mixed-calls at least 0")
+    if not 0.0 <= args.mqtt_share <= 1.0 or min(args.mixed_calls, args.mixed_leaves) < 0:
+        parser.error("--mqtt-share is a fraction from 0 to 1; --mixed-calls and "
+                     "--mixed-leaves at least 0")  # fmt: skip
     raise_fd_limit()  # as the gateway will have it
-    if "mixed" in phases and args.mixed_count > fd_ceiling():
-        parser.error(f"--mixed-count: one gateway process holds at most {fd_ceiling():,} "
-                     "devices here (its hard open-file limit, less a margin)")  # fmt: skip
+    if "mixed" in phases and (unfit := check_fits(_mixed_fleet(args))) is not None:
+        parser.error(f"--mixed-count: {unfit}")
     figures: dict[str, Any] = {"workers": args.workers}
     status = 0
     try:
