@@ -99,10 +99,10 @@ async def test_panel_in_a_sandboxed_frame_shows_devices_and_calls_through_the_ho
     panel itself never touches the network."""
     apps = advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})
     async with (
+        chromium() as browser,  # first: without it the skip must say so, not a task group's
         gateway(tmp_path) as run,
         listed_device(run, SIM) as dev,
         Client(run.mcp_url, mode="legacy", extensions=[apps], client_info=HOST) as client,
-        chromium() as browser,
     ):
         await run.gateway.photos.keep(SIM, PNG, "image/png", "what is on the desk?")
         tools = (await client.list_tools()).tools
