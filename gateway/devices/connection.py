@@ -181,11 +181,7 @@ class DeviceConnection:
         try:
             if self._caller_sends and self._sender is None and not self._send_lock.locked():
                 if self._writes_now:  # no task, lock or await per call: the frame goes now
-                    unsent = self._unsent
-                    unsent.extend(self._protocol.data_to_send())
-                    del unsent[: cast(PushLink, self._link).write_now(unsent)]
-                    if unsent:  # the socket is full (or gone): the sender task waits for it
-                        self._send_soon()
+                    self._write_now()
                 else:
                     try:  # no task per call: the frame goes now, in order (nothing else sends)
                         await self._flush()
@@ -221,14 +217,18 @@ class DeviceConnection:
         self._protocol.receive_text(text)
         del text
         self._handle(self._protocol.events_received())
+        self._write_now()
+        self._arm()
+
+    def _write_now(self) -> None:
+        """Write the protocol's queued frames to a ``PushLink`` in one write, now, when nothing
+        else is sending (so in order); what the socket cannot take goes from the sender task."""
         unsent = self._unsent
         unsent.extend(self._protocol.data_to_send())
         if unsent and self._sender is None and not self._send_lock.locked():
-            link = cast(PushLink, self._link)  # nothing else sends: in order, now
-            del unsent[: link.write_now(unsent)]  # one write for the turn's frames
+            del unsent[: cast(PushLink, self._link).write_now(unsent)]
         if unsent:  # the socket is full (or gone): the sender task waits for it
             self._send_soon()
-        self._arm()
 
     async def _flush(self) -> int:
         """Send every frame the protocol has queued; return how many."""
