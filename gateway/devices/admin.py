@@ -249,6 +249,7 @@ class DeviceAdmin(KnownDevices):
         if self._devices.get(device.device_id) is not device:
             return
         del self._devices[device.device_id]
+        self._order = None
         self.waiting.pop(device.device_id, None)
         if self._by_alias.get(device.alias) is device:
             del self._by_alias[device.alias]
@@ -282,11 +283,8 @@ class DeviceAdmin(KnownDevices):
             raise ValueError(f"another device ({holder.device_id}) is called {alias}")
         if alias == device.alias:
             return alias
-        if self._by_alias.get(device.alias) is device:
-            del self._by_alias[device.alias]
         logger.info("device %s (%s) renamed %s", device.alias, device.device_id, alias)
-        device.record.alias = alias
-        self._by_alias[alias] = device
+        self._set_alias(device, alias)
         self._save(device.record)
         self._use(device, device.catalogue)  # new names, saved; hosts told if they see them
         return alias
@@ -306,10 +304,7 @@ class DeviceAdmin(KnownDevices):
         mine.state, mine.binding = record.state, record.binding
         mine.client_id = record.client_id or mine.client_id
         if record.alias != mine.alias and not self._config.device(record.device_id).name:
-            if self._by_alias.get(mine.alias) is device:
-                del self._by_alias[mine.alias]
-            mine.alias = record.alias
-            self._by_alias.setdefault(record.alias, device)
+            self._set_alias(device, record.alias)
             self._use(device, device.catalogue)
         self._save(mine)
         self._show(device)

@@ -9,10 +9,11 @@ once per catalogue. What changes them lives on top of it: the user's decisions i
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from gateway.config import Config, DeviceOptions
 from gateway.devices.audit import AuditLog
@@ -55,10 +56,16 @@ class KnownDevices:
             weakref.WeakKeyDictionary()
         )
         self.verdicts_made = 0  # for tests: tools the policy was asked about
+        self.orders_made = 0  # for tests: how often every device was sorted by alias
         self._exposure = Exposure()
         self._device_changes: Broadcast[None] = Broadcast()
         self._devices: dict[str, Device] = {}
         self._by_alias: dict[str, Device] = {}
+        # Every device ordered by (alias, id), kept until one is added, forgotten or renamed:
+        # the device list is read page by page (the HTTP API, the dashboard, /metrics), and a
+        # fleet of 50,000 must not be sorted again for every page.
+        self._order: list[Device] | None = None
+        self._order_keys: list[tuple[str, str]] = []
         self.online_count = 0
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
         self.token_joins = TokenJoins(config.token_joins_per_hour, config.token_joins_total)
@@ -99,9 +106,23 @@ class KnownDevices:
 
     # --- queries ---------------------------------------------------------------------------
 
-    def devices(self) -> list[Device]:
+    def devices(self) -> Sequence[Device]:
         """Every known device, ordered by alias (a stable order keeps hosts' caches warm)."""
-        return sorted(self._devices.values(), key=lambda d: (d.alias, d.device_id))
+        return self._ordered()
+
+    def devices_after(self, key: tuple[str, str] | None) -> Iterator[Device]:
+        """The devices ordered after ``key`` (an alias and a device id), or all when None:
+        where the next page of a device listing starts, found without looking at the others."""
+        devices = self._ordered()
+        start = 0 if key is None else bisect.bisect_right(self._order_keys, key)
+        return (devices[index] for index in range(start, len(devices)))
+
+    def _ordered(self) -> list[Device]:
+        if self._order is None:
+            self.orders_made += 1
+            self._order = sorted(self._devices.values(), key=_order_key)
+            self._order_keys = [_order_key(device) for device in self._order]
+        return self._order
 
     def get(self, device_id: str) -> Device | None:
         """The device whose id is ``device_id``."""
@@ -165,6 +186,7 @@ class KnownDevices:
                                   board=board, first_seen=now, last_seen=now)  # fmt: skip
             device = self._devices[device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
+            self._order = None
             self._save(record)
         return device
 
@@ -183,12 +205,16 @@ class KnownDevices:
             record.board = record.board or board
             return False
         record.board = board
-        alias = self._alias(record.device_id, board)
-        if self._by_alias.get(record.alias) is device:
-            del self._by_alias[record.alias]
-        record.alias = alias
-        self._by_alias.setdefault(alias, device)
+        self._set_alias(device, self._alias(record.device_id, board))
         return True
+
+    def _set_alias(self, device: Device, alias: str) -> None:
+        """Call ``device`` ``alias`` (the one place an alias changes: its lookups follow)."""
+        if self._by_alias.get(device.alias) is device:
+            del self._by_alias[device.alias]
+        device.record.alias = alias
+        self._by_alias.setdefault(alias, device)
+        self._order = None
 
     def _alias(self, device_id: str, board: str | None) -> str:
         configured = self._config.device(device_id).name
@@ -259,3 +285,7 @@ class KnownDevices:
 
     def _hide(self, device: Device) -> None:
         self._exposure.hide(device)
+
+
+def _order_key(device: Device) -> tuple[str, str]:
+    return (device.alias, device.device_id)

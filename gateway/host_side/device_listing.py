@@ -63,12 +63,11 @@ class DeviceQuery:
 
 def list_devices(registry: DeviceRegistry, query: DeviceQuery) -> JsonObject:
     """One page of the devices ``query`` selects, with ``next_cursor`` when more follow."""
-    devices = [d for d in registry.devices() if query.matches(d)]
-    if query.after is not None:
-        devices = [d for d in devices if (d.alias, d.device_id) > query.after]
     page: list[JsonObject] = []
     size = 0
-    for device in devices:
+    for device in registry.devices_after(query.after):  # a page's work, not the fleet's
+        if not query.matches(device):
+            continue
         weight = _weight(device)
         if page and size + weight > PAGE_BYTES:
             last = page[-1]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.devices.registry import Device
 from gateway.host_side.device_listing import DeviceQuery, list_devices
 from tests.conftest import make_config
 from tests.fakes import ScriptedSession, Stack, tool
@@ -66,6 +67,54 @@ def test_a_device_joining_between_pages_neither_repeats_nor_hides_others(stack: 
     rest = every_page(stack, cursor=first["next_cursor"])  # type: ignore[arg-type]
     ids = [d["id"] for d in first["devices"]] + [d["id"] for p in rest for d in p["devices"]]
     assert len(ids) == len(set(ids)) == 300
+    stack.close()
+
+
+class CountingQuery(DeviceQuery):
+    """A query that counts the devices it is asked about: the work a page costs."""
+
+    asked = 0
+
+    def matches(self, device: Device) -> bool:
+        CountingQuery.asked += 1
+        return super().matches(device)
+
+
+def test_paging_through_the_fleet_looks_at_each_device_about_once(stack: Stack) -> None:
+    """Each page starts where the last ended: the fleet is sorted once and each device looked
+    at once (the device a page had no room for twice), not every device for every page."""
+    CountingQuery.asked, cursor, pages = 0, None, 0
+    sorts = stack.registry.orders_made
+    while True:
+        page = list_devices(stack.registry, CountingQuery({"cursor": cursor}))
+        pages += 1
+        if (cursor := page.get("next_cursor")) is None:
+            break
+    assert pages > 10
+    assert CountingQuery.asked <= 300 + pages  # sorting again per page: about 300 x pages
+    assert stack.registry.orders_made == sorts + 1
+    stack.close()
+
+
+def test_the_order_follows_renames_arrivals_and_forgetting(stack: Stack) -> None:
+    """The device order is kept between listings; a rename, a newcomer named at its first
+    listing and a forgotten device each show in the next listing."""
+
+    def names() -> list[str]:
+        return [str(d["device"]) for p in every_page(stack) for d in p["devices"]]  # type: ignore
+
+    first = names()
+    assert first == sorted(first)
+    renamed = stack.registry.find(first[0])
+    assert renamed is not None
+    stack.registry.rename(renamed, "zz_last")
+    stack.registry.forget(stack.registry.find(first[1]))  # type: ignore[arg-type]
+    stack.registry.connect("ff:ff", ScriptedSession())  # no board yet: named by its id
+    before_listing = names()
+    assert before_listing[-1] == "zz_last" and first[1] not in before_listing
+    stack.registry.set_catalogue("ff:ff", (tool("self.t"),), {"name": "aardvark"})
+    after = names()
+    assert after[0].startswith("aardvark") and len(after) == 300 and after[1:] == sorted(after[1:])
     stack.close()
 
 
