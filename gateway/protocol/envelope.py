@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -302,4 +302,4 @@ def check_udp_block(udp: Mapping[str, object]) -> JsonObject:
 
 def new_session_id() -> str:
     """Return a fresh session id made of ``[0-9a-f]`` only (32 characters)."""
-    return uuid.uuid4().hex
+    return secrets.token_hex(16)  # as random as uuid4's 122 bits, a third of its cost a join

@@ -8,6 +8,9 @@ and when is ``DeviceProtocol``'s business.
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from gateway import __version__
@@ -40,6 +43,7 @@ CANCELLED = "notifications/cancelled"
 
 # Every device gets the same initialize params but for its vision block: encoded once, here.
 _PARAMS_HEAD = f'{{"protocolVersion":"{PROTOCOL_VERSION}","capabilities":'
+_HEX = re.compile(r"[0-9a-f]+")
 _GATEWAY_INFO = envelope.encode({"name": "esp-mcp-gateway", "version": __version__})
 
 
@@ -54,11 +58,25 @@ def initialize_params(client_info: JsonObject | None, vision: dict[str, str] | N
     """
     try:
         # docs/protocol.md §4: vision is the only way to tell a camera where to upload photos.
-        capabilities = "{}" if vision is None else f'{{"vision":{envelope.encode(dict(vision))}}}'
+        capabilities = "{}" if vision is None else f'{{"vision":{_vision_block(vision)}}}'
         info = _GATEWAY_INFO if not client_info else envelope.encode(dict(client_info))
     except (TypeError, ValueError) as exc:
         raise LocalProtocolError(f"client_info or vision is not JSON: {exc}") from exc
     return f'{_PARAMS_HEAD}{capabilities},"clientInfo":{info}}}'
+
+
+def _vision_block(vision: Mapping[str, str]) -> str:
+    """``vision`` as JSON. The usual block (the listener's upload URL, the same for every device,
+    and a session's hex token) is put together from the URL encoded once."""
+    token = vision.get("token")
+    if len(vision) == 2 and "url" in vision and token is not None and _HEX.fullmatch(token):
+        return f'{{"url":{_json_string(vision["url"])},"token":"{token}"}}'
+    return envelope.encode(dict(vision))
+
+
+@functools.lru_cache(maxsize=16)
+def _json_string(text: str) -> str:
+    return envelope.encode(text)
 
 
 def initialize_frame(session_id: str, request_id: int, params: str) -> str:
