@@ -194,8 +194,8 @@ def salvage_error_reply(text: str) -> JsonObject | None:
     return {"session_id": match["session"] or "", "type": "mcp", "payload": payload}
 
 
-def encode(message: JsonObject) -> str:
-    """Serialise a message object into one compact text frame.
+def encode(message: object) -> str:
+    """Serialise a message object (or any JSON value) into one compact text frame.
 
     Args:
         message: the message object.
