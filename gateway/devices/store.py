@@ -117,6 +117,33 @@ def _empty() -> _Batch:
     return _Batch({}, {}, {}, {}, set(), set())
 
 
+# sqlite3 lets go of the GIL for each statement it runs, and so for each row of an executemany.
+# On a busy event loop the writer thread then waits a loop turn to get the GIL back, row by row:
+# a storm's batch of 1,000 rows cost about as many thread switches (futex calls), each paid by
+# the loop too. Many rows to a statement let go of it a few times a batch.
+_PARAMETERS_PER_STATEMENT = 999  # the lowest host-parameter limit of any SQLite (before 3.32)
+
+
+def _insert(db: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
+    """``head`` (``INSERT ... INTO <table>``) with ``rows``, in statements of many rows each."""
+    if not rows:
+        return
+    width = len(rows[0])
+    one = f"({', '.join('?' * width)})"
+    step = _PARAMETERS_PER_STATEMENT // width
+    for start in range(0, len(rows), step):
+        part = rows[start : start + step]
+        db.execute(f"{head} VALUES {', '.join([one] * len(part))}", [v for r in part for v in r])
+
+
+def _delete(db: sqlite3.Connection, table: str, device_ids: list[str]) -> None:
+    """Delete the rows of ``device_ids`` from ``table``, in statements of many ids each."""
+    step = _PARAMETERS_PER_STATEMENT
+    for start in range(0, len(device_ids), step):
+        part = device_ids[start : start + step]
+        db.execute(f"DELETE FROM {table} WHERE device_id IN ({', '.join('?' * len(part))})", part)
+
+
 class Store:
     """The registry's SQLite database in the data dir, written behind the event loop."""
 
@@ -257,26 +284,23 @@ class Store:
         try:
             with self._lock, self._db as db:
                 db.execute("BEGIN")
-                forgotten = [(device_id,) for device_id in batch.forgotten]
-                db.executemany("DELETE FROM devices WHERE device_id = ?", forgotten)
-                db.executemany("DELETE FROM tool_names WHERE device_id = ?", forgotten)
-                db.executemany("DELETE FROM plain_names WHERE device_id = ?", forgotten)
-                db.executemany("INSERT OR IGNORE INTO catalogues VALUES (?, ?)",
-                               batch.catalogues.items())  # fmt: skip
-                db.executemany(f"INSERT OR REPLACE INTO devices ({DEVICE_COLUMNS}) VALUES "
-                               "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", device_rows)  # fmt: skip
-                db.executemany(
+                forgotten = list(batch.forgotten)
+                for table in ("devices", "tool_names", "plain_names"):
+                    _delete(db, table, forgotten)
+                _insert(db, "INSERT OR IGNORE INTO catalogues", list(batch.catalogues.items()))
+                _insert(db, f"INSERT OR REPLACE INTO devices ({DEVICE_COLUMNS})", device_rows)
+                db.executemany(  # rare (a device listing new tools): one statement a row
                     "DELETE FROM catalogues WHERE digest = ?1 AND NOT EXISTS"
                     " (SELECT 1 FROM devices WHERE catalogue = ?1)",
                     [(digest,) for digest in batch.released],
                 )
-                db.executemany("INSERT OR REPLACE INTO plain_names VALUES (?, ?, ?)",
-                               [(p.device_id, p.alias, p.tools.to_json())
-                                for p in batch.plain.values()])  # fmt: skip
+                _insert(db, "INSERT OR REPLACE INTO plain_names",
+                        [(p.device_id, p.alias, p.tools.to_json())
+                         for p in batch.plain.values()])  # fmt: skip
                 # REPLACE also deletes the row of any other holder of the name (UNIQUE).
-                db.executemany("INSERT OR REPLACE INTO tool_names VALUES (?, ?, ?, ?)",
-                               [(e.device_id, e.tool, e.alias, e.name)
-                                for e in batch.names.values()])  # fmt: skip
+                _insert(db, "INSERT OR REPLACE INTO tool_names",
+                        [(e.device_id, e.tool, e.alias, e.name)
+                         for e in batch.names.values()])  # fmt: skip
         except sqlite3.Error as exc:  # a full disk, a read-only or vanished data dir
             return exc
         return None

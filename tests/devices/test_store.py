@@ -47,6 +47,30 @@ async def test_saves_wait_for_the_writer_and_land_in_one_transaction(tmp_path: P
     store.close()
 
 
+def test_a_batch_of_many_rows_is_a_few_statements(tmp_path: Path) -> None:
+    """sqlite3 lets go of the GIL for each statement; a writer thread that does so for each row
+    waits a turn of the busy event loop for each. A batch of 1,000 devices, 1,000 names and
+    their removal is a few statements of many rows (and every row lands)."""
+    path = tmp_path / "registry.sqlite3"
+    store = Store(path)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    for n in range(1000):
+        store.save_device(record(n))
+    store.save_names([NameAssignment(f"aa:{n:04x}", "self.a", f"dev_{n}", f"dev_{n}_a")
+                      for n in range(1000)])  # fmt: skip
+    assert store.flush() == 2000
+    assert rows(path, "devices") == 1000 and rows(path, "tool_names") == 1000
+    assert len(statements) <= 2 + 12 + 5  # BEGIN, COMMIT; 90 devices, 249 names a statement
+    statements.clear()
+    for n in range(1000):
+        store.forget_device(f"aa:{n:04x}")
+    store.flush()
+    assert rows(path, "devices") == 0 and rows(path, "tool_names") == 0
+    assert len(statements) <= 2 + 3 * 2
+    store.close()
+
+
 def test_a_name_given_to_another_tool_leaves_its_old_holder(tmp_path: Path) -> None:
     """A name handed on, in a later batch or within one, is kept for its last holder only."""
     path = tmp_path / "registry.sqlite3"
