@@ -68,9 +68,9 @@ def initialize_params(client_info: JsonObject | None, vision: dict[str, str] | N
 def _vision_block(vision: Mapping[str, str]) -> str:
     """``vision`` as JSON. The usual block (the listener's upload URL, the same for every device,
     and a session's hex token) is put together from the URL encoded once."""
-    token = vision.get("token")
-    if len(vision) == 2 and "url" in vision and token is not None and _HEX.fullmatch(token):
-        return f'{{"url":{_json_string(vision["url"])},"token":"{token}"}}'
+    url, token = vision.get("url"), vision.get("token")
+    if len(vision) == 2 and type(url) is str and type(token) is str and _HEX.fullmatch(token):
+        return f'{{"url":{_json_string(url)},"token":"{token}"}}'
     return envelope.encode(dict(vision))
 
 

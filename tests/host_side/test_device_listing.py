@@ -97,8 +97,8 @@ def test_paging_through_the_fleet_looks_at_each_device_about_once(stack: Stack) 
 
 
 def test_the_order_follows_renames_arrivals_and_forgetting(stack: Stack) -> None:
-    """The device order is kept between listings; a rename, a newcomer named at its first
-    listing and a forgotten device each show in the next listing."""
+    """The device order is kept between listings; each change that moves a device (a rename,
+    a newcomer, its naming at its first listing) or removes one shows in the next listing."""
 
     def names() -> list[str]:
         return [str(d["device"]) for p in every_page(stack) for d in p["devices"]]  # type: ignore
@@ -108,13 +108,16 @@ def test_the_order_follows_renames_arrivals_and_forgetting(stack: Stack) -> None
     renamed = stack.registry.find(first[0])
     assert renamed is not None
     stack.registry.rename(renamed, "zz_last")
+    assert names()[-1] == "zz_last"
     stack.registry.forget(stack.registry.find(first[1]))  # type: ignore[arg-type]
-    stack.registry.connect("ff:ff", ScriptedSession())  # no board yet: named by its id
-    before_listing = names()
-    assert before_listing[-1] == "zz_last" and first[1] not in before_listing
-    stack.registry.set_catalogue("ff:ff", (tool("self.t"),), {"name": "aardvark"})
-    after = names()
-    assert after[0].startswith("aardvark") and len(after) == 300 and after[1:] == sorted(after[1:])
+    assert first[1] not in names()
+    stack.registry.connect("00:00", ScriptedSession())  # no board yet: named esp32_0000
+    listed = names()
+    assert listed[0] == "esp32_0000" and len(listed) == 300
+    stack.registry.set_catalogue("00:00", (tool("self.t"),), {"name": "zebra"})
+    listed = names()
+    assert listed[-2:] == ["zebra_0000", "zz_last"] and "esp32_0000" not in listed
+    assert listed == sorted(listed)
     stack.close()
 
 

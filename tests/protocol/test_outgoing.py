@@ -41,6 +41,40 @@ def test_the_initialize_frame_is_what_encoding_the_request_gives(
     assert frame == whole and json.loads(frame)["payload"]["params"] == params
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://192.168.1.20:8765/vision/explain",
+        'http://gw.local/"quoted"\\back\u2028line',
+        "http://gätewäy.local/vision/explain",
+        "http://gw.local/\ud800",  # a lone surrogate: only valid escaped
+    ],
+)
+def test_a_session_vision_block_means_what_encoding_it_gives(url: str) -> None:
+    """The usual block, a hex token and the upload URL encoded once, is valid JSON with the
+    same meaning as encoding the dict, and can be sent (UTF-8), whatever the URL holds."""
+    vision = {"url": url, "token": envelope.new_session_id()}
+    for _ in range(2):  # the URL's text the second time comes from the cache
+        frame = initialize_frame("s-1", 3, initialize_params(None, vision))
+        frame.encode("utf-8")
+        assert json.loads(frame)["payload"]["params"]["capabilities"] == {"vision": vision}
+    if url.isascii():  # and byte for byte what encoding it whole gives
+        params = {"protocolVersion": PROTOCOL_VERSION, "capabilities": {"vision": vision},
+                  "clientInfo": {"name": "esp-mcp-gateway", "version": __version__}}  # fmt: skip
+        request = make_request(3, "initialize", params)
+        assert frame == envelope.encode(envelope.mcp_envelope("s-1", request))
+
+
+@pytest.mark.parametrize(
+    "vision",
+    [{"url": 1.0, "token": "ab"}, {"url": "u", "token": 12}, {"url": "u", "token": "ab", "x": "y"}],
+)
+def test_an_unusual_vision_block_is_encoded_as_it_is(vision: dict[str, object]) -> None:
+    """Values that are not strings, or more keys, take the general path: the same meaning."""
+    text = initialize_params(None, vision)  # type: ignore[arg-type]
+    assert json.loads(text)["capabilities"] == {"vision": vision}
+
+
 def test_params_that_are_not_json_are_refused_at_once() -> None:
     with pytest.raises(LocalProtocolError, match="not JSON"):
         initialize_params({"name": object()}, None)
