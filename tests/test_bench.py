@@ -91,13 +91,18 @@ async def _fleet_bench(*phases: str, extra: list[str] | None = None) -> dict[str
 @pytest.mark.e2e
 async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
     """`bench/fleet.py --json` runs every phase but MQTT's against a real gateway process."""
-    figures = await _fleet_bench("storm", "join", "idle", "list")
+    figures = await _fleet_bench("storm", "join", "idle", "list", extra=["--storm-rounds", "2"])
     assert figures["storm"]["baseline"]["listed"] == figures["storm"]["gateway"]["visible"] == 4
     assert figures["idle"]["fill"]["visible"] == 4
     assert figures["idle"]["rss_after_kb"] > 0
     assert figures["join"]["empty"]["failed"] == figures["join"]["fleet"]["failed"] == 0
     assert figures["storm"]["lean"]["listed"] == 4
     assert "cpu_ratio_lean" in figures["storm"]  # None when a tiny storm takes no CPU tick
+    # a second round against the lean baseline and a fresh gateway (the gateway first)
+    assert [set(r) for r in figures["storm"]["rounds"]] == [
+        {"lean_cpu_s", "gateway_cpu_s", "cpu_ratio_lean"}
+    ] * 2
+    assert "cpu_ratio_lean_median" in figures["storm"]
     [listed] = figures["list"]["fleets"]
     assert listed["expected_tools"] == 3 * 25 + 2
     for target in ("baseline", "gateway"):
