@@ -65,7 +65,6 @@ class KnownDevices:
         # the device list is read page by page (the HTTP API, the dashboard, /metrics), and a
         # fleet of 50,000 must not be sorted again for every page.
         self._order: list[Device] | None = None
-        self._order_keys: list[tuple[str, str]] = []
         self.online_count = 0
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
         self.token_joins = TokenJoins(config.token_joins_per_hour, config.token_joins_total)
@@ -114,14 +113,13 @@ class KnownDevices:
         """The devices ordered after ``key`` (an alias and a device id), or all when None:
         where the next page of a device listing starts, found without looking at the others."""
         devices = self._ordered()
-        start = 0 if key is None else bisect.bisect_right(self._order_keys, key)
+        start = 0 if key is None else bisect.bisect_right(devices, key, key=_order_key)
         return (devices[index] for index in range(start, len(devices)))
 
     def _ordered(self) -> list[Device]:
         if self._order is None:
             self.orders_made += 1
             self._order = sorted(self._devices.values(), key=_order_key)
-            self._order_keys = [_order_key(device) for device in self._order]
         return self._order
 
     def get(self, device_id: str) -> Device | None:

@@ -124,41 +124,34 @@ def _empty() -> _Batch:
 _ROWS_PER_STATEMENT = 64  # of 11 columns: 704 parameters, under any SQLite's limit (999)
 
 
-def _sizes(count: int) -> Iterator[int]:
-    """How many rows each statement takes, for ``count`` rows: 64, the rest in powers of two.
+def _parts(rows: list[Any]) -> Iterator[list[Any]]:
+    """``rows`` cut for statements: 64 rows each, the rest in powers of two.
 
     Few sizes, few statement texts: SQLite's statement cache keeps each prepared once. (A
     statement of many rows takes about as long to prepare as to run, and each one cached holds
     about 1.4 KB a row of it: a text for every size would fill the cache with megabytes.)
     """
-    full, rest = divmod(count, _ROWS_PER_STATEMENT)
-    yield from [_ROWS_PER_STATEMENT] * full
-    size = _ROWS_PER_STATEMENT // 2
-    while size:
-        if rest & size:
-            yield size
-        size //= 2
+    start, size = 0, _ROWS_PER_STATEMENT
+    while start < len(rows):
+        while len(rows) - start < size:
+            size //= 2
+        yield rows[start : start + size]
+        start += size
 
 
 def _insert(db: sqlite3.Connection, head: str, rows: list[tuple[Any, ...]]) -> None:
     """``head`` (``INSERT ... INTO <table>``) with ``rows``, in statements of many rows each."""
-    if not rows:
-        return
-    one = f"({', '.join('?' * len(rows[0]))})"
-    start = 0
-    for size in _sizes(len(rows)):
-        part = rows[start : start + size]
-        start += size
-        db.execute(f"{head} VALUES {', '.join([one] * size)}", [v for row in part for v in row])
+    for part in _parts(rows):
+        one = f"({', '.join('?' * len(part[0]))})"
+        db.execute(
+            f"{head} VALUES {', '.join([one] * len(part))}", [v for row in part for v in row]
+        )
 
 
 def _delete(db: sqlite3.Connection, table: str, device_ids: list[str]) -> None:
     """Delete the rows of ``device_ids`` from ``table``, in statements of many ids each."""
-    start = 0
-    for size in _sizes(len(device_ids)):
-        part = device_ids[start : start + size]
-        start += size
-        db.execute(f"DELETE FROM {table} WHERE device_id IN ({', '.join('?' * size)})", part)
+    for part in _parts(device_ids):
+        db.execute(f"DELETE FROM {table} WHERE device_id IN ({', '.join('?' * len(part))})", part)
 
 
 class Store:
