@@ -19,7 +19,7 @@ def test_the_book_gives_one_copy_of_a_page_to_every_reader() -> None:
 
 def test_the_book_forgets_the_least_recently_used_pages_beyond_its_bound() -> None:
     """What devices send cannot fill the gateway: the oldest unused pages go first."""
-    book = KnownPages(max_size=3 * 23)  # a page: 10 characters, and 13 bytes hashed ("10:...")
+    book = KnownPages(max_size=3 * 42)  # a page: 10 characters, and its 32-byte digest
     pages = [KnownPage(f"page-{n}-".ljust(10, "x"), None) for n in range(3)]
     for page in pages:
         book.add(page)
@@ -31,8 +31,8 @@ def test_the_book_forgets_the_least_recently_used_pages_beyond_its_bound() -> No
 
 def test_a_page_larger_than_the_book_is_not_kept() -> None:
     """A page over the whole bound is read for its listing, and evicts nothing."""
-    book = KnownPages(max_size=20)
-    small = book.add(KnownPage("small", None))  # 5 + 7
-    huge = KnownPage("h" * 10, None)  # 10 + 13
+    book = KnownPages(max_size=40)
+    small = book.add(KnownPage("small", None))  # 5 + 32
+    huge = KnownPage("h" * 10, None)  # 10 + 32
     assert book.add(huge) is huge
     assert book.get(huge.text) is None and book.get("small") is small

@@ -98,13 +98,14 @@ def parsed_digest(pages: list[str]) -> str | None:
 
 
 def test_a_storm_of_one_firmware_parses_its_pages_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """200 devices of one firmware: 3 page parses (the first device's), not 600, and no page
-    frame decoded; every device lists the same entries under the parsed way's digest."""
+    """200 devices of one firmware: 3 page parses and hashes (the first device's), not 600, and
+    no page frame decoded; every device lists the same entries under the parsed way's digest."""
     parses = Counter(monkeypatch, catalog_module, "_parse")
+    hashes = Counter(monkeypatch, catalog_module, "_page_digest")
     decodes = Counter(monkeypatch, envelope, "decode")
     book = KnownPages()
     events = [listed(join(book, n)) for n in range(200)]
-    assert parses.calls == len(PAGES)
+    assert parses.calls == hashes.calls == len(PAGES)
     assert decodes.calls == 200 * 2  # each device's hello and initialize reply only
     assert book.found == 199 * len(PAGES) and len(book) == len(PAGES)
     assert {event.digest for event in events} == {parsed_digest(PAGES)}
@@ -118,9 +119,10 @@ def test_without_a_book_every_page_is_parsed_once_per_device(
     """The book is what saves the work: without one each device's pages are parsed (alone,
     never the frame too), with the same digest."""
     parses = Counter(monkeypatch, catalog_module, "_parse")
+    hashes = Counter(monkeypatch, catalog_module, "_page_digest")
     decodes = Counter(monkeypatch, envelope, "decode")
     events = [listed(join(None, n)) for n in range(5)]
-    assert (parses.calls, decodes.calls) == (5 * len(PAGES), 5 * 2)
+    assert (parses.calls, hashes.calls, decodes.calls) == (5 * len(PAGES), 5 * len(PAGES), 5 * 2)
     assert {event.digest for event in events} == {parsed_digest(PAGES)}
 
 
