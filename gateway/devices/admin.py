@@ -120,6 +120,7 @@ class DeviceAdmin(KnownDevices):
         device = self._device(device_id, board)
         token_only = client_id is not None and client_id.startswith(TOKEN_BINDING)
         device.record.client_id = None if token_only else client_id  # a Client-Id, if it has one
+        device.record.transport = actor.who  # the login's: written with an approval (connect)
         device.record.state = PENDING
         self.waiting[device_id] = device
         if adopt:

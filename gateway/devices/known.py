@@ -262,6 +262,10 @@ class KnownDevices:
     def _save(self, record: DeviceRecord) -> None:
         """Queue the record's write, and tell whoever watches devices that one changed."""
         self._store.save_device(record)
+        self._changed(record)
+
+    def _changed(self, record: DeviceRecord) -> None:
+        """Tell whoever watches devices that ``record`` changed, without writing it (yet)."""
         self._device_changes.publish(None)
         for watcher in self.record_watchers:
             watcher(record.device_id, record)

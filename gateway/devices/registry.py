@@ -78,11 +78,18 @@ class DeviceRegistry(DeviceAdmin):
             self.logins.note(REPLACED, Actor(transport or "?"), device_id=device.device_id,
                              alias=device.alias, reason=why)  # fmt: skip
         record = device.record
-        record.client_id = client_id or record.client_id
-        record.transport = transport or record.transport
+        seen_as = (client_id or record.client_id, transport or record.transport)
+        moved = seen_as != (record.client_id, record.transport)
+        record.client_id, record.transport = seen_as
         record.last_seen = self._clock()
         device.connected_at = time.monotonic()
-        self._save(record)
+        # Only a new Client-Id or transport is written for the connect itself: its time goes
+        # with the device's next write, its listing moments later or its disconnect. (A storm
+        # of joins wrote every device row once more, in another transaction.)
+        if moved:
+            self._save(record)
+        else:
+            self._changed(record)
         if device.hide_timer is not None:
             device.hide_timer.cancel()
             device.hide_timer = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,43 @@ async def test_a_join_costs_its_own_work_whatever_the_fleet(tmp_path: Path) -> N
     # its 25 tools shown; its row and its plain names' row written (not a row per name)
     assert small == large == (25, 2)
     assert len(stack.registry.exposed_tools()) == 3001 * 25
+    stack.close()
+
+
+def stored_rows(path: Path) -> dict[str, tuple[object, ...]]:
+    """device_id -> (client_id, transport, last_seen), as the registry file has them."""
+    with closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT device_id, client_id, transport, last_seen FROM devices")
+        return {row[0]: row[1:] for row in rows}
+
+
+async def test_a_join_writes_its_device_row_once_after_its_approval(tmp_path: Path) -> None:
+    """A new device approved by its token is written with its approval (Client-Id and
+    transport too), then once more by its listing; its connect writes nothing of its own. A
+    device coming back as it was writes only its listing's row; a new transport is written at
+    once. What a connect leaves unwritten (its time) lands with the next write."""
+    now = [1000.0]
+    stack = Stack(make_config(tmp_path), lambda: now[0])
+    registry, path = stack.registry, stack.config.data_dir / "registry.sqlite3"
+    tools = (tool("self.a"),)
+    assert registry.admit("aa:20", trusted=True, client_id="c1", transport="websocket") is None
+    await registry.commit_decisions()  # what a login awaits before it is accepted
+    assert stored_rows(path) == {"aa:20": ("c1", "websocket", 1000.0)}
+    now[0] += 1
+    session = ScriptedSession()
+    registry.connect("aa:20", session, client_id="c1", transport="websocket")
+    assert stack.store.flush() == 0
+    registry.set_catalogue("aa:20", tools, None)
+    assert stack.store.flush() == 3  # its row, its names' row and its (new) catalogue
+    registry.disconnect("aa:20", session)
+    assert stack.store.flush() == 1
+    now[0] += 1
+    registry.connect("aa:20", ScriptedSession(), client_id="c1", transport="websocket")
+    assert stack.store.flush() == 0 and stored_rows(path)["aa:20"][2] == 1001.0
+    registry.set_catalogue("aa:20", tools, None)
+    assert stack.store.flush() == 1 and stored_rows(path)["aa:20"][2] == 1002.0
+    registry.connect("aa:20", ScriptedSession(), transport="mqtt")  # MQTT: no Client-Id
+    assert stack.store.flush() == 1 and stored_rows(path)["aa:20"][:2] == ("c1", "mqtt")
     stack.close()
 
 
