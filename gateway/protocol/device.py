@@ -341,7 +341,7 @@ class DeviceProtocol:
         self.state = State.INITIALIZING
         self._deadline = self._clock() + self._discovery_timeout
         request_id = self._pending.request(Purpose.INITIALIZE)
-        self._out.frame(outgoing.initialize_frame(self._session_id, request_id, self._init))
+        self._out.frame(outgoing.initialize_frame(self._out.mcp_head, request_id, self._init))
 
     def _on_initialize_reply(self, reply: Response | ErrorResponse) -> None:
         if isinstance(reply, ErrorResponse):
@@ -361,7 +361,7 @@ class DeviceProtocol:
 
     def _request_page(self, catalog: ToolCatalog, cursor: str | None) -> None:
         catalog.request_id = self._pending.request(Purpose.LIST)
-        self._out.mcp(outgoing.list_request(catalog.request_id, cursor))
+        self._out.frame(outgoing.list_frame(self._out.mcp_head, catalog.request_id, cursor))
 
     def _on_stock_page(self, catalog: ToolCatalog, text: str) -> bool:
         # In a storm of joins most pages are known: neither the frame nor the page is parsed.

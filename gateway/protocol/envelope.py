@@ -22,6 +22,7 @@ __all__ = [
     "decode",
     "encode",
     "mcp_envelope",
+    "mcp_head",
     "result_text",
     "new_session_id",
     "parse_json",
@@ -227,6 +228,18 @@ def check_session_id(session_id: str) -> str:
     if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
         raise LocalProtocolError(f"session id must match [A-Za-z0-9-]+: {session_id!r}")
     return session_id
+
+
+def mcp_head(session_id: str) -> str:
+    """The text every MCP frame of ``session_id`` starts with, up to its payload: the frame is
+    this, the payload's JSON and ``}`` (what ``encode(mcp_envelope(session_id, payload))``
+    gives, without encoding the envelope for every message).
+
+    Raises:
+        LocalProtocolError: ``session_id`` cannot be sent to a device (``check_session_id``):
+            once checked, nothing in it needs escaping.
+    """
+    return f'{{"session_id":"{check_session_id(session_id)}","type":"mcp","payload":'
 
 
 def mcp_envelope(session_id: str, payload: JsonObject) -> JsonObject:

@@ -23,7 +23,12 @@ class Outbox:
     """The frames and events one session produced and its I/O layer has not taken yet."""
 
     def __init__(self, session_id: str, logger: Logger) -> None:
-        """Wrap MCP messages in envelopes of ``session_id``; log frames to ``logger``."""
+        """Wrap MCP messages in envelopes of ``session_id``; log frames to ``logger``.
+
+        Raises:
+            LocalProtocolError: ``session_id`` cannot be sent to a device.
+        """
+        self.mcp_head = envelope.mcp_head(session_id)  # what each MCP frame starts with
         self.session_id = session_id
         self.logger = logger
         self.debug = logger.isEnabledFor(logging.DEBUG)
@@ -31,9 +36,9 @@ class Outbox:
         self._frames: list[str] = []
 
     def encode_mcp(self, payload: JsonObject) -> str:
-        """The text frame carrying the MCP message ``payload``."""
-        # The session id was checked once, when the session made its hello (every call comes here).
-        return envelope.encode({"session_id": self.session_id, "type": "mcp", "payload": payload})
+        """The text frame carrying the MCP message ``payload``: what ``envelope.encode`` makes of
+        ``{"session_id": ..., "type": "mcp", "payload": payload}``."""
+        return f"{self.mcp_head}{envelope.encode(payload)}}}"
 
     def mcp(self, payload: JsonObject) -> None:
         """Send the MCP message ``payload``."""

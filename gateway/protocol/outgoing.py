@@ -32,7 +32,7 @@ __all__ = [
     "cancellation",
     "initialize_frame",
     "initialize_params",
-    "list_request",
+    "list_frame",
 ]
 
 JsonObject = dict[str, Any]
@@ -79,25 +79,27 @@ def _json_string(text: str) -> str:
     return envelope.encode(text)
 
 
-def initialize_frame(session_id: str, request_id: int, params: str) -> str:
-    """The frame of the ``initialize`` request with ``params`` (``initialize_params``' text).
+# The discovery requests, sent to every device that joins, are written as frame text straight
+# away: ``head`` is the session's ``envelope.mcp_head``, and the text is what encoding
+# ``mcp_envelope(session_id, make_request(...))`` gives, without encoding a dict every time.
 
-    What encoding ``mcp_envelope(session_id, make_request(...))`` gives, without encoding the
-    params again for every device.
-    """
+
+def initialize_frame(head: str, request_id: int, params: str) -> str:
+    """The frame of the ``initialize`` request with ``params`` (``initialize_params``' text)."""
     return (
-        f'{{"session_id":"{envelope.check_session_id(session_id)}","type":"mcp","payload":'
-        f'{{"jsonrpc":"2.0","id":{int(request_id)},"method":"initialize","params":{params}}}}}'
+        f'{head}{{"jsonrpc":"2.0","id":{int(request_id)},"method":"initialize",'
+        f'"params":{params}}}}}'
     )
 
 
-def list_request(request_id: int, cursor: str | None) -> JsonObject:
-    """The ``tools/list`` request for the page at ``cursor`` (the first page when None)."""
+def list_frame(head: str, request_id: int, cursor: str | None) -> str:
+    """The frame of the ``tools/list`` request for the page at ``cursor`` (None: the first)."""
     # docs/protocol.md §4: user-only tools are listed only with withUserTools: true.
-    params: JsonObject = {"withUserTools": True}
-    if cursor is not None:
-        params["cursor"] = cursor
-    return make_request(request_id, "tools/list", params)
+    at = "" if cursor is None else f',"cursor":{envelope.encode(cursor)}'
+    return (
+        f'{head}{{"jsonrpc":"2.0","id":{int(request_id)},"method":"tools/list",'
+        f'"params":{{"withUserTools":true{at}}}}}}}'
+    )
 
 
 def call_request(call_id: int, name: str, arguments: JsonObject) -> JsonObject:
