@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+from gateway.config import OTA_TRANSPORTS
 from gateway.devices.audit import Actor
 from gateway.devices.device import APPROVED, PENDING, REJECTED, Device
 from gateway.devices.known import KnownDevices
@@ -117,11 +118,14 @@ class DeviceAdmin(KnownDevices):
             self.expire_pending()
         if not adopt and not self._room_to_wait(actor, device_id):
             return f"{self._config.max_pending} devices wait for approval already"
-        device = self._device(device_id, board)
         token_only = client_id is not None and client_id.startswith(TOKEN_BINDING)
-        device.record.client_id = None if token_only else client_id  # a Client-Id, if it has one
-        device.record.transport = actor.who  # the login's: written with an approval (connect)
-        device.record.state = PENDING
+        # Its Client-Id, if it has one; the transport it logs in over (an OTA check-in only
+        # asks for one), so that its connect has nothing new to write after its approval.
+        seen_as = None if token_only else client_id
+        connects = actor.who if actor.who in OTA_TRANSPORTS else None
+        device = self._device(
+            device_id, board, state=PENDING, client_id=seen_as, transport=connects
+        )
         self.waiting[device_id] = device
         if adopt:
             self.approve(device, client_id)

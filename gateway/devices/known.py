@@ -19,7 +19,7 @@ from gateway.config import Config, DeviceOptions
 from gateway.devices.audit import AuditLog
 from gateway.devices.broadcast import Broadcast
 from gateway.devices.catalogue import Catalogue, Catalogues
-from gateway.devices.device import PENDING, Decisions, Device, DeviceTool, verdict
+from gateway.devices.device import APPROVED, PENDING, Decisions, Device, DeviceTool, verdict
 from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
 from gateway.devices.logins import LoginRecords
@@ -175,13 +175,22 @@ class KnownDevices:
 
     # --- one device's entries --------------------------------------------------------------
 
-    def _device(self, device_id: str, board: str | None, alias: str | None = None) -> Device:
-        """The device called ``device_id``, made (and named) if it is new."""
+    def _device(
+        self, device_id: str, board: str | None, alias: str | None = None, *,
+        state: str = APPROVED, client_id: str | None = None, transport: str | None = None,
+    ) -> Device:  # fmt: skip
+        """The device called ``device_id``, made (and named) if it is new.
+
+        A new device's ``state``, ``client_id`` and ``transport`` are in its record before anyone
+        hears of it (the record watchers: a replica announcing an unbound device as approved
+        would let another replica bind it).
+        """
         device = self._devices.get(device_id)
         if device is None:
             now = self._clock()
             record = DeviceRecord(device_id=device_id, alias=alias or self._alias(device_id, board),
-                                  board=board, first_seen=now, last_seen=now)  # fmt: skip
+                                  board=board, client_id=client_id, transport=transport,
+                                  first_seen=now, last_seen=now, state=state)  # fmt: skip
             device = self._devices[device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
             self._order = None

@@ -6,7 +6,7 @@ is, not parsed, and every session listing it holds this one copy of its text ins
 of its own. In a storm of a thousand joins of one firmware, its pages are parsed once.
 
 What a device sends is not trusted to be small or few: the book keeps pages of at most
-``max_size`` in all (a page's text and its digest, ``KnownPage.digest``), and
+``max_size`` in all (a page's text in UTF-8 bytes and its digest, ``KnownPage.digest``), and
 forgets the least recently used first. A page forgotten costs only a parse when it comes again.
 """
 
@@ -26,7 +26,7 @@ class KnownPages:
     """A bounded book of pages by their raw text, least recently used forgotten first."""
 
     def __init__(self, max_size: int = DEFAULT_MAX_SIZE) -> None:
-        """Keep pages of at most ``max_size`` in all: characters of text plus bytes of digest."""
+        """Keep pages of at most ``max_size`` in all: their texts' UTF-8 bytes and digests."""
         self._pages: OrderedDict[str, KnownPage] = OrderedDict()
         self._size = 0
         self._max_size = max_size
@@ -60,4 +60,4 @@ class KnownPages:
 
 
 def _size(page: KnownPage) -> int:
-    return len(page.text) + len(page.digest)
+    return page.size + len(page.digest)  # UTF-8 bytes: never fewer than the text's own storage

@@ -36,3 +36,14 @@ def test_a_page_larger_than_the_book_is_not_kept() -> None:
     huge = KnownPage("h" * 10, None)  # 10 + 32
     assert book.add(huge) is huge
     assert book.get(huge.text) is None and book.get("small") is small
+
+
+def test_the_bound_counts_a_page_in_utf8_bytes() -> None:
+    """Characters outside ASCII take more room than one each: the bound is in UTF-8 bytes (at
+    least what CPython keeps of the text), so such pages cannot hold four times the bound."""
+    book = KnownPages(max_size=2 * (40 + 32))
+    wide = [KnownPage(f"{n}" + "\U0001f600" * 9, None) for n in range(3)]  # 1 + 36 bytes each
+    assert wide[0].size == 37
+    for page in wide:
+        book.add(page)
+    assert len(book) == 1 + 1 and book.get(wide[0].text) is None  # two fit, the first went

@@ -191,6 +191,30 @@ async def test_a_join_writes_its_device_row_once_after_its_approval(tmp_path: Pa
     stack.close()
 
 
+async def test_whoever_watches_records_first_hears_of_a_new_device_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """A new device is announced (to the cluster, through the record watchers) with its state,
+    Client-Id and transport already set: never as approved and unbound while it waits, which
+    would let another replica bind it. An OTA check-in is no transport it connects over."""
+    stack = Stack(make_config(tmp_path))
+    registry = stack.registry
+    first: dict[str, tuple[str, str | None, str | None]] = {}  # device id -> what was heard
+
+    def watch(device_id: str, record: DeviceRecord | None) -> None:
+        if record is not None:
+            first.setdefault(device_id, (record.state, record.client_id, record.transport))
+
+    registry.record_watchers.append(watch)
+    assert registry.admit("aa:30", trusted=False, client_id="u1", transport="OTA") is None
+    assert registry.admit("aa:31", trusted=True, client_id="c2", transport="websocket") is None
+    assert first == {"aa:30": ("pending", "u1", None), "aa:31": ("pending", "c2", "websocket")}
+    device = registry.get("aa:31")  # then approved by its token, bound to its Client-Id
+    assert device is not None and device.record.state == "approved"
+    assert device.record.binding == "c2"
+    stack.close()
+
+
 async def test_devices_of_a_known_firmware_are_named_without_searching(tmp_path: Path) -> None:
     """A fleet of one firmware joins: no name is searched for its holder nor held one by one,
     and every name comes back the same after a restart."""
