@@ -10,7 +10,7 @@ Devices of the same firmware list the same entries, and the device layer shares 
 catalogue between them, found by a digest of the entries. Hashing the pages' raw text as they
 arrive (``digest``) costs a fraction of serialising every parsed entry again to hash it; the
 digest is made of each page's own digest, so that a page kept in the book below is hashed once,
-not once per device that lists it (18 KB of SHA-256 a join: a twentieth of a storm's CPU).
+not once per device that lists it (18 KB of SHA-256 a join: about 18 µs, some 3 % of it).
 
 In a storm of joins every device of a firmware sends the same pages. A reply framed as stock
 firmware frames it (``envelope.result_text``) carries its page as the raw text of its result:
