@@ -355,9 +355,12 @@ async def test_a_vision_service_that_fails_is_said_to_the_device(
     assert said in response.json()["message"]
 
 
-async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Path) -> None:
+async def test_an_unreachable_voice_server_refuses_the_conversation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The server went away after the check-in: the device is answered 502, the gateway's
-    failure to reach it, not 403 as if the server had refused the device."""
+    failure to reach it, not 403 as if the server had refused the device; the log says so
+    in one line (uvicorn used to add an ERROR of its own to every such answer)."""
     upstream, device = UpstreamServer(), VoiceDevice()
     serving = upstream.running()
     await serving.__aenter__()
@@ -366,10 +369,21 @@ async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Pa
             await device.check_in(ota_url(run))
         finally:
             await serving.__aexit__(None, None, None)  # the server is gone
-        with pytest.raises(InvalidStatus, match="502"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), pytest.raises(InvalidStatus, match="502"):
             async with device.conversation():
                 pass
         assert "cannot be reached" in (await listed(run, device))["upstream"]["state"]
+    assert one_line_said(caplog, device, "cannot be reached")
+
+
+def one_line_said(caplog: pytest.LogCaptureFixture, device: VoiceDevice, why: str) -> bool:
+    """The refused conversation of ``device`` was logged in one line saying ``why``: no ERROR
+    and no traceback beside it (uvicorn logs in the same turn of the loop as it writes the
+    answer, so whatever it says is in before the device reads the answer)."""
+    answers = [r.getMessage() for r in caplog.records if "answered HTTP" in r.getMessage()]
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    return not loud and len(answers) == 1 and device.device_id in answers[0] and why in answers[0]
 
 
 async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
