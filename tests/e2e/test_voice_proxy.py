@@ -472,6 +472,39 @@ async def test_a_server_reply_that_would_break_the_device_is_not_handed_on(
         assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
 
 
+@pytest.mark.parametrize(("url", "why"), [
+    ("ws://127.0.0.1:{port}/xiaozhi/v1/#x", "has a fragment"),
+    ("ws://" + "a" * 64 + "\u00e9.example/xiaozhi/v1/", "host name that cannot be encoded"),
+])  # fmt: skip
+async def test_a_websocket_url_the_gateway_cannot_open_is_refused_at_check_in(
+    tmp_path: Path, url: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused with the reason when the device checks in, never when it talks (such a URL made
+    every conversation an uncaught InvalidURI: a traceback and HTTP 500); one kept by an older
+    gateway gets the device a 502, said in one log line."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        url = url.format(port=upstream.base_url.rsplit(":", 1)[1])
+        upstream.websocket_extra = {"url": url}
+        with caplog.at_level(logging.WARNING):
+            response = await device.check_in(ota_url(run))
+        assert response.status_code == 502
+        assert why in response.json()["error"]
+        assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
+        assert any(why in r.getMessage() and "failed the check-in" in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        upstream.websocket_extra = {}
+        assert (await device.check_in(ota_url(run))).status_code == 200
+        assert run.gateway.proxy is not None
+        run.gateway.proxy.websockets.put(device.device_id, UpstreamWebSocket(url, "token"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), pytest.raises(InvalidStatus, match="502"):
+            async with device.conversation():
+                pass
+    assert one_line_said(caplog, device, "HTTP 502")  # why, as it is found first (resolving)
+
+
 async def test_mcp_frames_the_tap_cannot_route_pass_as_sent_and_the_talk_goes_on(
     tmp_path: Path,
 ) -> None:
