@@ -379,8 +379,8 @@ async def test_an_unreachable_voice_server_refuses_the_conversation(
 
 def one_line_said(caplog: pytest.LogCaptureFixture, device: VoiceDevice, why: str) -> bool:
     """The refused conversation of ``device`` was logged in one line saying ``why``: no ERROR
-    and no traceback beside it (uvicorn logs in the same turn of the loop as it writes the
-    answer, so whatever it says is in before the device reads the answer)."""
+    and no traceback beside it. Asked once the gateway has stopped, so whatever uvicorn said of
+    the answer is in."""
     answers = [r.getMessage() for r in caplog.records if "answered HTTP" in r.getMessage()]
     loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     return not loud and len(answers) == 1 and device.device_id in answers[0] and why in answers[0]
