@@ -73,6 +73,7 @@ class UpstreamMqttServer:
         self._transport: asyncio.DatagramTransport | None = None
         self.ready = asyncio.Event()
         self.goodbye = asyncio.Event()  # set when a device says goodbye
+        self.goodbyes: list[JsonObject] = []  # every goodbye received, parsed
 
     def mqtt_section(self, client_id: str) -> JsonObject:
         """The ``mqtt`` section of the upstream's OTA reply for the device."""
@@ -140,9 +141,21 @@ class UpstreamMqttServer:
         if kind == "hello":
             await self._hello()
         elif kind == "goodbye":
+            self.goodbyes.append(message)
             self.goodbye.set()
         elif kind == "mcp":
             await self._on_mcp(message["payload"])
+
+    @property
+    def session_id(self) -> str:
+        """The ``session_id`` of the last hello reply: the conversation running."""
+        return str(json.loads(self.hello_replies[-1])["session_id"])
+
+    async def said_goodbye(self) -> JsonObject:
+        """The first goodbye the server received, once it came."""
+        async with asyncio.timeout(bound(10)):
+            await self.goodbye.wait()
+        return self.goodbyes[0]
 
     async def _hello(self) -> None:
         reply = json.dumps({

@@ -21,6 +21,12 @@ behind. ``LeanWebSocket`` keeps uvicorn's behaviour and drops those costs:
   each deadline passes at the first tick after it, so a dead peer is dropped no later than with
   uvicorn's own timers (interval + timeout after its last pong), and a live one never before
   its timeout.
+
+One mend of uvicorn's own (0.54): a WebSocket answered with an HTTP denial response (the ASGI
+``websocket.http.response`` extension, e.g. a proxied device's 502) is not marked as done with
+its handshake, so uvicorn logged "ASGI callable returned without completing handshake" at ERROR
+for every denial. ``send`` marks it once the denial is on the wire, as uvicorn's wsproto
+protocol does (Kludex/uvicorn#3138, open).
 """
 
 from __future__ import annotations
@@ -273,6 +279,12 @@ class LeanWebSocket(WebSocketsSansIOProtocol):
         self.queue = Inbox()  # type: ignore[assignment]
         self.writable = Flag(True)  # type: ignore[assignment]
         self._keepalive: Keepalive | None = None
+
+    async def send(self, message: Any) -> None:  # uvicorn's ASGISendEvent (a private type)
+        """uvicorn's ``send``; a denial response once sent ends the handshake (module docstring)."""
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+            self.handshake_complete = True
 
     def start_keepalive(self) -> None:
         """The WebSocket is accepted (uvicorn sent 101): release the handshake, start pinging."""

@@ -355,9 +355,12 @@ async def test_a_vision_service_that_fails_is_said_to_the_device(
     assert said in response.json()["message"]
 
 
-async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Path) -> None:
+async def test_an_unreachable_voice_server_refuses_the_conversation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The server went away after the check-in: the device is answered 502, the gateway's
-    failure to reach it, not 403 as if the server had refused the device."""
+    failure to reach it, not 403 as if the server had refused the device; the log says so
+    in one line (uvicorn used to add an ERROR of its own to every such answer)."""
     upstream, device = UpstreamServer(), VoiceDevice()
     serving = upstream.running()
     await serving.__aenter__()
@@ -366,10 +369,21 @@ async def test_an_unreachable_voice_server_refuses_the_conversation(tmp_path: Pa
             await device.check_in(ota_url(run))
         finally:
             await serving.__aexit__(None, None, None)  # the server is gone
-        with pytest.raises(InvalidStatus, match="502"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), pytest.raises(InvalidStatus, match="502"):
             async with device.conversation():
                 pass
         assert "cannot be reached" in (await listed(run, device))["upstream"]["state"]
+    assert one_line_said(caplog, device, "cannot be reached")
+
+
+def one_line_said(caplog: pytest.LogCaptureFixture, device: VoiceDevice, why: str) -> bool:
+    """The refused conversation of ``device`` was logged in one line saying ``why``: no ERROR
+    and no traceback beside it. Asked once the gateway has stopped, so whatever uvicorn said of
+    the answer is in."""
+    answers = [r.getMessage() for r in caplog.records if "answered HTTP" in r.getMessage()]
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    return not loud and len(answers) == 1 and device.device_id in answers[0] and why in answers[0]
 
 
 async def test_activation_of_a_device_without_a_voice_server_and_with_one_down(
@@ -456,6 +470,39 @@ async def test_a_server_reply_that_would_break_the_device_is_not_handed_on(
         assert response.status_code == 502
         assert "key longer than 15 characters" in response.json()["error"]
         assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("ws://127.0.0.1:{port}/xiaozhi/v1/#x", "has a fragment"),
+    ("ws://" + "a" * 64 + "\u00e9.example/xiaozhi/v1/", "host name that cannot be encoded"),
+])  # fmt: skip
+async def test_a_websocket_url_the_gateway_cannot_open_is_refused_at_check_in(
+    tmp_path: Path, url: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused with the reason when the device checks in, never when it talks (such a URL made
+    every conversation an uncaught InvalidURI: a traceback and HTTP 500); one kept by an older
+    gateway gets the device a 502, said in one log line."""
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        url = url.format(port=upstream.base_url.rsplit(":", 1)[1])
+        upstream.websocket_extra = {"url": url}
+        with caplog.at_level(logging.WARNING):
+            response = await device.check_in(ota_url(run))
+        assert response.status_code == 502
+        assert why in response.json()["error"]
+        assert WebSocketUpstreams(tmp_path).get(device.device_id) is None  # nothing kept
+        assert any(why in r.getMessage() and "failed the check-in" in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        upstream.websocket_extra = {}
+        assert (await device.check_in(ota_url(run))).status_code == 200
+        assert run.gateway.proxy is not None
+        run.gateway.proxy.websockets.put(device.device_id, UpstreamWebSocket(url, "token"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), pytest.raises(InvalidStatus, match="502"):
+            async with device.conversation():
+                pass
+    assert one_line_said(caplog, device, "HTTP 502")  # why, as it is found first (resolving)
 
 
 async def test_mcp_frames_the_tap_cannot_route_pass_as_sent_and_the_talk_goes_on(

@@ -23,6 +23,7 @@ from tests.conftest import bound
 from tests.e2e.helpers import STOCK_HELLO, has_tools, until
 from tests.e2e.test_voice_holds import glyph_tts
 from tests.e2e.test_voice_mqtt import STOCK
+from tests.e2e.test_voice_mqtt import conversation as mqtt_conversation
 from tests.e2e.test_voice_mqtt import proxied as proxied_mqtt
 from tests.e2e.test_voice_proxy import ota_url, proxied, talking, upload, voice
 from tests.net.test_destinations import patch_resolver
@@ -137,6 +138,36 @@ async def test_forgetting_an_mqtt_device_ends_its_upstream_connection(tmp_path: 
             await relay.closed.wait()
             await asyncio.gather(*running, return_exceptions=True)
         assert not relay.upstream.connected.is_set()
+
+
+@pytest.mark.parametrize("end", ["reject", "forget", "leave", "goodbye and leave"])
+async def test_an_mqtt_conversation_that_ends_says_goodbye_to_the_voice_server(
+    tmp_path: Path, end: str
+) -> None:
+    """xiaozhi-esp32-server's MQTT gateway ends a chat session only on a goodbye, an error or a
+    keepalive timeout, never on a clean disconnect (it went on sending speech over UDP and MCP
+    calls). The device rejected, forgotten or gone without a goodbye mid-conversation: the
+    server gets the goodbye with its hello's session id, before the gateway's connection to it
+    closes; a device still there gets it too, so it stops talking to the server. A device that
+    said its own goodbye is not said goodbye for again."""
+    async with proxied_mqtt(tmp_path) as (run, server, _, device):
+        await mqtt_conversation(device, server)
+        relay = run.gateway.sessions.mqtt_proxies.relay_of(STOCK)  # type: ignore[union-attr]
+        assert relay is not None
+        if end == "goodbye and leave":
+            await device.goodbye()  # its own, then a DISCONNECT at once: it still gets there
+        if end.endswith("leave"):
+            await device.stop()  # a clean DISCONNECT (alone: a device switched off)
+        else:
+            await admin(run, end, STOCK)
+        goodbye = {"session_id": server.session_id, "type": "goodbye"}
+        assert await server.said_goodbye() == goodbye
+        async with asyncio.timeout(bound(10)):
+            await relay.closed.wait()
+        if not end.endswith("leave"):
+            told = await device.wait_raw(lambda raw: json.loads(raw)["type"] == "goodbye")
+            assert json.loads(told) == goodbye
+        assert server.goodbyes == [goodbye]
 
 
 async def test_approving_an_approved_device_says_approved_once(

@@ -108,6 +108,16 @@ class UpstreamMqttClient:
             logger.warning("device %s: its upstream %s %s; its messages are dropped",
                            self.device_id, self.settings.where, why)  # fmt: skip
 
+    async def flush(self, within: float) -> bool:
+        """Wait until what was queued so far has gone to the broker's connection, at most
+        ``within`` seconds; False when it had not by then (not connected, stalled)."""
+        try:
+            async with asyncio.timeout(within):
+                await self._queue.join()
+        except TimeoutError:
+            return False
+        return True
+
     async def run(self) -> None:
         """Connect, relay both ways, reconnect with backoff; return only by cancellation."""
         delay, longest = self._retry
@@ -170,15 +180,18 @@ class UpstreamMqttClient:
         topic = self.settings.publish_topic
         while True:
             queued, payload = await self._queue.get()
-            self._queued_bytes -= len(payload)
-            if time.monotonic() - queued > HOLD_SECONDS:
-                self._drop("was away")  # the device has given up on it: not sent late
-                continue
-            # QoS 0 as stock firmware publishes; aiomqtt returns once paho wrote it out, so a
-            # stalled upstream holds this here (its queue fills and drops) for as long as it
-            # stalls, until the keepalive gives the connection up (no memory grows meanwhile).
-            await client.publish(topic, payload, qos=0, timeout=math.inf)
-            self._warned = False
+            try:
+                self._queued_bytes -= len(payload)
+                if time.monotonic() - queued > HOLD_SECONDS:
+                    self._drop("was away")  # the device has given up on it: not sent late
+                    continue
+                # QoS 0 as stock firmware publishes; aiomqtt returns once paho wrote it out, so
+                # a stalled upstream holds this here (its queue fills and drops) for as long as
+                # it stalls, until the keepalive gives the connection up (no memory grows).
+                await client.publish(topic, payload, qos=0, timeout=math.inf)
+                self._warned = False
+            finally:
+                self._queue.task_done()  # sent, dropped or lost with the connection: flush()
 
     async def _destination(self) -> Destination | None:
         """Where to connect now, as checked; a refusal is a failed attempt (retried: DNS and

@@ -14,7 +14,13 @@ gateway holds an ``UpstreamMqttClient`` for it with the upstream's credentials, 
 - with fleet tools on (``FleetTools``), the upstream's listing also offers the other devices'
   tools, and its calls of those are made by the gateway, never sent to this device;
 - the upstream's connection lost mid-conversation, the gateway ends the conversation on the
-  device for it: a ``goodbye`` with the ``session_id`` of the server's hello.
+  device for it: a ``goodbye`` with the ``session_id`` of the server's hello;
+- the relay ending mid-conversation (the device rejected, forgotten, or gone without a
+  goodbye), the gateway ends it at the server before it disconnects, with the same
+  ``goodbye`` the device would have sent: xiaozhi-esp32-server's MQTT gateway ends a chat
+  session only on a goodbye, an error or a keepalive timeout, never on a clean disconnect, and
+  would go on speaking to the device over UDP and calling its tools. A device still on the
+  gateway's broker gets the goodbye too.
 
 The relay is the link the gateway's session runs over, so the device stays listed and callable
 by hosts whatever the upstream does: closed, silent or sending garbage, it costs a log line and
@@ -27,6 +33,7 @@ ways); the device going away ends the upstream connection with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -58,6 +65,7 @@ logger = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 
 MAX_QUEUED = 64  # upstream messages waiting for the device's down topic; more are dropped
+GOODBYE_SECONDS = 2.0  # the relay's end waits this long, at most, for each side's last words
 
 
 class MqttRelay:
@@ -144,8 +152,12 @@ class MqttRelay:
         await self.stop()
 
     async def stop(self) -> None:
-        """End the upstream side: its connection, its queue, the fleet calls it made."""
-        await cancel_all(self._tasks)
+        """End the upstream side: the conversation running (``goodbye``), its connection, its
+        queue, the fleet calls it made."""
+        try:
+            await self._end_conversation()
+        finally:  # a cancellation (the gateway stopping) cuts the goodbye short, never the rest
+            await cancel_all(self._tasks)
         if self._fleet is not None:
             await self._fleet.stop()
         if not self.closed.is_set() and self._status is not None:
@@ -248,9 +260,29 @@ class MqttRelay:
         Since May 2026 the firmware ignores a goodbye without its session's exact id.
         """
         if self.session_id is not None:
-            goodbye = {"session_id": self.session_id, "type": "goodbye"}
+            goodbye = _goodbye(self.session_id)
             self.session_id = None
-            self._queue_for_device(json.dumps(goodbye, separators=(",", ":")))
+            self._queue_for_device(goodbye)
+
+    async def _end_conversation(self) -> None:
+        """End the conversation running, if one is, on both sides: its ``goodbye`` to the
+        server, and what the device said last (its own goodbye, say) sent before the
+        connection closes; then the goodbye to a device still here."""
+        goodbye = None
+        if self.session_id is not None:
+            goodbye = _goodbye(self.session_id)
+            self.session_id = None
+        connected = self.upstream.connected.is_set()
+        if connected and goodbye is not None:
+            self.upstream.send(goodbye.encode())
+        if connected and not await self.upstream.flush(GOODBYE_SECONDS):
+            logger.warning("device %s: its upstream %s did not take the device's last messages "
+                           "within %g s", self.device_id, self.upstream.settings.where,
+                           GOODBYE_SECONDS)  # fmt: skip
+        if goodbye is not None and not self.device_gone.is_set():
+            with contextlib.suppress(LinkClosed, TimeoutError):
+                async with asyncio.timeout(GOODBYE_SECONDS):
+                    await self._link.send(goodbye)
 
     def _queue_for_device(self, text: str) -> None:
         try:
@@ -283,6 +315,12 @@ class MqttRelay:
         task = asyncio.create_task(work, name=f"gateway.upstream[{self.device_id}].{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _goodbye(session_id: str) -> str:
+    """The ``goodbye`` of the conversation ``session_id``, as stock firmware sends it (since
+    May 2026 it ignores one without its session's exact id)."""
+    return json.dumps({"session_id": session_id, "type": "goodbye"}, separators=(",", ":"))
 
 
 def _drain(queue: asyncio.Queue[str | None]) -> None:

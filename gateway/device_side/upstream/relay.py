@@ -36,7 +36,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from gateway.device_side.upstream.fleet import FleetTools
-from gateway.device_side.upstream.settings import UpstreamWebSocket
+from gateway.device_side.upstream.settings import UpstreamWebSocket, check_websocket_url
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
 from gateway.net.destinations import Destination
@@ -130,7 +130,10 @@ async def open_upstream(
 
     Raises:
         UpstreamRefused: unreachable, too slow, or the handshake was refused.
+        UpstreamSettingsError: the URL cannot be opened (one kept by an older gateway: the
+            check-in refuses such a URL already).
     """
+    check_websocket_url(upstream.url)  # connect() would raise InvalidURI: a traceback, a 500
     token = upstream.token or ""
     headers = {  # as stock firmware sends them (docs/protocol.md §1)
         "Authorization": token if " " in token else f"Bearer {token}",

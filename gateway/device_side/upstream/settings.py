@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from websockets.exceptions import InvalidURI
+from websockets.uri import parse_uri
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -40,6 +43,7 @@ __all__ = [
     "WebSocketUpstreams",
     "check_destination",
     "check_followed",
+    "check_websocket_url",
     "destination_of",
     "parse_upstream_websocket",
     "server_of",
@@ -169,17 +173,7 @@ def parse_upstream_websocket(section: object) -> UpstreamWebSocket:
     url = section.get("url")
     if not isinstance(url, str) or not 0 < len(url) <= _MAX_TEXT:
         raise UpstreamSettingsError("the upstream's websocket.url is missing or not a string")
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port out of range
-    except ValueError:
-        raise UpstreamSettingsError(
-            f"the upstream's websocket.url {server_of(url)} is malformed"
-        ) from None
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise UpstreamSettingsError(
-            f"the upstream's websocket.url {server_of(url)} is not ws:// or wss://"
-        )
+    check_websocket_url(url)
     token = section.get("token")
     if token is not None and (
         not isinstance(token, str) or len(token) > _MAX_TEXT or not token.isprintable()
@@ -189,6 +183,36 @@ def parse_upstream_websocket(section: object) -> UpstreamWebSocket:
     if type(version) is not int or version not in (1, 2, 3):
         raise UpstreamSettingsError(f"the upstream's websocket.version {version!r} is not 1, 2, 3")
     return UpstreamWebSocket(url, token or None, version)
+
+
+def check_websocket_url(url: str) -> None:
+    """Refuse ``url`` unless the gateway can open its upstream WebSocket there as written.
+
+    The one home of that rule: the check-in (``parse_upstream_websocket``, so nothing unusable
+    is kept) and ``open_upstream`` ask it. The last word is websockets' own parser, the one its
+    ``connect`` runs (a fragment, RFC 6455 §3, or user info without a password it refuses), so
+    a URL that passes here never fails as a conversation starts.
+
+    Raises:
+        UpstreamSettingsError: not a ``ws://`` or ``wss://`` URL the gateway can open.
+    """
+    what = f"the upstream's websocket.url {server_of(url)}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        raise UpstreamSettingsError(f"{what} is malformed") from None
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise UpstreamSettingsError(f"{what} is not ws:// or wss://")
+    if parts.fragment:
+        raise UpstreamSettingsError(f"{what} has a fragment (#...), which a WebSocket URL "
+                                    "cannot have")  # fmt: skip
+    try:
+        parse_uri(url)
+    except InvalidURI as exc:  # its text repeats the URL, query (a token) and all: not logged
+        raise UpstreamSettingsError(f"{what} cannot be opened ({exc.msg})") from None
+    except ValueError:  # UnicodeError: a host name IDNA cannot encode
+        raise UpstreamSettingsError(f"{what} has a host name that cannot be encoded") from None
 
 
 class KeptSettings(Generic[T]):

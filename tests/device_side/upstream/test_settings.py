@@ -48,6 +48,9 @@ def test_a_websocket_section_is_read_as_the_device_reads_it() -> None:
         ({"url": "ws://h/", "token": "t\r\nX-Injected: 1"}, "token"),  # would be a header line
         ({"url": "ws://h/", "version": 4}, "version"),
         ({"url": "ws://h/", "version": "1"}, "version"),
+        ({"url": "ws://h/xiaozhi/v1/#x"}, "has a fragment"),  # connect() raised InvalidURI
+        ({"url": "ws://u@h/"}, "username provided without password"),  # websockets' own words
+        ({"url": "ws://" + "a" * 64 + "\u00e9.example/"}, "cannot be encoded"),  # IDNA
     ],
 )
 def test_an_unusable_websocket_section_says_why(section: Any, why: str) -> None:
@@ -55,7 +58,8 @@ def test_an_unusable_websocket_section_says_why(section: Any, why: str) -> None:
         parse_upstream_websocket(section)
 
 
-@pytest.mark.parametrize("url", ["https://u:s3cret@h/x?token=s3cret", "ws://u:s3cret@h:99999/"])
+@pytest.mark.parametrize("url", ["https://u:s3cret@h/x?token=s3cret", "ws://u:s3cret@h:99999/",
+                                 "ws://s3cret@h/x?token=s3cret"])  # fmt: skip
 def test_why_never_names_a_secret_in_the_url(url: str) -> None:
     """The reason is logged, listed to hosts and shown on the dashboard: the host, no more."""
     with pytest.raises(UpstreamSettingsError) as refused:
