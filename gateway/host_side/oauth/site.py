@@ -10,7 +10,6 @@ and the owner's listed networks). Registrations are rate-limited per address and
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from mcp.server.auth.handlers.authorize import AuthorizationHandler
@@ -99,7 +98,7 @@ class OAuthSite:
     def live(self, token: bytes) -> bool:
         """True when ``token`` is a current access token (the connection guard asks)."""
         found = self.store.find(token.decode("latin-1"))
-        return found is not None and found.kind == ACCESS and found.expires > time.time()
+        return found is not None and found.kind == ACCESS and found.expires > self.store.clock()
 
     def require(self, app: ASGIApp, tokenless: bool) -> ASGIApp:
         """``app`` (an MCP route) behind the token check."""
