@@ -344,6 +344,14 @@ class OAuthStore:
         rows = self._db.execute(query + " ORDER BY granted_at DESC", args).fetchall()
         return [_grant(row) for row in rows]
 
+    def redeemed(self) -> set[str]:
+        """The grants whose code an app redeemed: those holding an access or refresh token (a
+        consent the app never came back for, or whose tokens all ended, is no connected app)."""
+        rows = self._db.execute(
+            "SELECT DISTINCT grant_id FROM tokens WHERE kind IN (?, ?)", (ACCESS, REFRESH)
+        )
+        return {row[0] for row in rows}
+
     def used(self, grant_id: str) -> None:
         """Note that a grant's token was just used (written at most once a minute)."""
         now = self.clock()
