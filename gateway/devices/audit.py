@@ -8,7 +8,8 @@ it took.
 Admin actions and OAuth grants also go to a file of their own (``audit-admin.log`` beside
 ``audit.log``), read for ``kind="admin"`` and ``kind="oauth"``: however many login or call
 records follow an approval, even enough to rotate it out of ``audit.log``, its record stays
-(login records are also capped a minute, ``logins.py``).
+(login records are also capped a minute, ``logins.py``). An app's token refreshes are routine
+and frequent: they go to ``audit.log`` only, so they never rotate the owner's actions away.
 
 The files are private (mode 0600 in the 0700 data dir). Writing it never fails a call: when the
 disk is full or the data dir read-only the record is lost, the first failure is logged (once, not
@@ -183,8 +184,12 @@ class AuditLog:
     def event(
         self, kind: str, action: str, actor: Actor, *, device_id: str | None,
         alias: str | None = None, outcome: str = "ok", message: str | None = None,
+        apart: bool = True,
     ) -> None:  # fmt: skip
-        """Write the record of an admin action or a device login (``kind``); never raises."""
+        """Write the record of an admin action or a device login (``kind``); never raises.
+        ``apart=False`` keeps a routine record of a kept-apart kind (an app's token refresh,
+        which a busy app makes often) out of the admin file, where it would rotate the owner's
+        own actions away."""
         if self._handler is None:
             return
         entry = {
@@ -199,7 +204,7 @@ class AuditLog:
             "message": message,
         }
         line = self._hold(entry)
-        if kind in KEPT_APART:  # rare, and acknowledged to a user: on disk before they are told
+        if apart and kind in KEPT_APART:  # rare, acknowledged to a user: on disk before they know
             self.flush()
             _write(self._admin_handler, line)
 

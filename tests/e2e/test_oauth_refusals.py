@@ -278,20 +278,19 @@ async def test_app_allowed_to_list_only_cannot_call_tools(tmp_path: Path) -> Non
 
 
 async def test_registration_flood_is_rate_limited_and_capped(tmp_path: Path) -> None:
-    """Registrations from one address past the rate get 429; past the cap on apps, 400 with
-    what to do; nothing is registered by a refused request."""
+    """Registrations from one address past the rate get 429; once allowed apps alone fill the
+    cap on apps, 400 with what to do; nothing is registered by a refused request."""
     async with oauth_gateway(tmp_path, oauth_registrations_per_minute=3.0) as run:
         async with http_to(run) as http:
             body = {"client_name": "flood", "redirect_uris": ["http://127.0.0.1:9/cb"]}
             statuses = [(await http.post("/register", json=body)).status_code for _ in range(5)]
     assert statuses == [201, 201, 201, 429, 429]
-    async with oauth_gateway(
-        tmp_path / "cap", oauth_max_clients=2, oauth_registrations_per_minute=100.0
-    ) as run:
-        async with http_to(run) as http:
-            answers = [await http.post("/register", json=body) for _ in range(3)]
-    assert [a.status_code for a in answers] == [201, 201, 400]
-    assert "limit" in answers[2].json()["error_description"]
+    async with granting(tmp_path / "cap", oauth_max_clients=1) as (run, callback, owner, http):
+        await manual_grant(http, owner, callback, base_url(run))
+        refused = await http.post("/register", json=body)
+    assert refused.status_code == 400
+    assert "limit" in refused.json()["error_description"]
+    assert "Connected apps" in refused.json()["error_description"]
 
 
 async def test_consent_form_csrf_and_cross_site_posts_are_refused(tmp_path: Path) -> None:

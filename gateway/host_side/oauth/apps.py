@@ -1,6 +1,6 @@
 """Connected apps on the dashboard: who the owner let in, since when, last use; and Revoke.
 
-``GET /api/oauth/apps`` lists every app with a live grant; ``POST /api/oauth/revoke``
+``GET /api/oauth/apps`` lists every app with a live grant it redeemed; ``POST /api/oauth/revoke``
 (``{client_id}``) ends all of an app's grants, and its open MCP requests and streams with them.
 Both sit behind the dashboard's guard: an app's own token is never accepted here.
 """
@@ -42,10 +42,11 @@ class ConnectedApps:
         ]
 
     async def apps(self, request: Request) -> Response:
-        """Every app with a live grant, newest grant first."""
+        """Every app with a live grant it redeemed, newest grant first."""
         apps: dict[str, dict[str, Any]] = {}
+        redeemed = self.site.store.redeemed()
         for grant in self.site.store.grants():
-            if grant.revoked_at is not None:
+            if grant.revoked_at is not None or grant.id not in redeemed:
                 continue
             app = apps.setdefault(
                 grant.client_id,

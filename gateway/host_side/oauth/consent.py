@@ -4,8 +4,10 @@
 in the dashboard's look, names the app, the host it will return to and what it asks for; Allow or
 Deny decide. With a host token set, the owner signs in on the page with it (a password field) or
 is already signed in to the dashboard. The page cannot be framed (clickjacking), and the form is
-CSRF-protected (``consent_requests.py``). The answer goes back to the app's redirect URI with the
-issuer (RFC 9207 ``iss``) and the request's ``state``.
+CSRF-protected (``consent_requests.py``); its cookies are ``Secure`` whenever the browser came
+over HTTPS, to the gateway or to a trusted proxy (``origin.py``). The answer goes back to the
+app's redirect URI with the issuer (RFC 9207 ``iss``) and the request's ``state``. A request
+refused before it gets here is shown to the owner on a page of the same look (``refusal``).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from starlette.routing import Route
 from gateway.devices.audit import Actor
 from gateway.host_side.dashboard.session import COOKIE, LIFETIME, Sessions
 from gateway.host_side.oauth.consent_requests import ConsentRequest, ConsentRequests
+from gateway.host_side.oauth.origin import CURRENT
 from gateway.host_side.oauth.provider import GatewayProvider
 from gateway.net.rate_limit import RateLimiter, rate_limited
 
-__all__ = ["ConsentPage"]
+__all__ = ["ConsentPage", "refusal"]
 
 CSRF_COOKIE = "gateway_consent"
 _WHAT = {
@@ -73,7 +76,7 @@ class ConsentPage:
             path="/",
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=CURRENT.get().https,
         )
         return response
 
@@ -107,7 +110,7 @@ class ConsentPage:
                     path="/",
                     httponly=True,
                     samesite="strict",
-                    secure=request.url.scheme == "https",
+                    secure=CURRENT.get().https,
                 )
                 return page
         self.consents.drop(request_id)
@@ -153,9 +156,18 @@ class ConsentPage:
             path="/",
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=CURRENT.get().https,
         )
         return response
+
+
+def refusal(reason: str, status: int) -> HTMLResponse:
+    """The page a browser gets for an authorization request refused before consent."""
+    return _page(
+        f'<h1>This app cannot sign in</h1><p id="reason">{html.escape(reason)}</p>'
+        "<p>Tell the app's maker, or check the app's settings; nothing was granted.</p>",
+        status,
+    )
 
 
 def _form(

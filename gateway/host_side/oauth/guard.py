@@ -3,12 +3,14 @@
 ``BearerTokens`` is the auth backend of the whole host listener: the static host token counts
 everywhere (as before), an app's access token only on the MCP paths, and only when it was issued
 for this very resource (RFC 8707). ``RequireToken`` answers everyone else on the MCP paths with
-401 and the ``resource_metadata`` pointer (RFC 9728 §5.1), so a client knows where to sign in. On
+401 and the ``resource_metadata`` pointer (RFC 9728 §5.1), so a client knows where to sign in
+(with no error code for a request that sent no credentials, RFC 6750 §3.1). On
 a tokenless loopback listener a request without ``Authorization`` still passes, as it always did;
 one with a bad token is refused, so an app learns that its token ended.
 
 ``AppStreams`` holds the requests (and their streams) of each app, so that revoking an app ends
-them at once.
+them at once; a JSON-RPC request so cut (a tool call waiting on its device) is answered with an
+error saying the app was revoked.
 """
 
 from __future__ import annotations
@@ -110,14 +112,11 @@ class RequireToken:
                     scope, send, 403, "insufficient_scope", "Required scope: devices.list"
                 )
                 return
-            response = _Response(send)
+            response = _Response(send, receive)
             with self.streams.hold(app.client_id) as held:
-                await self.app(scope, receive, response.send)
+                await self.app(scope, response.receive, response.send)
             if held.cancelled_caught:  # revoked mid-request: end its response properly
-                if not response.started:
-                    await self._refuse(scope, send, 401, "invalid_token", "the app was revoked")
-                elif not response.ended:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._revoked(scope, send, response)
             return
         if isinstance(scope.get("user"), AuthenticatedUser):
             await self.app(scope, receive, send)
@@ -130,20 +129,47 @@ class RequireToken:
         if self.tokenless and not sent_token:
             await self.app(scope, receive, send)
             return
-        why = (
-            "the access token is invalid, expired, revoked or for another resource"
-            if sent_token
-            else "authentication required"
-        )
-        await self._refuse(scope, send, 401, "invalid_token", why)
+        if sent_token:
+            why = "the access token is invalid, expired, revoked or for another resource"
+            await self._refuse(scope, send, 401, "invalid_token", why)
+        else:  # RFC 6750 §3.1: a request with no credentials gets no error code
+            await self._refuse(scope, send, 401, None, "authentication required")
 
-    async def _refuse(self, scope: Scope, send: Send, status: int, error: str, why: str) -> None:
+    async def _revoked(self, scope: Scope, send: Send, response: _Response) -> None:
+        """End a request the app's revoke cut: its JSON-RPC requests (a tool call) get an error
+        each, in the answer begun or as the answer; anything else, a 401 or the stream's end."""
+        errors = response.errors()
+        if not response.started:
+            if not errors:
+                await self._refuse(scope, send, 401, "invalid_token", "the app was revoked")
+                return
+            body = json.dumps(errors if response.batch else errors[0]).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+        elif not response.ended:
+            events = b"".join(
+                b"event: message\ndata: " + json.dumps(error).encode() + b"\n\n"
+                for error in (errors if response.streaming else ())
+            )
+            await send({"type": "http.response.body", "body": events, "more_body": False})
+
+    async def _refuse(
+        self, scope: Scope, send: Send, status: int, error: str | None, why: str
+    ) -> None:
         origin = self.rules.of(HTTPConnection(scope))
-        challenge = (
-            f'Bearer error="{error}", error_description="{why}", '
-            f'resource_metadata="{origin.resource_metadata}"'
-        )
-        body = json.dumps({"error": error, "error_description": why}).encode()
+        error_part = f'error="{error}", error_description="{why}", ' if error else ""
+        challenge = f'Bearer {error_part}resource_metadata="{origin.resource_metadata}"'
+        answer = {"error": error, "error_description": why} if error else {"error_description": why}
+        body = json.dumps(answer).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -161,16 +187,53 @@ class RequireToken:
 class _Response:
     """What an app's request has sent so far: revoking it cuts the app off mid-response, and
     the server must still end what was started (a stream ends cleanly, not as a protocol
-    error; uvicorn logs a response left open as an error)."""
+    error; uvicorn logs a response left open as an error), answering the requests of the
+    request's body (a tool call) with a JSON-RPC error rather than nothing."""
 
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.started = self.ended = False
+    def __init__(self, send: Send, receive: Receive) -> None:
+        self._send, self._receive = send, receive
+        self.started = self.ended = self.streaming = False
+        self._body: list[bytes] = []
+        self._size = 0
+
+    async def receive(self) -> Message:
+        """The request's next message, its body kept (to a bound) for ``errors``."""
+        message = await self._receive()
+        if message["type"] == "http.request" and self._size <= _BODY_KEPT:
+            chunk = message.get("body", b"")
+            self._body.append(chunk)
+            self._size += len(chunk)
+        return message
 
     async def send(self, message: Message) -> None:
         """Pass ``message`` on, noting where the response stands."""
         if message["type"] == "http.response.start":
             self.started = True
+            headers = dict(message.get("headers", ()))
+            self.streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.ended = True
         await self._send(message)
+
+    @property
+    def batch(self) -> bool:
+        """Whether the request's body was a JSON-RPC batch."""
+        return b"".join(self._body).lstrip().startswith(b"[")
+
+    def errors(self) -> list[dict[str, object]]:
+        """A JSON-RPC error for each request in the request's body: the app was revoked."""
+        if self._size > _BODY_KEPT:
+            return []
+        try:
+            sent = json.loads(b"".join(self._body))
+        except ValueError:
+            return []
+        return [
+            {"jsonrpc": "2.0", "id": request["id"], "error": _REVOKED}
+            for request in (sent if isinstance(sent, list) else [sent])
+            if isinstance(request, dict) and "method" in request and "id" in request
+        ]
+
+
+_BODY_KEPT = 1 << 20  # bytes of a request's body kept to answer it when the app is revoked
+_REVOKED = {"code": -32001, "message": "the owner revoked this app's access: sign in again"}

@@ -33,6 +33,7 @@ class Origin:
     issuer: str
     address: str
     may_issue: bool
+    https: bool = False  # the browser's own connection was HTTPS (to us, or to a trusted proxy)
 
     @property
     def resource(self) -> str:
@@ -74,7 +75,7 @@ class OriginRules:
         public_https = bool(self.public_url and self.public_url.startswith("https://"))
         secure = scheme == "https" or public_https
         may_issue = secure or in_networks(address, self._http)  # the client, not its proxy
-        return Origin(issuer, address, may_issue)
+        return Origin(issuer, address, may_issue, https=scheme == "https")
 
 
 def _first(value: str | None) -> str | None:

@@ -3,14 +3,15 @@
 The SDK's handlers (``mcp.server.auth.handlers``) parse and check each request (PKCE S256, the
 redirect URI, client authentication); this provider decides: which apps exist (registered ones, and
 those a client metadata document describes), what the owner consented to (``consent.py`` makes
-the grant and its code), and what each code and token is worth. A code or a rotated refresh token
-presented twice means someone copied it: the grant it came from is revoked at once (RFC 9700).
+the grant and its code), and what each code and token is worth. A code presented twice means
+someone copied it: the grant it came from is revoked at once (RFC 9700). A rotated refresh token
+gets the pair it was spent for again within a short grace period (two refreshes racing, or the
+retry of an answer lost in a crash); presented after it, it is a replay and revokes the grant.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from mcp.server.auth.provider import (
@@ -34,7 +35,15 @@ from gateway.host_side.oauth.client_documents import (
 )
 from gateway.host_side.oauth.consent_requests import ConsentRequests
 from gateway.host_side.oauth.origin import CURRENT
-from gateway.host_side.oauth.store import ACCESS, CODE, REFRESH, Grant, OAuthStore, new_secret
+from gateway.host_side.oauth.store import (
+    ACCESS,
+    CODE,
+    REFRESH,
+    REFRESH_GRACE,
+    Grant,
+    OAuthStore,
+    new_secret,
+)
 
 __all__ = ["SCOPES", "GatewayProvider"]
 
@@ -44,7 +53,6 @@ logger = logging.getLogger(__name__)
 # dashboard's admin actions have no scope: an app's token is accepted on the MCP paths only.
 SCOPES = ("devices.list", "tools.call")
 CODE_LIFETIME = 120.0
-UNUSED_CLIENT_AGE = 3600.0  # an app registered this long ago and never granted is forgotten
 
 
 class GatewayProvider(
@@ -84,15 +92,14 @@ class GatewayProvider(
             refusal = redirect_refusal(str(uri))
             if refusal is not None:
                 raise RegistrationError("invalid_redirect_uri", refusal)
-        kept = self.store.prune_clients(UNUSED_CLIENT_AGE)
+        address = _address()
+        kept = self.store.prune_clients(address, self.config.oauth_max_clients)
         if kept >= self.config.oauth_max_clients:
             raise RegistrationError(
                 "invalid_client_metadata",
-                f"this gateway has {kept} registered apps, its limit ([oauth] max_clients); "
-                "apps never allowed, or revoked, are forgotten an hour after they registered",
+                f"this gateway has {kept} allowed apps, its limit ([oauth] max_clients): "
+                "revoke one under Connected apps on the dashboard",
             )
-        origin = CURRENT.get(None)
-        address = origin.address if origin else None
         self.store.save_client(client_info.client_id, client_info.model_dump(mode="json"), address)
         name = client_info.client_name or "unnamed app"
         self._audit("register", name, client_info.client_id, address)
@@ -128,7 +135,7 @@ class GatewayProvider(
             scopes=tuple(params.scopes or SCOPES),
             resource=resource,
             redirect=str(params.redirect_uri),
-            granted_at=time.time(),
+            granted_at=self.store.clock(),
             last_used=None,
             revoked_at=None,
         )
@@ -136,7 +143,7 @@ class GatewayProvider(
             "challenge": params.code_challenge,
             "explicit": params.redirect_uri_provided_explicitly,
         }
-        self.store.add_grant(grant, code, time.time() + CODE_LIFETIME, extra)
+        self.store.add_grant(grant, code, self.store.clock() + CODE_LIFETIME, extra)
         self._audit(
             "grant",
             grant.client_name,
@@ -183,11 +190,13 @@ class GatewayProvider(
     async def load_refresh_token(
         self, client: OAuthClientInformationFull, refresh_token: str
     ) -> RefreshToken | None:
-        """The refresh token, if current; a rotated one presented again revokes the grant."""
+        """The refresh token, if current or spent within the grace period; a rotated one
+        presented after it revokes the grant."""
         found = self.store.find(refresh_token)
         if found is None or found.kind != REFRESH or found.grant.client_id != client.client_id:
             return None
-        if found.used:
+        spent_at = found.extra.get("spent_at")
+        if found.used and (spent_at is None or self.store.clock() - spent_at > REFRESH_GRACE):
             self._replayed(found.grant, "a rotated refresh token")
             return None
         return RefreshToken(
@@ -201,16 +210,35 @@ class GatewayProvider(
     async def exchange_refresh_token(
         self, client: OAuthClientInformationFull, refresh_token: RefreshToken, scopes: list[str]
     ) -> OAuthToken:
-        """New tokens for a refresh token, which is spent (rotation)."""
+        """New tokens for a refresh token, which is spent (rotation); the same new tokens for
+        one spent within the grace period."""
         found = self.store.find(refresh_token.token)
         assert found is not None
-        self._audit("refresh", found.grant.client_name, client.client_id, _address())
-        return self._tokens(found.grant, refresh_token.token, scopes)
+        grant, config = found.grant, self.config
+        issued = self.store.rotate(
+            grant.id,
+            refresh_token.token,
+            config.oauth_access_token_lifetime,
+            config.oauth_refresh_token_lifetime,
+        )
+        logger.debug("app %r refreshed its tokens", grant.client_name)  # (committed)
+        again = " again (within the grace period)" if found.used else ""
+        self._audit(
+            "refresh", grant.client_name, client.client_id, _address(), apart=False,
+            message=f"tokens refreshed{again}",
+        )  # fmt: skip
+        return OAuthToken(
+            access_token=issued.access,
+            token_type="Bearer",
+            expires_in=max(0, int(issued.access_expires - self.store.clock())),
+            scope=" ".join(scopes or grant.scopes),
+            refresh_token=issued.refresh,
+        )
 
     async def load_access_token(self, token: str) -> AccessToken | None:
         """The access token, if it is one, current and its grant alive."""
         found = self.store.find(token)
-        if found is None or found.kind != ACCESS or found.expires < time.time():
+        if found is None or found.kind != ACCESS or found.expires < self.store.clock():
             return None
         grant = found.grant
         self.store.used(grant.id)
@@ -247,9 +275,9 @@ class GatewayProvider(
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def _tokens(self, grant: Grant, spent: str, scopes: list[str] | None = None) -> OAuthToken:
+    def _tokens(self, grant: Grant, spent: str) -> OAuthToken:
         access, refresh = new_secret("gwa_"), new_secret("gwr_")
-        now = time.time()
+        now = self.store.clock()
         lifetime = self.config.oauth_access_token_lifetime
         self.store.issue(
             grant.id,
@@ -263,7 +291,7 @@ class GatewayProvider(
             access_token=access,
             token_type="Bearer",
             expires_in=int(lifetime),
-            scope=" ".join(scopes or grant.scopes),
+            scope=" ".join(grant.scopes),
             refresh_token=refresh,
         )
 
@@ -293,11 +321,13 @@ class GatewayProvider(
         who: str = "oauth",
         message: str | None = None,
         outcome: str = "ok",
+        apart: bool = True,
     ) -> None:
         detail = f"app {name!r} ({client_id})" + (f": {message}" if message else "")
         self.audit.event(
-            "oauth", action, Actor(who, where), device_id=None, outcome=outcome, message=detail
-        )
+            "oauth", action, Actor(who, where), device_id=None, outcome=outcome, message=detail,
+            apart=apart,
+        )  # fmt: skip
 
 
 def _name(client: OAuthClientInformationFull) -> str:

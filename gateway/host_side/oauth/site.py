@@ -9,8 +9,8 @@ and the owner's listed networks). Registrations are rate-limited per address and
 
 from __future__ import annotations
 
+import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from mcp.server.auth.handlers.authorize import AuthorizationHandler
@@ -38,7 +38,7 @@ from gateway.host_side.oauth.client_documents import (
     ClientDocuments,
     is_document_id,
 )
-from gateway.host_side.oauth.consent import ConsentPage
+from gateway.host_side.oauth.consent import ConsentPage, refusal
 from gateway.host_side.oauth.consent_requests import ConsentRequests
 from gateway.host_side.oauth.guard import AppStreams, RequireToken
 from gateway.host_side.oauth.origin import CURRENT, OriginRules
@@ -56,6 +56,7 @@ _REGISTRATION = ClientRegistrationOptions(
     enabled=True, valid_scopes=list(SCOPES), default_scopes=list(SCOPES)
 )
 _REVOCATION = RevocationOptions(enabled=True)
+_CLIENT_AUTH = ("none", "client_secret_post", "client_secret_basic")
 _INSECURE = (
     "tokens are issued only over HTTPS, or over plain HTTP on loopback and the networks "
     "in [oauth] http_networks (docs/remote-access.md)"
@@ -99,7 +100,7 @@ class OAuthSite:
     def live(self, token: bytes) -> bool:
         """True when ``token`` is a current access token (the connection guard asks)."""
         found = self.store.find(token.decode("latin-1"))
-        return found is not None and found.kind == ACCESS and found.expires > time.time()
+        return found is not None and found.kind == ACCESS and found.expires > self.store.clock()
 
     def require(self, app: ASGIApp, tokenless: bool) -> ASGIApp:
         """``app`` (an MCP route) behind the token check."""
@@ -176,19 +177,25 @@ class OAuthSite:
         return RequestBodyLimitMiddleware(request_response(issuing), DEFAULT_MAX_REQUEST_BODY_SIZE)
 
     def _authorize(self, handler: Handler) -> Handler:
-        """The SDK's authorize handler, after a clear refusal of an unusable metadata document."""
+        """The SDK's authorize handler, after a clear refusal of an unusable metadata document;
+        a browser (the owner, on the way to consent) gets a refusal as a page, not JSON."""
 
         async def authorize(request: Request) -> Response:
             params = request.query_params if request.method == "GET" else await request.form()
             client_id = params.get("client_id")
+            response: Response | None = None
             if isinstance(client_id, str) and is_document_id(client_id):
                 try:
                     await self.documents.get(client_id)
                 except ClientDocumentError as exc:
-                    return JSONResponse(
+                    response = JSONResponse(
                         {"error": "invalid_client", "error_description": str(exc)}, 400
                     )
-            return await handler(request)
+            if response is None:
+                response = await handler(request)
+            if response.status_code >= 400 and "text/html" in request.headers.get("accept", ""):
+                return refusal(_reason(response), response.status_code)
+            return response
 
         return authorize
 
@@ -198,11 +205,9 @@ class OAuthSite:
         metadata = build_metadata(issuer, None, _REGISTRATION, _REVOCATION)  # type: ignore[arg-type]
         metadata.client_id_metadata_document_supported = True
         metadata.authorization_response_iss_parameter_supported = True
-        metadata.token_endpoint_auth_methods_supported = [
-            "none",
-            "client_secret_post",
-            "client_secret_basic",
-        ]
+        metadata.token_endpoint_auth_methods_supported = list(_CLIENT_AUTH)
+        # Public clients revoke too, with their client_id alone (RFC 7009 §2.1).
+        metadata.revocation_endpoint_auth_methods_supported = list(_CLIENT_AUTH)
         return await MetadataHandler(metadata).handle(request)
 
     async def _resource_metadata(self, request: Request) -> Response:
@@ -217,6 +222,17 @@ class OAuthSite:
             }
         )
         return await ProtectedResourceMetadataHandler(metadata).handle(request)
+
+
+def _reason(response: Response) -> str:
+    """What an OAuth error answer says (RFC 6749 §5.2's ``error_description``, else ``error``)."""
+    try:
+        answer = json.loads(bytes(getattr(response, "body", b"")))
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        return "the request was refused"
+    return str(answer.get("error_description") or answer.get("error") or "refused")
 
 
 def _public_revocation(handler: Handler) -> Handler:

@@ -5,11 +5,19 @@ the grant ends them all. Codes and tokens are kept as SHA-256 digests only: a co
 dir hands out no working token. Every change is committed before the caller answers (the SQLite
 file is opened in autocommit mode), so a token the app was given survives a crash, and one the
 owner revoked stays revoked.
+
+A refresh must also be answerable twice: two requests racing with one refresh token, or the
+retry of an app whose answer was lost when the gateway died right after committing the refresh,
+must get the same new pair, which the store cannot read back from digests. So the pair is derived
+from the spent refresh token and a random nonce kept beside its digest (``successors``): the
+nonce alone derives nothing, and it is forgotten when the grace period ends (``REFRESH_GRACE``).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import json
 import secrets
 import sqlite3
@@ -24,7 +32,17 @@ from typing import Any
 from gateway.devices.store import open_database
 from gateway.errors import StorageUnavailable
 
-__all__ = ["Grant", "OAuthStore", "StoredToken", "digest", "new_secret"]
+__all__ = [
+    "NEW_CLIENT_AGE",
+    "REFRESH_GRACE",
+    "UNALLOWED_PER_ADDRESS",
+    "Grant",
+    "OAuthStore",
+    "Rotation",
+    "StoredToken",
+    "digest",
+    "new_secret",
+]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clients (
@@ -58,6 +76,16 @@ CREATE INDEX IF NOT EXISTS tokens_by_grant ON tokens (grant_id);
 
 CODE, ACCESS, REFRESH = "code", "access", "refresh"
 _LAST_USE_EVERY = 60.0  # seconds: "last use" is written at most this often per grant
+# Seconds a spent refresh token still gets the pair it was spent for (a race, or the retry after
+# a lost answer); presented later, it is a replay. Also how long the access token a refresh
+# replaced keeps working (at most its own expiry), for the requests in flight with it.
+REFRESH_GRACE = 60.0
+# Apps that registered themselves but hold no live grant are forgotten (``prune_clients``): never
+# allowed, after this many seconds (longer than a consent request waits, consent_requests.py)...
+NEW_CLIENT_AGE = 900.0
+REVOKED_CLIENT_AGE = 3600.0  # ... revoked, after an hour (an app may sign in again meanwhile)
+UNALLOWED_PER_ADDRESS = 10  # ... and beyond this many from one address, the oldest of them
+_UNALLOWED = "client_id NOT IN (SELECT client_id FROM grants WHERE revoked_at IS NULL)"
 
 
 def digest(secret: str) -> str:
@@ -68,6 +96,18 @@ def digest(secret: str) -> str:
 def new_secret(prefix: str) -> str:
     """A fresh code or token: 256 random bits, with a prefix that says what it is."""
     return prefix + secrets.token_urlsafe(32)
+
+
+def successors(spent: str, nonce: str) -> tuple[str, str]:
+    """The access and refresh token a refresh with ``spent`` issues, given its ``nonce``."""
+
+    def derive(label: str) -> str:
+        mac = hmac.new(
+            spent.encode("utf-8", "surrogatepass"), f"{nonce}:{label}".encode(), "sha256"
+        )
+        return base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+
+    return "gwa_" + derive(ACCESS), "gwr_" + derive(REFRESH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +123,15 @@ class Grant:
     granted_at: float
     last_used: float | None
     revoked_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """What a refresh issued: the new pair, and when the access token expires."""
+
+    access: str
+    refresh: str
+    access_expires: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +151,7 @@ class OAuthStore:
     def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
         self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
-        self._clock = clock
+        self.clock = clock  # the time of every expiry and grace period (a test moves it)
         self._last_use_written: dict[str, float] = {}
 
     def close(self) -> None:
@@ -131,7 +180,7 @@ class OAuthStore:
         with self._write() as db:
             db.execute(
                 "INSERT OR REPLACE INTO clients VALUES (?, ?, ?, ?)",
-                (client_id, json.dumps(info), address, self._clock()),
+                (client_id, json.dumps(info), address, self.clock()),
             )
 
     def client(self, client_id: str) -> dict[str, Any] | None:
@@ -140,14 +189,37 @@ class OAuthStore:
         found = row.fetchone()
         return json.loads(found[0]) if found else None
 
-    def prune_clients(self, unused_for: float) -> int:
-        """Forget apps registered ``unused_for`` seconds ago that hold no live grant (never
-        allowed, or revoked); returns how many apps stay registered."""
+    def prune_clients(self, address: str | None, cap: int) -> int:
+        """Make room for an app registering from ``address``; returns how many apps stay.
+
+        Apps without a live grant are forgotten: never allowed, ``NEW_CLIENT_AGE`` seconds after
+        they registered; revoked, after ``REVOKED_CLIENT_AGE``; past ``UNALLOWED_PER_ADDRESS``
+        of one address, its oldest; at ``cap`` apps, the oldest of all. An allowed app is never
+        forgotten, so no flood of registrations can push it out, nor lock a new app out for
+        longer than its own registration takes."""
+        now = self.clock()
         with self._write() as db:
             db.execute(
-                "DELETE FROM clients WHERE created < ? AND client_id NOT IN "
-                "(SELECT client_id FROM grants WHERE revoked_at IS NULL)",
-                (self._clock() - unused_for,),
+                f"DELETE FROM clients WHERE {_UNALLOWED} AND created < ? AND client_id NOT IN "
+                "(SELECT client_id FROM grants)",
+                (now - NEW_CLIENT_AGE,),
+            )
+            db.execute(
+                f"DELETE FROM clients WHERE {_UNALLOWED} AND created < ?",
+                (now - REVOKED_CLIENT_AGE,),
+            )
+            db.execute(
+                f"DELETE FROM clients WHERE client_id IN (SELECT client_id FROM clients WHERE "
+                f"{_UNALLOWED} AND address IS ? ORDER BY created DESC LIMIT -1 OFFSET ?)",
+                (address, UNALLOWED_PER_ADDRESS - 1),
+            )
+            kept = int(db.execute("SELECT COUNT(*) FROM clients").fetchone()[0])
+            if kept < cap:
+                return kept
+            db.execute(
+                f"DELETE FROM clients WHERE client_id IN (SELECT client_id FROM clients WHERE "
+                f"{_UNALLOWED} ORDER BY created LIMIT ?)",
+                (kept - cap + 1,),
             )
             return int(db.execute("SELECT COUNT(*) FROM clients").fetchone()[0])
 
@@ -192,8 +264,8 @@ class OAuthStore:
         return _grant(row) if row else None
 
     def issue(self, grant_id: str, spent: str, tokens: dict[str, tuple[str, float]]) -> None:
-        """Mark the code or refresh token ``spent`` used and save new ``tokens`` (kind: secret,
-        expiry), in one transaction: the old one can never be redeemed twice."""
+        """Mark the code ``spent`` used and save new ``tokens`` (kind: secret, expiry), in one
+        transaction: the code can never be redeemed twice."""
         with self._write() as db:
             db.execute("UPDATE tokens SET used = 1 WHERE digest = ?", (digest(spent),))
             for kind, (secret, expires) in tokens.items():
@@ -201,18 +273,59 @@ class OAuthStore:
                     "INSERT INTO tokens VALUES (?, ?, ?, ?, 0, NULL)",
                     (digest(secret), kind, grant_id, expires),
                 )
-            if spent.startswith("gwr_"):  # a rotated refresh: its access tokens end with it
+
+    def rotate(
+        self, grant_id: str, spent: str, access_life: float, refresh_life: float
+    ) -> Rotation:
+        """Spend the refresh token ``spent`` for a new pair, in one transaction; spent already
+        (within the grace period, which the caller checked), the pair it was spent for. The
+        access tokens it replaces keep working ``REFRESH_GRACE`` seconds at most."""
+        now = self.clock()
+        with self._write() as db:
+            row = db.execute("SELECT extra FROM tokens WHERE digest = ?", (digest(spent),))
+            found = row.fetchone()
+            earlier = json.loads(found[0] or "{}") if found else {}
+            if "successor" in earlier:
+                access, refresh = successors(spent, earlier["successor"])
+                expiry = db.execute(
+                    "SELECT expires FROM tokens WHERE digest = ?", (digest(access),)
+                ).fetchone()
+                return Rotation(access, refresh, expiry[0] if expiry else now)
+            nonce = secrets.token_urlsafe(16)
+            access, refresh = successors(spent, nonce)
+            db.execute(
+                "UPDATE tokens SET used = 1, extra = ? WHERE digest = ?",
+                (json.dumps({"successor": nonce, "spent_at": now}), digest(spent)),
+            )
+            db.execute(
+                "UPDATE tokens SET expires = MIN(expires, ?) WHERE grant_id = ? AND kind = ?",
+                (now + REFRESH_GRACE, grant_id, ACCESS),
+            )
+            for kind, secret, expires in (
+                (ACCESS, access, now + access_life),
+                (REFRESH, refresh, now + refresh_life),
+            ):
                 db.execute(
-                    "DELETE FROM tokens WHERE grant_id = ? AND kind = ? AND digest != ?",
-                    (grant_id, ACCESS, digest(tokens[ACCESS][0])),
+                    "INSERT INTO tokens VALUES (?, ?, ?, ?, 0, NULL)",
+                    (digest(secret), kind, grant_id, expires),
                 )
+            self._forget_nonces(db, grant_id, now)
+        return Rotation(access, refresh, now + access_life)
+
+    def _forget_nonces(self, db: sqlite3.Connection, grant_id: str | None, now: float) -> None:
+        """Past the grace period a spent refresh token's nonce is worth nothing but a risk."""
+        db.execute(
+            "UPDATE tokens SET extra = NULL WHERE kind = ? AND used = 1 AND extra IS NOT NULL "
+            "AND json_extract(extra, '$.spent_at') < ? AND (? IS NULL OR grant_id = ?)",
+            (REFRESH, now - REFRESH_GRACE, grant_id, grant_id),
+        )
 
     def revoke_grant(self, grant_id: str) -> None:
         """End a grant: its codes and tokens stop working now."""
         with self._write() as db:
             db.execute(
                 "UPDATE grants SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
-                (self._clock(), grant_id),
+                (self.clock(), grant_id),
             )
             db.execute("DELETE FROM tokens WHERE grant_id = ?", (grant_id,))
 
@@ -231,9 +344,17 @@ class OAuthStore:
         rows = self._db.execute(query + " ORDER BY granted_at DESC", args).fetchall()
         return [_grant(row) for row in rows]
 
+    def redeemed(self) -> set[str]:
+        """The grants whose code an app redeemed: those holding an access or refresh token (a
+        consent the app never came back for, or whose tokens all ended, is no connected app)."""
+        rows = self._db.execute(
+            "SELECT DISTINCT grant_id FROM tokens WHERE kind IN (?, ?)", (ACCESS, REFRESH)
+        )
+        return {row[0] for row in rows}
+
     def used(self, grant_id: str) -> None:
         """Note that a grant's token was just used (written at most once a minute)."""
-        now = self._clock()
+        now = self.clock()
         if now - self._last_use_written.get(grant_id, 0.0) < _LAST_USE_EVERY:
             return
         self._last_use_written[grant_id] = now
@@ -244,9 +365,11 @@ class OAuthStore:
             pass  # "last use" is a courtesy: a full disk must not refuse the call itself
 
     def expire(self) -> None:
-        """Drop codes and tokens past their expiry."""
+        """Drop codes and tokens past their expiry, and nonces past their grace period."""
+        now = self.clock()
         with self._write() as db:
-            db.execute("DELETE FROM tokens WHERE expires < ?", (self._clock() - 3600,))
+            db.execute("DELETE FROM tokens WHERE expires < ?", (now - 3600,))
+            self._forget_nonces(db, None, now)
 
 
 def _grant(row: tuple[Any, ...]) -> Grant:
