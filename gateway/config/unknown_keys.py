@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.config.keys import FIELDS
+from gateway.config.keys import FIELDS, FORMER_KEYS
 from gateway.errors import ConfigError
 
 
@@ -27,10 +27,10 @@ def unknown_key(
 
 def check_unknown_keys(data: Mapping[str, Any]) -> None:
     """Refuse a key or table of the file that no setting has (``[devices]`` holds device ids)."""
-    top = {k for t, k, _, _ in FIELDS if not t}
+    top = {k for t, k, _, _ in FIELDS if not t} | {k for t, k in FORMER_KEYS if not t}
     tables = {t for t, _, _, _ in FIELDS if t}
     for key, value in data.items():
-        known = {k for t, k, _, _ in FIELDS if t == key}
+        known = {k for t, k, _, _ in FIELDS if t == key} | {k for t, k in FORMER_KEYS if t == key}
         if key in top or key == "mcp_devices":  # boards: checked by their own parser
             continue
         if not known:
