@@ -64,6 +64,7 @@ def announcement(config: Config, addresses: Addresses, *, desktop: bool = False)
     ]
     if config.host_public_url:
         lines.append(f"remote apps (claude.ai, ChatGPT) connect to {config.host_public_url}/mcp")
+    lines += [f"{renamed} (the former name still works)" for renamed in config.renamed]
     lines.append(f"dashboard: {dashboard}")
     if config.cluster_broker:  # the embedded broker stays off (docs/cluster.md)
         told = config.mqtt_public_endpoint
@@ -76,8 +77,6 @@ def announcement(config: Config, addresses: Addresses, *, desktop: bool = False)
 
 def _announce(config: Config, run: Running, *, desktop: bool = False) -> None:
     heap.settle()  # the gateway is up: what start-up made stays, for good
-    for renamed in config.renamed:
-        logger.info("%s (the former name still works)", renamed)
     for line in announcement(config, run.addresses, desktop=desktop):
         logger.info("%s", line)
     device = config.device_listen
