@@ -6,7 +6,8 @@ client) the answer is loopback: ``127.0.0.1`` for ``0.0.0.0`` and ``::1`` for ``
 ``::`` socket may be IPv6-only, and ``::1`` reaches it either way. Devices and MCP hosts on the
 LAN need this machine's LAN address instead: ``device_url`` when configured, else the bind
 address when it names one, else the address this machine's default route leaves from
-(``Addresses.board_base``, the one home for "the address boards are told").
+(``Addresses.board_base``, the one home for "the address boards are told"); in a container
+that address is the container network's, so none is known there.
 
 ``Addresses`` is built from the config and, once the gateway listens, the ports really bound
 (port 0 in tests); OTA, ``doctor``, the start-up lines, the broker and flashing read it.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gateway.config import Config, ListenAddress, is_loopback_host
+from gateway.launch import in_container, in_home_assistant
 
 __all__ = [
     "DEVICE_PATH",
@@ -36,7 +38,7 @@ __all__ = [
 
 DEVICE_PATH = "/xiaozhi/v1/"
 # What boards are told when no address of this machine is known to reach it.
-UNKNOWN_LAN = "(set device_url: this machine's LAN address is unknown)"
+UNKNOWN_LAN = "(set device_url, GATEWAY_DEVICE_URL: this machine's LAN address is unknown)"
 _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 # Any routable address outside the LAN: connecting a UDP socket sends nothing, it only picks
 # the interface (and so the source address) the default route would use.
@@ -68,7 +70,13 @@ def host_port(host: str, port: int) -> str:
 
 @functools.cache
 def lan_address() -> str | None:
-    """This machine's address on its LAN (the default route's source), else its host name."""
+    """This machine's address on its LAN (the default route's source), else its host name.
+
+    None in our image (Docker, the Home Assistant add-on): a container's address is its own
+    network's (172.x), which no board on the LAN can reach, and the Docker host's is unknown.
+    """
+    if in_container() or in_home_assistant():
+        return None
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect(_ROUTE_PROBE)

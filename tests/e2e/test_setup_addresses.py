@@ -17,6 +17,7 @@ import httpx2
 import pytest
 
 from gateway.config import ListenAddress
+from gateway.net import addresses
 from tests.conftest import bound, gateway
 from tests.e2e.ingress import ingress
 from tests.e2e.test_first_hour import read_until, stop
@@ -119,3 +120,31 @@ async def test_under_ingress_hosts_are_given_the_add_on_s_port_on_ha_s_name(
     assert "8123" not in json.dumps(facts)
     assert facts["websocket_url"] == f"ws://homeassistant.local:{run.device_port}/xiaozhi/v1/"
     assert "homeassistant.local" not in direct.json()["mcp_url"]
+
+
+async def test_with_no_lan_address_known_boards_get_the_browser_s_name_else_what_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a container no LAN address of the Docker host is known: the Setup page gives boards
+    the name the browser reached the gateway by, and on loopback says what to set, never
+    127.0.0.1."""
+    monkeypatch.setattr("gateway.net.addresses.in_container", lambda: True)
+    addresses.lan_address.cache_clear()
+    try:
+        async with (
+            gateway(
+                tmp_path, device_listen=EVERYWHERE, host_allowed_hosts=("server.lan:*",)
+            ) as run,
+            httpx2.AsyncClient(
+                base_url=f"http://127.0.0.1:{run.host_port}", timeout=bound(10)
+            ) as http,
+        ):
+            named = (
+                await http.get("/api/setup", headers={"Host": f"server.lan:{run.host_port}"})
+            ).json()
+            local = (await http.get("/api/setup")).json()
+    finally:
+        addresses.lan_address.cache_clear()
+    assert named["websocket_url"] == f"ws://server.lan:{run.device_port}/xiaozhi/v1/"
+    assert local["websocket_url"] == local["ota_url"] == addresses.UNKNOWN_LAN
+    assert "set device_url" in addresses.UNKNOWN_LAN

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config import Config
+from gateway.config import Config, is_loopback_host
 from gateway.devices.calls import format_time
 from gateway.devices.policy import is_user_only
 from gateway.devices.registry import APPROVED, Device
 from gateway.host_side.dashboard.host_configs import HOSTS, host_configs
 from gateway.net.addresses import UNKNOWN_LAN, host_port, http_url, websocket_url
-from gateway.net.public import OTA_PATH, PublicAddress
+from gateway.net.public import OTA_PATH, PublicAddress, split_host
 
 __all__ = ["device_summary", "device_tools", "setup_facts"]
 
@@ -75,11 +75,18 @@ def setup_facts(
 ) -> JsonObject:
     """The setup page: where devices connect, with which token, and MCP host configs.
 
-    ``ingress_host``: Home Assistant's host name when its ingress proxies the request (the
-    page is then on HA's own port): boards and hosts use the add-on's ports on that name.
+    Boards are told ``Addresses.board_base``'s address, else (no LAN address known) the name
+    the browser used, else what to set. ``ingress_host``: Home Assistant's host name when its
+    ingress proxies the request (the page is then on HA's own port): boards and hosts use the
+    add-on's ports on that name.
     """
     addresses = public.addresses
     base = addresses.board_base(ingress_host)
+    browser = split_host(host_header or "")[0]
+    if base is None and browser and not is_loopback_host(browser):
+        # No LAN address known (in a container, the Docker host's): the name this browser
+        # reached the gateway by is the boards' best guess.
+        base = addresses.board_base(browser)
     websocket, ota = UNKNOWN_LAN, UNKNOWN_LAN
     if base is not None:
         websocket, ota = websocket_url(*base), http_url(*base) + OTA_PATH
