@@ -149,7 +149,7 @@ class Addresses:
         return self.lan or lan_address() or local_host(listen.host)
 
     def device_base(self) -> tuple[str, str, int]:
-        """``(scheme, host, port)`` devices are sure to reach: ``public_url``, else the bind.
+        """``(scheme, host, port)`` devices are sure to reach: ``device_url``, else the bind.
 
         A wildcard bind gives the loopback host here, not a guessed LAN address: what is written
         into a device (``flash``) must be known to work or left to the user.
