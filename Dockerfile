@@ -2,7 +2,7 @@
 #
 #   docker build -t esp-mcp-gateway .
 #   docker run -d -p 8765:8765 -p 8766:8766 -p 1883:1883 -v gateway-data:/data \
-#       -e GATEWAY_HOST_TOKEN=... -e GATEWAY_PUBLIC_URL=http://<server LAN IP>:8765 esp-mcp-gateway
+#       -e GATEWAY_HOST_TOKEN=... -e GATEWAY_DEVICE_URL=http://<server LAN IP>:8765 esp-mcp-gateway
 #
 # BASE_IMAGE is any Debian-like image with python3 (3.11+) and its venv module: the official
 # python:*-slim images, or a local base (deploy/test-image.sh builds one with debootstrap, where

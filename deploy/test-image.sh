@@ -322,7 +322,7 @@ timeout 90 "$PY" deploy/smoke_client.py relay "$mcp_url" "$host_token" \
 
 # doctor in the image, next to the running gateway, as a user would run it (docker compose exec).
 doctor=0
-timeout 60 "${run[@]}" "${env[@]}" --env "GATEWAY_PUBLIC_URL=http://192.0.2.10:$device_port" \
+timeout 60 "${run[@]}" "${env[@]}" --env "GATEWAY_DEVICE_URL=http://192.0.2.10:$device_port" \
     "$container" -- esp-mcp-gateway doctor >"$work/doctor.log" 2>&1 </dev/null || doctor=$?
 sed 's/^/    /' "$work/doctor.log"
 ((doctor == 0)) || fail "esp-mcp-gateway doctor found problems in the running image (exit $doctor)"

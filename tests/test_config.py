@@ -43,6 +43,38 @@ def test_fixed_environment_names() -> None:
     assert env_name("tools", "mode") == "GATEWAY_TOOLS_MODE"
 
 
+def test_the_two_public_urls_have_names_that_say_which_and_the_former_ones_work(
+    tmp_path: Path,
+) -> None:
+    """device_url (boards) and [host] remote_url (remote apps); public_url, [host] public_url,
+    GATEWAY_PUBLIC_URL (DESIGN.md's fixed name) and GATEWAY_HOST_PUBLIC_URL still work, each
+    noted once with its new name; the new name wins where both are given."""
+    path = tmp_path / "gateway.toml"
+    path.write_text('public_url = "http://192.168.1.20:8765"\n'
+                    '[host]\npublic_url = "https://devices.example.com"\n')  # fmt: skip
+    former = load_config(path, env={})
+    assert former.public_url == "http://192.168.1.20:8765"
+    assert former.host_public_url == "https://devices.example.com"
+    assert former.renamed == (
+        "public_url is now device_url",
+        "host.public_url is now host.remote_url",
+    )
+    env = {
+        "GATEWAY_PUBLIC_URL": "http://10.0.0.5:8765",
+        "GATEWAY_HOST_PUBLIC_URL": "https://a.example",
+    }
+    assert load_config(env=env).renamed == (
+        "GATEWAY_PUBLIC_URL is now GATEWAY_DEVICE_URL",
+        "GATEWAY_HOST_PUBLIC_URL is now GATEWAY_HOST_REMOTE_URL",
+    )
+    both = load_config(env={**env, "GATEWAY_DEVICE_URL": "http://10.0.0.6:8765",
+                            "GATEWAY_HOST_REMOTE_URL": "https://b.example"})  # fmt: skip
+    assert (both.public_url, both.host_public_url) == ("http://10.0.0.6:8765", "https://b.example")
+    current = load_config(env={"GATEWAY_DEVICE_URL": "http://10.0.0.6:8765"})
+    assert current.public_url == "http://10.0.0.6:8765" and current.renamed == ()
+    assert load_config(flags={"public_url": "http://10.0.0.7:8765"}).public_url.endswith("7:8765")
+
+
 def test_config_file_from_gateway_config_and_shared_device_token(tmp_path: Path) -> None:
     """GATEWAY_CONFIG names the file; GATEWAY_DEVICE_TOKEN adds to configured tokens."""
     path = write(tmp_path, 'device_tokens = ["a"]\nmqtt_listen = "off"\n')

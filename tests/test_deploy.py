@@ -17,10 +17,10 @@ def shipped_env() -> dict[str, str]:
     return dict(pairs)
 
 
-def test_env_example_sets_no_live_public_url(tmp_path: Path) -> None:
+def test_env_example_sets_no_live_device_url(tmp_path: Path) -> None:
     """A user who fills in only the host token gets the derived address, not someone's LAN."""
     env = shipped_env()
-    assert env["GATEWAY_PUBLIC_URL"] == ""
+    assert env["GATEWAY_DEVICE_URL"] == ""
     settings = {k: v for k, v in env.items() if k.startswith("GATEWAY_")}
     config = load_config(env={**settings, "GATEWAY_DATA_DIR": str(tmp_path)})
     assert config.public_url is None

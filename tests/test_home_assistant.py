@@ -15,13 +15,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx2
 import jsonschema
 import pytest
 import yaml
 
 from gateway import __version__
+from gateway.app import running
 from gateway.config import ListenAddress, load_config
 from gateway.config.keys import FIELDS, env_name
+from tests.conftest import bound
+from tests.device_side.test_ota import STOCK_BODY, STOCK_HEADERS
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDON = ROOT / "home-assistant" / "esp_mcp_gateway"
@@ -95,7 +99,7 @@ def test_options_schema_translations_and_entry_point_agree() -> None:
     schema, options = CONFIG["schema"], CONFIG["options"]
     # Required options have defaults; optional ones start unset (an empty url would not pass).
     assert set(options) == {key for key, kind in schema.items() if not kind.endswith("?")}
-    assert set(schema) == set(RUN.ENVIRONMENT)
+    assert set(schema) == set(RUN.ENVIRONMENT) | set(RUN.FORMER_OPTIONS)
     translations = load(ADDON / "translations/en.yaml")
     assert set(translations["configuration"]) == set(schema)
     assert set(translations["network"]) == set(CONFIG["ports"]) == set(CONFIG["ports_description"])
@@ -123,7 +127,7 @@ def test_the_add_on_is_built_on_the_gateway_s_image_of_its_version() -> None:
 
 def test_options_become_the_gateway_s_settings() -> None:
     """What a user sets on the Configuration tab is what the gateway runs with."""
-    options = {"host_token": "a-host-token-of-32-characters-xx", "public_url":
+    options = {"host_token": "a-host-token-of-32-characters-xx", "device_url":
                "http://192.168.1.20:8765", "mqtt_mode": "external", "mqtt_host": "core-mosquitto",
                "mqtt_port": 1883, "mqtt_username": "gateway", "mqtt_password": "secret",
                "mqtt_public_endpoint": "", "log_level": "debug"}  # fmt: skip
@@ -145,6 +149,48 @@ def test_options_become_the_gateway_s_settings() -> None:
     embedded = load_config(env=RUN.environment({**CONFIG["options"], "host_token": "x" * 32,
                                                 "mqtt_mode": "embedded"}))  # fmt: skip
     assert embedded.mqtt_listen == ListenAddress("0.0.0.0", 1883)  # the image's, kept
+
+
+def test_the_former_device_url_option_still_works_and_says_the_new_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``public_url`` (the device URL's former name) is read as ``device_url``, said once."""
+    options = RUN.current_names({"host_token": "x" * 32, "public_url": "http://192.168.1.20:8765"})
+    config = load_config(env=RUN.environment(options))
+    assert config.public_url == "http://192.168.1.20:8765"
+    [line] = capsys.readouterr().err.splitlines()
+    assert "option public_url is now device_url" in line
+    assert RUN.mcp_url(options) == "http://192.168.1.20:8766/mcp"
+
+
+@pytest.mark.anyio
+async def test_the_add_on_with_remote_access_issues_for_the_remote_url_and_keeps_boards_local(
+    tmp_path: Path,
+) -> None:
+    """The add-on's remote-access options, through run.py, in a running gateway: the OAuth
+    issuer is the remote URL over https, the Host it names is let in, and boards are still
+    told the device URL (a tunnel carries only the MCP port)."""
+    options = {**CONFIG["options"], "host_token": "a-host-token-of-32-characters-xx",
+               "device_url": "http://192.168.1.20:8765", "remote_url": "https://devices.example.com",
+               "http_networks": "192.168.1.0/24"}  # fmt: skip
+    config = load_config(env={**RUN.environment(options), "GATEWAY_DATA_DIR": str(tmp_path),
+                              "GATEWAY_DEVICE_LISTEN": "127.0.0.1:0",
+                              "GATEWAY_HOST_LISTEN": "127.0.0.1:0"})  # fmt: skip
+    assert config.oauth_http_networks == ("172.30.32.0/23", "192.168.1.0/24")  # HA's kept
+    bearer = {"Authorization": f"Bearer {options['host_token']}"}
+    async with running(config) as run, httpx2.AsyncClient(timeout=bound(10)) as http:
+        host = f"http://127.0.0.1:{run.host_port}"
+        issuer = await http.get(f"{host}/.well-known/oauth-authorization-server",
+                                headers={"Host": "devices.example.com"})  # fmt: skip
+        setup = await http.get(f"{host}/api/setup", headers=bearer)
+        ota = await http.post(f"http://127.0.0.1:{run.device_port}/xiaozhi/ota/",
+                              headers=STOCK_HEADERS, json=STOCK_BODY)  # fmt: skip
+    assert issuer.status_code == 200 and issuer.json()["issuer"] == "https://devices.example.com"
+    # DOCS.md: HA 2026.11 signs in without PKCE, so it cannot use the add-on; the next HA can
+    assert issuer.json()["code_challenge_methods_supported"] == ["S256"]
+    assert setup.json()["websocket_url"] == "ws://192.168.1.20:8765/xiaozhi/v1/"
+    assert setup.json()["ota_url"] == "http://192.168.1.20:8765/xiaozhi/ota/"
+    assert ota.json()["websocket"]["url"] == "ws://192.168.1.20:8765/xiaozhi/v1/"
 
 
 def test_the_defaults_refuse_to_start_without_a_host_token() -> None:
@@ -251,3 +297,63 @@ def test_without_a_broker_add_on_it_says_what_to_install(
     url, _ = supervisor
     with pytest.raises(RUN.OptionsError, match="install the Mosquitto broker add-on"):
         RUN.supervisor_mqtt(RUN.ask_supervisor(f"{url}/none", "sup-token"))
+
+
+DOCS = {
+    name: path.read_text(encoding="utf-8")
+    for name, path in (
+        ("DOCS.md", ADDON / "DOCS.md"),
+        ("docs/home-assistant.md", ROOT / "docs/home-assistant.md"),
+    )
+}
+# What the add-on's docs once said and the code no longer does (issue 42).
+NO_LONGER = [
+    r"cannot use this add-on yet",  # HA's MCP integration can, from the release after 2026.11
+    r"first time, it asks for the host token|dashboard asks for it once",  # ingress signs in
+    r"password made for the gateway in Mosquitto",  # mqtt:want fills the login in
+    r"public_url` \| `GATEWAY_PUBLIC_URL",  # the device URL's former name
+]
+
+
+def options_table(text: str) -> dict[str, str]:
+    """docs/home-assistant.md's options table: option -> the gateway setting its row names."""
+    rows = re.findall(r"^\| (`[a-z_]+`.*?) \| `(GATEWAY_[A-Z_*]+)` \|", text, re.M)
+    return {option: env for cell, env in rows for option in re.findall(r"`([a-z_]+)`", cell)}
+
+
+def test_the_add_on_s_docs_agree_with_its_code() -> None:
+    """DOCS.md (the Documentation tab) and docs/home-assistant.md agree with config.yaml,
+    run.py and the translations: every option documented under its name and setting, the ports,
+    the MCP URL on the add-on's port, the Home Assistant versions, nothing the code stopped
+    doing."""
+    translations = load(ADDON / "translations/en.yaml")["configuration"]
+    table = options_table(DOCS["docs/home-assistant.md"])
+    current = set(CONFIG["schema"]) - set(RUN.FORMER_OPTIONS)
+    assert set(table) == current
+    for option, env in table.items():
+        assert re.fullmatch(env.replace("*", ".*"), RUN.ENVIRONMENT[option]), option
+    for option in CONFIG["schema"]:
+        assert f"**{translations[option]['name']}**" in DOCS["DOCS.md"], option
+    version = ".".join(CONFIG["homeassistant"].split(".")[:2])  # the oldest HA it installs on
+    for name, text in DOCS.items():
+        assert f":{RUN.HOST_PORT}/mcp" in text and ":8123/mcp" not in text, name
+        assert all(f"{port.split('/')[0]}" in text for port in ("8765/tcp", "8766/tcp")), name
+        assert "mqtt:want" in text and version in text, name
+        for claim in NO_LONGER:
+            assert not re.search(claim, text, re.I | re.S), (name, claim)
+    said = json.dumps(translations)
+    assert "core-mosquitto, port 1883, and its user" not in said, "the login is filled in"
+    assert not re.search(NO_LONGER[1], said), "the sidebar signs the user in"
+
+
+def test_the_add_on_s_claude_desktop_entry_is_the_dashboard_s(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """DOCS.md's Claude Desktop config is what the add-on's Setup page gives (in its container,
+    for Home Assistant's name), so pasting either works the same."""
+    from gateway.host_side.dashboard import host_configs
+
+    monkeypatch.setattr(host_configs, "in_container", lambda: True)
+    given = host_configs.host_configs("http://homeassistant.local:8766/mcp", True, tmp_path)
+    [block] = re.findall(r"^```json\n(.*?)^```", DOCS["DOCS.md"], re.M | re.S)
+    assert json.loads(block) == json.loads(given["claude_desktop"])

@@ -117,6 +117,7 @@ INNER: dict[str, list[set[str]]] = {
     "cli/doctor": [
         {"probes"},
         {"findings"},
+        {"remote"},  # the remote URL, which the device URL's check compares with
         {"listeners", "broker", "data_dir", "upstream", "config_file"},
     ],
     "device_side/transports/mqtt": [

@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--device-listen", help="device listener host:port")
     common.add_argument("--host-listen", help="MCP host listener host:port")
     common.add_argument("--mqtt-listen", help="embedded MQTT broker host:port, or off")
-    common.add_argument("--public-url", help="base URL devices use to reach the gateway")
+    common.add_argument("--device-url", "--public-url", dest="public_url",
+                        help="base URL boards use to reach the device listener")  # fmt: skip
     common.add_argument("--log-level", help="debug, info, warning or error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", parents=[common], help="run the gateway (MCP over HTTP and SSE)")

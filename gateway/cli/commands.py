@@ -62,6 +62,9 @@ def announcement(config: Config, addresses: Addresses, *, desktop: bool = False)
         f"MCP hosts connect to {addresses.mcp_url} (legacy SSE: /sse)"
         + (" with the host token" if config.host_token else ""),
     ]
+    if config.host_public_url:
+        lines.append(f"remote apps (claude.ai, ChatGPT) connect to {config.host_public_url}/mcp")
+    lines += [f"{renamed} (the former name still works)" for renamed in config.renamed]
     lines.append(f"dashboard: {dashboard}")
     if config.cluster_broker:  # the embedded broker stays off (docs/cluster.md)
         told = config.mqtt_public_endpoint

@@ -51,7 +51,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("", "device_listen", "device_listen", listen),
     ("", "host_listen", "host_listen", listen),
     ("", "mqtt_listen", "mqtt_listen", optional_listen),
-    ("", "public_url", "public_url", optional_string),
+    ("", "device_url", "public_url", optional_string),
     ("", "host_token", "host_token", host_token),
     ("", "device_tokens", "device_tokens", string_list),
     ("", "log_level", "log_level", log_level),
@@ -76,7 +76,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("host", "allowed_hosts", "host_allowed_hosts", string_list),
     ("host", "allowed_origins", "host_allowed_origins", string_list),
     ("host", "session_idle_timeout", "host_session_idle_timeout", positive_number),
-    ("host", "public_url", "host_public_url", public_base_url),
+    ("host", "remote_url", "host_public_url", public_base_url),
     ("host", "trusted_proxies", "host_trusted_proxies", networks),
     ("host", "ingress_peers", "host_ingress_peers", networks),
     ("oauth", "enabled", "oauth_enabled", boolean),
@@ -133,6 +133,14 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("mcp_boards", "retry_max", "boards_retry_max", positive_number),
     ("mcp_boards", "max_message_bytes", "boards_max_message_bytes", integer),
 )
+
+
+# Keys renamed, still read under their former names: (table, former key) -> current key. Both were
+# "public_url", one where boards connect and one where remote apps do (issue 42).
+FORMER_KEYS: dict[tuple[str, str], str] = {
+    ("", "public_url"): "device_url",
+    ("host", "public_url"): "remote_url",
+}
 
 
 def env_name(table: str, key: str) -> str:

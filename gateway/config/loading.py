@@ -11,7 +11,7 @@ from typing import Any
 import platformdirs
 
 from gateway.config.boards import board_options
-from gateway.config.keys import FIELDS, env_name, file_key
+from gateway.config.keys import FIELDS, FORMER_KEYS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.unknown_keys import check_unknown_keys, unknown_key
 from gateway.config.values import positive_number, string, string_list, upstream_url
@@ -39,13 +39,11 @@ def load_config(
     data = _read_file(path) if path is not None else {}
     check_unknown_keys(data)
     values: dict[str, Any] = {}
+    renamed: list[str] = []
     for table, key, attr, parse in FIELDS:
         section = data.get(table, {}) if table else data
-        if key in section:
-            values[attr] = parse(file_key(table, key), section[key])
-        name = env_name(table, key)
-        if env.get(name) is not None:
-            values[attr] = parse(name, env[name])
+        for name, value in _given(table, key, section, env, renamed):
+            values[attr] = parse(name, value)
     token = env.get("GATEWAY_DEVICE_TOKEN", "").strip()
     if token:  # the one shared device token of the contract, on top of any configured list
         values["device_tokens"] = (token, *values.get("device_tokens", ()))
@@ -56,7 +54,28 @@ def load_config(
     values.setdefault("data_dir", Path(platformdirs.user_data_dir("esp-mcp-gateway")))
     values["devices"] = _devices(data.get("devices", {}))
     values["mcp_devices"] = board_options(data.get("mcp_devices", []))
-    return Config(**values)
+    return Config(**values, renamed=tuple(renamed))
+
+
+def _given(
+    table: str, key: str, section: Mapping[str, Any], env: Mapping[str, str], renamed: list[str]
+) -> list[tuple[str, Any]]:
+    """``(name, value)`` of ``key`` wherever given, in rising precedence: the file, then the
+    environment, each under the key's former name (noted in ``renamed``) before its own."""
+    former = [old for (t, old), new in FORMER_KEYS.items() if (t, new) == (table, key)]
+    found: list[tuple[str, Any]] = []
+    for each in (*former, key):
+        if each in section:
+            found.append((file_key(table, each), section[each]))
+            if each != key:
+                renamed.append(f"{file_key(table, each)} is now {file_key(table, key)}")
+    for each in (*former, key):
+        name = env_name(table, each)
+        if env.get(name) is not None:
+            found.append((name, env[name]))
+            if each != key:
+                renamed.append(f"{name} is now {env_name(table, key)}")
+    return found
 
 
 def _read_file(path: Path) -> dict[str, Any]:

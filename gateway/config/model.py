@@ -41,6 +41,7 @@ class Config:
     device_listen: ListenAddress = ListenAddress("0.0.0.0", 8765)
     host_listen: ListenAddress = ListenAddress("127.0.0.1", 8766)
     mqtt_listen: ListenAddress | None = ListenAddress("0.0.0.0", 1883)
+    # device_url: the device listener's base URL as boards reach it (not the remote URL below)
     public_url: str | None = None
     host_token: str | None = None
     device_tokens: tuple[str, ...] = ()
@@ -68,7 +69,8 @@ class Config:
     host_allowed_origins: tuple[str, ...] = ()
     host_session_idle_timeout: float = 300.0  # an MCP HTTP session unused this long is closed
 
-    # The host side's public base URL (https://...): the OAuth issuer and resource name it
+    # [host] remote_url: the host side's base URL for remote apps (https://...), the OAuth
+    # issuer and resource name it
     host_public_url: str | None = None
     # Proxies whose X-Forwarded-Proto/Host/For headers the host listener believes
     host_trusted_proxies: tuple[str, ...] = ()
@@ -144,6 +146,8 @@ class Config:
     boards_ping_interval: float = 30.0
     boards_retry_max: float = 60.0
     boards_max_message_bytes: int = 4 * 1024 * 1024
+    # Settings given under a former name: "public_url is now device_url", said once at start
+    renamed: tuple[str, ...] = ()
 
     @property
     def mqtt_broker(self) -> Literal["embedded", "external"] | None:

@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.config.keys import FIELDS
+from gateway.config.keys import FIELDS, FORMER_KEYS
 from gateway.errors import ConfigError
 
 
@@ -27,11 +27,12 @@ def unknown_key(
 
 def check_unknown_keys(data: Mapping[str, Any]) -> None:
     """Refuse a key or table of the file that no setting has (``[devices]`` holds device ids)."""
+    # A former name is read (loading notes it), never offered as the closest known key.
     top = {k for t, k, _, _ in FIELDS if not t}
     tables = {t for t, _, _, _ in FIELDS if t}
     for key, value in data.items():
         known = {k for t, k, _, _ in FIELDS if t == key}
-        if key in top or key == "mcp_devices":  # boards: checked by their own parser
+        if key in top or ("", key) in FORMER_KEYS or key == "mcp_devices":  # boards: own parser
             continue
         if not known:
             raise unknown_key(key, top, tables | {"devices", "mcp_devices"})
@@ -39,5 +40,5 @@ def check_unknown_keys(data: Mapping[str, Any]) -> None:
             raise ConfigError(key, "expected a table")
         if key == "devices":
             continue  # every other key of [devices] is a device id
-        for name in sorted(set(value) - known):
+        for name in sorted(set(value) - known - {k for t, k in FORMER_KEYS if t == key}):
             raise unknown_key(f"{key}.{name}", known)

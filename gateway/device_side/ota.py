@@ -363,6 +363,6 @@ class OtaEndpoint:
                 logger.warning(
                     "a device reached the OTA endpoint through loopback (%s), so it is told to "
                     "use loopback too; devices on the LAN must use this machine's LAN address "
-                    "(or set public_url)",
+                    "(or set device_url)",
                     host_header,
                 )

@@ -23,7 +23,7 @@ from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
 from gateway.devices.link import BOARD_TRANSPORT, DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
-from gateway.net.addresses import host_port, url_host
+from gateway.net.addresses import http_url
 from gateway.net.public import PublicAddress
 from gateway.protocol import DeviceProtocol
 
@@ -149,9 +149,7 @@ class DeviceSessions:
             # URL lives only in the device's RAM for this session, so the LAN address is worth
             # a try where loopback could never work.
             host = self._public.addresses.lan_host(self._config.device_listen)
-        default = 443 if scheme == "https" else 80
-        url = f"{scheme}://{host_port(host, port) if port != default else url_host(host)}"
-        url += VISION_PATH
+        url = http_url(scheme, host, port) + VISION_PATH
         return {"url": url, "token": self._vision.issue(identity.device_id)}
 
     def _hello_timeout(self, proxied: bool) -> float:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import logging
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
 from mcp.server.sse import SseServerTransport
@@ -37,15 +39,19 @@ from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
 from gateway.host_side.oauth import BearerTokens, ConnectedApps, OAuthSite
 from gateway.host_side.photo_resources import photo_routes
-from gateway.net.addresses import is_wildcard
+from gateway.net.addresses import is_wildcard, url_host
 from gateway.net.networks import networks
 from gateway.net.rate_limit import configured_limiter, rate_limited
+from gateway.net.throttled import ThrottledLog
 
 __all__ = ["HostOriginGuard", "build_host_app", "host_patterns"]
 
 _LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "[::1]")
 _LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
 _SDK_CHECKS_OFF = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+REFUSAL_LOG_INTERVAL = 60.0  # a refused Host or Origin is said at most once a minute (each)
+
+logger = logging.getLogger(__name__)
 
 
 def host_patterns(config: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -59,7 +65,13 @@ def host_patterns(config: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
             hosts.append("*")
     elif not config.host_listen.is_loopback:
         hosts += [bind, f"{bind}:*"]
-    return tuple(hosts), (*_LOOPBACK_ORIGINS, *config.host_allowed_origins)
+    origins = [*_LOOPBACK_ORIGINS, *config.host_allowed_origins]
+    remote = urlsplit(config.host_public_url or "")
+    if remote.hostname:  # [host] remote_url: the name remote apps use, trusted without repeating
+        name = url_host(remote.hostname)
+        hosts += [name, f"{name}:*"]
+        origins += [f"{remote.scheme}://{name}", f"{remote.scheme}://{name}:*"]
+    return tuple(hosts), tuple(origins)
 
 
 def _allowed(value: str, patterns: tuple[str, ...]) -> bool:
@@ -85,22 +97,33 @@ def _host_and_origin(scope: Scope) -> tuple[str, str | None]:
 
 
 class HostOriginGuard:
-    """ASGI middleware: 421 for a Host, 403 for an Origin outside the allowed patterns."""
+    """ASGI middleware: 421 for a Host, 403 for an Origin outside the allowed patterns.
+
+    Each refusal is logged at a bounded rate with the setting that would allow it: through a
+    tunnel, a refused Host is otherwise only "couldn't connect" in the remote app.
+    """
 
     def __init__(self, app: ASGIApp, hosts: tuple[str, ...], origins: tuple[str, ...]) -> None:
         self.app, self.hosts, self.origins = app, hosts, origins
+        self.log = ThrottledLog(logger, REFUSAL_LOG_INTERVAL)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the request, then pass it on."""
         if scope["type"] == "http" and scope["path"] != "/healthz":
             host, origin = _host_and_origin(scope)
             if not _allowed(host, self.hosts):
+                self.log.warning("host", "refused a request for Host %r (421): add it to "
+                                 "[host] allowed_hosts (GATEWAY_HOST_ALLOWED_HOSTS), or set "
+                                 "[host] remote_url if remote apps use it", host[:200])  # fmt: skip
                 await PlainTextResponse("Invalid Host header", 421)(scope, receive, send)
                 return
             # The dashboard's own requests carry its origin, which is the (checked) Host: a
             # browser on the LAN address of a wildcard bind is same-origin, not cross-site.
             same_origin = origin in (f"http://{host}", f"https://{host}")
             if origin and not same_origin and not _allowed(origin, self.origins):
+                self.log.warning("origin", "refused a request from Origin %r (403): add it to "
+                                 "[host] allowed_origins (GATEWAY_HOST_ALLOWED_ORIGINS)",
+                                 origin[:200])  # fmt: skip
                 await PlainTextResponse("Invalid Origin header", 403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -4,8 +4,10 @@ A listener bound to a wildcard (``0.0.0.0``, ``::`` or empty) accepts on every i
 client can connect to a wildcard. On this machine (the CLI, ``doctor``, the gateway's own MQTT
 client) the answer is loopback: ``127.0.0.1`` for ``0.0.0.0`` and ``::1`` for ``::``, since a
 ``::`` socket may be IPv6-only, and ``::1`` reaches it either way. Devices and MCP hosts on the
-LAN need this machine's LAN address instead: ``public_url`` when configured, else the bind
-address when it names one, else the address this machine's default route leaves from.
+LAN need this machine's LAN address instead: ``device_url`` when configured, else the bind
+address when it names one, else the address this machine's default route leaves from
+(``Addresses.board_base``, the one home for "the address boards are told"); in a container
+that address is the container network's, so none is known there.
 
 ``Addresses`` is built from the config and, once the gateway listens, the ports really bound
 (port 0 in tests); OTA, ``doctor``, the start-up lines, the broker and flashing read it.
@@ -19,11 +21,14 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gateway.config import Config, ListenAddress, is_loopback_host
+from gateway.launch import in_container, in_home_assistant
 
 __all__ = [
     "DEVICE_PATH",
+    "UNKNOWN_LAN",
     "Addresses",
     "host_port",
+    "http_url",
     "is_wildcard",
     "lan_address",
     "local_host",
@@ -32,6 +37,8 @@ __all__ = [
 ]
 
 DEVICE_PATH = "/xiaozhi/v1/"
+# What boards are told when no address of this machine is known to reach it.
+UNKNOWN_LAN = "(set device_url, GATEWAY_DEVICE_URL: this machine's LAN address is unknown)"
 _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 # Any routable address outside the LAN: connecting a UDP socket sends nothing, it only picks
 # the interface (and so the source address) the default route would use.
@@ -63,7 +70,13 @@ def host_port(host: str, port: int) -> str:
 
 @functools.cache
 def lan_address() -> str | None:
-    """This machine's address on its LAN (the default route's source), else its host name."""
+    """This machine's address on its LAN (the default route's source), else its host name.
+
+    None in our image (Docker, the Home Assistant add-on): a container's address is its own
+    network's (172.x), which no board on the LAN can reach, and the Docker host's is unknown.
+    """
+    if in_container() or in_home_assistant():
+        return None
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect(_ROUTE_PROBE)
@@ -136,7 +149,7 @@ class Addresses:
         return self.lan or lan_address() or local_host(listen.host)
 
     def device_base(self) -> tuple[str, str, int]:
-        """``(scheme, host, port)`` devices are sure to reach: ``public_url``, else the bind.
+        """``(scheme, host, port)`` devices are sure to reach: ``device_url``, else the bind.
 
         A wildcard bind gives the loopback host here, not a guessed LAN address: what is written
         into a device (``flash``) must be known to work or left to the user.
@@ -148,12 +161,27 @@ class Addresses:
             return parts.scheme, parts.hostname, port
         return "http", local_host(self.config.device_listen.host), self.device_port
 
+    def board_base(self, seen: str | None = None) -> tuple[str, str, int] | None:
+        """``(scheme, host, port)`` to tell a person to give a board; None when none is known.
+
+        The device URL when configured; else ``seen`` (a name of this machine that is known to
+        reach it, Home Assistant's host name under its ingress); else the bind address when it
+        names one; else this machine's LAN address. Never loopback for a wildcard bind: a board
+        told 127.0.0.1 connects to itself and never checks in.
+        """
+        if self.config.public_url:
+            return self.device_base()
+        listen = self.config.device_listen
+        if seen:
+            return "http", seen, self.device_port
+        host = (self.lan or lan_address()) if is_wildcard(listen.host) else listen.host
+        return ("http", host, self.device_port) if host else None
+
     @property
     def device_url(self) -> str:
-        """The device WebSocket URL to tell people: ``public_url``'s, else on the LAN address."""
-        if self.config.public_url:
-            return websocket_url(*self.device_base())
-        return websocket_url("http", self.lan_host(self.config.device_listen), self.device_port)
+        """The device WebSocket URL to tell people, else what to set (``UNKNOWN_LAN``)."""
+        base = self.board_base()
+        return websocket_url(*base) if base else UNKNOWN_LAN
 
     @property
     def mcp_url(self) -> str:
@@ -176,9 +204,12 @@ class Addresses:
         return None
 
 
+def http_url(scheme: str, host: str, port: int) -> str:
+    """The http(s) base URL ``scheme://host[:port]`` (default ports left out)."""
+    default = 443 if scheme == "https" else 80
+    return f"{scheme}://{host_port(host, port) if port != default else url_host(host)}"
+
+
 def websocket_url(scheme: str, host: str, port: int) -> str:
     """The device WebSocket URL for an http(s) base (default ports left out)."""
-    ws = "wss" if scheme == "https" else "ws"
-    default = 443 if ws == "wss" else 80
-    where = host_port(host, port) if port != default else url_host(host)
-    return f"{ws}://{where}{DEVICE_PATH}"
+    return f"ws{http_url(scheme, host, port).removeprefix('http')}{DEVICE_PATH}"

@@ -1,6 +1,6 @@
 """Where devices reach this gateway: the public address of the device listener and the broker.
 
-``public_url`` when configured, else the address the device itself used to reach the OTA
+``device_url`` when configured, else the address the device itself used to reach the OTA
 endpoint (its ``Host`` header, right even behind Docker port mapping), else the device
 listener's address. Advertising loopback to LAN devices is warned. Both sides need it: the
 device side hands it to devices, the host side shows it on the dashboard's Setup page.
@@ -30,7 +30,7 @@ class PublicAddress:
         url = config.public_url
         parts = urlsplit(url) if url else None
         if parts is not None and (parts.scheme not in ("http", "https") or not parts.hostname):
-            raise ConfigError("public_url", f"expected http(s)://host[:port], got {url!r}")
+            raise ConfigError("device_url", f"expected http(s)://host[:port], got {url!r}")
         self._configured = parts
 
     def warnings(self) -> list[str]:
@@ -40,7 +40,7 @@ class PublicAddress:
         parts = self._configured
         if lan and parts is not None and is_loopback_host(parts.hostname or ""):
             problems.append(
-                f"public_url {config.public_url} is a loopback address, but devices are expected "
+                f"device_url {config.public_url} is a loopback address, but devices are expected "
                 "on the LAN: they would be told to connect to themselves; set it to this "
                 "machine's LAN address"
             )

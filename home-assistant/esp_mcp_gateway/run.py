@@ -4,7 +4,13 @@ Home Assistant writes what the user set on the add-on's Configuration tab to
 /data/options.json. Each option maps to one ``GATEWAY_*`` variable (``ENVIRONMENT``); the rest
 comes from the image (both listeners on every interface, the data dir on /data). Run as root,
 this makes /data the gateway user's, then becomes that user and runs ``esp-mcp-gateway serve``.
-A missing host token stops it with a message saying where to set it.
+A missing host token stops it with a message saying where to set it. An option under its former
+name (``FORMER_OPTIONS``) still works, and the log says its new name once.
+
+Remote access is two options: ``remote_url`` (the gateway's ``[host] remote_url``, the https
+tunnel to the MCP port that remote apps' sign-in is issued for) and ``http_networks`` (added to
+Home Assistant's own network, which may always get tokens over plain HTTP). ``device_url`` stays
+what boards are told: a tunnel carries only the MCP port.
 
 With ``mqtt_mode: external`` and no ``mqtt_host``, the broker and its login are Home Assistant's
 MQTT service (config.yaml ``services: mqtt:want``; the Mosquitto add-on provides it), asked of
@@ -31,7 +37,9 @@ SUPERVISOR_MQTT = "http://supervisor/services/mqtt"
 # option -> environment variable; options left empty keep the gateway's defaults.
 ENVIRONMENT = {
     "host_token": "GATEWAY_HOST_TOKEN",
-    "public_url": "GATEWAY_PUBLIC_URL",
+    "device_url": "GATEWAY_DEVICE_URL",
+    "remote_url": "GATEWAY_HOST_REMOTE_URL",
+    "http_networks": "GATEWAY_OAUTH_HTTP_NETWORKS",
     "mqtt_mode": "GATEWAY_MQTT_MODE",
     "mqtt_host": "GATEWAY_MQTT_HOST",
     "mqtt_port": "GATEWAY_MQTT_PORT",
@@ -41,12 +49,14 @@ ENVIRONMENT = {
     "upstream_ota_url": "GATEWAY_UPSTREAM_OTA_URL",
     "log_level": "GATEWAY_LOG_LEVEL",
 }
+# Options renamed, still read under their former names (config.yaml keeps them in its schema).
+FORMER_OPTIONS = {"public_url": "device_url"}
 
 
 # Set whatever the options say. Home Assistant documents that ingress requests come from the
 # Supervisor's 172.30.32.2 only: the dashboard trusts that peer (HA signed its user in already),
 # and no other. HA's own MCP client reaches the add-on over its internal network (172.30.32.0/23)
-# in plain HTTP, where the gateway may then issue it OAuth tokens.
+# in plain HTTP, where the gateway may then issue it OAuth tokens (with the user's http_networks).
 HOME_ASSISTANT = {
     "GATEWAY_HOST_INGRESS_PEERS": "172.30.32.2",
     "GATEWAY_OAUTH_HTTP_NETWORKS": "172.30.32.0/23",
@@ -58,7 +68,7 @@ class OptionsError(Exception):
 
 
 def environment(options: dict[str, Any]) -> dict[str, str]:
-    """The ``GATEWAY_*`` variables for ``options``.
+    """The ``GATEWAY_*`` variables for ``options`` (under their current names).
 
     Raises:
         OptionsError: the host token is missing, or an option is not one the add-on knows.
@@ -78,8 +88,24 @@ def environment(options: dict[str, Any]) -> dict[str, str]:
     }
     if env.get("GATEWAY_MQTT_MODE") != "embedded":
         env["GATEWAY_MQTT_LISTEN"] = "off"  # no broker in the add-on unless asked for
+    own = env.get("GATEWAY_OAUTH_HTTP_NETWORKS")
     env.update(HOME_ASSISTANT)
+    if own:  # the user's networks beside HA's own, which HA's MCP client needs
+        env["GATEWAY_OAUTH_HTTP_NETWORKS"] += f",{own}"
     return env
+
+
+def current_names(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` under their current names; a former name is said once, with the new one."""
+    renamed = dict(options)
+    for former, current in FORMER_OPTIONS.items():
+        if former in renamed:
+            value = renamed.pop(former)
+            print(f"esp-mcp-gateway add-on: option {former} is now {current} (set it there; "
+                  f"{former} still works)", file=sys.stderr)  # fmt: skip
+            if renamed.get(current) in (None, ""):
+                renamed[current] = value
+    return renamed
 
 
 def wants_supervisor_mqtt(options: dict[str, Any]) -> bool:
@@ -124,8 +150,8 @@ def ask_supervisor(url: str, token: str) -> dict[str, Any]:
 
 
 def mcp_url(options: dict[str, Any]) -> str:
-    """Where MCP hosts reach the add-on: the public URL's host on the host listener's port."""
-    host = urllib.parse.urlsplit(str(options.get("public_url") or "")).hostname
+    """Where MCP hosts reach the add-on: the device URL's host on the host listener's port."""
+    host = urllib.parse.urlsplit(str(options.get("device_url") or "")).hostname
     return f"http://{host or '<Home Assistant address>'}:{HOST_PORT}/mcp"
 
 
@@ -138,7 +164,7 @@ def own_data_dir(root: Path, uid: int) -> None:
 
 def main() -> None:
     try:
-        options = json.loads(OPTIONS.read_text(encoding="utf-8"))
+        options = current_names(json.loads(OPTIONS.read_text(encoding="utf-8")))
         env = environment(options)
         if wants_supervisor_mqtt(options):
             token = os.environ.get("SUPERVISOR_TOKEN", "")

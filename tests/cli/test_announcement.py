@@ -55,3 +55,17 @@ def test_cluster_mode_names_the_cluster_broker_not_the_embedded_one(tmp_path: Pa
     said = lines(config)
     assert "embedded" not in said
     assert "MQTT devices use the cluster broker; stock devices are told 192.0.2.10:1883" in said
+
+
+def test_the_remote_url_and_a_former_setting_name_are_said(tmp_path: Path) -> None:
+    """With [host] remote_url the start log says where remote apps connect; a setting given
+    under its former name is named with its new one, once."""
+    config = Config(data_dir=tmp_path, host_public_url="https://devices.example.com",
+                    renamed=("GATEWAY_PUBLIC_URL is now GATEWAY_DEVICE_URL",))  # fmt: skip
+    said = lines(config).splitlines()
+    assert "remote apps (claude.ai, ChatGPT) connect to https://devices.example.com/mcp" in said
+    assert (
+        said.count("GATEWAY_PUBLIC_URL is now GATEWAY_DEVICE_URL (the former name still works)")
+        == 1
+    )
+    assert not any("remote apps" in line for line in lines(Config(data_dir=tmp_path)).splitlines())

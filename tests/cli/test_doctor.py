@@ -107,15 +107,15 @@ def only(findings: list[Finding], topic: str) -> Finding:
 
 
 def test_a_sound_home_setup_has_no_problems() -> None:
-    """Devices on the LAN, MCP on loopback, public URL set: nothing to fix, nothing to warn."""
+    """Devices on the LAN, MCP on loopback, device URL set: nothing to fix, nothing to warn."""
     findings = run(config())
     assert [f for f in findings if f.level in ("problem", "warning")] == []
-    assert {f.topic for f in findings} >= {"device listener", "public URL", "host listener",
+    assert {f.topic for f in findings} >= {"device listener", "device URL", "host listener",
                                           "MQTT broker", "data dir"}  # fmt: skip
 
 
 def test_the_docker_setup_has_no_problems() -> None:
-    """The image's environment plus the compose file's token and public URL: all well."""
+    """The image's environment plus the compose file's token and device URL: all well."""
     running = FakeNetwork(
         listeners={8765: "gateway", 8766: "gateway"}, open_ports={("127.0.0.1", 1883): None}
     )
@@ -129,16 +129,16 @@ def test_the_docker_setup_has_no_problems() -> None:
 
 @pytest.mark.parametrize("container", [False, True])
 def test_unset_public_url_on_all_interfaces_is_a_warning(container: bool) -> None:
-    """Bound to 0.0.0.0 with no public URL, only the OTA endpoint's echo tells devices where."""
-    found = only(run(config(public_url=None), container=container), "public URL")
+    """Bound to 0.0.0.0 with no device URL, only the OTA endpoint's echo tells devices where."""
+    found = only(run(config(public_url=None), container=container), "device URL")
     assert found.level == "warning"
-    assert "GATEWAY_PUBLIC_URL" in found.fix and ":8765" in found.fix
+    assert "GATEWAY_DEVICE_URL" in found.fix and ":8765" in found.fix
     assert ("Docker host" in found.fix) is container
 
 
 def test_unset_public_url_with_a_specific_bind_address_is_fine() -> None:
     findings = run(config(public_url=None, device_listen=ListenAddress("192.168.1.20", 8765)))
-    assert only(findings, "public URL").level == "ok"
+    assert only(findings, "device URL").level == "ok"
 
 
 @pytest.mark.parametrize(
@@ -155,28 +155,49 @@ def test_unset_public_url_with_a_specific_bind_address_is_fine() -> None:
     ],
 )
 def test_public_url_devices_cannot_use(url: str) -> None:
-    found = problems(run(config(public_url=url)))["public URL"]
+    found = problems(run(config(public_url=url)))["device URL"]
     assert "192.168.1.20:8765" in found.fix
 
 
 def test_public_url_on_another_port_than_the_device_listener() -> None:
     """A wrong port is a problem; in a container it may be a port mapping, so a warning."""
     url = "http://192.168.1.20:9000"
-    found = problems(run(config(public_url=url)))["public URL"]
+    found = problems(run(config(public_url=url)))["device URL"]
     assert "port 9000" in found.message and "8765" in found.message
     assert found.fix == "use http://192.168.1.20:8765"
-    in_docker = only(run(docker(public_url=url), container=True), "public URL")
+    in_docker = only(run(docker(public_url=url), container=True), "device URL")
     assert in_docker.level == "warning" and "-p 9000:8765" in in_docker.fix
-    no_port = problems(run(config(public_url="http://192.168.1.20")))["public URL"]
+    no_port = problems(run(config(public_url="http://192.168.1.20")))["device URL"]
     assert "port 80" in no_port.message
 
 
 def test_public_url_and_tls() -> None:
     """TLS is a proxy's job: https on the gateway's own plain port cannot work."""
-    found = problems(run(config(public_url="https://192.168.1.20:8765")))["public URL"]
+    found = problems(run(config(public_url="https://192.168.1.20:8765")))["device URL"]
     assert "plain HTTP" in found.message
-    proxied = only(run(config(public_url="https://gw.example.org")), "public URL")
+    proxied = only(run(config(public_url="https://gw.example.org")), "device URL")
     assert proxied.level == "ok" and "TLS proxy" in proxied.message
+
+
+def test_the_device_and_remote_urls_mixed_up() -> None:
+    """The common mix-ups of the two URLs (issue 42): a device URL on the MCP port, or on the
+    remote URL's tunnel (which carries only the MCP port); a remote URL that is plain http or
+    loopback. A sound pair passes; a former setting name is noted with its new one."""
+    remote = "https://devices.example.com"
+    on_mcp = problems(run(config(public_url="http://192.168.1.20:8766")))["device URL"]
+    assert "the MCP port" in on_mcp.message and "port 8765" in on_mcp.fix
+    tunnel = only(run(config(public_url=remote, host_public_url=remote)), "device URL")
+    assert tunnel.level == "warning" and "carries only the MCP port" in tunnel.message
+    assert "192.168.1.20:8765" in tunnel.fix
+    plain = problems(run(config(host_public_url="http://devices.example.com")))["remote URL"]
+    assert "plain http" in plain.message and "https" in plain.fix
+    loopback = problems(run(config(host_public_url="https://127.0.0.1:8766")))["remote URL"]
+    assert "loopback" in loopback.message
+    sound = run(config(host_public_url=remote))
+    assert only(sound, "remote URL").level == "ok" and not problems(sound)
+    renamed = ("GATEWAY_PUBLIC_URL is now GATEWAY_DEVICE_URL",)
+    note = only(run(config(renamed=renamed)), "settings")
+    assert note.level == "info" and "GATEWAY_DEVICE_URL" in note.message
 
 
 @pytest.mark.parametrize(
@@ -184,7 +205,7 @@ def test_public_url_and_tls() -> None:
     [("http://gateway.local:8765", ".local"), ("http://192.168.1.20:8765/xiaozhi/v1/", "path")],
 )
 def test_public_url_warnings(url: str, words: str) -> None:
-    found = only(run(config(public_url=url)), "public URL")
+    found = only(run(config(public_url=url)), "device URL")
     assert found.level == "warning" and words in found.message
 
 
@@ -457,7 +478,7 @@ async def test_doctor_command(tmp_path: Path) -> None:
     code, out, err = await cli("doctor", env=broken)
     assert code == 1 and "Traceback" not in out + err
     assert "PROBLEM  host listener" in out and "fix: set GATEWAY_HOST_TOKEN" in out
-    assert "PROBLEM  public URL" in out and "2 problem(s)" in out
+    assert "PROBLEM  device URL" in out and "2 problem(s)" in out
 
 
 @pytest.mark.anyio

@@ -210,7 +210,7 @@ def test_loopback_public_address_is_warned_when_devices_are_on_the_lan(tmp_path:
     """A loopback public_url (or external broker host) with a LAN listener is a mistake."""
     lan = make_config(tmp_path, device_listen=ListenAddress("0.0.0.0", 8765),
                       public_url="http://127.0.0.1:8765")  # fmt: skip
-    assert any("public_url" in w for w in PublicAddress(lan).warnings())
+    assert any("device_url" in w for w in PublicAddress(lan).warnings())
     external = dataclasses.replace(lan, public_url=None, mqtt_mode="external")
     assert any("mqtt.host" in w for w in PublicAddress(external).warnings())
     fine = dataclasses.replace(lan, public_url="http://192.168.1.20:8765")

@@ -1,7 +1,8 @@
 """A reverse proxy that serves an app under a path prefix, as Home Assistant's ingress does.
 
 It strips the prefix, passes the browser's headers on (Host and Origin included, as the
-Supervisor's ingress does) and the answer back unchanged (a redirect's relative Location too),
+Supervisor's ingress does) with the ones HA's ingress adds (X-Ingress-Path, X-Forwarded-Host and
+-Proto), and the answer back unchanged (a redirect's relative Location too),
 streaming both ways, so an SSE feed flows through. A request outside the prefix is a 404: a page
 that asks for an absolute path breaks here as it would behind ingress.
 """
@@ -38,10 +39,15 @@ async def ingress(upstream: str, prefix: str, source: str | None = None) -> Asyn
                 return
             request = Request(scope, receive)
             query = scope["query_string"].decode()
+            headers = [(k, v) for k, v in request.headers.items() if k not in _HOP]
+            # What HA's ingress adds (homeassistant/components/hassio/ingress.py, _init_header)
+            headers += [("x-ingress-path", prefix),
+                        ("x-forwarded-host", request.headers.get("host", "")),
+                        ("x-forwarded-proto", request.url.scheme)]  # fmt: skip
             forwarded = client.build_request(
                 request.method,
                 path[len(prefix) :] + (f"?{query}" if query else ""),
-                headers=[(k, v) for k, v in request.headers.items() if k not in _HOP],
+                headers=headers,
                 content=await request.body(),
             )
             answer = await client.send(forwarded, stream=True)

@@ -11,7 +11,7 @@ import pytest
 from gateway.cli.doctor import Probes, diagnose
 from gateway.config import Config, ListenAddress
 from gateway.device_side.ota import OtaEndpoint
-from gateway.net.addresses import Addresses, is_wildcard, lan_address, local_host
+from gateway.net.addresses import UNKNOWN_LAN, Addresses, is_wildcard, lan_address, local_host
 from gateway.net.public import PublicAddress
 from tests.conftest import make_config
 
@@ -105,3 +105,19 @@ def test_one_mqtt_predicate_that_ota_doctor_and_addresses_agree_on(
         assert "MQTT is off" in said
     else:
         assert "free for the embedded broker" in said
+
+
+def test_boards_are_told_the_lan_address_else_what_to_set_never_loopback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wildcard bind on a machine whose LAN address is unknown: boards are told to set
+    device_url, not 127.0.0.1 (a board told that connects to itself)."""
+    monkeypatch.setattr("gateway.net.addresses.lan_address", lambda: None)
+    config = make_config(tmp_path, device_listen=ListenAddress("0.0.0.0", 8765))
+    unknown = Addresses.of(config, lan=None)
+    assert unknown.board_base() is None
+    assert unknown.device_url == UNKNOWN_LAN and "set device_url" in UNKNOWN_LAN
+    assert unknown.board_base("homeassistant.local") == ("http", "homeassistant.local", 8765)
+    assert addresses(config).board_base() == ("http", LAN, 8765)
+    loopback = dataclasses.replace(config, device_listen=ListenAddress("127.0.0.1", 8765))
+    assert Addresses.of(loopback, lan=None).board_base() == ("http", "127.0.0.1", 8765)

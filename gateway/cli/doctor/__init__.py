@@ -10,7 +10,8 @@ bounded by a short timeout and aimed only at addresses the configuration names.
 
 The modules: ``probes`` (the machine: ports, the data dir, containers), ``findings`` (what a
 check reports), then the checks of the configuration, in the order ``diagnose()`` runs them:
-``listeners`` (device and host listeners, the public URL, ports), ``broker`` (MQTT),
+``listeners`` (device and host listeners, the device URL, ports), ``remote`` (the remote URL,
+settings under former names), ``broker`` (MQTT),
 ``data_dir``, ``upstream`` (voice servers), ``config_file`` (file settings the environment
 outvotes). ``commands.doctor``
 prints the report.
@@ -27,9 +28,9 @@ from gateway.cli.doctor.data_dir import check_data_dir, check_data_dir_private
 from gateway.cli.doctor.findings import Context, Finding, Level
 from gateway.cli.doctor.listeners import (
     check_device_listener,
+    check_device_url,
     check_host_listener,
     check_ports,
-    check_public_url,
     check_running,
 )
 from gateway.cli.doctor.probes import (
@@ -41,6 +42,7 @@ from gateway.cli.doctor.probes import (
     tcp_probe,
     writable_probe,
 )
+from gateway.cli.doctor.remote import check_remote_url, check_renamed
 from gateway.cli.doctor.upstream import check_upstream, check_upstream_brokers
 from gateway.config import Config
 
@@ -80,7 +82,9 @@ def diagnose(
     """
     ctx = Context(config, container, probes or Probes())
     check_device_listener(ctx)
-    check_public_url(ctx)
+    check_device_url(ctx)
+    check_remote_url(ctx)
+    check_renamed(ctx)
     check_host_listener(ctx)
     check_ports(ctx)
     running = check_running(ctx)

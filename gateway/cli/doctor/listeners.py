@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from gateway.cli.doctor.findings import LAN_EXAMPLE, Context
+from gateway.cli.doctor.remote import remote_host
 from gateway.config import MIN_HOST_TOKEN, TOKEN_COMMAND, ListenAddress, is_loopback_host
 from gateway.net.addresses import is_wildcard, local_host
 
@@ -21,7 +22,7 @@ def check_device_listener(ctx: Context) -> None:
             f"set GATEWAY_DEVICE_LISTEN={device.host}:8765",
         )
     elif device.is_loopback:
-        # Behind a proxy on this machine (public_url elsewhere) loopback is the right bind.
+        # Behind a proxy on this machine (device_url elsewhere) loopback is the right bind.
         proxied = _proxied(ctx.config.public_url, device.port)
         ctx.add(
             "warning" if proxied and not ctx.container else "problem",
@@ -36,14 +37,14 @@ def check_device_listener(ctx: Context) -> None:
         ctx.add("ok", topic, f"{device}: devices reach it at {device.host}")
 
 
-def check_public_url(ctx: Context) -> None:
-    """The address devices are told leads back to the device listener."""
+def check_device_url(ctx: Context) -> None:
+    """The address devices are told (``device_url``) leads back to the device listener."""
     device = ctx.config.device_listen
     url = ctx.config.public_url
-    topic = "public URL"
+    topic = "device URL"
     example = f"http://{LAN_EXAMPLE}:{device.port}"
     machine = "the Docker host" if ctx.container else "this machine"
-    fix_lan = f"set GATEWAY_PUBLIC_URL to the LAN address of {machine}, e.g. {example}"
+    fix_lan = f"set GATEWAY_DEVICE_URL to the LAN address of {machine}, e.g. {example}"
     if url is None:
         if device.is_loopback:
             return  # the device listener's own finding says what to fix first
@@ -54,7 +55,7 @@ def check_public_url(ctx: Context) -> None:
             ctx.add(
                 "warning",
                 topic,
-                f"public_url is not set and the device listener is on {device.host}: the gateway "
+                f"device_url is not set and the device listener is on {device.host}: the gateway "
                 "knows no address of its own to give devices, only the one each stock device "
                 "used for the OTA endpoint (wrong behind a proxy or a changed port mapping)",
                 fix_lan + " (give the server a fixed address in your router)",
@@ -95,7 +96,24 @@ def check_public_url(ctx: Context) -> None:
         return
     tls = parts.scheme == "https"
     advertised = port or (443 if tls else 80)
-    if tls and advertised == device.port:
+    if remote_host(ctx.config) == host:
+        ctx.add(
+            "warning",
+            topic,
+            f"{url} is the remote URL's host: a tunnel for remote apps carries only the MCP "
+            "port, so boards sent there never reach the device listener (unless your proxy "
+            "also routes /xiaozhi/ to it)",
+            fix_lan + " (the remote URL stays [host] remote_url)",
+        )
+    elif advertised == ctx.config.host_listen.port != device.port:
+        ctx.add(
+            "problem",
+            topic,
+            f"{url} sends boards to port {advertised}, the MCP port: boards speak to the "
+            f"device listener, on port {device.port}",
+            f"use port {device.port} in GATEWAY_DEVICE_URL",
+        )
+    elif tls and advertised == device.port:
         ctx.add(
             "problem",
             topic,
@@ -111,7 +129,7 @@ def check_public_url(ctx: Context) -> None:
             f"{url} sends devices to port {advertised}, but the device listener is on port "
             f"{device.port}"
             + ("; fine only if Docker or a proxy forwards it there" if forwarded else ""),
-            f"use port {device.port} in GATEWAY_PUBLIC_URL, or publish it as "
+            f"use port {device.port} in GATEWAY_DEVICE_URL, or publish it as "
             f"-p {advertised}:{device.port}"
             if forwarded
             else f"use http://{host}:{device.port}",

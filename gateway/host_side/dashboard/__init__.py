@@ -42,7 +42,7 @@ from gateway.host_side.dashboard.session import (
 from gateway.host_side.dashboard.views import device_summary, device_tools, setup_facts
 from gateway.net.networks import in_networks, networks
 from gateway.net.peer import socket_peer
-from gateway.net.public import PublicAddress
+from gateway.net.public import PublicAddress, split_host
 from gateway.net.rate_limit import RateLimiter, rate_limited
 
 __all__ = ["Dashboard", "Sessions"]
@@ -130,8 +130,24 @@ class Dashboard:
 
     def _must_sign_in(self, request: Request) -> bool:
         """A host token is set, and the request is not Home Assistant's ingress proxy's."""
+        return self.sessions.required and not self._from_ingress(request)
+
+    def _ingress_host(self, request: Request) -> str | None:
+        """Home Assistant's host name when its ingress proxies ``request``, else None.
+
+        HA's ingress sets X-Ingress-Path, and X-Forwarded-Host to the name the browser reached
+        HA by (homeassistant.local:8123); the add-on's own ports are on that same machine.
+        """
+        headers = request.headers
+        if "x-ingress-path" not in headers or not self._from_ingress(request):
+            return None
+        forwarded = headers.get("x-forwarded-host") or headers.get("host") or ""
+        host = split_host(forwarded.split(",")[0])[0]
+        return host or None
+
+    def _from_ingress(self, request: Request) -> bool:
         # The socket's address: X-Forwarded-For is anyone's to write (gateway/net/peer.py).
-        return self.sessions.required and not in_networks(socket_peer(request), self.ingress)
+        return in_networks(socket_peer(request), self.ingress)
 
     # --- JSON --------------------------------------------------------------------------------
 
@@ -212,7 +228,8 @@ class Dashboard:
     async def setup(self, request: Request) -> Response:
         """The device token, device URLs and MCP host configs."""
         host = request.headers.get("host")
-        facts = setup_facts(self.config, self.public, self.device_token(), host)
+        facts = setup_facts(self.config, self.public, self.device_token(), host,
+                            self._ingress_host(request))  # fmt: skip
         return JSONResponse(facts, headers={"Cache-Control": "no-store"})
 
     def _pending(self) -> dict[str, int]:

@@ -13,7 +13,8 @@ from gateway.devices.calls import format_time
 from gateway.devices.policy import is_user_only
 from gateway.devices.registry import APPROVED, Device
 from gateway.host_side.dashboard.host_configs import HOSTS, host_configs
-from gateway.net.public import OTA_PATH, PublicAddress
+from gateway.net.addresses import UNKNOWN_LAN, host_port, http_url, websocket_url
+from gateway.net.public import OTA_PATH, PublicAddress, split_host
 
 __all__ = ["device_summary", "device_tools", "setup_facts"]
 
@@ -66,19 +67,37 @@ def device_tools(device: Device) -> list[JsonObject]:
 
 
 def setup_facts(
-    config: Config, public: PublicAddress, device_token: str, host_header: str | None
+    config: Config,
+    public: PublicAddress,
+    device_token: str,
+    host_header: str | None,
+    ingress_host: str | None = None,
 ) -> JsonObject:
-    """The setup page: where devices connect, with which token, and MCP host configs."""
-    scheme, host, port = public.device_base()
-    seen = _hostname(host_header or "")
-    if not config.public_url and is_loopback_host(host) and seen and not is_loopback_host(seen):
-        host = seen  # the name this browser reached the gateway by: the boards' best guess too
-    where = f"[{host}]" if ":" in host else host
-    mcp_url = f"http://{host_header or f'127.0.0.1:{config.host_listen.port}'}/mcp"
+    """The setup page: where devices connect, with which token, and MCP host configs.
+
+    Boards are told ``Addresses.board_base``'s address, else (no LAN address known) the name
+    the browser used, else what to set. ``ingress_host``: Home Assistant's host name when its
+    ingress proxies the request (the page is then on HA's own port): boards and hosts use the
+    add-on's ports on that name.
+    """
+    addresses = public.addresses
+    base = addresses.board_base(ingress_host)
+    browser = split_host(host_header or "")[0]
+    if base is None and browser and not is_loopback_host(browser):
+        # No LAN address known (in a container, the Docker host's): the name this browser
+        # reached the gateway by is the boards' best guess.
+        base = addresses.board_base(browser)
+    websocket, ota = UNKNOWN_LAN, UNKNOWN_LAN
+    if base is not None:
+        websocket, ota = websocket_url(*base), http_url(*base) + OTA_PATH
+    if ingress_host:
+        mcp_url = f"http://{host_port(ingress_host, addresses.host_port)}/mcp"
+    else:
+        mcp_url = f"http://{host_header or f'127.0.0.1:{config.host_listen.port}'}/mcp"
     return {
         "device_token": device_token,
-        "websocket_url": f"{'wss' if scheme == 'https' else 'ws'}://{where}:{port}/xiaozhi/v1/",
-        "ota_url": f"{scheme}://{where}:{port}{OTA_PATH}" if config.ota_enabled else None,
+        "websocket_url": websocket,
+        "ota_url": ota if config.ota_enabled else None,
         "mcp_url": mcp_url,
         "host_token_required": bool(config.host_token),
         "voice_proxy": _voice_proxy(config),
@@ -96,10 +115,3 @@ def _voice_proxy(config: Config) -> JsonObject | None:
         "ota_url": config.upstream_ota_url,  # every stock device that checks in
         "devices": {d: url or "off" for d, url in sorted(own.items())},  # their own choice
     }
-
-
-def _hostname(host_header: str) -> str:
-    host, sep, port = host_header.rpartition(":")
-    if not sep or not port.isdigit():
-        host = host_header
-    return host.strip("[]")

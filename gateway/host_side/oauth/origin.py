@@ -1,6 +1,6 @@
 """Where a request came from and which URL it reached: the issuer, the resource, the peer.
 
-The issuer is the host side's configured public URL (``[host] public_url``); without one, the URL
+The issuer is the host side's configured remote URL (``[host] remote_url``); without one, the URL
 the request came in on (its Host header, which the Host/Origin guard has checked). A request from
 a configured trusted proxy may name its scheme, host and client in ``X-Forwarded-Proto``,
 ``X-Forwarded-Host`` and ``X-Forwarded-For``; anyone else's forwarded headers are ignored.

@@ -246,7 +246,8 @@ function fact(list, label, value, note, secret = false) {
 
 async function loadSetup() {
   const setup = await api("api/setup");
-  state.websocketUrl = setup.websocket_url;
+  // Without a known address the API says what to set instead of a URL: no flash command of it
+  state.websocketUrl = setup.websocket_url.startsWith("ws") ? setup.websocket_url : "";
   const list = document.getElementById("setup-devices");
   list.replaceChildren();
   fact(list, "Device token", setup.device_token, "what our firmware and the simulator present", true);
