@@ -220,15 +220,17 @@ async def test_a_flood_of_announcements_leaves_the_stock_devices_places(
             discovered = [d for d in registry.devices() if d.device_id.startswith("mcp-")]
             urls = [f"http://{where.peer}:{20000 + n}/mcp" for n in range(200)]
             held = [url for url in urls if run.gateway.boards.get(board_id(url))]
-            assert len(held) == NEW_BOARDS_BURST  # the address's burst, far under the cap
-            assert len(discovered) <= NEW_BOARDS_BURST
+            # The address's burst (and one more for each 30 s the lookups took), under the cap
+            cap = run.gateway.config.boards_discover_max_pending
+            assert NEW_BOARDS_BURST <= len(held) < cap
+            assert len(discovered) <= len(held)
             assert all(d.record.state == PENDING for d in discovered)
             assert (await check_in(run)).status_code == 200
             stock = registry.get(STOCK)
             assert stock is not None and stock.record.state == PENDING
             assert list(registry.waiting) == [STOCK]
     ignored = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
-    assert 1 <= len(ignored) <= 3 and "new boards" in ignored[0]
+    assert 1 <= len(ignored) < 10 and "new boards" in ignored[0]  # a line per 10 s, not 196
 
 
 @needs_lan
