@@ -40,8 +40,17 @@ INNER: dict[str, list[set[str]]] = {
         # one timer; handshake_request: a WebSocket handshake read once, as websockets would
         # peer: the socket's address, kept before uvicorn's proxy headers replace it;
         # text_frames: a whole text frame read or written in place
-        {"direct_http", "expiries", "handshake_request", "peer", "text_frames", "throttled"},
-        {"addresses", "destinations", "websocket", "networks", "upgrade"},
+        # networks: addresses and networks from the config, and this machine's interfaces'
+        {
+            "direct_http",
+            "expiries",
+            "handshake_request",
+            "networks",
+            "peer",
+            "text_frames",
+            "throttled",
+        },
+        {"addresses", "destinations", "websocket", "upgrade"},
         {"limits"},
         {"public", "descriptors", "rate_limit", "listeners"},
     ],

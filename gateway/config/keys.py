@@ -129,6 +129,8 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("mcp_boards", "discover", "boards_discover", boolean),
     ("mcp_boards", "discover_grace", "boards_discover_grace", positive_number),
     ("mcp_boards", "discover_interfaces", "boards_discover_interfaces", string_list),
+    ("mcp_boards", "discover_networks", "boards_discover_networks", networks),
+    ("mcp_boards", "discover_max_pending", "boards_discover_max_pending", integer),
     ("mcp_boards", "ping_interval", "boards_ping_interval", positive_number),
     ("mcp_boards", "retry_max", "boards_retry_max", positive_number),
     ("mcp_boards", "max_message_bytes", "boards_max_message_bytes", integer),

@@ -143,6 +143,9 @@ class Config:
     boards_discover: bool = False
     boards_discover_grace: float = 60.0
     boards_discover_interfaces: tuple[str, ...] = ()  # addresses to browse on; () = all
+    # where a discovered board may be reached; () = the networks of the interfaces browsed on
+    boards_discover_networks: tuple[str, ...] = ()
+    boards_discover_max_pending: int = 32  # discovered boards waiting for approval at once
     boards_ping_interval: float = 30.0
     boards_retry_max: float = 60.0
     boards_max_message_bytes: int = 4 * 1024 * 1024

@@ -16,6 +16,7 @@ from gateway.config import OTA_TRANSPORTS
 from gateway.devices.audit import Actor
 from gateway.devices.device import APPROVED, PENDING, REJECTED, Device
 from gateway.devices.known import KnownDevices
+from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.logins import CONFLICT, REFUSED
 from gateway.devices.naming import clean_alias
 from gateway.devices.store import DeviceRecord
@@ -48,7 +49,8 @@ class DeviceAdmin(KnownDevices):
         ``trusted`` is True when it presented a device token (shared or its own): it is approved
         if it was new or pending. A device without one (a stock device through OTA) is *pending*
         until the user approves it, unless ``[devices] adoption = "auto"`` or a pairing window
-        is open; at most ``[devices] max_pending`` wait at once. Once approved, a device is
+        is open; at most ``[devices] max_pending`` wait at once (boards found over mDNS, the
+        ``BOARD_TRANSPORT``, wait apart: the discovery caps them). Once approved, a device is
         bound to the identity it presented (``client_id``: a Client-Id, or over MQTT what its
         credential stands for): a later attempt with another one is refused, recorded as a
         conflict (the device's ``conflict``, the log, the audit log), never swapped in.
@@ -116,17 +118,19 @@ class DeviceAdmin(KnownDevices):
         adopt = adopt or (trusted and self._token_may_approve(shared, device_id, actor))
         if not adopt:
             self.expire_pending()
-        if not adopt and not self._room_to_wait(actor, device_id):
+        board_found = actor.who == BOARD_TRANSPORT  # found over mDNS: its own cap, not ours
+        if not adopt and not board_found and not self._room_to_wait(actor, device_id):
             return f"{self._config.max_pending} devices wait for approval already"
         token_only = client_id is not None and client_id.startswith(TOKEN_BINDING)
         # Its Client-Id, if it has one; the transport it logs in over (an OTA check-in only
-        # asks for one), so that its connect has nothing new to write after its approval.
+        # asks for one), so that its connect has nothing new to write after its approval, and
+        # a board is known as one when the data dir is read again (``_queue``).
         seen_as = None if token_only else client_id
-        connects = actor.who if actor.who in OTA_TRANSPORTS else None
+        connects = actor.who if actor.who in (*OTA_TRANSPORTS, BOARD_TRANSPORT) else None
         device = self._device(
             device_id, board, state=PENDING, client_id=seen_as, transport=connects
         )
-        self.waiting[device_id] = device
+        self._queue(device.record)[device_id] = device
         if adopt:
             self.approve(device, client_id)
         else:
@@ -163,7 +167,8 @@ class DeviceAdmin(KnownDevices):
     def expire_pending(self) -> int:
         """Drop the pending devices unseen for ``[devices] pending_expiry``; return how many."""
         cutoff = self._clock() - self._config.pending_expiry
-        stale = [d for d in self.waiting.values() if d.record.last_seen < cutoff and not d.online]
+        stale = [d for queue in (self.waiting, self.waiting_boards) for d in queue.values()
+                 if d.record.last_seen < cutoff and not d.online]  # fmt: skip
         for device in stale:
             logger.info("device %s waited for approval %s, unseen: dropped", device.label,
                         _days(self._config.pending_expiry))  # fmt: skip
@@ -181,7 +186,7 @@ class DeviceAdmin(KnownDevices):
             return  # approved again: nothing changes, nothing to say
         record.state = APPROVED
         record.binding = record.binding or presented or record.client_id
-        self.waiting.pop(device.device_id, None)
+        self._unwait(device.device_id)
         self.decisions += 1
         self._save(record)
         logger.info("device %s approved", device.label)
@@ -190,7 +195,7 @@ class DeviceAdmin(KnownDevices):
     def reject(self, device: Device) -> None:
         """Refuse ``device`` from now on; its tools go (the caller closes its session)."""
         device.record.state = REJECTED
-        self.waiting.pop(device.device_id, None)
+        self._unwait(device.device_id)
         self._save(device.record)
         logger.info("device %s (%s) rejected", device.alias, device.device_id)
         self._hide(device)
@@ -255,7 +260,7 @@ class DeviceAdmin(KnownDevices):
             return
         del self._devices[device.device_id]
         self._order = None
-        self.waiting.pop(device.device_id, None)
+        self._unwait(device.device_id)
         if self._by_alias.get(device.alias) is device:
             del self._by_alias[device.alias]
         self._hide(device)

@@ -22,6 +22,7 @@ from gateway.devices.catalogue import Catalogue, Catalogues
 from gateway.devices.device import APPROVED, PENDING, Decisions, Device, DeviceTool, verdict
 from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
+from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.pages import KnownPages
@@ -72,6 +73,9 @@ class KnownDevices:
         self.audit = audit or AuditLog(None)
         self.logins = LoginRecords(self.audit, per_minute=config.audit_logins_per_minute)
         self.waiting: dict[str, Device] = {}  # the pending devices, at most [devices] max_pending
+        # Pending boards (found over mDNS) wait apart: they never take a stock device's place;
+        # the discovery caps them ([mcp_boards] discover_max_pending).
+        self.waiting_boards: dict[str, Device] = {}
         self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
         self._committed_decisions = 0
         self._committing: asyncio.Future[None] | None = None  # the commit of decisions running
@@ -96,12 +100,21 @@ class KnownDevices:
             device = self._devices[record.device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
             if record.state == PENDING:
-                self.waiting[record.device_id] = device
+                self._queue(record)[record.device_id] = device
             if record.catalogue is not None and record.catalogue not in catalogues:
                 record.catalogue = None  # unreadable: the device lists its tools again anyway
                 store.save_device(record)
             if record.catalogue is not None:
                 self._use(device, catalogues[record.catalogue])
+
+    def _queue(self, record: DeviceRecord) -> dict[str, Device]:
+        """Where a pending device waits: ``waiting_boards`` for a board, else ``waiting``."""
+        return self.waiting_boards if record.transport == BOARD_TRANSPORT else self.waiting
+
+    def _unwait(self, device_id: str) -> None:
+        """``device_id`` no longer waits for approval (approved, rejected, forgotten)."""
+        self.waiting.pop(device_id, None)
+        self.waiting_boards.pop(device_id, None)
 
     # --- queries ---------------------------------------------------------------------------
 

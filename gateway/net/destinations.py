@@ -20,7 +20,9 @@ certificate check use ``Destination.host``).
 ``allow`` lets a place through when the operator's own setting already leads there (a voice
 server on this machine: ``reach_of(its OTA host)``). ``own_ports`` narrows "this machine" to the
 gateway's own listeners, for a destination the owner may run here beside the gateway (an MCP
-board, docs/mcp-devices.md): anything else listening on this machine is theirs to name.
+board the owner added, docs/mcp-devices.md): anything else listening on this machine is theirs
+to name. ``within`` is for an address a LAN peer chose (an mDNS answer): it must lie in one of
+these networks, and this machine and the link-local network are refused whatever they hold.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ import asyncio
 import functools
 import ipaddress
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+
+from gateway.net.networks import Network, in_networks
 
 __all__ = [
     "LINK_LOCAL",
+    "OUTSIDE",
     "THIS_MACHINE",
     "Destination",
     "DestinationRefused",
@@ -45,6 +50,7 @@ __all__ = [
 
 THIS_MACHINE = "this machine"
 LINK_LOCAL = "the link-local network"
+OUTSIDE = "outside the networks allowed"
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost",
                              "ip6-loopback"})  # fmt: skip
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # "this host on this network" (RFC 1122)
@@ -75,7 +81,12 @@ class Destination:
 
 
 async def resolve_destination(
-    host: str, port: int, *, allow: Collection[str] = (), own_ports: Collection[int] | None = None
+    host: str,
+    port: int,
+    *,
+    allow: Collection[str] = (),
+    own_ports: Collection[int] | None = None,
+    within: Sequence[Network] | None = None,
 ) -> Destination:
     """Resolve ``host`` once and check every address it resolves to.
 
@@ -86,6 +97,8 @@ async def resolve_destination(
         allow: places (``THIS_MACHINE``, ``LINK_LOCAL``) that may be reached all the same.
         own_ports: when given, this machine is refused only at these ports (the gateway's own
             listeners) and reached at any other.
+        within: when given, every address must lie in one of these networks (else
+            ``OUTSIDE``); ``allow`` and ``own_ports`` are then not for this machine's addresses.
 
     Returns:
         The address to connect to: the first the resolver gave, all of them checked.
@@ -97,7 +110,7 @@ async def resolve_destination(
     name = _plain(host)
     if not name or not 0 < port < 65536:
         raise DestinationRefused(f"{host!r} port {port} is not a destination")
-    if own_ports is not None and port not in own_ports:
+    if own_ports is not None and port not in own_ports and within is None:
         allow = {*allow, THIS_MACHINE}
     if name.lower() in _LOOPBACK_NAMES or name.lower().endswith(".localhost"):
         _refuse_if(THIS_MACHINE, host, allow)  # whatever this resolver says of such names
@@ -113,7 +126,7 @@ async def resolve_destination(
     if not addresses:
         raise DestinationRefused(f"{host} does not resolve to an IP address")
     for address in addresses:  # every one: a name may list a public and a loopback address
-        place = address_reach(address)
+        place = address_reach(address, within)
         if place is not None:
             _refuse_if(place, host, allow)
     return Destination(name, addresses[0], port)
@@ -131,19 +144,22 @@ async def reach_of(host: str) -> str | None:
     return None
 
 
-def address_reach(address: str) -> str | None:
-    """Where the literal ``address`` (as the resolver answers it) leads, if it must not."""
+def address_reach(address: str, within: Sequence[Network] | None = None) -> str | None:
+    """Where the literal ``address`` (as the resolver answers it) leads, if it must not; with
+    ``within``, also ``OUTSIDE`` when it lies in none of those networks."""
     try:
         ip: Address = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 scope
     except ValueError:
-        return None
+        return None if within is None else OUTSIDE
     if isinstance(ip, ipaddress.IPv6Address):
         mapped = ip.ipv4_mapped or _ipv4_compatible(ip)
         if mapped is not None:
             ip = mapped
     if ip.is_loopback or ip.is_unspecified or ip in _THIS_NETWORK or _is_own(str(ip)):
         return THIS_MACHINE
-    return LINK_LOCAL if ip.is_link_local else None
+    if ip.is_link_local:
+        return LINK_LOCAL
+    return OUTSIDE if within is not None and not in_networks(str(ip), within) else None
 
 
 def literal_reach(host: str) -> str | None:

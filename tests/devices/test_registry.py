@@ -12,6 +12,7 @@ import pytest
 
 from gateway.config import DeviceOptions
 from gateway.devices.audit import Actor
+from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.naming import NameMap
 from gateway.devices.store import DeviceRecord, Store
 from tests.conftest import make_config
@@ -451,6 +452,32 @@ async def test_pending_devices_are_capped_and_expire(
     [refused] = stack.audit.page(kind="login")["records"]
     assert (refused["from"], refused["outcome"]) == ("10.0.0.9", "refused")
     stack.close()
+
+
+async def test_discovered_boards_never_take_a_stock_devices_place(tmp_path: Path) -> None:
+    """Boards found over mDNS wait apart from stock devices: with every stock place taken a
+    board still waits, and 51 waiting boards leave the one stock place free, after a restart
+    too; approved or forgotten, a board waits no more."""
+    stack = Stack(make_config(tmp_path, max_pending=1))
+    registry = stack.registry
+    for n in range(50):
+        assert registry.admit(f"mcp-{n:012x}", trusted=False, client_id=f"board:u{n}",
+                              transport=BOARD_TRANSPORT) is None  # fmt: skip
+    assert registry.admit("aa:00", trusted=False, client_id="u", transport="OTA") is None
+    assert registry.admit("aa:01", trusted=False, client_id="u", transport="OTA") == (
+        "1 devices wait for approval already"
+    )
+    assert registry.admit("mcp-0000000000ff", trusted=False, client_id="board:v",
+                          transport=BOARD_TRANSPORT) is None  # fmt: skip
+    assert list(registry.waiting) == ["aa:00"] and len(registry.waiting_boards) == 51
+    stack.close()
+    again = Stack(make_config(tmp_path, max_pending=1))
+    registry = again.registry
+    assert list(registry.waiting) == ["aa:00"] and len(registry.waiting_boards) == 51
+    registry.approve(registry.get("mcp-000000000000"))  # type: ignore[arg-type]
+    registry.forget(registry.get("mcp-000000000001"))  # type: ignore[arg-type]
+    assert len(registry.waiting_boards) == 49 and list(registry.waiting) == ["aa:00"]
+    again.close()
 
 
 async def test_settle_commits_and_audits_a_users_change(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from gateway.net import destinations
 from gateway.net.addresses import lan_address
 from gateway.net.destinations import (
     LINK_LOCAL,
+    OUTSIDE,
     THIS_MACHINE,
     DestinationRefused,
     address_reach,
@@ -20,6 +21,7 @@ from gateway.net.destinations import (
     reach_of,
     resolve_destination,
 )
+from gateway.net.networks import networks
 
 pytestmark = pytest.mark.anyio
 
@@ -79,6 +81,32 @@ async def test_other_machines_pass_as_the_address_to_connect_to(host: str) -> No
     destination = await resolve_destination(host, 443)
     assert destination.address == host.strip("[]") and destination.port == 443
     assert await reach_of(host) is None
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "0.0.0.0", "[::1]", "::ffff:127.0.0.2"])
+async def test_within_networks_this_machine_is_refused_at_every_port(host: str) -> None:
+    """An address a LAN peer chose (mDNS) never leads to this machine, whatever its port and
+    whatever the networks allowed."""
+    everywhere = networks(["0.0.0.0/0", "::/0"])
+    with pytest.raises(DestinationRefused, match="this machine") as refused:
+        await resolve_destination(host, 8000, own_ports={8080}, within=everywhere)
+    assert refused.value.place == THIS_MACHINE
+
+
+async def test_within_networks_only_those_are_reached_and_link_local_never() -> None:
+    lan = networks(["192.168.1.0/24"])
+    destination = await resolve_destination("192.168.1.10", 80, within=lan)
+    assert destination.address == "192.168.1.10"
+    for host in ("192.168.2.10", "10.0.0.7", "8.8.8.8", "[2001:db8::1]"):
+        with pytest.raises(DestinationRefused, match="outside the networks allowed") as refused:
+            await resolve_destination(host, 80, within=lan)
+        assert refused.value.place == OUTSIDE
+    assert address_reach("169.254.169.254", networks(["169.254.0.0/16"])) == LINK_LOCAL
+    assert address_reach("fe80::1", networks(["fe80::/10"])) == LINK_LOCAL
+    assert address_reach("not an address", lan) == OUTSIDE
+    own = lan_address()
+    if own is not None and own[0].isdigit():  # this machine's LAN address, on its own LAN
+        assert address_reach(own, networks([f"{own}/24"])) == THIS_MACHINE
 
 
 @pytest.mark.parametrize("host", ["", ".", "no-such-host.invalid", "a b", "[::1"])

@@ -3,7 +3,8 @@
 The gateway is the board's MCP client through the SDK's own transports: streamable HTTP first
 and, when a board does not answer ``initialize`` there, the older HTTP+SSE transport (a URL
 ending in ``/sse`` starts with SSE). Every attempt first asks admission (a rejected board is
-not contacted) and checks where the URL resolves (``address.resolve_board``). Between
+not contacted) and checks where the URL resolves (``address.resolve_board``: a board not added
+by the owner, found over mDNS, only inside the discovery networks). Between
 attempts the wait doubles from one second up to ``[mcp_boards] retry_max``; a session that got
 as far as ``initialize`` starts the count again.
 
@@ -20,7 +21,7 @@ import contextlib
 import hashlib
 import logging
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from mcp.client.sse import sse_client
@@ -32,6 +33,7 @@ from gateway.device_side.boards.http import BoardHttp
 from gateway.device_side.boards.link import BoardLink
 from gateway.devices.link import BOARD_TRANSPORT, DeviceIdentity
 from gateway.devices.registry import DeviceRegistry
+from gateway.net.networks import Network
 from gateway.protocol import envelope
 
 __all__ = ["Board", "board_id"]
@@ -66,6 +68,7 @@ class Board:
         registry: DeviceRegistry,
         serve: Serve,
         own_ports: Callable[[], Collection[int]],
+        networks: Callable[[], Sequence[Network]],
     ) -> None:
         self.url = url
         self.device_id = board_id(url)
@@ -76,6 +79,7 @@ class Board:
         self._registry = registry
         self._serve = serve
         self._own_ports = own_ports
+        self._networks = networks  # where it may be while not trusted (discovered)
         self._task: asyncio.Task[None] | None = None
         self._link: BoardLink | None = None  # the current attempt's
         self.attempted = asyncio.Event()  # set once an attempt has ended (tests wait on it)
@@ -156,7 +160,8 @@ class Board:
                                        peer=identity.host)  # fmt: skip
         if refusal is None:
             await self._registry.commit_decisions()
-            target = await resolve_board(self.url, self._own_ports())
+            within = None if self.trusted else self._networks()
+            target = await resolve_board(self.url, self._own_ports(), within)
             refusal = target if isinstance(target, str) else None
         if refusal is not None:
             if refusal != self.problem:

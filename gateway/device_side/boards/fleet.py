@@ -4,8 +4,11 @@
   the dashboard, ``POST /api/devices/add``): approved as they are added. Those added at run
   time are kept in ``boards.json`` in the data dir (mode 0600: it holds their tokens).
 - boards found over mDNS (``[mcp_boards] discover``, ``discovery.py``): pending until the owner
-  approves them, like a stock device that checks in through OTA; one that stops announcing
-  itself is let go after ``[mcp_boards] discover_grace`` seconds (offline, its tools kept).
+  approves them, like a stock device that checks in through OTA, but never in the stock
+  devices' places: at most ``[mcp_boards] discover_max_pending`` wait at once, and never one at
+  an address of this machine or outside ``networks``. One that stops announcing itself is let
+  go after ``[mcp_boards] discover_grace`` seconds: offline, its tools kept once approved,
+  forgotten while it still waits (a flood that comes and goes leaves nothing behind).
 
 In a cluster every replica tells which boards it reaches (``offered``) and connects only to those
 it holds (``owns``, gateway/cluster/boards.py); ``reown()`` applies that again when it may have
@@ -27,8 +30,10 @@ from gateway.config.boards import BoardOptions, board_url
 from gateway.datadir import create_private
 from gateway.device_side.boards.board import Board, Serve, board_id
 from gateway.device_side.boards.discovery import Discovery
+from gateway.devices.device import PENDING
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import ConfigError, GatewayError
+from gateway.net.networks import Network, interface_networks, networks
 
 __all__ = ["Boards"]
 
@@ -49,6 +54,7 @@ class Boards:
         self._added: list[BoardOptions] = []
         self._forgetting: dict[str, asyncio.TimerHandle] = {}
         self.own_ports: Collection[int] = ()  # the gateway's listening ports, once known
+        self.networks: tuple[Network, ...] = ()  # where discovered boards may be, once browsing
         self._discovery: Discovery | None = None
         # cluster (set by app): does this replica hold the board; these are the boards it reaches
         self.owns: Callable[[str], bool] = lambda device_id: True
@@ -68,9 +74,22 @@ class Boards:
 
     async def discover(self) -> None:
         """Browse mDNS for boards (``[mcp_boards] discover``), once the ports are known."""
-        interfaces = list(self._config.boards_discover_interfaces) or None
-        self._discovery = Discovery(self.discovered, self.vanished, interfaces)
+        interfaces = self._config.boards_discover_interfaces
+        self.networks = networks(self._config.boards_discover_networks) or (
+            await asyncio.to_thread(interface_networks, interfaces)
+        )
+        if not self.networks:
+            logger.warning("mDNS: the interfaces browsed on are on no network but loopback and "
+                           "link-local: no board can be discovered; set [mcp_boards] "
+                           "discover_networks")  # fmt: skip
+        self._discovery = Discovery(self.discovered, self.vanished, list(interfaces) or None,
+                                    self.networks)  # fmt: skip
         await self._discovery.start()
+
+    @property
+    def discovery(self) -> Discovery | None:
+        """The mDNS browsing, once started."""
+        return self._discovery
 
     async def __aexit__(self, *exc: object) -> None:
         if self._discovery is not None:
@@ -134,16 +153,33 @@ class Boards:
             board.stop(), name=f"gateway.board.stop[{device_id}]"
         )
 
-    def discovered(self, url: str) -> None:
-        """A board announced itself at ``url`` (mDNS): connect to it, pending approval."""
+    def discovered(self, url: str) -> str | None:
+        """A board announced itself at ``url`` (mDNS): connect to it, pending approval; None,
+        or why not (as many discovered boards wait already)."""
         device_id = board_id(url)
         timer = self._forgetting.pop(device_id, None)
         if timer is not None:
             timer.cancel()
-        if device_id not in self._boards:
-            logger.info("board found over mDNS: %s", url)
-            self._start(BoardOptions(url), trusted=False)
-            self.offered(frozenset(self._boards))
+        if device_id in self._boards:
+            return None
+        most = self._config.boards_discover_max_pending
+        if len(self._waiting_discovered()) >= most:
+            return (f"{most} discovered boards wait for approval already ([mcp_boards] "
+                    "discover_max_pending): approve, reject or forget some")  # fmt: skip
+        logger.info("board found over mDNS: %s", url)
+        self._start(BoardOptions(url), trusted=False)
+        self.offered(frozenset(self._boards))
+        return None
+
+    def _waiting_discovered(self) -> set[str]:
+        """The discovered boards waiting for approval: held here (admitted or about to be),
+        or pending from before (a previous run, another replica)."""
+        held = set()
+        for board in self._boards.values():
+            device = self._registry.get(board.device_id)
+            if not board.trusted and (device is None or device.record.state == PENDING):
+                held.add(board.device_id)
+        return held | self._registry.waiting_boards.keys()
 
     def vanished(self, url: str) -> None:
         """A discovered board stopped announcing itself: let it go after the grace period."""
@@ -162,13 +198,20 @@ class Boards:
         if board is not None and not board.trusted:
             del self._boards[device_id]
             self.offered(frozenset(self._boards))
-            logger.info("board %s no longer announces itself: disconnected", board.url)
+            device = self._registry.get(device_id)
+            if device is not None and device.record.state == PENDING:
+                self._registry.forget(device)  # nothing to approve any more: its place is free
+                logger.info("board %s no longer announces itself: forgotten (it was waiting "
+                            "for approval)", board.url)  # fmt: skip
+            else:
+                logger.info("board %s no longer announces itself: disconnected", board.url)
             asyncio.create_task(board.stop(), name=f"gateway.board.stop[{device_id}]")
 
     def _start(self, options: BoardOptions, *, trusted: bool) -> Board:
         board = Board(options.url, options.token, trusted=trusted, config=self._config,
                       registry=self._registry, serve=self._serve,
-                      own_ports=lambda: self.own_ports)  # fmt: skip
+                      own_ports=lambda: self.own_ports,
+                      networks=lambda: self.networks)  # fmt: skip
         board.owned = lambda: self.owns(board.device_id)
         if options.name:
             self._registry.adopt(board.device_id, options.name)
