@@ -50,7 +50,8 @@ def request_gateway(
     request = urllib.request.Request(target, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
+            answer = response.read()
+            status = response.status
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             raise GatewayError(token_refused(base, bool(token), option)) from None
@@ -58,6 +59,13 @@ def request_gateway(
             return exc.code, json.loads(exc.read())
         except ValueError:
             raise GatewayError(f"{target}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a malformed URL
         reason = getattr(exc, "reason", exc)
         raise GatewayError(f"cannot reach the gateway at {target}: {reason}") from None
+    try:
+        return status, json.loads(answer)
+    except ValueError:
+        raise GatewayError(
+            f"{target} answered, but not as the gateway does (no JSON): is {base} the gateway's "
+            "host listener (port 8766 by default)?"
+        ) from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import httpx2
 import pytest
 from websockets.asyncio.client import connect
@@ -137,3 +138,24 @@ async def test_issued_tokens_are_listed_audited_and_revoked(tmp_path: Path) -> N
                 pass
         code, _, err = await cli("enrollments", "revoke", bench["id"], "--url", url, env=env)
         assert code == 1 and "no enrollment" in err
+
+
+async def test_something_else_at_the_url_is_named_not_taken_for_the_gateway(tmp_path: Path) -> None:
+    """A web server that is not the gateway's host listener answers 200 with a page: the CLI
+    says it is not the gateway, rather than failing on the page."""
+
+    async def page(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            body = b"<html>a router's admin page</html>"
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            await stream.send(head.encode() + body)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, page)
+        code, _, err = await cli("devices", "--url", f"http://127.0.0.1:{port}",
+                                 env=cli_env(tmp_path))  # fmt: skip
+        tg.cancel_scope.cancel()
+    assert code == 1 and "not as the gateway does" in err and "Traceback" not in err
