@@ -13,6 +13,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.app import Running
+from tests.cli.flashing.test_board_commands import silent_port  # noqa: F401 - a fixture
 from tests.cli.flashing.test_image import fake_firmware
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device, stock_headers
@@ -68,10 +69,13 @@ async def test_call_without_a_tool_lists_the_device_s_tools(tmp_path: Path) -> N
             assert "`esp-mcp-gateway devices`" in err and "`devices show DEVICE`" in err
 
 
-async def test_a_failed_flash_issues_no_token(tmp_path: Path) -> None:
-    """Three failed tries (no port; a file that is not firmware; no place for the image) leave
-    no token issued and nothing in the audit log; a try that fails after the gateway issued one
-    (no URL a board could reach) revokes it again."""
+async def test_a_failed_flash_issues_no_token(
+    tmp_path: Path,
+    silent_port: str,  # noqa: F811 - the fixture imported above
+) -> None:
+    """Failed tries (no port; no chip answering; a file that is not firmware; no place for the
+    image) leave no token issued and nothing in the audit log; a try that fails after the
+    gateway issued one (no URL a board could reach) revokes it again."""
     firmware = tmp_path / "ESP32_GENERIC.bin"
     firmware.write_bytes(fake_firmware("esp32"))
     not_firmware = tmp_path / "notes.txt"
@@ -81,6 +85,7 @@ async def test_a_failed_flash_issues_no_token(tmp_path: Path) -> None:
         env = cli_env(tmp_path / "cli")
         tries = [
             ["flash", "--port", str(tmp_path / "ttyUSB97"), "--firmware", str(firmware)],
+            ["flash", "--port", silent_port, "--firmware", str(firmware)],
             ["flash", "--port", "/dev/null", "--firmware", str(not_firmware)],
             ["image", "--firmware", str(firmware), "--output", str(tmp_path / "no" / "x.bin")],
         ]
