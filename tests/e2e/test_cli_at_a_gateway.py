@@ -74,8 +74,8 @@ async def test_a_failed_flash_issues_no_token(
     silent_port: str,  # noqa: F811 - the fixture imported above
 ) -> None:
     """Failed tries (no port; no chip answering; a file that is not firmware; no place for the
-    image) leave no token issued and nothing in the audit log; a try that fails after the
-    gateway issued one (no URL a board could reach) revokes it again."""
+    image; provision to no port) leave no token issued and nothing in the audit log; a try that
+    fails after the gateway issued one (no URL a board could reach) revokes it again."""
     firmware = tmp_path / "ESP32_GENERIC.bin"
     firmware.write_bytes(fake_firmware("esp32"))
     not_firmware = tmp_path / "notes.txt"
@@ -86,6 +86,7 @@ async def test_a_failed_flash_issues_no_token(
         tries = [
             ["flash", "--port", str(tmp_path / "ttyUSB97"), "--firmware", str(firmware)],
             ["flash", "--port", silent_port, "--firmware", str(firmware)],
+            ["provision", "--port", str(tmp_path / "ttyACM97")],
             ["flash", "--port", "/dev/null", "--firmware", str(not_firmware)],
             ["image", "--firmware", str(firmware), "--output", str(tmp_path / "no" / "x.bin")],
         ]
