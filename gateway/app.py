@@ -132,7 +132,7 @@ class Gateway:
             config, self.frontend, self.registry, self.router, self.admission.enroll, self.photos,
             dashboard=self.dashboard, metrics=self.metrics,
             trouble=self.cluster.health if self.cluster else None, oauth=self.oauth,
-            add_board=self.boards.add, forget_board=self.boards.forget,
+            add_board=self.boards.add, forget_board=self.boards.forget, enrollment=self.enrollment,
         )  # fmt: skip
         if self.cluster is not None:  # cluster: records and series say which replica
             self.audit.replica = self.metrics.replica = self.cluster.replica

@@ -114,7 +114,11 @@ INNER: dict[str, list[set[str]]] = {
         {"site"},
         {"apps"},
     ],
-    "cli": [{"flashing", "doctor", "heap", "tables", "log_lines"}, {"commands"}],
+    "cli": [
+        {"gateway_api", "help", "heap", "tables", "log_lines"},
+        {"flashing", "doctor"},
+        {"commands"},
+    ],
     "config": [
         {"values"},
         {"listen", "boards"},

@@ -1,7 +1,8 @@
 """A fresh clone without socat or mosquitto: the tests that need them skip, saying what to install.
 
-The README promises skips (not errors) where Debian's programs are missing, and CI
-(GATEWAY_TESTS_NO_SKIPS=1) turns any such skip into a failure. Each test runs pytest as a user
+CONTRIBUTING.md (where the README sends for what the tests need) promises skips (not errors)
+where Debian's programs are missing, and CI (GATEWAY_TESTS_NO_SKIPS=1) turns any such skip into
+a failure. Each test runs pytest as a user
 would, on a PATH without the program.
 """
 

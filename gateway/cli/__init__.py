@@ -21,6 +21,7 @@ from gateway import __version__
 from gateway.cli.flashing.cli import BOARD_COMMANDS
 from gateway.cli.flashing.cli import add_parsers as add_board_parsers
 from gateway.cli.flashing.cli import run as run_board_command
+from gateway.cli.help import add_command
 from gateway.cli.log_lines import TurnHandler
 from gateway.config import Config, load_config
 from gateway.datadir import usable_data_dir
@@ -32,6 +33,26 @@ logger = logging.getLogger("gateway")
 
 
 DEVICE_ACTIONS = ("list", "show", "approve", "reject", "forget", "pair", "add")
+# The commands that talk to a running gateway's API: (name, summary, examples).
+_GATEWAY_COMMANDS = (
+    (
+        "devices",
+        "list a running gateway's devices, or approve, reject, forget, pair or add one",
+        "devices\ndevices show kitchen\ndevices approve kitchen\ndevices pair --for 120\n"
+        "devices add http://esp-claw.local:18791/mcp_server --name claw",
+    ),
+    (
+        "call",
+        "call a device tool through a running gateway (no tool: list the device's tools)",
+        "call kitchen\ncall kitchen self.audio_speaker.set_volume '{\"volume\": 30}'\n"
+        'call kitchen self.camera.take_photo \'{"question": "what is there?"}\' --save photo.jpg',
+    ),
+    (
+        "enrollments",
+        "list the device tokens flash, image and provision had issued, or revoke one",
+        "enrollments\nenrollments revoke 3f2a9c1d0b7e",
+    ),
+)
 # Options whose value is a secret: random, so it may begin with "-".
 _SECRET_OPTIONS = ("--token", "--api-token", "--board-token")
 
@@ -52,15 +73,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="base URL boards use to reach the device listener")  # fmt: skip
     common.add_argument("--log-level", help="debug, info, warning or error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("serve", parents=[common], help="run the gateway (MCP over HTTP and SSE)")
-    stdio = sub.add_parser(
-        "stdio", parents=[common], help="run the gateway with MCP on stdin/stdout (Claude Desktop)"
-    )
+    add_command(sub, "serve", "run the gateway (MCP over HTTP and SSE)",
+                "serve --device-listen 0.0.0.0:8765", [common])  # fmt: skip
+    stdio = add_command(sub, "stdio", "run the gateway with MCP on stdin/stdout (Claude Desktop)",
+                        "stdio\nstdio --connect http://server:8766/mcp --token HOST_TOKEN",
+                        [common])  # fmt: skip
     stdio.add_argument("--connect", metavar="URL", help="relay stdio to a gateway at this /mcp URL")
     stdio.add_argument("--token", help="host token for --connect (else GATEWAY_HOST_TOKEN)")
-    for name, text in (("devices", "list a running gateway's devices"),
-                       ("call", "call a device tool through a running gateway")):  # fmt: skip
-        command = sub.add_parser(name, parents=[common], help=text)
+    for name, text, example in _GATEWAY_COMMANDS:
+        command = add_command(sub, name, text, example, [common])
         command.add_argument(
             "--url", help="the gateway's host listener, e.g. http://127.0.0.1:8766"
         )
@@ -78,20 +99,25 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument("--board-token", help="add: the bearer token the board wants")
         if name == "call":
             command.add_argument("device", help="device name or id")
-            command.add_argument("tool", help="tool name, e.g. self.lamp.turn_on")
+            command.add_argument(
+                "tool", nargs="?", help="tool name, e.g. self.lamp.turn_on (none: list the tools)"
+            )
             command.add_argument("arguments", nargs="?", default="{}", help="JSON object")
             command.add_argument(
                 "--save", metavar="FILE", help="write the image the tool returns (a photo) to FILE"
             )
-    sub.add_parser("token", parents=[common], help="print the device token")
-    sub.add_parser("check-config", parents=[common], help="validate and print the configuration")
-    sub.add_parser(
-        "doctor", parents=[common], help="find what keeps devices or MCP hosts from connecting"
-    )
+        if name == "enrollments":
+            command.add_argument("action", nargs="?", default="list", choices=("list", "revoke"),
+                                 help="list (the default); revoke ID")  # fmt: skip
+            command.add_argument("id", nargs="?", help="revoke: the enrollment's id")
+    add_command(sub, "token", "print the device token", "token", [common])
+    add_command(sub, "check-config", "validate and print the configuration",
+                "check-config --config gateway.toml", [common])  # fmt: skip
+    add_command(sub, "doctor", "find what keeps devices or MCP hosts from connecting",
+                "doctor --config gateway.toml", [common])  # fmt: skip
     add_board_parsers(sub, common)
-    simulate = sub.add_parser(
-        "simulate", parents=[common], help="run simulated devices against a gateway"
-    )
+    simulate = add_command(sub, "simulate", "run simulated devices against a gateway",
+                           "simulate --count 5 --camera", [common])  # fmt: skip
     simulate.add_argument(
         "--url", help="the gateway's device WebSocket (default: from --device-listen)"
     )
@@ -219,6 +245,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.device_action(config, args.url, args.token, args.action, args.device)
     if args.command == "devices":
         return commands.devices(config, args.url, args.token)
+    if args.command == "call" and args.tool is None:  # which tools are there, then
+        return commands.show_device(config, args.url, args.token, args.device)
     if args.command == "call":
         try:
             arguments = json.loads(args.arguments)
@@ -227,6 +255,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.call(
             config, args.url, args.token, args.device, args.tool, arguments, args.save
         )
+    if args.command == "enrollments" and args.action == "revoke":
+        if not args.id:
+            raise GatewayError("enrollments revoke needs the enrollment's ID (`enrollments` lists)")
+        return commands.revoke_enrollment(config, args.url, args.token, args.id)
+    if args.command == "enrollments":
+        return commands.enrollments(config, args.url, args.token)
     if args.command == "token":
         return commands.token(config)
     if args.command == "doctor":

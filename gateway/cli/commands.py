@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli import heap, tables
+from gateway.cli.gateway_api import request_gateway
 from gateway.config import Config, settings
-from gateway.devices.audit import CLI_AGENT
 from gateway.devices.tokens import device_tokens
 from gateway.errors import GatewayError, PortTaken
 from gateway.launch import exec_prefix, in_home_assistant
@@ -35,7 +35,9 @@ __all__ = [
     "check_config",
     "devices",
     "doctor",
+    "enrollments",
     "relay",
+    "revoke_enrollment",
     "show_device",
     "serve",
     "simulate",
@@ -183,26 +185,20 @@ def _host_url(config: Config, url: str | None) -> str:
 
 def _request(config: Config, url: str | None, token: str | None, path: str,
              body: dict[str, Any] | None = None) -> tuple[int, Any]:  # fmt: skip
-    target = _host_url(config, url) + path
-    headers = {"Content-Type": "application/json", "User-Agent": CLI_AGENT}
-    token = token or config.host_token
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(target, data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        if exc.code == 401:
-            raise GatewayError(f"{target}: the gateway wants a host token (--token)") from None
-        try:
-            return exc.code, json.loads(exc.read())
-        except ValueError:
-            raise GatewayError(f"{target}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise GatewayError(f"cannot reach the gateway at {target}: {reason}") from None
+    return request_gateway(_host_url(config, url), token or config.host_token, path, body)
+
+
+def _unknown(device: str) -> str:
+    return (f"unknown device {device!r}: `esp-mcp-gateway devices` lists the devices, "
+            "`devices show DEVICE` one device's tools")  # fmt: skip
+
+
+def _failed(status: int, body: Any) -> str:
+    """The gateway's error for a refused request, an unknown device with where to look."""
+    said = body.get("error", f"HTTP {status}") if isinstance(body, dict) else f"HTTP {status}"
+    if status == 404 and isinstance(said, str) and said.startswith("unknown device "):
+        return _unknown(said.removeprefix("unknown device ").strip("'"))
+    return str(said)
 
 
 def devices(config: Config, url: str | None, token: str | None) -> int:
@@ -217,7 +213,7 @@ def show_device(config: Config, url: str | None, token: str | None, device: str)
     query = urllib.parse.urlencode({"device": device})
     status, body = _request(config, url, token, "/api/dashboard/tools?" + query)
     if status != 200:
-        raise GatewayError(f"unknown device {device!r}" if status == 404 else body["error"])
+        raise GatewayError(_unknown(device) if status == 404 else _failed(status, body))
     print("\n".join(tables.tool_table(body["device"], body["tools"])))
     return 0
 
@@ -235,7 +231,7 @@ def device_action(config: Config, url: str | None, token: str | None, action: st
     """Forget, approve or reject a device of the running gateway."""
     status, body = _request(config, url, token, f"/api/devices/{action}", {"device": device})
     if status != 200:
-        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        print(f"esp-mcp-gateway: {_failed(status, body)}", file=sys.stderr)
         return 1
     done = body[_DONE[action]]
     verb = "forgot" if action == "forget" else _DONE[action]
@@ -249,7 +245,7 @@ def add_board(config: Config, url: str | None, token: str | None, board: str, na
     status, body = _request(config, url, token, "/api/devices/add",
                             {"url": board, "name": name, "token": board_token})  # fmt: skip
     if status != 200:
-        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        print(f"esp-mcp-gateway: {_failed(status, body)}", file=sys.stderr)
         return 1
     added = body["added"]
     print(f"added {added['device']} ({added['id']}) at {added['url']}; its tools are served "
@@ -261,9 +257,29 @@ def pair(config: Config, url: str | None, token: str | None, seconds: float) -> 
     """Open a pairing window: new devices are approved as they arrive."""
     status, body = _request(config, url, token, "/api/devices/pair", {"seconds": seconds})
     if status != 200:
-        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        print(f"esp-mcp-gateway: {_failed(status, body)}", file=sys.stderr)
         return 1
     print(f"pairing until {body['until']}: new devices are approved as they arrive")
+    return 0
+
+
+def enrollments(config: Config, url: str | None, token: str | None) -> int:
+    """Print the device tokens the gateway issued for boards (flash, image, provision)."""
+    status, body = _request(config, url, token, "/api/enrollments")
+    if status != 200:
+        raise GatewayError(_failed(status, body))
+    print("\n".join(tables.enrollment_table(body["enrollments"])))
+    return 0
+
+
+def revoke_enrollment(config: Config, url: str | None, token: str | None, token_id: str) -> int:
+    """Revoke one issued device token: it admits nobody from now on."""
+    status, body = _request(config, url, token, "/api/enrollments/revoke", {"id": token_id})
+    if status != 200:
+        raise GatewayError(_failed(status, body))
+    revoked = body["revoked"]
+    who = f", used by {revoked['device_id']}" if revoked.get("device_id") else ""
+    print(f"revoked {revoked['id']} (issued for {revoked['name']}{who}); it admits nobody now")
     return 0
 
 
@@ -276,7 +292,7 @@ def call(config: Config, url: str | None, token: str | None, device: str, tool: 
         config, url, token, "/api/call", {"device": device, "tool": tool, "arguments": arguments}
     )
     if status != 200:
-        print(f"esp-mcp-gateway: {body.get('error', f'HTTP {status}')}", file=sys.stderr)
+        print(f"esp-mcp-gateway: {_failed(status, body)}", file=sys.stderr)
         return 1
     result = body["result"]
     images = []

@@ -1,4 +1,4 @@
-"""What ``devices`` and ``devices show`` print: plain-text tables from the gateway's JSON.
+"""What ``devices``, ``devices show`` and ``enrollments`` print: plain-text tables from JSON.
 
 No I/O here: ``commands`` fetches the JSON (the dashboard's device summaries and tools, which
 count user-only tools too) and prints these lines.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["DESCRIPTION_WIDTH", "device_table", "tool_table"]
+__all__ = ["DESCRIPTION_WIDTH", "device_table", "enrollment_table", "tool_table"]
 
 DESCRIPTION_WIDTH = 60  # a tool's description is cut to this many characters, on one line
 
@@ -47,6 +47,19 @@ def tool_table(summary: dict[str, Any], tools: list[dict[str, Any]]) -> list[str
         lines += ["", *table(rows)]
     lines += [f"rejected {r['tool']}: {r['reason']}" for r in summary.get("rejected", ())]
     return lines
+
+
+def enrollment_table(enrollments: list[dict[str, Any]]) -> list[str]:
+    """``enrollments``: each device token issued for a board, and the device that uses it."""
+    if not enrollments:
+        return ["no device tokens issued (flash, image and provision ask for one)"]
+    rows = [("ID", "NAME", "USED BY", "ISSUED")]
+    for e in enrollments:
+        used = e["device_id"] or "not used yet"
+        if e.get("device") and e["device_id"]:
+            used = f"{e['device']} ({e['device_id']})"
+        rows.append((e["id"], e["name"], used, e["issued"]))
+    return table(rows)
 
 
 def shorten(text: str, width: int = DESCRIPTION_WIDTH) -> str:

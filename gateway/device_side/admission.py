@@ -33,7 +33,7 @@ from gateway.config import Config, is_loopback_host
 from gateway.device_side.broker import DeviceCredentials, is_device_id
 from gateway.device_side.ota import OtaEndpoint
 from gateway.devices.audit import Actor
-from gateway.devices.enrollment import Enrollment
+from gateway.devices.enrollment import Enrollment, enrollment_id
 from gateway.devices.link import DeviceIdentity
 from gateway.devices.logins import REFUSED
 from gateway.devices.registry import DeviceRegistry
@@ -156,7 +156,7 @@ class Admission:
         # --gateway rather than writing a URL into the board that can never work.
         reachable = {k: v for k, v in urls.items() if not _loopback_url(v)}
         logger.info("issued a device token for %r", name)
-        return {"token": token, "urls": reachable}
+        return {"token": token, "id": enrollment_id(token), "urls": reachable}
 
 
 def _loopback_url(url: str) -> bool:

@@ -10,22 +10,27 @@ When the data dir cannot be written (a full disk, a read-only mount), issuing fa
 flashed into a board. Admitting does not fail: a first use binds the token in memory at once
 (another id is refused from then on), and the binding is written by the next ``admit``,
 ``issue`` or ``close`` that finds the file writable; the failure is logged once.
+
+Each issued token is known by an id, the first characters of its digest (nothing to log in
+with): ``issued()`` lists them, ``revoke(id)`` ends one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.devices.store import open_database
 from gateway.devices.tokens import new_token
 from gateway.errors import StorageUnavailable
 
-__all__ = ["Enrollment", "IssuedToken"]
+__all__ = ["Enrollment", "IssuedToken", "enrollment_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,14 @@ CREATE TABLE IF NOT EXISTS issued_tokens (
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+ID_LENGTH = 12  # hex digits of the digest that name an issued token
+
+
+def enrollment_id(token: str) -> str:
+    """The id an issued token is listed and revoked by."""
+    return _digest(token)[:ID_LENGTH]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,41 @@ class Enrollment:
                 "free some space or make the data dir writable, then try again"
             ) from None
         return token
+
+    def issued(self) -> list[dict[str, Any]]:
+        """Every issued token, newest first: its id, board name, bound device id, when issued."""
+        rows = self._db.execute(
+            "SELECT token_sha256, name, device_id, issued FROM issued_tokens ORDER BY issued DESC"
+        ).fetchall()
+        return [
+            {"id": digest[:ID_LENGTH], "name": name,
+             "device_id": bound or self._unwritten.get(digest), "issued": issued}
+            for digest, name, bound, issued in rows
+        ]  # fmt: skip
+
+    def revoke(self, token_id: str) -> IssuedToken | None:
+        """Revoke the issued token ``token_id``: it admits nobody from now on. None if unknown.
+
+        Raises:
+            StorageUnavailable: the registry cannot be written now; the token still works.
+        """
+        if not re.fullmatch(f"[0-9a-f]{{{ID_LENGTH}}}", token_id):
+            return None
+        rows = self._db.execute(
+            "SELECT token_sha256, name, device_id FROM issued_tokens WHERE token_sha256 LIKE ?",
+            (token_id + "%",),
+        ).fetchall()
+        if len(rows) != 1:  # none, or (one in 2**48) two share the id: say unknown, end none
+            return None
+        digest, name, bound = rows[0]
+        try:
+            self._db.execute("DELETE FROM issued_tokens WHERE token_sha256 = ?", (digest,))
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(
+                f"the gateway cannot write its data dir ({exc}), so the token still works; "
+                "free some space or make the data dir writable, then try again"
+            ) from None
+        return IssuedToken(name, bound or self._unwritten.pop(digest, None))
 
     def check(self, token: str, device_id: str) -> IssuedToken | None:
         """The token's entry if it would admit ``device_id``, else None; binds nothing.

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.devices.calls import CallRouter, format_time
 from gateway.devices.device import PENDING
+from gateway.devices.enrollment import Enrollment
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry
 from gateway.errors import (
@@ -53,6 +54,7 @@ class HostApi:
         self.trouble: Callable[[], str | None] | None = None
         self.add_board: AddBoard | None = None
         self.forget_board: Callable[[str], None] | None = None
+        self.enrollment: Enrollment | None = None  # the issued device tokens, to list and revoke
 
     async def enroll(self, request: Request) -> Response:
         """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""
@@ -66,9 +68,51 @@ class HostApi:
         if self._enroll is None:
             return JSONResponse({"error": "this gateway does not issue device tokens"}, 404)
         try:
-            return JSONResponse(self._enroll(name.strip()))
+            issued = self._enroll(name.strip())
         except StorageUnavailable as exc:  # a full or read-only data dir: try again later
             return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
+        self.registry.audit.event("admin", "enroll", actor_of(request), device_id=None,
+                                  alias=name.strip(), message=f"token {issued['id']}")  # fmt: skip
+        return JSONResponse(issued)
+
+    async def enrollments(self, request: Request) -> Response:
+        """The device tokens issued so far (``esp-mcp-gateway enrollments``), newest first."""
+        if self.enrollment is None:
+            return JSONResponse({"error": "this gateway does not issue device tokens"}, 404)
+        issued = [
+            {**entry, "issued": format_time(entry["issued"]),
+             "device": self._alias(entry["device_id"])}
+            for entry in self.enrollment.issued()
+        ]  # fmt: skip
+        return JSONResponse({"enrollments": issued}, headers={"Cache-Control": "no-store"})
+
+    def _alias(self, device_id: str | None) -> str | None:
+        device = self.registry.get(device_id) if device_id else None
+        return device.alias if device is not None else None
+
+    async def revoke_enrollment(self, request: Request) -> Response:
+        """Revoke an issued device token: it admits nobody, and its board is disconnected."""
+        body = await _json_body(request)
+        token_id = body.get("id") if isinstance(body, dict) else None
+        if not isinstance(token_id, str):
+            return JSONResponse({"error": "expected {id}: the enrollment's id"}, 400)
+        if self.enrollment is None:
+            return JSONResponse({"error": "this gateway does not issue device tokens"}, 404)
+        try:
+            revoked = self.enrollment.revoke(token_id)
+        except StorageUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
+        if revoked is None:
+            return JSONResponse({"error": f"no enrollment {token_id!r}: `esp-mcp-gateway "
+                                 "enrollments` lists them"}, 404)  # fmt: skip
+        device = self.registry.get(revoked.device_id) if revoked.device_id else None
+        if device is not None and device.session is not None:
+            await device.session.aclose()  # it logs in again with the token, and is refused
+        self.registry.audit.event("admin", "revoke enrollment", actor_of(request),
+                                  device_id=revoked.device_id, alias=revoked.name,
+                                  message=f"token {token_id}")  # fmt: skip
+        return JSONResponse({"revoked": {"id": token_id, "name": revoked.name,
+                                         "device_id": revoked.device_id}})  # fmt: skip
 
     async def devices(self, request: Request) -> Response:
         """One page of devices; query parameters name, state, board and cursor as list_devices."""

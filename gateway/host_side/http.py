@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Config
 from gateway.devices.calls import CallRouter
+from gateway.devices.enrollment import Enrollment
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.host_side.api import AddBoard, Enroll, HostApi
@@ -154,6 +155,7 @@ def build_host_app(
     oauth: OAuthSite | None = None,
     add_board: AddBoard | None = None,
     forget_board: Callable[[str], None] | None = None,
+    enrollment: Enrollment | None = None,
 ) -> tuple[ASGIApp, StreamableHTTPSessionManager]:
     """The host listener's app, and the session manager its owner must run (``mgr.run()``).
 
@@ -171,6 +173,7 @@ def build_host_app(
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
     api = HostApi(frontend, registry, router, enroll, photos)
     api.trouble, api.add_board, api.forget_board = trouble, add_board, forget_board
+    api.enrollment = enrollment
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token
@@ -199,6 +202,12 @@ def build_host_app(
             )  # fmt: skip
         ),
         Route("/api/enroll", endpoint=guard(_Endpoint(enroll_limited)), methods=["POST"]),
+        Route("/api/enrollments", endpoint=guard(_Endpoint(api.enrollments)), methods=["GET"]),
+        Route(
+            "/api/enrollments/revoke",
+            endpoint=guard(_Endpoint(api.revoke_enrollment)),
+            methods=["POST"],
+        ),  # fmt: skip
         Route("/healthz", endpoint=api.health, methods=["GET"]),
         *(photo_routes(registry, photos, guard) if photos is not None else ()),
     ]

@@ -344,6 +344,15 @@ def test_data_dir_not_writable(container: bool) -> None:
     assert ("docker compose run" in found.fix) is container
 
 
+@pytest.mark.parametrize("container", [False, True])
+def test_a_read_only_data_dir_is_made_writable_not_chowned(container: bool) -> None:
+    """No owner helps on a read-only mount: the fix says to mount it read-write (issue 42)."""
+    network = FakeNetwork(writable="cannot create files in /data: Read-only file system")
+    found = problems(run(docker(), network, container=container))["data dir"]
+    assert "chown" not in found.fix and "read-only" in found.fix and "read-write" in found.fix
+    assert ("volume" in found.fix) is container
+
+
 def test_writable_probe(tmp_path: Path) -> None:
     assert writable_probe(tmp_path) is None
     assert writable_probe(tmp_path / "not" / "yet") is None  # created at first start

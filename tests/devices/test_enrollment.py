@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.devices.enrollment import Enrollment
+from gateway.devices.enrollment import Enrollment, enrollment_id
 from gateway.errors import StorageUnavailable
 
 
@@ -87,3 +87,29 @@ def test_bindings_never_written_are_reported_at_close(
     assert book.admit(token, "aa:00:00:00:00:01") is not None
     book.close()
     assert "1 device token bindings could not be written" in caplog.text
+
+
+def test_issued_tokens_are_listed_by_id_and_revoked_for_good(tmp_path: Path) -> None:
+    """The list names each token by an id that opens nothing; revoked, a token admits nobody,
+    also after a restart; an id that is unknown or not an id revokes nothing."""
+    book = Enrollment(tmp_path / "r.sqlite3")
+    desk, hall = book.issue("desk"), book.issue("hall")
+    assert book.admit(desk, "aa:00:00:00:00:01") is not None
+    listed = {entry["name"]: entry for entry in book.issued()}
+    assert (
+        listed["desk"]["device_id"] == "aa:00:00:00:00:01" and listed["hall"]["device_id"] is None
+    )
+    assert listed["desk"]["id"] == enrollment_id(desk) and desk not in str(listed)
+    for wrong in ("0" * 12, "%", listed["desk"]["id"][:6], ""):
+        assert book.revoke(wrong) is None
+    revoked = book.revoke(listed["desk"]["id"])
+    assert revoked is not None and (revoked.name, revoked.device_id) == (
+        "desk",
+        "aa:00:00:00:00:01",
+    )
+    assert book.admit(desk, "aa:00:00:00:00:01") is None
+    book.close()
+    book = Enrollment(tmp_path / "r.sqlite3")
+    assert [entry["name"] for entry in book.issued()] == ["hall"]
+    assert book.admit(desk, "aa:00:00:00:00:01") is None and book.admit(hall, "aa:00:00:00:00:02")
+    book.close()

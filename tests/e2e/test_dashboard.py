@@ -385,7 +385,8 @@ async def test_audit_page_shows_who_did_what_from_where_and_the_full_pending_lis
             refused = await http.post(f"http://127.0.0.1:{run.device_port}/xiaozhi/ota/",
                                       headers=other, json=STOCK_BODY)  # fmt: skip
         assert refused.status_code == 403
-        await page.wait_for_selector("#pending-cap:not([hidden])")
+        # The box shows once the list is full (the first check-in); the refusal follows.
+        await page.wait_for_selector('#pending-cap:not([hidden]):has-text("were refused")')
         assert "1 new devices were refused" in await page.inner_text("#pending-cap")
         await page.click(f'{row(STOCK)} button[data-action="approve"]')
         await page.wait_for_selector(row(STOCK, "offline"))

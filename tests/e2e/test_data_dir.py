@@ -122,9 +122,9 @@ async def test_a_read_only_data_dir_leaves_connected_devices_callable(
     store says so once, and the registry catches up as soon as it can be written."""
     async with gateway(tmp_path) as run, listed_device(run) as first:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{run.host_port}") as http:
+            (tmp_path / "audit.log").mkdir()  # before the enrollment's own audit record
             token = (await http.post("/api/enroll", json={"name": "hall"})).json()["token"]
             refuse_writes(run)
-            (tmp_path / "audit.log").mkdir()
             called = await api_call(http, first.device_id, "lamp.turn_on")
             async with run.gateway.registry.changes() as changes:
                 async with SimulatedDevice(run.device_url, token, device_id=NEW) as second:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from gateway.cli.doctor.findings import Context
@@ -15,7 +16,18 @@ def check_data_dir(ctx: Context) -> None:
         ctx.add("ok", "data dir", f"the gateway can write in {path}")
         return
     uid, gid = os.getuid(), os.getgid()
-    if ctx.container:
+    if os.strerror(errno.EROFS) in why:  # no owner or mode helps on a read-only mount
+        if ctx.container:
+            fix = (
+                f"{path} is mounted read-only: mount the volume read-write (no `:ro` on its "
+                "`volumes:` line, no `read_only: true` covering it), then start the gateway again"
+            )
+        else:
+            fix = (
+                f"the file system holding {path} is read-only: remount it read-write, or set "
+                "GATEWAY_DATA_DIR to a directory on a writable disk"
+            )
+    elif ctx.container:
         fix = (
             f"the volume must belong to uid {uid}: docker compose run --rm --user root "
             f"--entrypoint chown gateway -R {uid}:{gid} {path}"

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
-import urllib.error
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli.flashing.requirements import check_board_packages
+from gateway.cli.gateway_api import request_gateway
+from gateway.cli.help import add_command
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.net.addresses import Addresses
@@ -43,106 +44,126 @@ def _device_options(parser: argparse.ArgumentParser) -> None:
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add the board commands to the CLI's subparsers."""
     chips = ["auto", *CHIPS]
-    flash = sub.add_parser("flash", parents=[common], help="flash MicroPython + device_fw")
+    flash = add_command(sub, "flash", "flash MicroPython, device_fw and its config to a board",
+                        "flash --port /dev/ttyUSB0 --firmware ESP32_GENERIC-v1.24.1.bin --name "
+                        "kitchen --wifi MyWiFi --wifi-password '...'", [common])  # fmt: skip
     flash.add_argument("--port", required=True, help="serial port, e.g. /dev/ttyUSB0")
     flash.add_argument("--firmware", required=True, type=Path, help="MicroPython .bin")
     flash.add_argument("--chip", default="auto", choices=chips)
     flash.add_argument("--erase", action="store_true", help="erase the whole flash first")
     _device_options(flash)
-    image = sub.add_parser("image", parents=[common], help="build a flash image + manifest.json")
+    image = add_command(sub, "image", "build a board's flash image and an ESP Web Tools manifest",
+                        "image --firmware ESP32_GENERIC-v1.24.1.bin --output kitchen.bin --name "
+                        "kitchen --wifi MyWiFi --wifi-password '...'", [common])  # fmt: skip
     image.add_argument("--firmware", required=True, type=Path, help="MicroPython .bin")
     image.add_argument("--output", required=True, type=Path, help="merged image to write")
     image.add_argument("--chip", default="auto", choices=chips)
     image.add_argument("--flash-size", type=int, default=4, metavar="MB")
     _device_options(image)
-    provision = sub.add_parser(
-        "provision", parents=[common], help="copy device_fw + config to a MicroPython board"
-    )
+    provision = add_command(sub, "provision", "copy device_fw and its config to a MicroPython "
+                            "board", "provision --port /dev/ttyACM0 --name kitchen --wifi MyWiFi "
+                            "--wifi-password '...'", [common])  # fmt: skip
     provision.add_argument("--port", required=True)
     provision.add_argument("--no-reset", action="store_true", help="leave the board running")
     _device_options(provision)
-    monitor = sub.add_parser("monitor", help="show a board's serial log (Ctrl-C ends)")
+    monitor = add_command(
+        sub, "monitor", "show a board's serial log (Ctrl-C ends)", "monitor --port /dev/ttyUSB0"
+    )
     monitor.add_argument("--port", required=True)
     monitor.add_argument("--baud", type=int, default=115200)
 
 
 def run(args: argparse.Namespace, config: Config | None) -> int:
-    """Run one board command."""
+    """Run one board command: everything this machine can check first, then the gateway."""
     check_board_packages(args.command)
-    from gateway.cli.flashing.commands import (
-        describe,
-        flash_board,
-        make_image,
-        monitor_board,
-        provision_board,
-    )
+    from gateway.cli.flashing import commands
 
     if args.command == "monitor":
         try:
-            monitor_board(args.port, args.baud)
+            commands.monitor_board(args.port, args.baud)
         except KeyboardInterrupt:
             pass
         return 0
     assert config is not None
-    settings = _settings(args, config)
-    print(f"device config: {describe(settings)}", file=sys.stderr)
+    # A token is issued only once the firmware, the port and the board are known to be good.
     if args.command == "flash":
-        mac = flash_board(args.port, args.firmware, settings, chip=args.chip, erase=args.erase)
-        print(f"flashed {settings.name} ({mac}); it will appear in `esp-mcp-gateway devices`")
+        firmware = commands.load_firmware(args.firmware, args.chip)
+        esp = commands.open_board(args.port, firmware, args.chip)
     elif args.command == "image":
-        manifest = make_image(args.firmware, settings, args.output, chip=args.chip,
-                              flash_mb=args.flash_size)  # fmt: skip
-        print(f"wrote {args.output} and {manifest} (serve both for ESP Web Tools)")
+        firmware = commands.load_firmware(args.firmware, args.chip)
+        commands.check_output(args.output)
     else:
-        provision_board(args.port, settings, reset=not args.no_reset)
-        print(f"provisioned {settings.name} on {args.port}")
+        commands.check_port(args.port)
+    with _enrolled(config, args) as settings:
+        print(f"device config: {commands.describe(settings)}", file=sys.stderr)
+        if args.command == "flash":
+            mac = commands.flash_board(esp, args.port, firmware, settings, erase=args.erase)
+            print(f"flashed {settings.name} ({mac}); it will appear in `esp-mcp-gateway devices`")
+        elif args.command == "image":
+            manifest = commands.make_image(firmware, settings, args.output,
+                                           flash_mb=args.flash_size)  # fmt: skip
+            print(f"wrote {args.output} and {manifest} (serve both for ESP Web Tools)")
+        else:
+            commands.provision_board(args.port, settings, reset=not args.no_reset)
+            print(f"provisioned {settings.name} on {args.port}")
     return 0
 
 
-def _settings(args: argparse.Namespace, config: Config) -> DeviceSettings:
+@contextlib.contextmanager
+def _enrolled(config: Config, args: argparse.Namespace) -> Iterator[DeviceSettings]:
+    """The board's settings, its token issued by the gateway (unless --token gives one); a
+    token issued for a board that then failed is revoked again, so a failed try leaves none."""
     from gateway.cli.flashing.commands import DeviceSettings
 
-    token, advertised = args.token, None
+    token, advertised, issued = args.token, None, None
     if not token:
-        token, advertised = _register(config, args)
-    url = args.gateway or (advertised or {}).get(args.transport)
-    if not url:
-        raise GatewayError(
-            "say where the device finds the gateway: --gateway ws://<gateway LAN address>:8765"
-            "/xiaozhi/v1/ (or set public_url on the gateway)"
-        )
-    return DeviceSettings(args.name, url, token, args.transport, args.wifi, args.wifi_password)
-
-
-def _register(config: Config, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
-    """Ask the running gateway for this device's token (POST /api/enroll)."""
-    base = args.api or Addresses.of(config).local_host_url
-    headers = {"Content-Type": "application/json"}
-    api_token = args.api_token or config.host_token
-    if api_token:
-        headers["Authorization"] = f"Bearer {api_token}"
-    body = json.dumps({"name": args.name}).encode()
-    request = urllib.request.Request(base.rstrip("/") + "/api/enroll", data=body, headers=headers)
+        token, advertised, issued = _register(config, args)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            answer = json.loads(response.read())
-    except urllib.error.HTTPError as exc:  # the gateway answered: say what it said (e.g. 503)
+        url = args.gateway or (advertised or {}).get(args.transport)
+        if not url:
+            raise GatewayError(
+                "say where the device finds the gateway: --gateway ws://<gateway LAN address>"
+                ":8765/xiaozhi/v1/ (or set public_url on the gateway)"
+            )
+        yield DeviceSettings(args.name, url, token, args.transport, args.wifi, args.wifi_password)
+    except BaseException:
+        if issued is not None:
+            _revoke(config, args, issued)
+        raise
+
+
+def _api(config: Config, args: argparse.Namespace) -> tuple[str, str | None]:
+    return args.api or Addresses.of(config).local_host_url, args.api_token or config.host_token
+
+
+def _register(config: Config, args: argparse.Namespace) -> tuple[str, dict[str, str], str | None]:
+    """Ask the running gateway for this device's token (POST /api/enroll): the token, the URLs
+    the gateway advertises, and the id to revoke it by."""
+    base, api_token = _api(config, args)
+    try:
+        status, answer = request_gateway(base, api_token, "/api/enroll", {"name": args.name},
+                                         option="--api-token", timeout=30)  # fmt: skip
+    except GatewayError as exc:
+        if not str(exc).startswith("cannot reach"):
+            raise
         raise GatewayError(
-            f"the gateway at {base} issued no token ({exc.code}): {_said(exc)}"
-        ) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise GatewayError(
-            f"cannot register the device with the gateway at {base} ({exc}): start the gateway "
+            f"cannot register the device with the gateway at {base}: start the gateway "
             "(esp-mcp-gateway serve), point --api at it, or pass --token"
         ) from None
-    return str(answer["token"]), dict(answer.get("urls") or {})
+    if status != 200 or not isinstance(answer, dict) or "token" not in answer:
+        said = answer.get("error") if isinstance(answer, dict) else None
+        raise GatewayError(f"the gateway at {base} issued no token ({status}): {said}")
+    return str(answer["token"]), dict(answer.get("urls") or {}), answer.get("id")
 
 
-def _said(error: urllib.error.HTTPError) -> str:
-    """The ``error`` of a gateway's JSON answer, else the HTTP reason."""
+def _revoke(config: Config, args: argparse.Namespace, token_id: str) -> None:
+    """Take back the token issued for a board that was not set up; say so if it cannot be."""
+    base, api_token = _api(config, args)
     try:
-        body = json.loads(error.read())
-    except (OSError, ValueError):
-        body = None
-    said = body.get("error") if isinstance(body, dict) else None
-    return said if isinstance(said, str) else str(error.reason)
+        status, _ = request_gateway(base, api_token, "/api/enrollments/revoke", {"id": token_id},
+                                    option="--api-token", timeout=30)  # fmt: skip
+    except GatewayError:
+        status = 0
+    if status != 200:
+        print(f"esp-mcp-gateway: the token issued for {args.name} could not be revoked: "
+              f"`esp-mcp-gateway enrollments revoke {token_id}`", file=sys.stderr)  # fmt: skip

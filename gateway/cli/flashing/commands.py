@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import __version__
-from gateway.cli.flashing.board import BoardError, chip_name, connect, flash_size, write_image
+from gateway.cli.flashing.board import (
+    BoardError,
+    check_port,
+    chip_name,
+    connect,
+    flash_size,
+    write_image,
+)
 from gateway.cli.flashing.bundle import firmware_files
 from gateway.cli.flashing.image import (
     APP_OFFSETS,
@@ -22,7 +30,21 @@ from gateway.cli.flashing.image import (
 )
 from gateway.cli.flashing.serial_tools import monitor, provision
 
-__all__ = ["DeviceSettings", "flash_board", "make_image", "monitor_board", "provision_board"]
+if TYPE_CHECKING:
+    from esptool.loader import ESPLoader
+
+__all__ = [
+    "DeviceSettings",
+    "Firmware",
+    "check_output",
+    "check_port",
+    "flash_board",
+    "load_firmware",
+    "make_image",
+    "monitor_board",
+    "open_board",
+    "provision_board",
+]
 
 MICROPYTHON_DOWNLOADS = "https://micropython.org/download/ (ESP32_GENERIC, ESP32_GENERIC_S3, ...)"
 
@@ -66,35 +88,59 @@ def _read_firmware(path: Path) -> bytes:
         raise FirmwareImageError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def flash_board(port: str, firmware_path: Path, settings: DeviceSettings, *, chip: str | None,
-                erase: bool) -> str:  # fmt: skip
-    """Write MicroPython plus device_fw and its config to the board on ``port``; return its MAC."""
-    firmware = _read_firmware(firmware_path)
-    built_for = check_firmware(firmware, chip)
+@dataclass(frozen=True, slots=True)
+class Firmware:
+    """A MicroPython image read and checked: its bytes and the chip family it is built for."""
+
+    data: bytes
+    chip: str
+
+
+def load_firmware(path: Path, chip: str | None) -> Firmware:
+    """Read ``path`` and check that it is MicroPython firmware (for ``chip``, when given)."""
+    data = _read_firmware(path)
+    return Firmware(data, check_firmware(data, chip))
+
+
+def open_board(port: str, firmware: Firmware, chip: str | None) -> ESPLoader:
+    """Connect to the board on ``port`` and check that ``firmware`` is for its chip."""
     esp = connect(port, chip)
     found = chip_name(esp)
-    if found != built_for:
-        raise BoardError(f"the board on {port} is an {found}; this firmware is for {built_for}")
+    if found != firmware.chip:
+        raise BoardError(f"the board on {port} is an {found}; this firmware is for {firmware.chip}")
+    return esp
+
+
+def flash_board(esp: ESPLoader, port: str, firmware: Firmware, settings: DeviceSettings, *,
+                erase: bool) -> str:  # fmt: skip
+    """Write MicroPython plus device_fw and its config to the board ``esp``; return its MAC."""
     mac = ":".join(f"{b:02x}" for b in esp.read_mac())
     size = filesystem_size(flash_size(esp))
     filesystem = build_filesystem(firmware_files(settings.config()), size)
-    image = merge_image(firmware, filesystem, found)
-    print(f"flashing {found} on {port} (device {mac}) ...", file=sys.stderr)
-    write_image(esp, image, APP_OFFSETS[found], erase=erase)
+    image = merge_image(firmware.data, filesystem, firmware.chip)
+    print(f"flashing {firmware.chip} on {port} (device {mac}) ...", file=sys.stderr)
+    write_image(esp, image, APP_OFFSETS[firmware.chip], erase=erase)
     return mac
 
 
-def make_image(firmware_path: Path, settings: DeviceSettings, output: Path, *, chip: str | None,
+def check_output(output: Path) -> None:
+    """Fail now, before anything is issued, when ``output`` cannot be written."""
+    folder = output.parent if str(output.parent) else Path(".")
+    if not folder.is_dir():
+        raise FirmwareImageError(f"cannot write {output}: there is no folder {folder}")
+    if not os.access(folder, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise FirmwareImageError(f"cannot write {output}: permission denied")
+
+
+def make_image(firmware: Firmware, settings: DeviceSettings, output: Path, *,
                flash_mb: int) -> Path:  # fmt: skip
     """Write the merged image and an ESP Web Tools manifest beside it; return the manifest."""
-    firmware = _read_firmware(firmware_path)
-    built_for = check_firmware(firmware, chip)
     filesystem = build_filesystem(
         firmware_files(settings.config()), filesystem_size(flash_mb * 1024 * 1024)
     )
-    output.write_bytes(merge_image(firmware, filesystem, built_for))
+    output.write_bytes(merge_image(firmware.data, filesystem, firmware.chip))
     manifest = output.with_name("manifest.json")
-    manifest.write_text(web_tools_manifest(settings.name, __version__, built_for, output.name))
+    manifest.write_text(web_tools_manifest(settings.name, __version__, firmware.chip, output.name))
     return manifest
 
 

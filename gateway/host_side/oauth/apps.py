@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 from gateway.devices.calls import format_time
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import actor_of
+from gateway.host_side.oauth.consent import in_words
 from gateway.host_side.oauth.site import OAuthSite
 
 __all__ = ["ConnectedApps"]
@@ -57,6 +58,7 @@ class ConnectedApps:
                     "last_used": None,
                     "_last": 0.0,
                     "scopes": list(grant.scopes),
+                    "may": [in_words(scope) for scope in grant.scopes],
                     "redirect": grant.redirect,
                     "open_requests": self.site.streams.count(grant.client_id),
                 },

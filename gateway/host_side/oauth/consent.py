@@ -27,13 +27,18 @@ from gateway.host_side.oauth.origin import CURRENT
 from gateway.host_side.oauth.provider import GatewayProvider
 from gateway.net.rate_limit import RateLimiter, rate_limited
 
-__all__ = ["ConsentPage", "refusal"]
+__all__ = ["ConsentPage", "in_words", "refusal"]
 
 CSRF_COOKIE = "gateway_consent"
 _WHAT = {
     "devices.list": "see your devices and their tools",
     "tools.call": "call your devices' tools (turn things on and off, read sensors)",
 }
+
+
+def in_words(scope: str) -> str:
+    """What a scope lets an app do, as the consent page and Connected apps say it."""
+    return _WHAT.get(scope, scope)
 
 
 class ConsentPage:
@@ -178,7 +183,7 @@ def _form(
     redirect = urllib.parse.urlsplit(str(params.redirect_uri))
     where = html.escape(redirect.netloc or redirect.scheme + ":")
     scopes = params.scopes or list(_WHAT)
-    asks = "".join(f"<li>{html.escape(_WHAT.get(s, s))}</li>" for s in scopes)
+    asks = "".join(f"<li>{html.escape(in_words(s))}</li>" for s in scopes)
     client_id = html.escape(client.client_id)
     if client.client_id.startswith("https://"):
         domain = urllib.parse.urlsplit(client.client_id).netloc
@@ -210,7 +215,7 @@ def _form(
   <input type="hidden" name="request" value="{html.escape(request_id)}">
   <input type="hidden" name="csrf" value="{html.escape(csrf)}">
   <div class="actions"><button type="submit" name="decision" value="allow" id="allow">Allow</button>
-  <button type="submit" name="decision" value="deny" id="deny">Deny</button></div>
+  <button type="submit" name="decision" value="deny" id="deny" class="secondary">Deny</button></div>
 </form>"""
 
 

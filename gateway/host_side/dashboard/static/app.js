@@ -28,7 +28,8 @@ function showError(error) {
 
 // --- pages -----------------------------------------------------------------------------------
 
-const loaders = {devices: () => {}, audit: () => loadAudit(false), photos: loadPhotos, setup: loadSetup,
+const loaders = {devices: () => {}, audit: () => loadAudit(false), photos: loadPhotos,
+  setup: () => Promise.all([loadSetup(), loadEnrollments()]),
   apps: () => loadApps()};
 
 function showPage() {
@@ -144,13 +145,27 @@ function closeDevice() {
   document.getElementById("device").hidden = true;
 }
 
+const FOLD_AT = 140; // characters of a tool's description shown before "more"
+
+function description(text) {
+  // Stock firmware's descriptions run to paragraphs: a long one folds, so that a board's cards
+  // stay a screen or two, and opens where it stands.
+  const first = text.split("\n")[0];
+  if (text.length <= FOLD_AT && first === text) return el("p", {class: "description", text});
+  const cut = first.length > FOLD_AT ? `${first.slice(0, FOLD_AT).trimEnd()}…` : first;
+  return el("details", {class: "description"},
+    el("summary", {}, el("span", {class: "cut", text: cut}), " ", el("span", {class: "more", text: "more"}),
+      el("span", {class: "less", text: "less"})),
+    el("p", {class: "full", text}));
+}
+
 function toolCard(device, tool) {
   const card = el("article", {class: "tool-card", "data-tool": tool.tool});
   const badges = el("span", {class: "badges"});
   if (tool.user_only) badges.append(el("span", {class: "badge user", text: "user only"}));
   if (tool.model_refusal && !tool.user_only) badges.append(el("span", {class: "badge", text: "hidden from the model"}));
   card.append(el("h3", {}, el("code", {text: tool.tool}), badges));
-  if (tool.description) card.append(el("p", {class: "description", text: tool.description}));
+  if (tool.description) card.append(description(tool.description));
   if (tool.user_refusal) card.append(el("p", {class: "note", text: tool.user_refusal}));
   card.append(Forms.build(tool, async (args) => {
     const answer = await api("api/call", {device: device.id, tool: tool.tool, arguments: args});
@@ -280,6 +295,7 @@ async function enroll(event) {
   const gateway = ` --gateway ${issued.urls.ws || state.websocketUrl || "ws://<this machine>:8765/xiaozhi/v1/"}`;
   out.textContent = `token: ${issued.token}\n\nflash the board with it:\n  esp-mcp-gateway flash --port /dev/ttyUSB0 --firmware <MicroPython .bin> \\\n    --name ${name} --token ${issued.token}${gateway} --wifi <SSID> --wifi-password <password>`;
   out.hidden = false;
+  await loadEnrollments();
 }
 
 async function addBoard(event) {

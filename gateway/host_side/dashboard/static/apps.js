@@ -16,7 +16,7 @@ async function loadApps() {
     return Forms.el("tr", {"data-client": app.client_id},
       Forms.el("td", {class: "name", text: app.name, title: app.client_id}),
       Forms.el("td", {text: app.allowed}), Forms.el("td", {text: app.last_used || "never"}),
-      Forms.el("td", {text: app.scopes.join(", ")}), Forms.el("td", {text: app.redirect}),
+      Forms.el("td", {class: "may", text: app.may.join("; "), title: app.scopes.join(" ")}), Forms.el("td", {text: app.redirect}),
       Forms.el("td", {}, revoke));
   }));
   document.getElementById("apps-empty").hidden = apps.length > 0;
