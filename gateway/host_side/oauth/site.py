@@ -18,7 +18,6 @@ from mcp.server.auth.handlers.metadata import MetadataHandler, ProtectedResource
 from mcp.server.auth.handlers.register import RegistrationHandler
 from mcp.server.auth.handlers.revoke import RevocationHandler
 from mcp.server.auth.handlers.token import TokenHandler
-from mcp.server.auth.middleware.client_auth import ClientAuthenticator
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.routes import build_metadata
 from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
@@ -40,6 +39,12 @@ from gateway.host_side.oauth.client_documents import (
 )
 from gateway.host_side.oauth.consent import ConsentPage
 from gateway.host_side.oauth.consent_requests import ConsentRequests
+from gateway.host_side.oauth.credentials import (
+    AppCredentials,
+    CredentialAuthenticator,
+    lacks_pkce,
+    without_pkce,
+)
 from gateway.host_side.oauth.guard import AppStreams, RequireToken
 from gateway.host_side.oauth.origin import CURRENT, OriginRules
 from gateway.host_side.oauth.provider import SCOPES, GatewayProvider
@@ -76,6 +81,7 @@ class OAuthSite:
         self.streams = AppStreams()
         self.provider.on_revoke.append(self.streams.end)
         self.consent = ConsentPage(self.provider, self.consents, sessions)
+        self.credentials = AppCredentials(self.store, audit, self.provider.http_networks)
         self._registrations = RateLimiter(
             per_minute=config.oauth_registrations_per_minute,
             burst=max(1, int(config.oauth_registrations_per_minute)),
@@ -108,7 +114,7 @@ class OAuthSite:
     def routes(self) -> list[BaseRoute]:
         """Discovery, the OAuth endpoints and the consent page."""
         provider = self.provider
-        authenticator = ClientAuthenticator(provider)
+        authenticator = CredentialAuthenticator(provider, self.store)
         register = rate_limited(
             RegistrationHandler(provider, _REGISTRATION).handle,
             self._registrations,
@@ -176,11 +182,15 @@ class OAuthSite:
         return RequestBodyLimitMiddleware(request_response(issuing), DEFAULT_MAX_REQUEST_BODY_SIZE)
 
     def _authorize(self, handler: Handler) -> Handler:
-        """The SDK's authorize handler, after a clear refusal of an unusable metadata document."""
+        """The SDK's authorize handler, after a clear refusal of an unusable metadata document;
+        a request without PKCE from credentials the owner marked so gets the stand-in."""
 
         async def authorize(request: Request) -> Response:
             params = request.query_params if request.method == "GET" else await request.form()
             client_id = params.get("client_id")
+            credential = self.store.credential(client_id) if isinstance(client_id, str) else None
+            if credential is not None and credential.no_pkce and lacks_pkce(params):
+                return await handler(without_pkce(request, credential))
             if isinstance(client_id, str) and is_document_id(client_id):
                 try:
                     await self.documents.get(client_id)
