@@ -58,7 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     stdio.add_argument("--connect", metavar="URL", help="relay stdio to a gateway at this /mcp URL")
     stdio.add_argument("--token", help="host token for --connect (else GATEWAY_HOST_TOKEN)")
     for name, text in (("devices", "list a running gateway's devices"),
-                       ("call", "call a device tool through a running gateway")):  # fmt: skip
+                       ("call", "call a device tool through a running gateway"),
+                       ("credentials", "app credentials for apps that cannot register "
+                        "themselves (Home Assistant 2026.11)")):  # fmt: skip
         command = sub.add_parser(name, parents=[common], help=text)
         command.add_argument(
             "--url", help="the gateway's host listener, e.g. http://127.0.0.1:8766"
@@ -75,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
                                  help="pair: seconds to approve new devices")  # fmt: skip
             command.add_argument("--name", help="add: the board's name (tools become NAME_<tool>)")
             command.add_argument("--board-token", help="add: the bearer token the board wants")
+        if name == "credentials":
+            command.add_argument("action", nargs="?", default="list",
+                                 choices=("list", "add", "delete"))  # fmt: skip
+            command.add_argument("app", nargs="?", help="add: the app's name; delete: client id")
+            command.add_argument("--redirect-uri", help="add: the redirect URI the app shows")
+            command.add_argument("--no-pkce", action="store_true",
+                                 help="add: the app cannot send PKCE (HA 2026.11)")  # fmt: skip
         if name == "call":
             command.add_argument("device", help="device name or id")
             command.add_argument("tool", help="tool name, e.g. self.lamp.turn_on")
@@ -218,6 +227,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.device_action(config, args.url, args.token, args.action, args.device)
     if args.command == "devices":
         return commands.devices(config, args.url, args.token)
+    if args.command == "credentials":
+        return commands.credentials(config, args.url, args.token, args.action, args.app,
+                                    args.redirect_uri, args.no_pkce)  # fmt: skip
     if args.command == "call":
         try:
             arguments = json.loads(args.arguments)

@@ -35,8 +35,10 @@ from starlette.routing import Route as StarletteRoute
 
 from tests.conftest import asgi_server, bound
 from tests.e2e.helpers import listed_device
+from tests.e2e.test_stdio_and_cli import cli, cli_env
 from tests.oauth_helpers import (
     ADMIN,
+    HOST_TOKEN,
     ConsentBrowser,
     MemoryStorage,
     authorize_url,
@@ -475,3 +477,27 @@ async def test_no_pkce_only_for_credentials_the_owner_marked(tmp_path: Path) -> 
         assert "/consent" not in said, what
     assert answers["marked, other port"].status_code == 400
     assert marked_ok.status_code == 302 and "consent?request=" in marked_ok.headers["location"]
+
+
+async def test_cli_makes_lists_and_deletes_app_credentials(tmp_path: Path) -> None:
+    """``esp-mcp-gateway credentials add NAME --redirect-uri URI --no-pkce`` prints a client id
+    and a secret that authenticates at the token endpoint; ``list`` shows them (no secret);
+    ``delete`` ends them."""
+    async with oauth_gateway(tmp_path / "data") as run, http_to(run) as http:
+        env = cli_env(tmp_path / "cli")
+        where = ("--url", base_url(run), "--token", HOST_TOKEN)
+        code, out, err = await cli("credentials", "add", "Home Assistant", "--redirect-uri",
+                                   MY_REDIRECT, "--no-pkce", *where, env=env)  # fmt: skip
+        assert code == 0, err
+        printed = dict(line.split(":", 1) for line in out.splitlines() if line.startswith("client"))
+        client_id, secret = printed["client id"].strip(), printed["client secret"].strip()
+        form = {"grant_type": "authorization_code", "code": "gwc_none", "client_id": client_id,
+                "redirect_uri": MY_REDIRECT}  # fmt: skip
+        known = await http.post("/token", data={**form, "client_secret": secret})
+        _, listed, _ = await cli("credentials", "list", *where, env=env)
+        code, _, err = await cli("credentials", "delete", client_id, *where, env=env)
+        assert code == 0, err
+        gone = await http.post("/token", data={**form, "client_secret": secret})
+    assert known.status_code == 400 and known.json()["error"] == "invalid_grant"  # signed in
+    assert client_id in listed and "no PKCE" in listed and secret not in listed
+    assert gone.status_code == 401
