@@ -35,6 +35,7 @@ from starlette.routing import Route as StarletteRoute
 
 from tests.conftest import asgi_server, bound
 from tests.e2e.helpers import listed_device
+from tests.e2e.test_oauth import signed_in_dashboard
 from tests.e2e.test_stdio_and_cli import cli, cli_env
 from tests.oauth_helpers import (
     ADMIN,
@@ -500,4 +501,38 @@ async def test_cli_makes_lists_and_deletes_app_credentials(tmp_path: Path) -> No
         gone = await http.post("/token", data={**form, "client_secret": secret})
     assert known.status_code == 400 and known.json()["error"] == "invalid_grant"  # signed in
     assert client_id in listed and "no PKCE" in listed and secret not in listed
+    assert gone.status_code == 401
+
+
+async def test_owner_makes_app_credentials_on_connected_apps(tmp_path: Path) -> None:
+    """On the dashboard's Connected apps the owner makes credentials (name, the redirect URI
+    the app shows, "cannot send PKCE"), sees the secret once, and deletes them again; the
+    secret shown authenticates at the token endpoint, and no longer after Delete."""
+    async with (
+        oauth_gateway(tmp_path) as run,
+        consent_browser() as owner,
+        http_to(run) as http,
+    ):
+        page = await signed_in_dashboard(owner, run, "#apps")
+        await page.fill('#add-credentials input[name="name"]', "Home Assistant")
+        await page.fill('#add-credentials input[name="redirect_uri"]', MY_REDIRECT)
+        await page.check('#add-credentials input[name="no_pkce"]')
+        await page.click("#add-credentials button[type=submit]")
+        await page.wait_for_selector("#credentials-made:not([hidden])")
+        shown = await page.inner_text("#credentials-made")
+        printed = dict(
+            line.split(":", 1) for line in shown.splitlines() if line.startswith("client")
+        )
+        client_id, secret = printed["client id"].strip(), printed["client secret"].strip()
+        row = page.locator(f'#credentials tr[data-client="{client_id}"]')
+        await row.wait_for()
+        row_text = await row.inner_text()
+        form = {"grant_type": "authorization_code", "code": "gwc_none", "client_id": client_id,
+                "client_secret": secret, "redirect_uri": MY_REDIRECT}  # fmt: skip
+        known = await http.post("/token", data=form)
+        await row.locator("button.delete").click()
+        await page.wait_for_selector("#credentials-empty:not([hidden])")
+        gone = await http.post("/token", data=form)
+    assert "Home Assistant" in row_text and "not sent" in row_text and secret not in row_text
+    assert known.status_code == 400 and known.json()["error"] == "invalid_grant"  # signed in
     assert gone.status_code == 401
