@@ -2,7 +2,8 @@
 
 The SDK's handlers (authorize, token, register, revoke, metadata) do the protocol; they are
 mounted here rather than through ``create_auth_routes`` because the issuer is per request: the
-configured public URL, else the URL each request came in on (``origin.py``). Each request that
+URL each request came in on when it names the gateway itself, else the configured public URL
+(``origin.py``). Each request that
 could hand out a token is refused unless its origin may get one (HTTPS, or plain HTTP on loopback
 and the owner's listed networks). Registrations are rate-limited per address and capped.
 """
