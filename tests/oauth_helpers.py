@@ -242,8 +242,9 @@ async def sdk_client(run: Running, auth: httpx2.Auth) -> AsyncIterator[Client]:
             yield client
 
 
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 (its own CA) and its key, made by openssl."""
+def self_signed(folder: Path, names: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and the DNS ``names`` (its own CA) and its key, made by
+    openssl."""
     program("openssl")
     folder.mkdir(parents=True, exist_ok=True)
     cert, key = folder / "cert.pem", folder / "key.pem"
@@ -264,7 +265,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
             "-subj",
             "/CN=127.0.0.1",
             "-addext",
-            "subjectAltName=IP:127.0.0.1",
+            ",".join(["subjectAltName=IP:127.0.0.1", *(f"DNS:{name}" for name in names)]),
         ],
         check=True,
         capture_output=True,

@@ -12,14 +12,18 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import pty
+import re
 import secrets
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -33,9 +37,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route as StarletteRoute
 
+from gateway.host_side.oauth import client_documents
+from gateway.host_side.oauth.client_documents import ClientDocuments
 from tests.conftest import asgi_server, bound
 from tests.e2e.helpers import listed_device
 from tests.e2e.test_oauth import signed_in_dashboard
+from tests.e2e.test_oauth_js import node, npm_package
 from tests.e2e.test_stdio_and_cli import cli, cli_env
 from tests.oauth_helpers import (
     ADMIN,
@@ -536,3 +543,113 @@ async def test_owner_makes_app_credentials_on_connected_apps(tmp_path: Path) -> 
     assert "Home Assistant" in row_text and "not sent" in row_text and secret not in row_text
     assert known.status_code == 400 and known.json()["error"] == "invalid_grant"  # signed in
     assert gone.status_code == 401
+
+
+# --- the Claude Code CLI itself ----------------------------------------------------------------
+
+CLAUDE_CODE_ID = "https://claude.ai/oauth/claude-code-client-metadata"
+_AUTHORIZE = re.compile(r"(http://127\.0\.0\.1:\d+/authorize\?[^\s\x07\x1b]+)")
+
+
+class Terminal:
+    """A program on a pseudo-terminal (``claude mcp login`` wants one): what it printed so far,
+    read until a pattern shows."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
+        os.set_blocking(self.master, False)
+        self.text = ""
+
+    async def until(self, pattern: re.Pattern[str], seconds: float) -> re.Match[str]:
+        """The first match of ``pattern`` in the output, waiting at most ``seconds``."""
+        try:
+            with anyio.fail_after(bound(seconds)):
+                while (found := pattern.search(self.text)) is None:
+                    await anyio.wait_readable(self.master)
+                    try:
+                        chunk = os.read(self.master, 65536)
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the program ended and closed its side
+                        chunk = b""
+                    if not chunk:
+                        raise AssertionError(f"ended without {pattern.pattern!r}")
+                    self.text += chunk.decode("utf-8", "replace")
+        except (TimeoutError, AssertionError) as exc:
+            raise AssertionError(f"{exc}; the terminal showed: {self.text!r}") from None
+        return found
+
+    def close(self) -> None:
+        """Close both ends."""
+        for fd in (self.master, self.slave):
+            with suppress(OSError):
+                os.close(fd)
+
+
+async def test_claude_code_cli_mcp_login_ends_authenticated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code 2.1.332 (npm) itself: ``claude mcp add --transport http`` then ``claude mcp
+    login`` on a pseudo-terminal, offline. The gateway fetches Claude Code's metadata document
+    from a replica (its own TLS certificate for claude.ai; the name and port lead to the test's
+    server); Chromium allows the request Claude Code prints; Claude Code ends signed in, and
+    the grant returns to its ephemeral localhost port."""
+    package = npm_package("@anthropic-ai/claude-code")
+    cert, key = self_signed(tmp_path / "tls", names=("claude.ai",))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+
+    async def serve(request: Request) -> JSONResponse:
+        return JSONResponse(claude_code_document(CLAUDE_CODE_ID))
+
+    app = Starlette(routes=[StarletteRoute("/oauth/claude-code-client-metadata", serve)])
+    async with https_server(app, cert, key) as replica:
+        replica_port = urllib.parse.urlsplit(replica).port
+
+        async def to_replica(self: ClientDocuments, host: str, port: int) -> str:
+            assert (host, port) == ("claude.ai", 443)  # nothing else is fetched
+            return "127.0.0.1"
+
+        # claude.ai resolves to the replica, and its port 443 is the replica's (the TLS
+        # handshake and the Host header still name claude.ai)
+        monkeypatch.setattr(ClientDocuments, "checked_address", to_replica)
+        monkeypatch.setattr(
+            client_documents, "host_port", lambda _a, _p: f"127.0.0.1:{replica_port}"
+        )
+        async with (
+            oauth_gateway(tmp_path / "data") as run,
+            listed_device(run, SIM),
+            consent_browser() as owner,
+            http_to(run) as http,
+        ):
+            home, project = tmp_path / "home", tmp_path / "project"
+            project.mkdir()
+            env = {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "xterm",
+                   "BROWSER": "/bin/false", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                   "DISABLE_AUTOUPDATER": "1"}  # fmt: skip
+            claude = [node(), str(package / "cli-wrapper.cjs")]
+            added = await anyio.run_process(
+                [*claude, "mcp", "add", "--transport", "http", "esp", run.mcp_url],
+                cwd=project, env=env, check=False,
+            )  # fmt: skip
+            assert added.returncode == 0, added.stderr
+            terminal = Terminal()
+            try:
+                async with await anyio.open_process(
+                    [*claude, "mcp", "login", "esp"], cwd=project, env=env,
+                    stdin=terminal.slave, stdout=terminal.slave, stderr=terminal.slave,
+                ) as login:  # fmt: skip
+                    url = (await terminal.until(_AUTHORIZE, 60))[1]
+                    await owner.consent(url)
+                    await terminal.until(re.compile(r'Authenticated with "esp"'), 30)
+                    with anyio.fail_after(bound(20)):
+                        await login.wait()
+            finally:
+                terminal.close()
+            apps = (await http.get("/api/oauth/apps", headers=ADMIN)).json()["apps"]
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
+    assert query["client_id"] == CLAUDE_CODE_ID
+    assert re.fullmatch(r"http://localhost:\d+/callback", query["redirect_uri"])
+    assert [(a["client_id"], a["redirect"]) for a in apps] == [
+        (CLAUDE_CODE_ID, query["redirect_uri"])
+    ]
+    assert "Couldn't" not in terminal.text
