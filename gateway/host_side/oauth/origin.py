@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection
 
-from gateway.config import Config
+from gateway.config import Config, is_loopback_host
 from gateway.net.networks import Network, in_networks, networks
 from gateway.net.peer import socket_peer
 
@@ -32,6 +32,7 @@ __all__ = ["CURRENT", "MCP_PATH", "Origin", "OriginRules"]
 MCP_PATH = "/mcp"
 _LOOPBACK = networks(("127.0.0.0/8", "::1"))
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+_FORWARDED = ("x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,11 @@ class OriginRules:
             scheme = "http"
         name = urllib.parse.urlsplit(f"//{host}").hostname or ""
         reached = f"{scheme}://{host}"
-        if self.public_url and (name == self._public_name or not self._own_name(name, conn)):
+        # A proxy that rewrote the Host to this machine's loopback (nginx's default) speaks for
+        # the public name; an app on this machine sends no X-Forwarded-* of its own.
+        proxied = is_loopback_host(name) and any(h in headers for h in _FORWARDED)
+        own = not proxied and self._own_name(name, conn)
+        if self.public_url and (name == self._public_name or not own):
             issuer = self.public_url  # a tunnel passes the public name over plain HTTP
         else:
             issuer = reached

@@ -88,6 +88,10 @@ def test_the_url_typed_is_the_resource_when_it_names_this_gateway(tmp_path: Path
     assert issuer("gw.home:8766") == "http://gw.home:8766"
     assert issuer("devices.example.com") == "https://devices.example.com"  # a tunnel, plain
     assert issuer("10.0.0.9:8766") == "https://devices.example.com"  # not this socket's
+    proxied = connection("127.0.0.1", x_forwarded_proto="https", x_forwarded_for="203.0.113.9")
+    proxied.scope["headers"].append((b"host", b"127.0.0.1:8766"))
+    proxied.scope["headers"].pop(0)  # nginx's default: the Host of its upstream
+    assert rules.of(proxied).issuer == "https://devices.example.com"
     lan = connection("192.168.1.20")
     lan.scope["headers"] = [(b"host", b"10.0.0.2:8766")]
     assert not rules.of(lan).may_issue  # plain HTTP off the listed networks
