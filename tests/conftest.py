@@ -145,18 +145,18 @@ async def gateway(data_dir: Path, **overrides: Any) -> AsyncIterator[Running]:
 
 
 @asynccontextmanager
-async def asgi_server(app: ASGIApp, name: str) -> AsyncIterator[str]:
-    """``app`` on uvicorn, on a loopback socket bound before it starts (so connections wait in
-    the backlog rather than the test waiting for startup); yields its base URL. Open streams
-    (an SSE feed) are cut on exit."""
+async def asgi_server(app: ASGIApp, name: str, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """``app`` on uvicorn, on a loopback socket (``host``, any of 127.0.0.0/8) bound before it
+    starts (so connections wait in the backlog rather than the test waiting for startup); yields
+    its base URL. Open streams (an SSE feed) are cut on exit."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     sock.listen(16)
     config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]), name=name)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         server.force_exit = True

@@ -156,15 +156,20 @@ class ConsentBrowser:
         """Open ``url``, sign in with the host token if asked, press Allow (or Deny), and wait
         until the browser has left the gateway for the app's redirect URI."""
         page = await self.open(url, context)
+        await self.answer(page)
+        if "/consent" in page.url:  # the gateway refused the answer: say why
+            raise AssertionError(f"consent refused: {await page.inner_text('body')}")
+        return page
+
+    async def answer(self, page: Page) -> None:
+        """On the consent page open in ``page``: sign in if asked, press Allow (or Deny), and
+        wait for the navigation that follows."""
         await page.wait_for_selector("#allow")
         token_field = page.locator('input[name="token"]')
         if self.token is not None and await token_field.count():
             await token_field.fill(self.token)
         async with page.expect_navigation():
             await page.click(f"#{self.decision}")
-        if "/consent" in page.url:  # the gateway refused the answer: say why
-            raise AssertionError(f"consent refused: {await page.inner_text('body')}")
-        return page
 
 
 @asynccontextmanager
@@ -237,8 +242,9 @@ async def sdk_client(run: Running, auth: httpx2.Auth) -> AsyncIterator[Client]:
             yield client
 
 
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 (its own CA) and its key, made by openssl."""
+def self_signed(folder: Path, names: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and the DNS ``names`` (its own CA) and its key, made by
+    openssl."""
     program("openssl")
     folder.mkdir(parents=True, exist_ok=True)
     cert, key = folder / "cert.pem", folder / "key.pem"
@@ -259,7 +265,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
             "-subj",
             "/CN=127.0.0.1",
             "-addext",
-            "subjectAltName=IP:127.0.0.1",
+            ",".join(["subjectAltName=IP:127.0.0.1", *(f"DNS:{name}" for name in names)]),
         ],
         check=True,
         capture_output=True,

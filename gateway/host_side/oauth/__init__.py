@@ -2,8 +2,10 @@
 
 ``site.OAuthSite`` assembles it on the MCP SDK's auth handlers: ``provider`` (apps, grants,
 codes, tokens), ``store`` (kept hashed in ``oauth.sqlite3``), ``client_documents`` (client ID
-metadata documents, fetched with limits), ``consent`` (the owner's page), ``origin`` (issuer and
-resource per request), ``guard`` (which token opens which route), ``apps`` (Connected apps).
+metadata documents, fetched with limits), ``redirects`` (which redirect URIs match),
+``credentials`` (app credentials the owner makes), ``consent`` (the owner's page), ``origin``
+(issuer and resource per request), ``guard`` (which token opens which route), ``apps``
+(Connected apps).
 """
 
 from gateway.host_side.oauth.apps import ConnectedApps

@@ -2,7 +2,11 @@
 
 ``GET /api/oauth/apps`` lists every app with a live grant it redeemed; ``POST /api/oauth/revoke``
 (``{client_id}``) ends all of an app's grants, and its open MCP requests and streams with them.
-Both sit behind the dashboard's guard: an app's own token is never accepted here.
+App credentials, for apps that cannot register themselves (``credentials.py``):
+``GET /api/oauth/credentials`` lists them, ``POST /api/oauth/credentials`` (``{name,
+redirect_uri, no_pkce}``) makes them and answers the secret (the only time it is shown),
+``POST /api/oauth/credentials/delete`` (``{client_id}``) deletes them and revokes their grants.
+All sit behind the dashboard's guard: an app's own token is never accepted here.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from gateway.devices.calls import format_time
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import actor_of
 from gateway.host_side.oauth.consent import in_words
+from gateway.host_side.oauth.credentials import CredentialError, describe
 from gateway.host_side.oauth.site import OAuthSite
 
 __all__ = ["ConnectedApps"]
@@ -40,6 +45,16 @@ class ConnectedApps:
         return [
             Route("/api/oauth/apps", guard(endpoint(self.apps)), methods=["GET"]),
             Route("/api/oauth/revoke", guard(endpoint(self.revoke)), methods=["POST"]),
+            Route(
+                "/api/oauth/credentials",
+                guard(endpoint(self.credentials)),
+                methods=["GET", "POST"],
+            ),
+            Route(
+                "/api/oauth/credentials/delete",
+                guard(endpoint(self.delete_credentials)),
+                methods=["POST"],
+            ),
         ]
 
     async def apps(self, request: Request) -> Response:
@@ -71,11 +86,7 @@ class ConnectedApps:
 
     async def revoke(self, request: Request) -> Response:
         """End every grant of the app ``client_id``."""
-        try:
-            body: Any = json.loads(await request.body())
-        except ValueError:
-            body = None
-        client_id = body.get("client_id") if isinstance(body, dict) else None
+        client_id = (await _body(request)).get("client_id")
         if not isinstance(client_id, str):
             return JSONResponse({"error": "expected {client_id}"}, 400)
         try:
@@ -85,3 +96,48 @@ class ConnectedApps:
         if not ended:
             return JSONResponse({"error": f"no connected app {client_id!r}"}, 404)
         return JSONResponse({"revoked": {"client_id": client_id, "name": ended[0].client_name}})
+
+    async def credentials(self, request: Request) -> Response:
+        """``GET``: every app credential; ``POST``: new ones, with their secret (shown once)."""
+        no_store = {"Cache-Control": "no-store"}
+        if request.method == "GET":
+            listed = [describe(c) for c in self.site.store.credentials()]
+            return JSONResponse({"credentials": listed}, headers=no_store)
+        body = await _body(request)
+        name, redirect, no_pkce = body.get("name"), body.get("redirect_uri"), body.get("no_pkce")
+        if not isinstance(name, str) or not isinstance(redirect, str):
+            return JSONResponse({"error": "expected {name, redirect_uri, no_pkce}"}, 400)
+        try:
+            made, secret = await self.site.credentials.create(
+                name, redirect, no_pkce is True, actor_of(request)
+            )
+        except CredentialError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        except StorageUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
+        return JSONResponse({**describe(made), "client_secret": secret}, 201, headers=no_store)
+
+    async def delete_credentials(self, request: Request) -> Response:
+        """Delete the credentials ``client_id``; every grant they had ends now."""
+        client_id = (await _body(request)).get("client_id")
+        if not isinstance(client_id, str):
+            return JSONResponse({"error": "expected {client_id}"}, 400)
+        actor = actor_of(request)
+        try:
+            gone = self.site.credentials.delete(client_id, actor)
+            if gone is not None:
+                self.site.provider.revoke_app(client_id, actor)
+        except StorageUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
+        if gone is None:
+            return JSONResponse({"error": f"no app credentials {client_id!r}"}, 404)
+        return JSONResponse({"deleted": describe(gone)})
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The request's JSON object ({} for anything else)."""
+    try:
+        body: Any = json.loads(await request.body())
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -24,6 +24,7 @@ import httpx2
 from mcp.shared.auth import OAuthClientInformationFull
 from pydantic import ValidationError
 
+from gateway.host_side.oauth.redirects import redirect_refusal
 from gateway.net.addresses import host_port
 from gateway.net.destinations import (
     LINK_LOCAL,
@@ -34,7 +35,7 @@ from gateway.net.destinations import (
 )
 from gateway.net.networks import Network, in_networks
 
-__all__ = ["ClientDocumentError", "ClientDocuments", "is_document_id", "redirect_refusal"]
+__all__ = ["ClientDocumentError", "ClientDocuments", "is_document_id"]
 
 MAX_BYTES = 16 * 1024
 TIMEOUT = 5.0
@@ -148,24 +149,6 @@ async def _body(url: str, response: httpx2.Response) -> bytes:
         if len(body) > MAX_BYTES:
             raise ClientDocumentError(f"{url}: the document is larger than {MAX_BYTES} bytes")
     return bytes(body)
-
-
-def redirect_refusal(uri: str) -> str | None:
-    """Why ``uri`` cannot be a redirect URI (RFC 9700 §4.1, RFC 8252 §7), or None."""
-    try:
-        parts = urllib.parse.urlsplit(uri)
-    except ValueError:
-        return f"{uri!r} is not a URL"
-    if parts.fragment or parts.username or parts.password:
-        return f"{uri!r}: no fragment or credentials in a redirect URI"
-    scheme = parts.scheme.lower()
-    if scheme in ("javascript", "data", "file", "vbscript", "about", "blob"):
-        return f"{uri!r}: scheme {scheme} cannot be a redirect URI"
-    if scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
-        return f"{uri!r}: http redirect URIs must be on loopback; use https"
-    if scheme in ("http", "https") and not parts.hostname:
-        return f"{uri!r} has no host"
-    return None
 
 
 def _check_url(url: str) -> None:

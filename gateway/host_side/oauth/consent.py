@@ -23,6 +23,7 @@ from starlette.routing import Route
 from gateway.devices.audit import Actor
 from gateway.host_side.dashboard.session import COOKIE, LIFETIME, Sessions
 from gateway.host_side.oauth.consent_requests import ConsentRequest, ConsentRequests
+from gateway.host_side.oauth.credentials import CREDENTIAL_PREFIX
 from gateway.host_side.oauth.origin import CURRENT
 from gateway.host_side.oauth.provider import GatewayProvider
 from gateway.net.rate_limit import RateLimiter, rate_limited
@@ -188,6 +189,8 @@ def _form(
     if client.client_id.startswith("https://"):
         domain = urllib.parse.urlsplit(client.client_id).netloc
         vouched = f"described by its owner at {html.escape(domain)}"
+    elif client.client_id.startswith(CREDENTIAL_PREFIX):
+        vouched = "using app credentials made on this gateway's dashboard or CLI"
     else:  # dynamic registration: anyone can register any name
         vouched = "registered itself with this gateway: its name is its own claim"
     token = (

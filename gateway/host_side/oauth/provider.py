@@ -31,10 +31,11 @@ from gateway.host_side.oauth.client_documents import (
     ClientDocumentError,
     ClientDocuments,
     is_document_id,
-    redirect_refusal,
 )
 from gateway.host_side.oauth.consent_requests import ConsentRequests
+from gateway.host_side.oauth.credentials import credential_client
 from gateway.host_side.oauth.origin import CURRENT
+from gateway.host_side.oauth.redirects import PkceClient, refuse_redirects
 from gateway.host_side.oauth.store import (
     ACCESS,
     CODE,
@@ -44,6 +45,7 @@ from gateway.host_side.oauth.store import (
     OAuthStore,
     new_secret,
 )
+from gateway.net.networks import networks
 
 __all__ = ["SCOPES", "GatewayProvider"]
 
@@ -71,27 +73,33 @@ class GatewayProvider(
         self.config, self.store, self.documents = config, store, documents
         self.consents, self.audit = consents, audit
         self.on_revoke: list[Callable[[str], None]] = []  # told the client id of ended grants
+        self.http_networks = networks(config.oauth_http_networks)  # plain-HTTP redirects too
 
     # --- apps ---------------------------------------------------------------------------------
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
-        """A registered app, or the one a (fetched, checked) metadata document describes."""
+        """App credentials the owner made, a registered app, or the one a (fetched, checked)
+        metadata document describes."""
+        credential = self.store.credential(client_id)
+        if credential is not None:
+            return credential_client(credential)
         if is_document_id(client_id):
             try:
                 client = await self.documents.get(client_id)
             except ClientDocumentError as exc:
                 logger.warning("client metadata document refused: %s", exc)
                 return None
-            return client.model_copy(update={"scope": " ".join(SCOPES)})
+            described = client.model_dump(mode="json")
+            return PkceClient.model_validate({**described, "scope": " ".join(SCOPES)})
         info = self.store.client(client_id)
-        return OAuthClientInformationFull.model_validate(info) if info else None
+        return PkceClient.model_validate(info) if info else None
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
         """Save an app that registered itself (RFC 7591), within the cap on apps."""
-        for uri in client_info.redirect_uris or ():
-            refusal = redirect_refusal(str(uri))
-            if refusal is not None:
-                raise RegistrationError("invalid_redirect_uri", refusal)
+        uris = [str(uri) for uri in client_info.redirect_uris or ()]
+        refusal = await refuse_redirects(uris, self.http_networks)
+        if refusal is not None:
+            raise RegistrationError("invalid_redirect_uri", refusal)
         address = _address()
         kept = self.store.prune_clients(address, self.config.oauth_max_clients)
         if kept >= self.config.oauth_max_clients:

@@ -2,10 +2,10 @@
 
 The SDK's handlers (authorize, token, register, revoke, metadata) do the protocol; they are
 mounted here rather than through ``create_auth_routes`` because the issuer is per request: the
-configured remote URL (``[host] remote_url``), else the URL each request came in on
-(``origin.py``). Each request that could hand out a token is refused unless its origin may get
-one (HTTPS, or plain HTTP on loopback and the owner's listed networks). Registrations are
-rate-limited per address and capped.
+URL each request came in on when it names the gateway itself, else the configured remote URL
+(``[host] remote_url``, ``origin.py``). Each request that could hand out a token is refused
+unless its origin may get one (HTTPS, or plain HTTP on loopback and the owner's listed networks).
+Registrations are rate-limited per address and capped.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from mcp.server.auth.handlers.metadata import MetadataHandler, ProtectedResource
 from mcp.server.auth.handlers.register import RegistrationHandler
 from mcp.server.auth.handlers.revoke import RevocationHandler
 from mcp.server.auth.handlers.token import TokenHandler
-from mcp.server.auth.middleware.client_auth import ClientAuthenticator
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.routes import build_metadata
 from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
@@ -41,6 +40,12 @@ from gateway.host_side.oauth.client_documents import (
 )
 from gateway.host_side.oauth.consent import ConsentPage, refusal
 from gateway.host_side.oauth.consent_requests import ConsentRequests
+from gateway.host_side.oauth.credentials import (
+    AppCredentials,
+    CredentialAuthenticator,
+    lacks_pkce,
+    without_pkce,
+)
 from gateway.host_side.oauth.guard import AppStreams, RequireToken
 from gateway.host_side.oauth.origin import CURRENT, OriginRules
 from gateway.host_side.oauth.provider import SCOPES, GatewayProvider
@@ -78,6 +83,7 @@ class OAuthSite:
         self.streams = AppStreams()
         self.provider.on_revoke.append(self.streams.end)
         self.consent = ConsentPage(self.provider, self.consents, sessions)
+        self.credentials = AppCredentials(self.store, audit, self.provider.http_networks)
         self._registrations = RateLimiter(
             per_minute=config.oauth_registrations_per_minute,
             burst=max(1, int(config.oauth_registrations_per_minute)),
@@ -110,7 +116,7 @@ class OAuthSite:
     def routes(self) -> list[BaseRoute]:
         """Discovery, the OAuth endpoints and the consent page."""
         provider = self.provider
-        authenticator = ClientAuthenticator(provider)
+        authenticator = CredentialAuthenticator(provider, self.store)
         register = rate_limited(
             RegistrationHandler(provider, _REGISTRATION).handle,
             self._registrations,
@@ -179,13 +185,17 @@ class OAuthSite:
 
     def _authorize(self, handler: Handler) -> Handler:
         """The SDK's authorize handler, after a clear refusal of an unusable metadata document;
-        a browser (the owner, on the way to consent) gets a refusal as a page, not JSON."""
+        a request without PKCE from credentials the owner marked so gets the stand-in; a browser
+        (the owner, on the way to consent) gets a refusal as a page, not JSON."""
 
         async def authorize(request: Request) -> Response:
             params = request.query_params if request.method == "GET" else await request.form()
             client_id = params.get("client_id")
             response: Response | None = None
-            if isinstance(client_id, str) and is_document_id(client_id):
+            credential = self.store.credential(client_id) if isinstance(client_id, str) else None
+            if credential is not None and credential.no_pkce and lacks_pkce(params):
+                response = await handler(without_pkce(request, credential))
+            elif isinstance(client_id, str) and is_document_id(client_id):
                 try:
                     await self.documents.get(client_id)
                 except ClientDocumentError as exc:

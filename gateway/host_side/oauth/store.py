@@ -36,6 +36,7 @@ __all__ = [
     "NEW_CLIENT_AGE",
     "REFRESH_GRACE",
     "UNALLOWED_PER_ADDRESS",
+    "Credential",
     "Grant",
     "OAuthStore",
     "Rotation",
@@ -72,6 +73,13 @@ CREATE TABLE IF NOT EXISTS tokens (
     extra    TEXT
 );
 CREATE INDEX IF NOT EXISTS tokens_by_grant ON tokens (grant_id);
+CREATE TABLE IF NOT EXISTS credentials (
+    client_id  TEXT PRIMARY KEY,
+    info       TEXT NOT NULL,
+    secret     TEXT NOT NULL,
+    no_pkce    INTEGER NOT NULL,
+    created    REAL NOT NULL
+);
 """
 
 CODE, ACCESS, REFRESH = "code", "access", "refresh"
@@ -143,6 +151,17 @@ class StoredToken:
     expires: float
     used: bool
     extra: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """App credentials the owner made: client metadata, the secret's digest, the PKCE rule."""
+
+    client_id: str
+    info: dict[str, Any]
+    secret: str  # SHA-256 of the client secret, in hex (the secret itself was shown once)
+    no_pkce: bool  # the owner marked the app as one that cannot send PKCE
+    created: float
 
 
 class OAuthStore:
@@ -222,6 +241,40 @@ class OAuthStore:
                 (kept - cap + 1,),
             )
             return int(db.execute("SELECT COUNT(*) FROM clients").fetchone()[0])
+
+    # --- app credentials (made by the owner; never pruned, never counted in the cap) -----------
+
+    def save_credential(self, credential: Credential) -> None:
+        """Remember app credentials the owner made."""
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO credentials VALUES (?, ?, ?, ?, ?)",
+                (
+                    credential.client_id,
+                    json.dumps(credential.info),
+                    credential.secret,
+                    int(credential.no_pkce),
+                    credential.created,
+                ),
+            )
+
+    def credential(self, client_id: str) -> Credential | None:
+        """The credentials ``client_id``, if the owner made them."""
+        row = self._db.execute(
+            "SELECT * FROM credentials WHERE client_id = ?", (client_id,)
+        ).fetchone()
+        return _credential(row) if row else None
+
+    def credentials(self) -> list[Credential]:
+        """Every app credential, newest first."""
+        rows = self._db.execute("SELECT * FROM credentials ORDER BY created DESC").fetchall()
+        return [_credential(row) for row in rows]
+
+    def delete_credential(self, client_id: str) -> bool:
+        """Forget app credentials; True when there were some."""
+        with self._write() as db:
+            gone = db.execute("DELETE FROM credentials WHERE client_id = ?", (client_id,))
+            return gone.rowcount > 0
 
     # --- grants, codes and tokens --------------------------------------------------------------
 
@@ -375,3 +428,7 @@ class OAuthStore:
 def _grant(row: tuple[Any, ...]) -> Grant:
     scopes = tuple(row[3].split()) if row[3] else ()
     return Grant(row[0], row[1], row[2], scopes, row[4], row[5], row[6], row[7], row[8])
+
+
+def _credential(row: tuple[Any, ...]) -> Credential:
+    return Credential(row[0], json.loads(row[1]), row[2], bool(row[3]), row[4])

@@ -68,3 +68,30 @@ def test_a_proxy_named_only_in_x_forwarded_for_is_not_believed(tmp_path: Path) -
     forged = trusted.of(connection("10.0.0.5", socket="127.0.0.1", x_forwarded_proto="https",
                                    x_forwarded_host="evil.example"))  # fmt: skip
     assert forged.issuer == "http://gw.lan:8766"
+
+
+def test_the_url_typed_is_the_resource_when_it_names_this_gateway(tmp_path: Path) -> None:
+    """With [host] public_url set, a request to one of the gateway's own names (loopback, the
+    address its socket reached, an allowed host) is told that very URL; the public name, and
+    names that are not the gateway's, get the public URL."""
+    names = ("gw.home:*", "devices.example.com")
+    public = "https://devices.example.com"
+    rules = OriginRules(make_config(tmp_path, host_public_url=public, host_allowed_hosts=names))
+
+    def issuer(host: str) -> str:
+        conn = connection("192.168.1.20")
+        conn.scope["headers"] = [(b"host", host.encode())]
+        return rules.of(conn).issuer
+
+    assert issuer("10.0.0.2:8766") == "http://10.0.0.2:8766"  # the LAN address reached
+    assert issuer("127.0.0.1:8766") == "http://127.0.0.1:8766"
+    assert issuer("gw.home:8766") == "http://gw.home:8766"
+    assert issuer("devices.example.com") == "https://devices.example.com"  # a tunnel, plain
+    assert issuer("10.0.0.9:8766") == "https://devices.example.com"  # not this socket's
+    proxied = connection("127.0.0.1", x_forwarded_proto="https", x_forwarded_for="203.0.113.9")
+    proxied.scope["headers"].append((b"host", b"127.0.0.1:8766"))
+    proxied.scope["headers"].pop(0)  # nginx's default: the Host of its upstream
+    assert rules.of(proxied).issuer == "https://devices.example.com"
+    lan = connection("192.168.1.20")
+    lan.scope["headers"] = [(b"host", b"10.0.0.2:8766")]
+    assert not rules.of(lan).may_issue  # plain HTTP off the listed networks

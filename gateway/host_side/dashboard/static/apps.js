@@ -1,4 +1,5 @@
-// Connected apps: the apps the owner let in by OAuth, and their Revoke buttons (uses app.js's api, el).
+// Connected apps: the apps the owner let in by OAuth, and their Revoke buttons; app credentials
+// for apps that cannot register themselves (uses app.js's api, showError).
 "use strict";
 
 async function loadApps() {
@@ -20,4 +21,43 @@ async function loadApps() {
       Forms.el("td", {}, revoke));
   }));
   document.getElementById("apps-empty").hidden = apps.length > 0;
+  await loadCredentials();
 }
+
+async function loadCredentials() {
+  const {credentials} = await api("api/oauth/credentials");
+  const body = document.querySelector("#credentials tbody");
+  body.replaceChildren(...credentials.map((item) => {
+    const remove = Forms.el("button", {type: "button", class: "delete", text: "Delete"});
+    remove.addEventListener("click", () => {
+      remove.disabled = true;
+      api("api/oauth/credentials/delete", {client_id: item.client_id}).then(loadApps, (error) => {
+        remove.disabled = false;
+        showError(error);
+      });
+    });
+    return Forms.el("tr", {"data-client": item.client_id},
+      Forms.el("td", {class: "name", text: item.name}),
+      Forms.el("td", {class: "client-id", text: item.client_id}),
+      Forms.el("td", {text: item.redirect_uri}),
+      Forms.el("td", {text: item.no_pkce ? "not sent (allowed)" : "required"}),
+      Forms.el("td", {}, remove));
+  }));
+  document.getElementById("credentials-empty").hidden = credentials.length > 0;
+}
+
+async function makeCredentials(event) {
+  event.preventDefault();
+  const form = new FormData(event.target);
+  const made = await api("api/oauth/credentials", {
+    name: form.get("name"), redirect_uri: form.get("redirect_uri"), no_pkce: form.get("no_pkce") === "on"});
+  const out = document.getElementById("credentials-made");
+  out.textContent = `client id:     ${made.client_id}\nclient secret: ${made.client_secret}\n\n` +
+    "Type both into the app now: the secret is not shown again.";
+  out.hidden = false;
+  event.target.reset();
+  await loadCredentials();
+}
+
+document.getElementById("add-credentials").addEventListener(
+  "submit", (event) => makeCredentials(event).catch(showError));
