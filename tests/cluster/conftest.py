@@ -102,10 +102,10 @@ class Proxy:
             return
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         self._writers |= {writer, up_writer}
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):
             writer.write(data)
@@ -139,7 +139,7 @@ class FilteringProxy(Proxy):
         self._writers |= {writer, up_writer}
         connection = self.connections
         await asyncio.gather(
-            _pipe(reader, up_writer),
+            pipe(reader, up_writer),
             _filtered(up_reader, writer, lambda kind, flags: self.drops(connection, kind, flags)),
         )
 
