@@ -44,7 +44,7 @@ from gateway.cluster.records import (
     key_name,
 )
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster.replica import Ownership, id_slice, pick_number, replica_name
+from gateway.cluster.replica import Ownership, home_node, id_slice, pick_number, replica_name
 from gateway.config import Config
 from gateway.device_side.boards.link import BoardLink
 from gateway.device_side.broker import DeviceCredentials, Topics
@@ -74,11 +74,14 @@ class Cluster:
             )
         self.topics = ClusterTopics(config.cluster_name)
         self.replica = replica_name(config)
-        self.logins: list[BrokerLogin] = [
+        logins = [
             broker_login(url, config.cluster_username, config.cluster_password,
                          config.cluster_ca_file)
             for url in config.cluster_broker
         ]  # fmt: skip
+        # Rotated per replica: the replicas spread over the nodes rather than herd on the first.
+        home = home_node(self.replica, len(logins))
+        self.logins: list[BrokerLogin] = logins[home:] + logins[:home]
         self.no = 0  # claimed when joining
         self.ids = id_slice(1)
         self._registry = registry
