@@ -171,7 +171,10 @@ class DeviceRegistry(DeviceAdmin):
                 watcher(seconds)
         known = device.catalogue
         taken = complete or known is None or not known.tools
-        catalogue, judged = self._catalogues.get(entries, digest) if taken else (known, False)
+        if known is None or taken:
+            catalogue, judged = self._catalogues.get(entries, digest)
+        else:
+            catalogue, judged = known, False
         if judged:  # each bad tool is logged once, however many devices share the catalogue
             self._store.save_catalogue(catalogue.digest, catalogue.to_json())
             for rejection in catalogue.rejected:

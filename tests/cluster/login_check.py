@@ -17,7 +17,7 @@ import json
 
 import httpx2
 
-from tests.cluster.conftest import pipe
+from tests.cluster.conftest import pipe, read_packet
 
 __all__ = ["CheckedBroker", "connect_fields"]
 
@@ -55,7 +55,7 @@ class CheckedBroker:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         try:
-            packet = await _read_packet(reader)
+            packet = await read_packet(reader)
             if packet is None or packet[0] >> 4 != _CONNECT >> 4:
                 return
             fields = connect_fields(packet)
@@ -95,21 +95,6 @@ class CheckedBroker:
             result = json.loads(response.content).get("result", "ignore")
             return str(result)
         return "ignore (not JSON)"
-
-
-async def _read_packet(reader: asyncio.StreamReader) -> bytes | None:
-    first = await reader.read(1)
-    if not first:
-        return None
-    header, length, shift = bytearray(first), 0, 0
-    while True:  # the remaining length: a varint of 1 to 4 bytes
-        byte = (await reader.readexactly(1))[0]
-        header.append(byte)
-        length |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return bytes(header) + await reader.readexactly(length)
 
 
 def _level_at(packet: bytes) -> int:
