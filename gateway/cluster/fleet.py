@@ -62,11 +62,11 @@ class Fleet(FleetState):
         presence = Presence.read(payload)
         before = self._presence.get(device_id)
         self._presence[device_id] = presence
-        if before is not None and (before.replica, before.session) != (
-            presence.replica, presence.session
-        ):  # fmt: skip
-            # A new session (an MQTT device that reconnected, perhaps to another node after its
-            # own died, or a new owner): what was sent to the old one may never be answered.
+        if before is not None and before.replica == presence.replica != self.replica \
+                and before.session != presence.session:  # fmt: skip
+            # Its owner runs a new session: the device reconnected (perhaps to another node,
+            # after its own died), and what was sent to it before may never be answered. (A
+            # new owner is no new connection: an MQTT device's calls go on across owners.)
             self._remote.fail(f"device {device_id} began a new session during the call",
                               device_id=device_id)  # fmt: skip
         if presence.replica == self.replica and not self._bridge.holds(device_id):
