@@ -210,7 +210,7 @@ class Gateway:
             self._stack.push_async_callback(self.proxy.aclose)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
-        if self.cluster is not None:  # joined, or catching up from its cache (docs/cluster.md)
+        if self.cluster is not None:  # joined by ``join``, once the listeners answer
             await self._stack.enter_async_context(self.cluster)
         await self._start_mqtt()
         await self._stack.enter_async_context(self.boards)  # started once the ports are known
@@ -223,6 +223,13 @@ class Gateway:
         tb: TracebackType | None,
     ) -> None:
         await self._stack.aclose()
+
+    async def join(self) -> None:
+        """Cluster: return once this replica has joined (or, warm, serves from its cache);
+        at once without a cluster. The listeners answer meanwhile (/healthz: 503 and why; the
+        broker's login checks, docs/cluster.md)."""
+        if self.cluster is not None:
+            await self.cluster.join()
 
     def guard(self, listener: str) -> Guard:
         """The connection guard of the ``device`` or ``host`` listener, counted in /metrics."""
@@ -289,7 +296,7 @@ class Gateway:
             return []
         config = self.config
         auth = BrokerAuth(token, config.cluster_username, config.cluster_password,
-                          self.admission.mqtt)  # fmt: skip
+                          self.admission.mqtt, self.cluster.knows_fleet)  # fmt: skip
         return [auth.route()]
 
     def _mqtt_devices(self) -> list[str]:
@@ -323,8 +330,11 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running(config: Config) -> AsyncIterator[Running]:
-    """Start the gateway and both listeners; stop them all on exit."""
+async def running(
+    config: Config, on_listening: Callable[[Running], None] | None = None
+) -> AsyncIterator[Running]:
+    """Start the gateway and both listeners; stop them all on exit. A cluster replica listens
+    before it joins (``on_listening`` is told then) and is yielded once joined."""
     # Each listener may hold its cap of connections, a descriptor each (the broker's counts apart).
     capped = 2 if config.mqtt_broker == "embedded" else 1
     caps = (config.limits_device_connections, config.limits_host_connections)
@@ -352,10 +362,14 @@ async def running(config: Config) -> AsyncIterator[Running]:
                 addresses = Addresses.of(config, device_port=ports[0], host_port=ports[1],
                                          mqtt_port=broker, lan=lan_address())  # fmt: skip
                 gateway.public.addresses = addresses
+                run = Running(gateway, addresses)
+                if on_listening is not None:
+                    on_listening(run)
+                await gateway.join()
                 gateway.boards.start([p for p in (*ports, broker) if p is not None])
                 if config.boards_discover:
                     await gateway.boards.discover()
-                yield Running(gateway, addresses)
+                yield run
     finally:
         for sock in sockets:  # also when the gateway never started (a cluster it cannot join)
             sock.close()

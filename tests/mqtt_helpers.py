@@ -24,6 +24,7 @@ from typing import Any
 import aiomqtt
 
 from gateway.device_side.transports.mqtt import honour_cancellation
+from gateway.device_side.transports.mqtt.failover import refused
 from gateway.simulator import DeviceMcpServer, default_tools
 from tests.conftest import bound, program
 from tests.ports import outside_ephemeral
@@ -219,6 +220,8 @@ class MqttDevice:
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self.refused: BaseException | None = None
+        self.subscriptions_refused = 0  # SUBACKs that refused its down topic (it reconnected)
+        self.subscription_refused = asyncio.Event()  # set at each
         self.hello_at_connect: JsonObject | None = None
         """Published in the instant the broker accepts the device, as stock firmware's
         OpenAudioChannel does after it reconnected (then ``hellos`` gets the answer)."""
@@ -259,8 +262,12 @@ class MqttDevice:
                 async with self._client_for() as client:
                     honour_cancellation()
                     self._client = client
-                    if self.subscribe:
-                        await client.subscribe(self.topic_down, qos=1)
+                    if self.subscribe and refused(await client.subscribe(self.topic_down, qos=1)):
+                        # As our firmware (device_fw/fw_mqtt.py): a refused SUBACK is an error,
+                        # and the link reconnects; it never stays on, deaf.
+                        self.subscriptions_refused += 1
+                        self.subscription_refused.set()
+                        raise aiomqtt.MqttError("the broker refused the down subscription")
                     if not self.stock:  # our firmware says it is online, its will says offline
                         await client.publish(self.topic_status, b"online", qos=1, retain=True)
                     if self.hello_at_connect is not None:

@@ -38,6 +38,8 @@ DEBIAN = {
     # (tests/nats_cluster.py). Debian installs it in /usr/sbin, with a systemd unit the tests
     # neither use nor need: they start their own nodes on ports the kernel picks.
     "nats-server": "nats-server",
+    # The shipped deployment's balancer, on its own rules (tests/cluster/test_start.py).
+    "haproxy": "haproxy",
 }
 # Programs .ci/run may ask for beyond the suite's (``install EXTRA``) whose package is named
 # otherwise: the arm64 image is built and run under qemu's user-mode emulation.

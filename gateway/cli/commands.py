@@ -10,6 +10,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -92,8 +93,8 @@ async def serve(config: Config) -> int:
     """Run the gateway until interrupted."""
     from gateway.app import running
 
-    async with running(config) as run:
-        _announce(config, run)
+    # Said once listening: a cluster replica joins after that (docs/cluster.md).
+    async with running(config, on_listening=lambda run: _announce(config, run)):
         await asyncio.Event().wait()
     return 0
 
@@ -104,8 +105,8 @@ async def stdio(config: Config) -> int:
 
     from gateway.app import running
 
-    async with _relay_hint(config), running(config) as run:
-        _announce(config, run, desktop=True)
+    announce = functools.partial(_announce, config, desktop=True)
+    async with _relay_hint(config), running(config, on_listening=announce) as run:
         server = run.gateway.frontend.server
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())

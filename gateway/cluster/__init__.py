@@ -8,10 +8,12 @@ replica ``owns`` picks (rendezvous hashing of its id, replica.py), announced lik
 device's; the others call it directly on the broker, and the request ids keep each replica's
 replies apart. A board that serves MCP itself is held by one replica too, among those that
 reach it (boards.py), and bridged as a WebSocket device.
-``async with Cluster(...)`` returns once the replica has joined: its number claimed, the fleet
-known. Restarted with its data dir, it returns as soon as it is on a broker node, serving hosts
-from the fleet it kept (cache.py) while the broker's records come in behind; its devices'
-/healthz says 503 until it has joined.
+``join()`` returns once the replica has joined: its number claimed, the fleet known.
+Restarted with its data dir, it returns as soon as it is on a broker node, serving hosts from
+the fleet it kept (cache.py) while the broker's records come in behind; its devices' /healthz
+says 503 until it has joined. The gateway listens before it joins (docs/cluster.md, "Who may
+log in"): a broker that asks the replicas about every login, their own included, must hear an
+answer from a replica that has not joined yet, or no replica ever could.
 
 Failover (docs/cluster.md): the client moves to the next broker node at once when its node
 dies. A replica cut from every node for ``HANDOFF`` seconds closes its WebSocket devices (and
@@ -42,7 +44,7 @@ from gateway.cluster.records import (
     key_name,
 )
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster.replica import Ownership, id_slice, pick_number, replica_name
+from gateway.cluster.replica import Ownership, home_node, id_slice, pick_number, replica_name
 from gateway.config import Config
 from gateway.device_side.boards.link import BoardLink
 from gateway.device_side.broker import DeviceCredentials, Topics
@@ -72,11 +74,14 @@ class Cluster:
             )
         self.topics = ClusterTopics(config.cluster_name)
         self.replica = replica_name(config)
-        self.logins: list[BrokerLogin] = [
+        logins = [
             broker_login(url, config.cluster_username, config.cluster_password,
                          config.cluster_ca_file)
             for url in config.cluster_broker
         ]  # fmt: skip
+        # Rotated per replica: the replicas spread over the nodes rather than herd on the first.
+        home = home_node(self.replica, len(logins))
+        self.logins: list[BrokerLogin] = logins[home:] + logins[:home]
         self.no = 0  # claimed when joining
         self.ids = id_slice(1)
         self._registry = registry
@@ -107,13 +112,23 @@ class Cluster:
         self.warm = False  # started from the cache: serves hosts while it catches up
         self._saved = 0  # the fleet's changes the cache holds
         self.cached = 0  # fleet records taken from the cache at start
+        self.loading = False  # reading its cache of the fleet
         self.read_before_serving = 0  # device records parsed before it served (tests)
         self.on_number: Callable[[range], None] = lambda ids: None  # its request ids, claimed
 
     async def __aenter__(self) -> Cluster:
-        cached = self.cache.load()
-        self.warm = bool(cached)
-        self.cached = self.fleet.warm(cached)
+        return self  # joined by ``join``, once the gateway listens
+
+    async def join(self) -> None:
+        """Load what the replica kept of the fleet, go to the broker, and return once joined
+        (warm: once on a broker node); /healthz says why not meanwhile."""
+        self.loading = True
+        try:  # 20,000 records are seconds of disk and parsing: the listeners answer meanwhile
+            cached = await asyncio.to_thread(self.cache.load)
+            self.warm = bool(cached)
+            self.cached = self.fleet.warm(cached)
+        finally:
+            self.loading = False
         self._saved = self.fleet.changes
         self._tasks = [
             asyncio.create_task(self.client.run(), name="gateway.cluster.client"),
@@ -128,7 +143,6 @@ class Cluster:
         # heard); it owns no MQTT device and calls no other replica's until it has joined.
         await (self.client.on_node if self.warm else self.client.connected).wait()
         self.read_before_serving = self.fleet.read
-        return self
 
     async def __aexit__(
         self,
@@ -163,9 +177,19 @@ class Cluster:
         """None while the replica has joined, else why devices should go elsewhere."""
         if self.client.connected.is_set():
             return None
+        if self.loading:
+            return f"replica {self.replica} is loading its copy of the fleet"
+        where = self.client.where
+        if self.no == 0 and not self.client.on_node.is_set():  # never joined yet
+            return f"replica {self.replica} is joining the cluster (no broker node yet, at {where})"
         if self.client.on_node.is_set():
-            return f"replica {self.replica} is joining the cluster at {self.client.where}"
-        return f"replica {self.replica} is cut from the cluster broker at {self.client.where}"
+            return f"replica {self.replica} is joining the cluster at {where}"
+        return f"replica {self.replica} is cut from the cluster broker at {where}"
+
+    def knows_fleet(self) -> bool:
+        """Has this replica joined (the fleet read, the live replicas known)? Only then does
+        it decide a device's broker login (broker_auth.py)."""
+        return self.device_health() is None
 
     def owns(self, device_id: str) -> bool:
         """Does this replica run the MQTT device's session? The live replica it hashes to;

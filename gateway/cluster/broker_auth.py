@@ -14,6 +14,13 @@ EMQX (deploy/cluster/, docs/cluster.md "Who may log in") posts each MQTT login t
 
 Everything else is denied, and a request without the token gets 401: whoever could ask freely
 could test passwords. Passwords are compared in constant time and never logged.
+
+A replica answers from the moment it listens, before any broker node accepts it: the replicas'
+login needs nothing but the password, and the first replica can only join once one is let in.
+A device's login needs the fleet (approvals, bindings): until this replica has joined it
+answers ``{"result": "ignore"}``, which EMQX hands to its next authenticator, and the last one
+ignoring refuses the login. The device retries, as it does after any refusal, and the balancer
+sends its next check to a replica that has joined (deploy/cluster/haproxy.cfg).
 """
 
 from __future__ import annotations
@@ -30,12 +37,12 @@ from starlette.routing import Route
 
 from gateway.device_side.broker import is_device_id
 
-__all__ = ["ALLOW", "DENY", "PATH", "BrokerAuth"]
+__all__ = ["ALLOW", "DENY", "IGNORE", "PATH", "BrokerAuth"]
 
 logger = logging.getLogger(__name__)
 
 PATH = "/cluster/broker-auth"
-ALLOW, DENY = "allow", "deny"
+ALLOW, DENY, IGNORE = "allow", "deny", "ignore"
 _MAX_BODY = 4096  # bytes: four short strings
 
 DeviceCheck = Callable[[str, str, str | None], bool]  # device id, password, peer -> admitted?
@@ -46,15 +53,17 @@ class BrokerAuth:
 
     def __init__(
         self, token: str, replica_user: str | None, replica_password: str | None,
-        device: DeviceCheck,
+        device: DeviceCheck, knows_fleet: Callable[[], bool] = lambda: True,
     ) -> None:  # fmt: skip
         self._token = token.encode()
         self._replica_user = replica_user
         self._replica_password = (replica_password or "").encode()
         self._device = device
+        self._knows_fleet = knows_fleet
 
     def decide(self, username: str, password: str, client_id: str, peer: str | None) -> str:
-        """``ALLOW`` or ``DENY`` for one MQTT login."""
+        """``ALLOW``, ``DENY`` or (a device, before this replica knows the fleet) ``IGNORE``
+        for one MQTT login."""
         if self._replica_user is not None and username == self._replica_user:
             # A replica's login, or someone borrowing its name: the password alone decides.
             matches = hmac.compare_digest(password.encode(), self._replica_password)
@@ -62,6 +71,8 @@ class BrokerAuth:
         device_id = username.lower()
         if not is_device_id(device_id) or client_id.lower() != device_id:
             return DENY  # a device logs in as itself, under its own client id
+        if not self._knows_fleet():
+            return IGNORE  # not decided without the fleet: refused for now, retried
         return ALLOW if self._device(device_id, password, peer) else DENY
 
     async def endpoint(self, request: Request) -> JSONResponse:

@@ -44,6 +44,10 @@ _RETRY = (0.5, 5.0)
 _SUBSCRIBE_PATIENCE = 30.0
 _TURN = 64  # records handled before the loop's other tasks get a turn
 _SYNC_AGAIN = 5.0  # seconds: far above a loaded broker's echo, far below a host's patience
+# Connections in a row to one node whose retained probe did not come back while live messages
+# did, before the node is judged unfit: one miss is what a NATS node electing leaders does (it
+# acknowledges the probe and stores it late), a broker without the feature misses every time.
+_PROBE_PROOF = 2
 # The QoS of what the broker delivers to a replica. 0: its sessions are clean, so a lost
 # connection loses what was in flight whatever the QoS, and the replica heals that itself (it
 # resubscribes and syncs at every join); what QoS 1 would add is a broker-side consumer per
@@ -89,6 +93,7 @@ class ClusterClient:
         self._on_lost = on_lost
         self._client: aiomqtt.Client | None = None
         self._sync: dict[str, asyncio.Future[None]] = {}
+        self._probe_misses: dict[str, int] = {}  # node -> retained probes missed in a row
 
     @property
     def login(self) -> BrokerLogin:
@@ -220,13 +225,15 @@ class ClusterClient:
         plugin, for one, sends retained messages only to exact topics, and a replica on it would
         pass the barrier knowing no device.
 
-        A probe that does not come back is a verdict only when the broker is otherwise serving:
-        a NATS node whose peer just died answers nothing for seconds while JetStream elects
-        leaders, and is a fine broker a moment later.
+        A probe that does not come back is a verdict only when the broker is otherwise serving,
+        and on ``_PROBE_PROOF`` connections in a row: a NATS node whose peer just died answers
+        nothing for seconds while JetStream elects leaders, or acknowledges the probe and
+        stores it late, and is a fine broker a moment later.
 
         Raises:
-            BrokerUnfit: live messages come back, the retained probe does not.
-            aiomqtt.MqttError: the broker went away, or echoes nothing yet (try the next node).
+            BrokerUnfit: live messages come back, the retained probe does not, again.
+            aiomqtt.MqttError: the broker went away, echoes nothing yet, or missed the probe
+                once (try the next node).
         """
         client = self._client
         if client is None:
@@ -241,17 +248,26 @@ class ClusterClient:
                 async with asyncio.timeout(_SYNC_AGAIN):
                     await asyncio.shield(future)
             if future.done():
+                self._probe_misses.pop(self.where, None)
                 return
             if not await self._echoed(_SYNC_AGAIN):
                 raise aiomqtt.MqttError(f"the broker echoes nothing yet (in {2 * _SYNC_AGAIN:g} s)")
-            if not future.done():  # it may have come just behind the live echo
-                raise BrokerUnfit(
-                    f"the cluster broker at {self.where} does not send retained messages to "
-                    f"wildcard subscriptions (a retained probe on {topic} did not come back on "
-                    f"{wildcard} within {_SYNC_AGAIN:g} s, while live messages did): replica "
-                    f"{self.replica} cannot learn the fleet there and will not serve; brokers "
-                    "that qualify: docs/cluster.md"
+            if future.done():  # it came just behind the live echo
+                self._probe_misses.pop(self.where, None)
+                return
+            misses = self._probe_misses[self.where] = self._probe_misses.get(self.where, 0) + 1
+            if misses < _PROBE_PROOF:
+                raise aiomqtt.MqttError(
+                    "its retained probe did not come back yet while live messages do (a broker "
+                    "electing leaders stores it late, as NATS does after a node died)"
                 )
+            raise BrokerUnfit(
+                f"the cluster broker at {self.where} does not send retained messages to "
+                f"wildcard subscriptions (a retained probe on {topic} did not come back on "
+                f"{wildcard} within {_SYNC_AGAIN:g} s, {misses} connections in a row, while "
+                f"live messages did): replica {self.replica} cannot learn the fleet there and "
+                "will not serve; brokers that qualify: docs/cluster.md"
+            )
         finally:
             self._sync.pop(token, None)
             with contextlib.suppress(aiomqtt.MqttError):

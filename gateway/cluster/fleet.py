@@ -60,7 +60,15 @@ class Fleet(FleetState):
                 self._detach(device_id, f"device {device_id} left replica {gone.replica}")
             return
         presence = Presence.read(payload)
+        before = self._presence.get(device_id)
         self._presence[device_id] = presence
+        if before is not None and before.replica == presence.replica != self.replica \
+                and before.session != presence.session:  # fmt: skip
+            # Its owner runs a new session: the device reconnected (perhaps to another node,
+            # after its own died), and what was sent to it before may never be answered. (A
+            # new owner is no new connection: an MQTT device's calls go on across owners.)
+            self._remote.fail(f"device {device_id} began a new session during the call",
+                              device_id=device_id)  # fmt: skip
         if presence.replica == self.replica and not self._bridge.holds(device_id):
             self._send(self._topics.presence(device_id), b"", retain=True)  # a past life's
             return
@@ -74,8 +82,13 @@ class Fleet(FleetState):
         known = self.replicas.hear(name, record)
         new = known is None
         if known is not None and known.since != record.since:  # it lost the broker meanwhile
-            self._remote.fail(f"replica {name} lost the cluster broker during the call",
-                              replica=name)  # fmt: skip
+            why = f"replica {name} lost the cluster broker during the call"
+            self._remote.fail(why, replica=name)
+            # Calls made directly to the MQTT devices it owns too: its node may have been the
+            # devices' own (their replies lost with it), and it runs their sessions afresh.
+            for device_id, presence in list(self._presence.items()):
+                if presence.replica == name and presence.mqtt:
+                    self._remote.fail(why, device_id=device_id)
         if new and record.key not in (None, key_name(self._registry.binding_key)):
             logger.error("replica %s seals identity bindings with another key: every replica "
                          "needs the same data_dir/mqtt_secret (docs/cluster.md); until then a "

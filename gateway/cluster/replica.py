@@ -8,6 +8,10 @@ firmware reads with cJSON ``valueint``, and which names the replica a reply belo
 Numbers are claimed on the broker at each start: the one the name hashes to, else the next one
 no live replica holds; of two replicas that claimed one number at once, the one whose name
 sorts later moves.
+
+The name also says where the replica goes first among the broker nodes (``home_node``): the
+list is rotated per replica, so that replicas spread over the nodes and one node's death cuts
+only the replicas on it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from gateway.errors import GatewayError
 __all__ = [
     "MAX_REPLICAS",
     "Ownership",
+    "home_node",
     "id_slice",
     "owner_of",
     "pick_number",
@@ -48,6 +53,16 @@ def replica_name(config: Config) -> str:
         name = f"{host}-{secrets.token_hex(3)}"
         create_private(path).write_text(name + "\n")
     return name
+
+
+def home_node(name: str, nodes: int) -> int:
+    """Where in the broker list (``nodes`` long) the replica ``name`` starts: its number where
+    the name ends in one (gw1, gw2, gw3 and pod-0, pod-1, pod-2 each take another node), else
+    where the name hashes to."""
+    number = re.search(r"(\d+)$", name)
+    if number is not None:
+        return int(number[1]) % nodes
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % nodes
 
 
 def pick_number(name: str, taken: Iterable[int]) -> int:

@@ -317,17 +317,12 @@ class DeviceConnection:
                 self._timer_task = None
 
     def _handle(self, events: list[Event]) -> None:
+        dropped: MessageDropped | None = None  # the last, which says why a listing stopped
         for event in events:
             if isinstance(event, CallSucceeded | CallFailed):
                 self._settle(event)
             elif isinstance(event, ToolsListed):
-                if not event.complete:
-                    self._log.warning(
-                        "tools/list stopped early; keeping %d tools", len(event.tools)
-                    )
-                self._registry.set_catalogue(
-                    self.identity.device_id, event.tools, event.server_info, event.digest
-                )
+                self._listed(event, dropped)
             elif isinstance(event, DiscoveryTimedOut):
                 self._log.warning("no tool list within %g s; closing the connection", event.seconds)
             elif isinstance(event, HelloReceived):
@@ -335,7 +330,20 @@ class DeviceConnection:
             elif isinstance(event, DeviceGoodbye):
                 self._log.info("device said goodbye")
             elif isinstance(event, MessageDropped):
+                dropped = event
                 self._log.debug("dropped: %s %s", event.reason, event.detail)
+
+    def _listed(self, event: ToolsListed, dropped: MessageDropped | None) -> None:
+        """Take a listing (the registry keeps a known catalogue against one that stopped
+        early); say why one stopped early, and what was kept."""
+        taken = self._registry.set_catalogue(self.identity.device_id, event.tools,
+                                             event.server_info, event.digest,
+                                             complete=event.complete)  # fmt: skip
+        if not event.complete:
+            why = dropped.reason if dropped is not None else "no reason given"
+            kept = "taking what it listed" if taken else "keeping the catalogue it listed before"
+            self._log.info("tools/list stopped early (%s) after %d tools; %s until a complete "
+                           "listing", why, len(event.tools), kept)  # fmt: skip
 
     def _settle(self, event: CallSucceeded | CallFailed) -> None:
         future = self._futures.pop(event.call_id, None)

@@ -153,10 +153,15 @@ class DeviceRegistry(DeviceAdmin):
         entries: Sequence[object],
         server_info: JsonObject | None,
         digest: str | None = None,
-    ) -> None:
+        *,
+        complete: bool = True,
+    ) -> bool:
         """Take the device's freshly listed tool entries; tell hosts if what they see changed.
 
-        ``digest``, if given, names the entries' content (equal digests, equal entries).
+        ``digest``, if given, names the entries' content (equal digests, equal entries). A
+        listing that stopped early (``complete`` False) replaces no known catalogue that has
+        tools: a page lost, or a device deaf for a moment, is not a device with fewer tools.
+        Returns whether the entries were taken.
         """
         device = self._devices[device_id.lower()]
         record = device.record
@@ -164,7 +169,12 @@ class DeviceRegistry(DeviceAdmin):
             seconds, device.connected_at = time.monotonic() - device.connected_at, None
             for watcher in self.discovery_watchers:
                 watcher(seconds)
-        catalogue, judged = self._catalogues.get(entries, digest)
+        known = device.catalogue
+        taken = complete or known is None or not known.tools
+        if known is None or taken:
+            catalogue, judged = self._catalogues.get(entries, digest)
+        else:
+            catalogue, judged = known, False
         if judged:  # each bad tool is logged once, however many devices share the catalogue
             self._store.save_catalogue(catalogue.digest, catalogue.to_json())
             for rejection in catalogue.rejected:
@@ -182,3 +192,4 @@ class DeviceRegistry(DeviceAdmin):
         logger.info("device %s lists %s%s", device.label, device.tool_counts,
                     ", named after its board" if named else "")  # fmt: skip
         self._save(record)  # after _use: its watchers see the catalogue in use (cluster)
+        return taken

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 
 from gateway.app import Running
+from gateway.cluster.replica import home_node
 from gateway.datadir import create_private
 from gateway.devices.registry import DeviceRegistry
 from tests.conftest import bound, gateway
@@ -21,19 +22,29 @@ SECRET = "0f" * 32  # the replicas' shared mqtt_secret
 Check = Callable[[DeviceRegistry], bool]
 
 
-def cluster_options(broker: int | Sequence[str], replica: str, **overrides: Any) -> dict[str, Any]:
+def cluster_options(
+    broker: int | Sequence[str], replica: str, *, spread: bool = False, **overrides: Any
+) -> dict[str, Any]:
     """The config of one replica: the cluster broker (a port on loopback, or the URLs of a
-    cluster's nodes); MQTT devices come through it too."""
+    cluster's nodes, which the replica tries in that order; ``spread``: as configured, the
+    replica starting where its name says); MQTT devices come through it too."""
     scheme = "mqtts" if overrides.get("cluster_ca_file") else "mqtt"
     return {
         "cluster_broker": (f"{scheme}://127.0.0.1:{broker}",)
         if isinstance(broker, int)
-        else tuple(broker),  # fmt: skip
+        else tuple(broker if spread else tried_in_order(broker, replica)),  # fmt: skip
         "cluster_name": PREFIX,
         "cluster_replica": replica,
         "mqtt_keepalive_interval": None,
         **overrides,
     }
+
+
+def tried_in_order(urls: Sequence[str], replica: str) -> list[str]:
+    """``urls`` as ``[cluster] broker`` for ``replica`` to try them in this order (each
+    replica rotates the list it is given by its name: gateway/cluster/replica.py)."""
+    home = home_node(replica, len(urls))
+    return [*urls[len(urls) - home :], *urls[: len(urls) - home]]
 
 
 @asynccontextmanager
@@ -102,10 +113,10 @@ class Proxy:
             return
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         self._writers |= {writer, up_writer}
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):
             writer.write(data)
@@ -139,8 +150,14 @@ class FilteringProxy(Proxy):
         self._writers |= {writer, up_writer}
         connection = self.connections
         await asyncio.gather(
-            _pipe(reader, up_writer),
-            _filtered(up_reader, writer, lambda kind, flags: self.drops(connection, kind, flags)),
+            pipe(reader, up_writer),
+            relay_packets(
+                up_reader,
+                writer,
+                lambda packet: (
+                    None if self.drops(connection, packet[0] >> 4, packet[0] & 0x0F) else packet
+                ),
+            ),
         )
 
 
@@ -167,27 +184,45 @@ class DeafFirstProxy(FilteringProxy):
         return connection == 1 and packet_type == _PUBLISH
 
 
-async def _filtered(
+class StoresLateFirstProxy(FilteringProxy):
+    """A broker node that, on a client's first connection, acknowledges a retained publish and
+    delivers live messages but sends no retained message to a new subscription (a NATS node
+    whose JetStream could not store the retained message yet, while it elects leaders after
+    another node died: "unable to store retained message ... timeout"); later connections are
+    served in full."""
+
+    def drops(self, connection: int, packet_type: int, flags: int) -> bool:
+        return connection == 1 and packet_type == _PUBLISH and bool(flags & 1)
+
+
+async def relay_packets(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    drops: Callable[[int, int], bool],
+    change: Callable[[bytes], bytes | None],
 ) -> None:
+    """Pass MQTT packets from ``reader`` to ``writer`` as ``change`` makes them (None: lost)."""
     try:
-        while first := await reader.read(1):
-            length, shift, header = 0, 0, bytearray(first)
-            while True:  # the remaining length: a varint of 1 to 4 bytes
-                byte = (await reader.readexactly(1))[0]
-                header.append(byte)
-                length |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
-            body = await reader.readexactly(length)
-            if drops(first[0] >> 4, first[0] & 0x0F):
-                continue
-            writer.write(bytes(header) + body)
-            await writer.drain()
+        while (packet := await read_packet(reader)) is not None:
+            if (passed := change(packet)) is not None:
+                writer.write(passed)
+                await writer.drain()
     except (ConnectionError, OSError, asyncio.IncompleteReadError):
         pass
     finally:
         writer.transport.abort()
+
+
+async def read_packet(reader: asyncio.StreamReader) -> bytes | None:
+    """The next MQTT packet, whole (its fixed header included); None at the end."""
+    first = await reader.read(1)
+    if not first:
+        return None
+    header, length, shift = bytearray(first), 0, 0
+    while True:  # the remaining length: a varint of 1 to 4 bytes
+        byte = (await reader.readexactly(1))[0]
+        header.append(byte)
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    return bytes(header) + await reader.readexactly(length)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
-from gateway.cluster.broker_auth import ALLOW, DENY, PATH, BrokerAuth
+from gateway.app import Running, running
+from gateway.cluster.broker_auth import ALLOW, DENY, IGNORE, PATH, BrokerAuth
 from gateway.config import ListenAddress
 from gateway.device_side.broker.credentials import DeviceCredentials
 from tests.cluster.conftest import cluster_options
-from tests.conftest import gateway
+from tests.conftest import bound, gateway, make_config
 from tests.mqtt_helpers import Mosquitto
+from tests.ports import refusing_port
 
 ONE, TWO = "aa:bb:cc:dd:ee:01", "aa:bb:cc:dd:ee:02"
 CLIENT_ONE, CLIENT_TWO = "5b3f4c1e-0000-4000-8000-000000000001", "5b3f4c1e-0000-4000-8000-0002"
@@ -42,6 +46,12 @@ def test_the_right_logins_pass_and_no_other(tmp_path: Path) -> None:
     assert auth.decide("../#", "x", "../#", None) == DENY  # not a device id
     unset = BrokerAuth(TOKEN, REPLICAS, None, device)  # no replica password: no replica login
     assert unset.decide(REPLICAS, "", "c", None) == DENY
+    # Before the replica knows the fleet: the replicas' login decided, a device's left alone.
+    joining = BrokerAuth(TOKEN, REPLICAS, REPLICA_PASSWORD, device, knows_fleet=lambda: False)
+    assert joining.decide(REPLICAS, REPLICA_PASSWORD, "esp-mcp-replica-gw1-abc", None) == ALLOW
+    assert joining.decide(REPLICAS, "guess", "esp-mcp-replica-gw1-abc", None) == DENY
+    assert joining.decide(ONE, one, ONE, None) == IGNORE
+    assert joining.decide(ONE, one, TWO, None) == DENY  # refused whatever the fleet says
 
 
 @pytest.mark.anyio
@@ -97,3 +107,49 @@ def _body(device_id: str) -> dict[str, Any]:
     return {"version": 2, "mac_address": device_id, "chip_model_name": "esp32s3",
             "application": {"name": "xiaozhi", "version": "2.4.2"},
             "board": {"type": "bread-compact-wifi", "mac": device_id}}  # fmt: skip
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_a_replica_answers_before_any_broker_node_accepts_it(tmp_path: Path) -> None:
+    """No broker node answers: the replica still answers /healthz (503, joining) and EMQX's
+    login checks as soon as it listens; the replicas' login is let in (so that the first
+    replica can join), a device's is ignored (refused for now) until it knows the fleet."""
+    with refusing_port() as port:
+        options = cluster_options(port, "gw-1", cluster_auth_token=TOKEN,
+                                  cluster_username=REPLICAS,
+                                  cluster_password=REPLICA_PASSWORD)  # fmt: skip
+        config = make_config(tmp_path / "gw-1", **options)
+        listening: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
+
+        async def serve() -> None:
+            async with running(config, on_listening=listening.set_result):
+                raise AssertionError("joined a cluster whose broker refuses every connection")
+
+        serving = asyncio.create_task(serve())
+        try:
+            async with asyncio.timeout(bound(10)):
+                run = await asyncio.shield(listening)
+            async with asyncio.timeout(bound(2)), httpx2.AsyncClient() as http:
+                base = f"http://127.0.0.1:{run.device_port}"
+                health = await http.get(f"{base}/healthz")
+                assert health.status_code == 503
+                assert "gw-1 is joining the cluster" in health.json()["reason"]
+                hosts = await http.get(f"http://127.0.0.1:{run.host_port}/healthz")
+                assert hosts.status_code == 503
+
+                async def login(user: str, password: str, client: str) -> Any:
+                    body = {"username": user, "password": password, "clientid": client}
+                    headers = {"Authorization": f"Bearer {TOKEN}"}
+                    response = await http.post(base + PATH, json=body, headers=headers)
+                    assert response.status_code == 200
+                    return response.json()["result"]
+
+                assert await login(REPLICAS, REPLICA_PASSWORD, "esp-mcp-replica-gw-2-1") == ALLOW
+                assert await login(REPLICAS, "guess", "esp-mcp-replica-gw-2-1") == DENY
+                assert await login(ONE, "0" * 32, ONE) == IGNORE
+            assert not serving.done()
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving

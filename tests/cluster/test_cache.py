@@ -3,17 +3,22 @@ catches up with the broker behind: the broker's records win once heard (real mos
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from pathlib import Path
 
 import anyio
+import httpx2
 import pytest
 
+from gateway.app import Running, running
 from gateway.cluster.cache import FleetCache
 from gateway.cluster.records import FleetRecord
 from gateway.devices.registry import DeviceRegistry
 from tests.cluster.conftest import cluster_options, eventually, shared_secret
 from tests.cluster.test_replicas import WS_DEVICE, lists
-from tests.conftest import bound, gateway
+from tests.conftest import bound, gateway, make_config
 from tests.e2e.helpers import listed_device
 from tests.mqtt_helpers import Mosquitto
 
@@ -92,3 +97,50 @@ async def test_a_restarted_replica_serves_from_its_cache_and_the_brokers_records
                     with anyio.fail_after(bound(10)):
                         await cluster.client.connected.wait()
                     assert cluster.device_health() is None  # joined: devices welcome too
+
+
+@pytest.mark.e2e
+async def test_a_replica_reading_its_cache_answers_healthz_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a replica reads its copy of the fleet (seconds for 20,000 records; held here until
+    the test lets it go), both its listeners answer /healthz: 503 "loading", not silence; then
+    it joins as usual."""
+    read_on, release = threading.Event(), threading.Event()
+    load = FleetCache.load
+
+    def slow_load(cache: FleetCache) -> dict[str, FleetRecord]:
+        read_on.set()
+        release.wait(bound(10))  # in the thread the load runs in, off the event loop
+        return load(cache)
+
+    monkeypatch.setattr(FleetCache, "load", slow_load)
+    async with Mosquitto(tmp_path / "broker") as broker:
+        config = make_config(
+            shared_secret(tmp_path / "gw-1"), **cluster_options(broker.port, "gw-1")
+        )
+        listening: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
+        joined = asyncio.Event()
+
+        async def serve() -> None:
+            async with running(config, on_listening=listening.set_result):
+                joined.set()
+                await asyncio.Event().wait()
+
+        serving = asyncio.create_task(serve())
+        try:
+            with anyio.fail_after(bound(10)):
+                run = await asyncio.shield(listening)
+                await asyncio.to_thread(read_on.wait, bound(10))
+                async with httpx2.AsyncClient() as http:
+                    for port in (run.device_port, run.host_port):
+                        health = await http.get(f"http://127.0.0.1:{port}/healthz")
+                        assert health.status_code == 503
+                        assert "gw-1 is loading its copy of the fleet" in health.json()["reason"]
+                release.set()
+                await joined.wait()
+        finally:
+            release.set()
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving

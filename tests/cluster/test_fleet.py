@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -14,7 +15,8 @@ from gateway.cluster.records import ClusterTopics, FleetRecord, Presence, Replic
 from gateway.cluster.remote import RemoteCalls, RemoteSession
 from gateway.cluster.replica import id_slice
 from gateway.devices.catalogue import digest_of
-from tests.conftest import make_config
+from gateway.errors import DeviceUnavailable
+from tests.conftest import bound, make_config
 from tests.fakes import ScriptedSession, Stack
 
 pytestmark = pytest.mark.anyio
@@ -94,13 +96,14 @@ async def test_a_tombstone_forgets_the_device_and_closes_its_session_here(tmp_pa
     stack.close()
 
 
-def held_by_gw2(fleet: Fleet) -> None:
-    """The broker's records of an approved device with its tools, held by live replica gw-2."""
+def held_by_gw2(fleet: Fleet, presence: Presence | None = None) -> None:
+    """The broker's records of an approved device with its tools, held by live replica gw-2
+    (a WebSocket device, unless ``presence`` says otherwise)."""
     fleet.on_record("catalogue", DIGEST, json.dumps(ENTRIES).encode())
     listed = FleetRecord(DEVICE, 10.0, "gw-2", alias="porch", state="approved", catalogue=DIGEST)
     fleet.on_record("device", DEVICE, listed.encode())
     fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0).encode())
-    fleet.on_record("presence", DEVICE, Presence("gw-2", "s1", 1.0).encode())
+    fleet.on_record("presence", DEVICE, (presence or Presence("gw-2", "s1", 1.0)).encode())
 
 
 async def test_a_silent_replica_is_gone_and_a_past_life_presence_is_cleared(tmp_path: Path) -> None:
@@ -163,4 +166,42 @@ async def test_another_replicas_device_is_callable_here_once_this_replica_has_it
     assert device is not None and device.exposed and not device.online
     fleet.numbered()
     assert isinstance(device.session, RemoteSession) and device.session.replica == "gw-2"
+    stack.close()
+
+
+async def _sent(topic: str, payload: bytes, retain: bool = False) -> bool:
+    return True  # the broker took it (the device's reply never comes)
+
+
+@pytest.mark.parametrize("change", ["new session", "owner rejoined"])
+async def test_a_direct_call_to_an_mqtt_device_fails_at_once_when_its_session_changes(
+    tmp_path: Path, change: str
+) -> None:
+    """A call in flight to an MQTT device gw-2 owns, made on the device's own topic: the device
+    begins a new session (it reconnected, to another node after its own died), or gw-2 lost its
+    broker node and joined again; either way what was sent may never be answered, and the call
+    fails at once, saying why, not at its 30 s timeout."""
+    stack = Stack(make_config(tmp_path, cluster_broker=("mqtt://127.0.0.1:1",)))
+    remote = RemoteCalls(TOPICS, id_slice(1), _sent, 65536)
+    fleet = Fleet(
+        stack.registry, TOPICS, "gw-1", remote, Bridge(TOPICS, "gw-1", id_slice(1), _sent)
+    )
+    fleet.device_down = lambda device_id: f"xiaozhi/{device_id}/down"
+    fleet.numbered()
+    held_by_gw2(fleet, Presence("gw-2", "s1", 1.0, mqtt=True))
+    device = stack.registry.get(DEVICE)
+    assert device is not None and isinstance(device.session, RemoteSession)
+    assert device.session.direct == f"xiaozhi/{DEVICE}/down"
+    call = asyncio.create_task(device.session.call("self.lamp.turn_on", {}))
+    await asyncio.sleep(0)  # the call is out: sent, waiting for the device's reply
+    assert remote.in_flight == 1
+    if change == "new session":
+        fleet.on_record("presence", DEVICE, Presence("gw-2", "s2", 2.0, mqtt=True).encode())
+        why = f"device {DEVICE} began a new session during the call"
+    else:
+        fleet.on_record("replica", "gw-2", ReplicaRecord(2, 2.0, since=2.0).encode())
+        why = "replica gw-2 lost the cluster broker during the call"
+    with pytest.raises(DeviceUnavailable, match=why):
+        async with asyncio.timeout(bound(1)):
+            await call
     stack.close()

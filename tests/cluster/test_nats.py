@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,13 @@ import gateway.cluster as cluster_module
 from gateway.app import Running
 from gateway.cluster.live import CALLS_SILENT_AFTER, HEARTBEAT
 from gateway.simulator import SimulatedDevice
-from tests.cluster.conftest import Proxy, cluster_options, eventually, shared_secret
+from tests.cluster.conftest import (
+    Proxy,
+    cluster_options,
+    eventually,
+    shared_secret,
+    tried_in_order,
+)
 from tests.cluster.test_faults import call_text, online, tool
 from tests.cluster.test_kill import replica_process
 from tests.conftest import DEVICE_TOKEN, bound, gateway
@@ -181,7 +187,11 @@ async def test_sigkill_a_replica_on_the_nats_cluster(tmp_path: Path) -> None:
     async with NatsCluster(tmp_path / "nats") as nats:
         n1, n2, n3 = nats.urls
         live_options = cluster_options([n2, n3], "gw-live")
-        dying = replica_process(shared_secret(tmp_path / "dead"), f"{n1},{n2}", "gw-dead")
+        dying = replica_process(
+            shared_secret(tmp_path / "dead"),
+            ",".join(tried_in_order([n1, n2], "gw-dead")),
+            "gw-dead",
+        )
         async with dying as (dead_port, dead), \
                 gateway(shared_secret(tmp_path / "live"), **live_options) as live, \
                 Proxy(dead_port) as balancer, \
@@ -229,3 +239,53 @@ async def test_a_cold_replica_joins_the_nats_cluster_knowing_the_fleet(tmp_path:
                         lamp = tool(cold, MQTT, "self.lamp.turn_on")
                         if await call_text(cold, lamp, {}) == (False, "true"):
                             break
+
+
+async def test_replicas_spread_over_the_nodes_and_a_node_death_moves_only_its_own(
+    tmp_path: Path,
+) -> None:
+    """gw1, gw2 and gw3 share one list of the three nodes, as deploy/cluster/gateway.toml
+    gives it: each starts on another node. Under calls from gw2 and gw3 to a WebSocket device
+    on gw3, the node gw1 is on is SIGKILLed: gw1 moves to another node by itself, calls are
+    served again, and every failed call says why."""
+    async with NatsCluster(tmp_path / "nats") as nats:
+        ports = [node.mqtt_port for node in nats.nodes]
+
+        def start(name: str) -> contextlib.AbstractAsyncContextManager[Running]:
+            options = cluster_options(nats.urls, name, spread=True)
+            return gateway(shared_secret(tmp_path / name), **options)
+
+        async with start("gw1") as gw1, start("gw2") as gw2, start("gw3") as gw3, \
+                ws_device(device_url(gw3.device_port)):  # fmt: skip
+            clusters = [run.gateway.cluster for run in (gw1, gw2, gw3)]
+            homes = [cluster.login.port for cluster in clusters if cluster is not None]
+            assert sorted(homes) == sorted(ports), "each replica on a node of its own"
+            await eventually([gw1, gw2, gw3], online(WS))
+            across = Calls(gw2, tool(gw2, WS, "self.lamp.turn_on"))
+            local = Calls(gw3, tool(gw3, WS, "self.lamp.turn_on"))
+            try:
+                async with asyncio.timeout(bound(20)):
+                    await across.until(lambda: sum(not o[1] for o in across.outcomes) >= 3)
+                dead = ports.index(homes[0])
+                killed = asyncio.get_running_loop().time()
+                await nats.nodes[dead].kill()
+
+                def served_after_kill(calls: Calls) -> Callable[[], bool]:
+                    return lambda: sum(start > killed and not error
+                                       for start, error, _, _ in calls.outcomes) >= 3  # fmt: skip
+
+                async with asyncio.timeout(bound(FAILOVER_BOUND)):
+                    await across.until(served_after_kill(across))
+                    await local.until(served_after_kill(local))
+                    assert clusters[0] is not None
+                    await clusters[0].client.connected.wait()
+            finally:
+                await across.stop()
+                await local.stop()
+            now = [cluster.login.port for cluster in clusters if cluster is not None]
+            assert now[0] != ports[dead]  # gw1 moved, by itself
+            # A NATS node may drop its clients a moment while JetStream elects new leaders for
+            # what the dead node led (its MQTT session stream): a failure then says so.
+            reasons = ("cluster broker", "is offline")
+            for _, error, text, _ in (*across.outcomes, *local.outcomes):
+                assert not error or any(reason in text for reason in reasons), text

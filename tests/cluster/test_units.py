@@ -15,6 +15,7 @@ from gateway.cluster.remote import RemoteCalls
 from gateway.cluster.replica import (
     MAX_REPLICAS,
     Ownership,
+    home_node,
     id_slice,
     owner_of,
     pick_number,
@@ -195,3 +196,13 @@ def test_a_frame_that_lies_about_its_id_is_routed_by_the_first_it_names() -> Non
     lie = _frame('{"jsonrpc":"2.0","id":16777217,"result":{},"id":33554433}')
     assert reply_id(lie) == 16777217
     assert json.loads(lie)["payload"]["id"] == 33554433
+
+
+def test_replicas_named_alike_start_on_different_nodes() -> None:
+    """gw1, gw2, gw3 over three nodes: three nodes; pod-0..pod-2 likewise; any other names
+    hash to a place in the list, the same at every start."""
+    assert sorted(home_node(f"gw{n}", 3) for n in (1, 2, 3)) == [0, 1, 2]
+    assert sorted(home_node(f"pod-{n}", 3) for n in (0, 1, 2)) == [0, 1, 2]
+    assert len({home_node(f"gw{n}", 2) for n in (1, 2, 3)}) == 2
+    assert home_node("gw-live", 3) == home_node("gw-live", 3) in range(3)
+    assert home_node("gw1", 1) == 0

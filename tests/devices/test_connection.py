@@ -375,3 +375,31 @@ async def test_a_call_cancelled_while_its_send_waits_reaches_the_device_once(
         harness.link.feed(mcp({"id": again["id"], "result": {}}))
         async with asyncio.timeout(bound(5)):
             assert await following == {}
+
+
+async def test_a_relisting_that_stops_early_keeps_the_known_catalogue(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The device's tools change; its next listing fails on its first page: the tools it listed
+    before stay (not 0 tools), the log says why at INFO, and the next complete listing wins."""
+    async with connected(tmp_path) as harness:
+        await harness.discover()
+        registry = harness.stack.registry
+        caplog.set_level("INFO", logger="gateway.devices.connection")
+        harness.link.feed(mcp({"method": "notifications/tools/list_changed"}))
+        listing = await harness.request("tools/list")
+        harness.link.feed(mcp({"id": listing["id"], "error": {"code": -32603, "message": "busy"}}))
+        # A second change: its listing is asked for only once the first one ended.
+        harness.link.feed(mcp({"method": "notifications/tools/list_changed"}))
+        listing = await harness.request("tools/list")
+        assert [t.name for t in registry.exposed_tools()] == ["b_0001_lamp_turn_on"]
+        stopped = [r for r in caplog.records if "stopped early" in r.getMessage()]
+        assert [r.levelname for r in stopped] == ["INFO"]
+        assert "keeping the catalogue it listed before" in stopped[0].getMessage()
+        more = [*TOOLS, {**TOOLS[0], "name": "self.lamp.turn_off"}]
+        async with registry.changes() as changes:
+            harness.link.feed(mcp({"id": listing["id"], "result": {"tools": more}}))
+            async with asyncio.timeout(bound(5)):
+                await anext(changes)
+        names = [t.name for t in registry.exposed_tools()]
+        assert names == ["b_0001_lamp_turn_on", "b_0001_lamp_turn_off"]
