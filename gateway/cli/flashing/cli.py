@@ -123,7 +123,7 @@ def _enrolled(config: Config, args: argparse.Namespace) -> Iterator[DeviceSettin
         if not url:
             raise GatewayError(
                 "say where the device finds the gateway: --gateway ws://<gateway LAN address>"
-                ":8765/xiaozhi/v1/ (or set public_url on the gateway)"
+                ":8765/xiaozhi/v1/ (or set device_url, GATEWAY_DEVICE_URL, on the gateway)"
             )
         yield DeviceSettings(args.name, url, token, args.transport, args.wifi, args.wifi_password)
     except BaseException:
