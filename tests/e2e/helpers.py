@@ -144,14 +144,14 @@ class RawDevice:
     It says hello, answers ``initialize``, ``tools/list`` (``page_size`` tools a page; the cursor
     is the next tool's name, as on stock firmware) and ``tools/call`` (with text), and records
     the calls it gets. Its frames are ASCII JSON, so lone surrogates travel escaped. It joins
-    with the shared device token, or with ``token`` (the one an OTA reply gave it).
+    with the shared device token, or with ``credential`` (the one an OTA reply gave it).
     """
 
     device_id: str
     alias: str
     tools: list[JsonObject]
     page_size: int = 16
-    token: str = DEVICE_TOKEN
+    credential: str = DEVICE_TOKEN
     calls: list[tuple[str, JsonObject]] = field(default_factory=list)
     _ws: ClientConnection | None = field(default=None, init=False, repr=False)
 
@@ -163,7 +163,7 @@ class RawDevice:
         self, url: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Connect, say hello (then count as started), and answer until the link closes."""
-        headers = stock_headers(self.device_id, self.token)
+        headers = stock_headers(self.device_id, self.credential)
         async with connect(url, additional_headers=headers) as ws:
             self._ws = ws
             await ws.send(json.dumps(STOCK_HELLO))

@@ -164,7 +164,7 @@ async def test_a_pending_stock_device_s_schemas_are_never_fetched_either(tmp_pat
         tools = fetching_tools(answering.url, silent.url)
         async with gateway(tmp_path) as run, healthy_throughout(run):
             websocket = (await check_in(run)).json()["websocket"]
-            device = RawDevice(STOCK, "pending", tools, token=websocket["token"])
+            device = RawDevice(STOCK, "pending", tools, credential=websocket["token"])
             registry = run.gateway.registry
 
             def listed() -> bool:
