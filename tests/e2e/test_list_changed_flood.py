@@ -1,7 +1,8 @@
 """A device that floods ``notifications/tools/list_changed`` is listed a few times a second.
 
 A raw device on a real WebSocket says its tools changed every 5 ms, with a new catalogue each
-time, while its neighbour's tool is called over MCP the whole time. The protocol tests run the
+time, while its neighbour's tool is called over MCP the whole time; a board the gateway reaches
+over streamable HTTP (the MCP Python SDK's server) does the same. The protocol tests run the
 same flood for 8 s on a clock they move (tests/protocol/test_device.py); here it lasts
 ``FLOOD`` seconds of real time and the bound is the same rule: one listing per
 ``[devices] relist_interval``, plus discovery's and the last change's.
@@ -18,10 +19,15 @@ import anyio
 import mcp.types as types
 import pytest
 from mcp import Client
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import Tool as MCPTool
 
 from gateway.app import Running
+from gateway.config.boards import BoardOptions
+from gateway.device_side.boards import board_id
 from tests.conftest import bound, gateway
-from tests.e2e.helpers import RawDevice, aliases, serving, until
+from tests.e2e.boards import served
+from tests.e2e.helpers import RawDevice, aliases, exposes, has_tools, serving, until
 from tests.e2e.test_hostile_devices import PING, PING_TOOL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -100,3 +106,60 @@ async def test_a_flood_of_list_changed_costs_a_few_listings_and_the_last_change_
     assert last in served[flooding.mcp_name(PING)].description
     assert results and all(not r.is_error for r in results), [r for r in results if r.is_error]
     assert len(calm.calls) == len(results)
+
+
+class CountingBoard(MCPServer):
+    """An MCP SDK server that counts the tools/list requests it answers."""
+
+    listings = 0
+
+    async def list_tools(self) -> list[MCPTool]:
+        """The SDK's answer, counted."""
+        self.listings += 1
+        return await super().list_tools()
+
+
+def flooding_board() -> CountingBoard:
+    """A board whose ``flood`` tool renames its ``version_<n>`` tool and says its tools changed,
+    every 5 ms for ``FLOOD`` seconds; it answers with the last version."""
+    board = CountingBoard("flood")
+    board.add_tool(lambda: "0", name="version_0", description="The first version.")
+
+    @board.tool(description="Change the tools every 5 ms for a while.")
+    async def flood(ctx: Context) -> str:
+        version = 0
+        ends = time.monotonic() + FLOOD
+        while time.monotonic() < ends:
+            board.remove_tool(f"version_{version}")
+            version += 1
+            board.add_tool(lambda: "v", name=f"version_{version}", description="A version.")
+            await ctx.session.send_tool_list_changed()
+            await anyio.sleep(0.005)  # the board's own pace, not a wait of the test
+        return f"version_{version}"
+
+    return board
+
+
+async def test_a_board_flooding_list_changed_is_listed_a_few_times_and_its_last_tools_served(
+    tmp_path: Path,
+) -> None:
+    """A board the gateway reaches over streamable HTTP, flooding for FLOOD seconds: at most
+    one listing per relist_interval (and two more), and hosts get its last tools."""
+    board = flooding_board()
+    async with served(board.streamable_http_app()) as base:
+        url = f"{base}/mcp"
+        async with gateway(tmp_path, mcp_devices=(BoardOptions(url, name="flood"),)) as run:
+            async with run.gateway.registry.changes() as changes:
+                await until(changes, has_tools(run, board_id(url)))
+            before = board.listings
+            async with Client(run.mcp_url, mode="legacy") as client:
+                [text] = (await client.call_tool("flood_flood", {})).content
+                assert isinstance(text, types.TextContent)
+                last = f"flood_{text.text}"
+                async with run.gateway.registry.changes() as changes:
+                    await until(changes, exposes(run, board_id(url), last))
+                names = [t.name for t in (await client.list_tools()).tools]
+            listings = board.listings - before
+    interval = run.gateway.config.relist_interval
+    assert listings <= FLOOD / interval + 2, f"{listings} listings in {FLOOD} s"
+    assert [n for n in names if n.startswith("flood_version_")] == [last]
