@@ -1,4 +1,5 @@
-"""Tests for gateway.datadir: a private dir and private files, made so or tightened and logged."""
+"""Tests for gateway.datadir: a private dir and private files, made so or tightened and logged;
+kept JSON files, never written over when they cannot be read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.datadir import create_private, open_private, private_dir, tighten
+from gateway.datadir import KeptJson, create_private, open_private, private_dir, tighten
+from gateway.errors import StorageUnavailable
 
 
 def mode(path: Path) -> int:
@@ -103,3 +105,65 @@ def test_a_shared_sticky_dir_is_left_alone(
     private_dir(shared)
     assert mode(shared) == 0o1777
     assert "is a shared directory" in caplog.text
+
+
+def test_a_kept_json_file_is_written_whole_and_read_back(tmp_path: Path) -> None:
+    """save() writes the document (0600) and load() reads it; no file reads as empty."""
+    kept = KeptJson(tmp_path / "boards.json", list, "the boards")
+    assert kept.load() == [] and kept.unreadable is None
+    kept.save([{"url": "http://h/mcp"}])
+    assert KeptJson(kept.path, list, "the boards").load() == [{"url": "http://h/mcp"}]
+    assert mode(kept.path) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["boards.json"]  # nothing left beside it
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b'[{"url": "http://h/mcp", "token": "t"}, {"url": "http://i', "Unterminated"),
+        (b'{"url": "http://h/mcp"}', "a JSON dict, not a list"),
+        (b"\xff\xfe[]", "utf-8"),
+    ],
+)
+def test_an_unreadable_kept_file_is_never_written_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes, why: str
+) -> None:
+    """A file that cannot be read loads as empty, is logged, and every save is refused with
+    an error naming it: the file stays byte for byte as it was."""
+    path = tmp_path / "boards.json"
+    path.write_bytes(content)
+    kept = KeptJson(path, list, "the boards added at run time")
+    with caplog.at_level(logging.ERROR):
+        assert kept.load() == []
+    assert str(path) in caplog.text and why in caplog.text
+    for _ in range(2):
+        with pytest.raises(StorageUnavailable, match="nothing was saved") as refused:
+            kept.save([{"url": "http://new/mcp"}])
+        assert str(path) in str(refused.value) and "the boards added at run time" in str(
+            refused.value
+        )
+        assert path.read_bytes() == content
+    assert [p.name for p in tmp_path.iterdir()] == ["boards.json"]
+
+
+def test_an_unreadable_file_the_owner_moved_away_is_written_anew(tmp_path: Path) -> None:
+    """Once the owner moves the unreadable file away, the next save writes a new one."""
+    path = tmp_path / "boards.json"
+    path.write_text("[{")
+    kept = KeptJson(path, list, "the boards")
+    kept.load()
+    path.rename(tmp_path / "boards.json.broken")
+    kept.save([{"url": "http://new/mcp"}])
+    assert KeptJson(path, list, "the boards").load() == [{"url": "http://new/mcp"}]
+    assert (tmp_path / "boards.json.broken").read_text() == "[{"
+
+
+def test_a_kept_file_that_cannot_be_opened_is_not_written_over(tmp_path: Path) -> None:
+    """No permission to read it (or a directory in its place): refused alike."""
+    path = tmp_path / "boards.json"
+    path.mkdir()
+    kept = KeptJson(path, list, "the boards")
+    assert kept.load() == [] and kept.unreadable
+    with pytest.raises(StorageUnavailable):
+        kept.save([])
+    assert path.is_dir()

@@ -57,7 +57,8 @@ INNER: dict[str, list[set[str]]] = {
     "protocol": [
         {"envelope", "events", "states", "mqtt"},  # mqtt: the broker's packets
         {"jsonrpc", "mqtt_reader"},
-        {"catalog", "outbox", "outgoing", "pending"},  # a session's parts, no state machine
+        # a session's parts, no state machine (timing: its deadline, and the listings' pace)
+        {"catalog", "outbox", "outgoing", "pending", "timing"},
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [

@@ -60,6 +60,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("calls", "max_queued", "call_max_queued", count),
     ("devices", "discovery_timeout", "discovery_timeout", positive_number),
     ("devices", "hello_timeout", "hello_timeout", positive_number),
+    ("devices", "relist_interval", "relist_interval", positive_number),
     ("devices", "adoption", "adoption", choice(*ADOPTIONS)),
     ("devices", "max_pending", "max_pending", integer),
     ("devices", "token_joins_per_hour", "token_joins_per_hour", integer),

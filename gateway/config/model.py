@@ -51,6 +51,7 @@ class Config:
     call_max_queued: int = 32
     discovery_timeout: float = 15.0
     hello_timeout: float = 3.0
+    relist_interval: float = 0.25  # the fewest seconds between two listings of a device
     adoption: str = "manual"
     max_pending: int = 500  # devices waiting for approval; new ones past it are refused
     # new devices the shared device token approves; past either, they wait for approval

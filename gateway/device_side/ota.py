@@ -52,7 +52,7 @@ from gateway.device_side.upstream.settings import (
     server_of,
 )
 from gateway.devices.registry import DeviceRegistry
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StorageUnavailable
 from gateway.net.direct_http import DirectPost
 from gateway.net.public import OTA_PATH, PublicAddress, split_host
 from gateway.net.rate_limit import configured_limiter, rate_limited, refusal
@@ -282,7 +282,7 @@ class OtaEndpoint:
             return refused
         try:
             self._keep(device_id, proxied)
-        except OSError as exc:
+        except (OSError, StorageUnavailable) as exc:
             return self._unsaved(device_id, server, exc)
         self._registry.register(
             device_id,
@@ -303,12 +303,17 @@ class OtaEndpoint:
         if self._proxy.mqtt is not None:
             self._proxy.mqtt.keep(device_id, proxied.mqtt)
 
-    def _unsaved(self, device_id: str, server: str, exc: OSError) -> Response:
-        # The gateway's own trouble (a full disk), not the server's: a 503 the device retries at
-        # its next boot, one log line rather than a traceback per device.
-        why = f"the gateway cannot save what its voice server {server} said ({exc.strerror or exc})"
-        logger.error("OTA: %s: %s; answered 503, the device retries at its next boot",
-                     device_id, why)  # fmt: skip
+    def _unsaved(self, device_id: str, server: str, exc: OSError | StorageUnavailable) -> Response:
+        # The gateway's own trouble (a full disk, an unreadable file it will not write over), not
+        # the server's: a 503 the device retries at its next boot, one log line rather than a
+        # traceback per device. The device is not told the data dir's paths.
+        if isinstance(exc, OSError):
+            cause, detail = exc.strerror or str(exc), ""
+        else:
+            cause, detail = "a file it keeps is unreadable", f": {exc}"
+        why = f"the gateway cannot save what its voice server {server} said ({cause})"
+        logger.error("OTA: %s: %s; answered 503, the device retries at its next boot%s",
+                     device_id, why, detail)  # fmt: skip
         return JSONResponse({"error": f"{why}; try again later"}, status_code=503,
                             headers={"Retry-After": "60"})  # fmt: skip
 

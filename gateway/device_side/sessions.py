@@ -116,6 +116,7 @@ class DeviceSessions:
             # A board speaks plain MCP: no hello ever comes.
             hello_timeout=0.0 if mqtt or board else self._hello_timeout(proxied),
             discovery_timeout=self._config.discovery_timeout,
+            relist_interval=self._config.relist_interval,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
             request_ids=GATEWAY_IDS if proxied else self.request_ids,

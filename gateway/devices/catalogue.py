@@ -10,6 +10,9 @@ or the gateway is *rejected* with a reason, and the device's other tools are ser
   its metaschema, is at most 32 levels deep and 16 KiB as JSON, and compiles with the
   linear-time regex engine and without fetching anything: a device's ``pattern`` can then never
   stall the event loop (``^(a+)+$`` costs nothing), and a remote ``$ref`` is refused, not fetched.
+  Every check is offline: the metaschema is one of the drafts the engine holds (2020-12 when
+  ``$schema`` is absent); a ``$schema`` naming any other URL rejects the tool, and nothing a
+  schema names (``$schema``, ``$ref``, ``$id``) is ever fetched, from the network or a file.
 - an ``outputSchema``, where the device declares one, passes the same checks: hosts validate
   the results' ``structuredContent`` against it, and so does the gateway before passing it on.
 
@@ -31,7 +34,7 @@ import re
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import jsonschema_rs
 
@@ -49,6 +52,17 @@ _REASON_CHARS = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Bounds the memory one device pattern may compile to (the engine's own default is 10 MiB).
 _REGEX = jsonschema_rs.RegexOptions(size_limit=1 << 20, dfa_size_limit=1 << 20)
+_KNOWN_DRAFTS = "JSON Schema drafts 4, 6, 7, 2019-09 and 2020-12"  # what the engine holds
+
+
+def _never_fetch(uri: str, /) -> NoReturn:
+    raise ValueError(f"{uri} is not fetched: device schemas are checked offline")
+
+
+# Meta-validation without a registry fetches whatever "$schema" names (http, even file://), on
+# the event loop; with one, it finds only the drafts it holds and fetches nothing (and should a
+# version ever ask the retriever, it refuses).
+_OFFLINE = jsonschema_rs.Registry([], retriever=_never_fetch)
 
 
 class _Reject(Exception):
@@ -320,8 +334,14 @@ def _check_schema(key: str, schema: object) -> tuple[JsonObject, str]:
         raise _Reject(f"{key} is larger than {MAX_SCHEMA_BYTES} bytes")
     schema = {"type": "object", **schema}
     try:
-        jsonschema_rs.meta.validate(schema)
-    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
+        jsonschema_rs.meta.validate(schema, registry=_OFFLINE)
+    except jsonschema_rs.ReferencingError:
+        named = json.dumps(schema.get("$schema"))[: _REASON_CHARS // 2]
+        raise _Reject(
+            f"{key} names a meta-schema the gateway does not know ($schema {named}): "
+            f"schemas are checked offline, against {_KNOWN_DRAFTS}"
+        ) from None
+    except jsonschema_rs.ValidationError as exc:
         raise _Reject(f"{key} is not a valid JSON Schema: {_first_line(exc)}") from None
     return schema, text
 

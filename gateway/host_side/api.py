@@ -200,6 +200,8 @@ class HostApi:
         url, name, token = fields
         try:
             added = self.add_board(str(url), name, token)
+        except StorageUnavailable as exc:  # boards.json is unreadable: kept, not written over
+            return JSONResponse({"error": str(exc)}, 503)
         except GatewayError as exc:
             return JSONResponse({"error": str(exc)}, 400)
         except OSError as exc:  # boards.json: a full or read-only data dir

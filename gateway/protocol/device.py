@@ -9,14 +9,12 @@ Rule: every change of ``state`` happens in this module, through the ``state`` se
 
     CONNECTED --hello / start_discovery() / hello deadline--> INITIALIZING
     INITIALIZING --initialize reply--> LISTING --last page--> READY
-    READY --notifications/tools/list_changed--> LISTING
+    READY --notifications/tools/list_changed / relist deadline--> LISTING
     (any state) --close() / discovery deadline--> CLOSED
 
-The core owns the session's one deadline, read from the ``clock`` it is given (like aioquic's
-``get_timer()`` / ``handle_timer()``): the I/O layer arms a timer for ``timer`` and calls
-``handle_timer()`` when it fires. A session waits ``hello_timeout`` for a hello, then discovers
-anyway; discovery (and every later listing) must end ``discovery_timeout`` after it started,
-that is after the hello, or the session closes with ``DiscoveryTimedOut``.
+The core owns the session's one deadline (``timing.Timing`` says what it means in each state):
+the I/O layer arms a timer for ``timer`` and calls ``handle_timer()`` when it fires. Listings
+start at least ``relist_interval`` apart, however often the device says its tools changed.
 
 Calls are bounded per session (``pending.Pending`` keeps the request ids and the calls); beyond
 the bound ``call_tool()`` raises ``DeviceBusy``. ``forget()`` drops a call: a waiting one silently,
@@ -47,12 +45,14 @@ from gateway.protocol.jsonrpc import ErrorResponse, Notification, Request, Respo
 from gateway.protocol.outbox import Logger, Outbox
 from gateway.protocol.pending import Pending, Purpose, call_result
 from gateway.protocol.states import TRANSITIONS, State
+from gateway.protocol.timing import Timing
 
 __all__ = ["DeviceProtocol", "State"]
 
 JsonObject = dict[str, Any]
 
 TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
+RELIST_INTERVAL = 0.25  # seconds between the starts of two listings of one session
 _EXCERPT = 120
 
 
@@ -72,6 +72,7 @@ class DeviceProtocol:
         max_pages: int = 64,
         hello_timeout: float = 3.0,
         discovery_timeout: float = 15.0,
+        relist_interval: float = RELIST_INTERVAL,
         max_calls_in_flight: int = 4,
         max_calls_queued: int = 32,
         request_ids: range | None = None,
@@ -93,6 +94,7 @@ class DeviceProtocol:
             max_pages: the most ``tools/list`` pages requested per listing.
             hello_timeout: seconds to wait for a hello before discovering anyway.
             discovery_timeout: seconds a discovery or listing may take, from its start.
+            relist_interval: the fewest seconds from the start of one listing to the next.
             max_calls_in_flight: the most calls sent to the device and not yet answered (≥ 1).
             max_calls_queued: the most calls waiting for one of those slots (≥ 0).
             request_ids: the ids of our requests (1 up when None); beside a voice server,
@@ -118,16 +120,13 @@ class DeviceProtocol:
         self._init = outgoing.initialize_params(client_info, vision)  # JSON text, sent as is
         self._max_bytes = max_message_bytes
         self._max_pages = max_pages
-        self._discovery_timeout = discovery_timeout
-        self._clock = clock
-        self._deadline: float | None = clock() + hello_timeout
+        self._timing = Timing(clock, hello_timeout, discovery_timeout, relist_interval)
         self._state = State.CONNECTED
         self._pending = Pending(max_calls_in_flight, max_calls_queued, request_ids)
         self._answer_hello = answer_hello
         self._pages = pages
         self._catalog: ToolCatalog | None = None  # only while listing: entries weigh a lot
         self._server_info: JsonObject | None = None
-        self._relist = False
 
     # State machine.
 
@@ -152,7 +151,7 @@ class DeviceProtocol:
     @property
     def timer(self) -> float | None:
         """When ``handle_timer()`` must be called next (``clock`` time), or None."""
-        return self._deadline
+        return self._timing.deadline
 
     @property
     def pending_calls(self) -> frozenset[int]:
@@ -247,13 +246,15 @@ class DeviceProtocol:
         return True
 
     def handle_timer(self) -> None:
-        """Act on the deadline if it has come: discover without a hello, or give up discovery."""
-        if self._deadline is None or self._clock() < self._deadline:
+        """Act on the deadline if it has come: discover, list a change held back, or give up."""
+        if not self._timing.due():
             return
         if self._state is State.CONNECTED:
             self._start_discovery()
-        else:  # INITIALIZING or LISTING: READY and CLOSED have no deadline
-            self._out.events.append(DiscoveryTimedOut(self._discovery_timeout))
+        elif self._state is State.READY:  # its deadline is set only while a change waits
+            self._start_listing()
+        else:  # INITIALIZING or LISTING (CLOSED has no deadline)
+            self._out.events.append(DiscoveryTimedOut(self._timing.discovery_timeout))
             self.close()
 
     def close(self) -> None:
@@ -265,7 +266,7 @@ class DeviceProtocol:
         if self._state is State.CLOSED:
             return
         self.state = State.CLOSED
-        self._deadline = None
+        self._timing.deadline = None
         self._out.events.extend(self._pending.close())
 
     def events_received(self) -> list[Event]:
@@ -316,10 +317,11 @@ class DeviceProtocol:
         if notification.method != TOOLS_LIST_CHANGED:
             self._out.drop("unsupported notification", method=notification.method)
         elif self._state is State.READY:
-            self._start_listing()
+            if self._timing.relist_now():
+                self._start_listing()
         elif self._state in (State.INITIALIZING, State.LISTING):
             # Coalesce: one more listing once the current discovery ends, however many arrive.
-            self._relist = True
+            self._timing.changed = True
         # CONNECTED: discovery has not started, and will list the tools when it does.
 
     def _on_reply(self, reply: Response | ErrorResponse, frame: tuple[str, object]) -> None:
@@ -339,7 +341,7 @@ class DeviceProtocol:
 
     def _start_discovery(self) -> None:
         self.state = State.INITIALIZING
-        self._deadline = self._clock() + self._discovery_timeout
+        self._timing.discovery_started()
         request_id = self._pending.request(Purpose.INITIALIZE)
         self._out.frame(outgoing.initialize_frame(self._out.mcp_head, request_id, self._init))
 
@@ -352,10 +354,8 @@ class DeviceProtocol:
         self._start_listing()
 
     def _start_listing(self) -> None:
-        if self._state is State.READY:  # a re-listing gets a deadline of its own
-            self._deadline = self._clock() + self._discovery_timeout
+        self._timing.listing_started(relisting=self._state is State.READY)
         self.state = State.LISTING
-        self._relist = False
         self._catalog = ToolCatalog(self._max_pages, self._pages)
         self._request_page(self._catalog, None)
 
@@ -384,12 +384,12 @@ class DeviceProtocol:
             self._request_page(catalog, catalog.next_cursor)
             return
         self.state = State.READY
-        self._deadline = None
+        self._timing.deadline = None
         self._catalog = None
         self._out.events.append(
             ToolsListed(catalog.tools, self._server_info, catalog.complete, catalog.digest)
         )
-        if self._relist:
+        if self._timing.changed and self._timing.relist_now():
             self._start_listing()
 
     # Outgoing messages.

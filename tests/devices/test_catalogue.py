@@ -126,7 +126,12 @@ def test_missing_description_and_schema_mean_none_and_no_arguments() -> None:
         ({"name": "t", "inputSchema": {"description": "x" * 17000}}, "larger than 16384"),
         ({"name": "t", "inputSchema": {"properties": {"a": {"pattern": "(?=x)"}}}}, "safely"),
         ({"name": "t", "inputSchema": {"properties": {"a": {"$ref": "http://h/s"}}}}, "safely"),
-        ({"name": "t", "inputSchema": {"$schema": "http://h/meta"}}, "not a valid JSON Schema"),
+        ({"name": "t", "inputSchema": {"$schema": "http://h/meta"}}, "meta-schema the gateway"),
+        ({"name": "t", "inputSchema": {"$schema": "file:///etc/passwd"}}, "does not know"),
+        (
+            {"name": "t", "inputSchema": {"$schema": "http://json-schema.org/draft-03/schema#"}},
+            "checked offline",
+        ),
         (GOOD, "same name"),
     ],
 )
@@ -134,6 +139,32 @@ def test_each_bad_tool_is_rejected_alone(bad: object, reason: str) -> None:
     """The bad tool is rejected with a reason that says why; the good one is still served."""
     rejection = only_rejection(with_bad(bad))
     assert reason in rejection.reason
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        "http://json-schema.org/draft-04/schema#",
+        "http://json-schema.org/draft-07/schema",
+        "https://json-schema.org/draft/2019-09/schema",
+        "https://json-schema.org/draft/2020-12/schema",
+    ],
+)
+def test_a_schema_naming_a_known_draft_is_checked_against_it(draft: str) -> None:
+    """A known draft's URL in ``$schema`` is checked against that draft, held by the engine."""
+    schema = {"$schema": draft, "type": "object", "properties": {"n": {"type": "integer"}}}
+    (tool,) = judge([{"name": "t", "inputSchema": schema}]).tools
+    assert tool.problems({"n": "x"}) and tool.problems({"n": 1}) == []
+    bad = only_rejection(with_bad({"name": "t", "inputSchema": {**schema, "required": 5}}))
+    assert "not a valid JSON Schema" in bad.reason
+
+
+def test_a_meta_schema_reason_shows_the_url_escaped_and_short() -> None:
+    """The ``$schema`` the device named is shown in the reason as JSON, cut short."""
+    named = "http://h/\x07" + "x" * 500
+    bad = only_rejection(with_bad({"name": "t", "inputSchema": {"$schema": named}}))
+    assert '"http://h/\\u0007xxx' in bad.reason and "\x07" not in bad.reason
+    assert len(bad.reason) < 300
 
 
 def test_rejected_names_are_printable() -> None:

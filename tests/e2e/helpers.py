@@ -33,10 +33,12 @@ STOCK_HELLO = {
 }
 
 
-def stock_headers(device_id: str = "aa:bb:cc:dd:ee:01") -> dict[str, str]:
+def stock_headers(
+    device_id: str = "aa:bb:cc:dd:ee:01", token: str = DEVICE_TOKEN
+) -> dict[str, str]:
     """The handshake headers stock firmware sends (docs/protocol.md §1)."""
     return {
-        "Authorization": f"Bearer {DEVICE_TOKEN}",
+        "Authorization": f"Bearer {token}",
         "Protocol-Version": "1",
         "Device-Id": device_id,
         "Client-Id": "5b3f4c1e-0000-4000-8000-000000000001",
@@ -141,13 +143,15 @@ class RawDevice:
 
     It says hello, answers ``initialize``, ``tools/list`` (``page_size`` tools a page; the cursor
     is the next tool's name, as on stock firmware) and ``tools/call`` (with text), and records
-    the calls it gets. Its frames are ASCII JSON, so lone surrogates travel escaped.
+    the calls it gets. Its frames are ASCII JSON, so lone surrogates travel escaped. It joins
+    with the shared device token, or with ``credential`` (the one an OTA reply gave it).
     """
 
     device_id: str
     alias: str
     tools: list[JsonObject]
     page_size: int = 16
+    credential: str = DEVICE_TOKEN
     calls: list[tuple[str, JsonObject]] = field(default_factory=list)
     _ws: ClientConnection | None = field(default=None, init=False, repr=False)
 
@@ -159,7 +163,8 @@ class RawDevice:
         self, url: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Connect, say hello (then count as started), and answer until the link closes."""
-        async with connect(url, additional_headers=stock_headers(self.device_id)) as ws:
+        headers = stock_headers(self.device_id, self.credential)
+        async with connect(url, additional_headers=headers) as ws:
             self._ws = ws
             await ws.send(json.dumps(STOCK_HELLO))
             task_status.started()

@@ -1,4 +1,5 @@
-"""Adding a board by URL: the CLI and the API, its bearer token, kept across restarts."""
+"""Adding a board by URL: the CLI and the API, its bearer token, kept across restarts; a
+``boards.json`` that cannot be read is never written over."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.conftest import gateway
 from tests.e2e.boards import BoardState, bearer_only, python_board, served
 from tests.e2e.helpers import has_tools, until
 from tests.e2e.test_stdio_and_cli import cli, cli_env
+from tests.ports import refusing_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -80,3 +82,57 @@ async def test_devices_forget_stops_a_board_for_good(tmp_path: Path) -> None:
         assert json.loads((tmp_path / "gw" / "boards.json").read_text()) == []
         async with gateway(tmp_path / "gw") as run:
             assert run.gateway.boards.get(board_id(url)) is None
+
+
+def kept_boards(port: int, count: int) -> list[dict[str, str]]:
+    """``count`` boards as boards.json keeps them, at a port that refuses connections."""
+    return [{"url": f"http://127.0.0.1:{port}/mcp/{n}", "name": f"board{n}",
+             "token": f"token-{n:02}-0123456789"} for n in range(count)]  # fmt: skip
+
+
+async def test_devices_add_over_an_unreadable_boards_json_is_refused_and_loses_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A boards.json cut short (18 boards and their tokens, issue 40): `devices add` is refused
+    with an error naming the file, which stays byte for byte; repaired, every board is back."""
+    caplog.set_level(logging.DEBUG)
+    saved = tmp_path / "gw" / "boards.json"
+    saved.parent.mkdir(mode=0o700)
+    with refusing_port() as port:
+        boards = kept_boards(port, 18)
+        whole = json.dumps(boards, indent=1).encode()
+        saved.write_bytes(whole[: len(whole) // 2])  # a write cut short
+        corrupt = saved.read_bytes()
+        added = f"http://127.0.0.1:{port}/mcp/new"
+        async with gateway(tmp_path / "gw") as run:
+            host = f"http://127.0.0.1:{run.host_port}"
+            code, out, err = await cli("devices", "add", added, "--name", "new", "--url", host,
+                                       env=cli_env(tmp_path / "cli"))  # fmt: skip
+            assert code == 1 and out == "", (out, err)
+            assert f"{saved} cannot be read" in err and "nothing was saved" in err, err
+            assert "Traceback" not in err
+            assert saved.read_bytes() == corrupt
+            assert run.gateway.boards.get(board_id(added)) is None
+        saved.write_bytes(whole)  # the owner repairs it
+        async with gateway(tmp_path / "gw") as run:
+            for board in boards:
+                assert run.gateway.boards.get(board_id(board["url"])) is not None, board
+    assert not any(board["token"] in caplog.text for board in boards)
+
+
+async def test_an_entry_of_boards_json_that_is_no_board_is_kept_as_it_was(tmp_path: Path) -> None:
+    """An entry the gateway cannot use is not connected, and stays in the file when a board
+    is added: the file loses nothing."""
+    saved = tmp_path / "gw" / "boards.json"
+    saved.parent.mkdir(mode=0o700)
+    with refusing_port() as port:
+        [board, added] = kept_boards(port, 2)
+        odd = {"url": "ftp://lamp.local/mcp", "token": "kept-as-it-was"}
+        saved.write_text(json.dumps([odd, board]))
+        async with gateway(tmp_path / "gw") as run:
+            host = f"http://127.0.0.1:{run.host_port}"
+            code, _, err = await cli("devices", "add", added["url"], "--name", added["name"],
+                                     "--board-token", added["token"], "--url", host,
+                                     env=cli_env(tmp_path / "cli"))  # fmt: skip
+            assert code == 0, err
+    assert json.loads(saved.read_text()) == [odd, board, added]

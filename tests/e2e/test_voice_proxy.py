@@ -21,10 +21,10 @@ import pytest
 from mcp import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from gateway import datadir
 from gateway.app import Running
 from gateway.config import DeviceOptions
 from gateway.device_side.sessions import DeviceSessions
-from gateway.device_side.upstream import settings as kept_settings
 from gateway.device_side.upstream.relay import _GATEWAY_QUEUE
 from gateway.device_side.upstream.settings import (
     SERVER_MESSAGE_BYTES,
@@ -626,7 +626,8 @@ async def test_a_full_disk_at_check_in_is_a_clear_503_the_device_retries(
     upstream.activated.add(device.device_id)
     async with proxied(tmp_path, upstream, **EMBEDDED) as run:
         with monkeypatch.context() as full, caplog.at_level(logging.WARNING):
-            full.setattr(kept_settings, "create_private", lambda path: Path("/dev/full"))
+            # where every kept JSON file is written (datadir.KeptJson)
+            full.setattr(datadir, "create_private", lambda path: Path("/dev/full"))
             response = await device.check_in(ota_url(run))
         assert response.status_code == 503 and response.headers["retry-after"] == "60"
         assert "No space left on device" in response.json()["error"]
@@ -639,3 +640,22 @@ async def test_a_full_disk_at_check_in_is_a_clear_503_the_device_retries(
         response = await device.check_in(ota_url(run))  # its next boot, with room on the disk
         assert response.status_code == 200
         assert device.device_id in json.loads((tmp_path / kept).read_text())
+
+
+async def test_an_unreadable_settings_file_is_kept_and_check_ins_get_a_503(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """upstream_websocket.json cut short: never written over; each check-in gets a 503 that
+    names no path, the log names the file."""
+    upstream, device = UpstreamServer(offer="websocket"), VoiceDevice()
+    upstream.activated.add(device.device_id)
+    kept = tmp_path / "upstream_websocket.json"
+    kept.write_bytes(b'{"aa:bb:cc:dd:ee:01": {"url": "ws://voice/xiaozhi/v1/", "tok')
+    corrupt = kept.read_bytes()
+    async with proxied(tmp_path, upstream) as run:
+        with caplog.at_level(logging.WARNING):
+            response = await device.check_in(ota_url(run))
+        assert response.status_code == 503 and str(tmp_path) not in response.text
+        assert "a file it keeps is unreadable" in response.json()["error"]
+        assert f"{kept} cannot be read" in caplog.text and "Traceback" not in caplog.text
+    assert kept.read_bytes() == corrupt

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gateway import __version__
 from gateway.errors import DeviceBusy, InvalidState, LocalProtocolError
 from gateway.protocol import envelope
-from gateway.protocol.device import DeviceProtocol, State
+from gateway.protocol.device import RELIST_INTERVAL, DeviceProtocol, State
 from gateway.protocol.events import (
     CallFailed,
     CallSucceeded,
@@ -52,6 +52,16 @@ JSON = st.recursive(
 
 
 # Helpers: build a protocol, speak as the device, read what the gateway sent.
+
+
+class Clock:
+    """The time the protocol reads: the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def make(**kwargs: Any) -> DeviceProtocol:
@@ -340,7 +350,9 @@ def test_tool_entries_are_handed_over_unjudged() -> None:
 
 def test_list_changed_when_ready_lists_again_from_first_page() -> None:
     """A list_changed notification in READY starts a new listing without cursor."""
-    protocol = ready()
+    clock = Clock()
+    protocol = ready(clock=clock)
+    clock.now += RELIST_INTERVAL
     notify(protocol)
     assert protocol.state is State.LISTING
     assert payloads(protocol) == [list_request(3)]
@@ -351,10 +363,12 @@ def test_list_changed_when_ready_lists_again_from_first_page() -> None:
 
 def test_list_changed_during_listing_is_coalesced_into_one_more_listing() -> None:
     """Notifications during a listing cause exactly one listing after it finishes."""
-    protocol = listing()
+    clock = Clock()
+    protocol = listing(clock=clock)
     notify(protocol)
     notify(protocol)
     assert protocol.data_to_send() == []
+    clock.now += RELIST_INTERVAL  # the listing took that long: the next one starts at its end
     reply(protocol, 2, {"tools": [TOOL_A]})
     assert protocol.events_received() == [ToolsListed((TOOL_A,), SERVER_INFO, True)]
     assert protocol.state is State.LISTING
@@ -363,6 +377,76 @@ def test_list_changed_during_listing_is_coalesced_into_one_more_listing() -> Non
     assert protocol.events_received() == [ToolsListed((TOOL_A, TOOL_B), SERVER_INFO, True)]
     assert protocol.data_to_send() == []
     assert protocol.state is State.READY
+
+
+def test_a_change_sooner_than_the_relist_interval_is_listed_at_its_end() -> None:
+    """A change within relist_interval of the last listing's start waits for the deadline;
+    every change until then is listed by that one listing."""
+    clock = Clock()
+    protocol = ready(clock=clock)  # listed at 100.0
+    clock.now = 100.1
+    notify(protocol)
+    notify(protocol)
+    assert protocol.state is State.READY and protocol.data_to_send() == []
+    assert protocol.timer == 100.0 + RELIST_INTERVAL
+    protocol.handle_timer()  # fired early: nothing yet
+    assert protocol.data_to_send() == []
+    clock.now = 100.0 + RELIST_INTERVAL
+    notify(protocol)  # at the deadline: listed now, and the timer's call finds nothing due
+    assert payloads(protocol) == [list_request(3)] and protocol.state is State.LISTING
+    protocol.handle_timer()
+    assert protocol.data_to_send() == [] and protocol.state is State.LISTING
+
+
+def test_a_change_during_a_short_listing_is_listed_once_the_interval_has_passed() -> None:
+    """A listing shorter than relist_interval that saw a change ends READY, with the deadline
+    for the next listing; handle_timer() then lists."""
+    clock = Clock()
+    protocol = listing(clock=clock)
+    notify(protocol)
+    reply(protocol, 2, {"tools": [TOOL_A]})
+    assert protocol.events_received() == [ToolsListed((TOOL_A,), SERVER_INFO, True)]
+    assert protocol.state is State.READY and protocol.data_to_send() == []
+    assert protocol.timer == 100.0 + RELIST_INTERVAL
+    clock.now = protocol.timer
+    protocol.handle_timer()
+    assert payloads(protocol) == [list_request(3)] and protocol.state is State.LISTING
+    assert protocol.timer == clock.now + 15.0  # the listing's own deadline (discovery_timeout)
+
+
+def test_a_device_flooding_list_changed_is_listed_a_few_times_a_second_and_last_as_it_is() -> None:
+    """list_changed every 5 ms for 8 s, each listing answered at once with the catalogue of
+    that moment: at most 40 listings (one per relist_interval), and the last one lists the last
+    catalogue. The I/O layer's part is played here: handle_timer() when the timer is due."""
+    clock = Clock()
+    protocol = ready(clock=clock)
+    requests = 0
+    version = 0
+
+    def answer() -> None:
+        nonlocal requests
+        for payload in payloads(protocol):
+            requests += 1
+            tools = [{**TOOL_A, "description": f"version {version}"}]
+            reply(protocol, payload["id"], {"tools": tools})
+
+    started = clock.now
+    while clock.now < started + 8.0:
+        clock.now = round(clock.now + 0.005, 3)
+        if protocol.timer is not None and clock.now >= protocol.timer:
+            protocol.handle_timer()
+        version += 1
+        notify(protocol)
+        answer()
+    assert protocol.timer is not None  # the last change waits for its listing
+    clock.now = protocol.timer
+    protocol.handle_timer()
+    answer()
+    listed = [e for e in protocol.events_received() if isinstance(e, ToolsListed)]
+    assert requests <= 40 and len(listed) == requests
+    assert requests >= 8.0 / RELIST_INTERVAL  # and still listed every interval, not starved
+    assert listed[-1].tools[0]["description"] == f"version {version}"
+    assert protocol.state is State.READY and protocol.timer is None
 
 
 def test_list_changed_during_initialize_is_covered_by_the_first_listing() -> None:
@@ -683,11 +767,13 @@ def test_forget_after_close_tells_nothing() -> None:
 
 def test_request_ids_skip_waiting_calls() -> None:
     """A re-listing while calls wait takes an id none of them holds."""
-    protocol = ready(max_calls_in_flight=1, max_calls_queued=2)
+    clock = Clock()
+    protocol = ready(max_calls_in_flight=1, max_calls_queued=2, clock=clock)
     ids = [protocol.call_tool("a", {}) for _ in range(3)]
     protocol.forget(ids[0])
     protocol.call_tool("a", {})  # id 6; ids 4 (sent by forget) and 5 are still in use
     protocol._pending._ids = IdAllocator(4)  # wrap around onto them
+    clock.now += RELIST_INTERVAL
     notify(protocol)
     listed = payloads(protocol)[-1]
     assert listed["method"] == "tools/list" and listed["id"] == 7
@@ -725,14 +811,6 @@ def test_close_fails_pending_calls_and_ignores_later_input() -> None:
 
 
 # Deadlines: the core owns them; the I/O layer only arms a timer for `timer`.
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_no_hello_by_the_hello_deadline_starts_discovery() -> None:

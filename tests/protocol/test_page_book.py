@@ -208,7 +208,7 @@ def test_a_device_that_sent_known_pages_then_lists_new_ones() -> None:
     read as new: its next listing has the new entries and their digest."""
     book = KnownPages()
     listed(join(book, 0))
-    protocol = join(book, 1)
+    protocol = join(book, 1, relist_interval=0)  # listed again at once (pages, not the rate)
     assert listed(protocol).digest == parsed_digest(PAGES)
     changed = [PAGES[0], PAGES[1], compact({"tools": TOOLS[6:8]})]
     protocol.receive_text(stock("s-1", 0, "null").replace('"id":0,"result":null', '"method":'

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.protocol import DeviceProtocol, Event
+from gateway.protocol import DeviceProtocol, Event, State
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 GATEWAY_VECTORS = sorted(
@@ -28,8 +28,12 @@ def _matches(expected: dict[str, Any], actual: dict[str, Any]) -> bool:
 
 
 def _replay(vector: dict[str, Any]) -> list[Event]:
+    now = [0.0]  # the time moves only when the I/O layer's timer would fire (below)
     protocol = DeviceProtocol(
-        "vector-device", session_id=vector["session_id"], **vector.get("gateway", {})
+        "vector-device",
+        session_id=vector["session_id"],
+        clock=lambda: now[0],
+        **vector.get("gateway", {}),
     )
     produced: deque[str] = deque()
     events: list[Event] = []
@@ -41,6 +45,10 @@ def _replay(vector: dict[str, Any]) -> list[Event]:
             params = step["message"]["payload"]["params"]
             protocol.call_tool(params["name"], params["arguments"])
         produced.extend(protocol.data_to_send())
+        if not produced and protocol.state is State.READY and protocol.timer is not None:
+            now[0] = protocol.timer  # a change held back by relist_interval: its timer fires
+            protocol.handle_timer()
+            produced.extend(protocol.data_to_send())
         events.extend(protocol.events_received())
         if step["from"] == "gateway":
             assert produced, f"step {index}: the gateway sent nothing"

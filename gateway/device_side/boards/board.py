@@ -122,6 +122,11 @@ class Board:
                 logger.warning("board %s: %s", self.url, self.problem)
                 initialized = self._link is not None and self._link.initialized
             self.attempted.set()
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                # stop() cancelled this attempt, and the SDK's task group took the cancellation
+                # for its own (a connect failing as it came): end here, not sleep and retry.
+                raise asyncio.CancelledError
             if initialized:
                 delay, failed_kinds = RETRY_MIN, 0
             elif initialized is None:  # refused before any request: no other transport to try

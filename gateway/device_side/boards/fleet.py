@@ -2,7 +2,9 @@
 
 - ``[[mcp_devices]]`` in the config, and boards the owner adds at run time (CLI ``devices add``,
   the dashboard, ``POST /api/devices/add``): approved as they are added. Those added at run
-  time are kept in ``boards.json`` in the data dir (mode 0600: it holds their tokens).
+  time are kept in ``boards.json`` in the data dir (mode 0600: it holds their tokens). A file
+  that cannot be read is kept as it is and no add is saved over it (``datadir.KeptJson``); an
+  entry that is not a usable board is kept in the file as it was.
 - boards found over mDNS (``[mcp_boards] discover``, ``discovery.py``): pending until the owner
   approves them, like a stock device that checks in through OTA, but never in the stock
   devices' places: at most ``[mcp_boards] discover_max_pending`` wait at once, and never one at
@@ -18,16 +20,13 @@ changed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 from collections.abc import Callable, Collection
-from pathlib import Path
 from typing import Any
 
 from gateway.config import Config
 from gateway.config.boards import BoardOptions, board_url
-from gateway.datadir import create_private
+from gateway.datadir import KeptJson
 from gateway.device_side.boards.board import Board, Serve, board_id
 from gateway.device_side.boards.discovery import Discovery
 from gateway.devices.device import PENDING
@@ -49,9 +48,10 @@ class Boards:
         self._config = config
         self._registry = registry
         self._serve = serve
-        self._file = config.data_dir / "boards.json"
+        self._file = KeptJson(config.data_dir / "boards.json", list, "the boards added at run time")
         self._boards: dict[str, Board] = {}
         self._added: list[BoardOptions] = []
+        self._unusable: list[object] = []  # entries of the file that are no board: kept as they are
         self._forgetting: dict[str, asyncio.TimerHandle] = {}
         self.own_ports: Collection[int] = ()  # the gateway's listening ports, once known
         self.networks: tuple[Network, ...] = ()  # where discovered boards may be, once browsing
@@ -66,7 +66,7 @@ class Boards:
     def start(self, own_ports: Collection[int]) -> None:
         """Connect to every board added so far, now that the gateway's own ports are known."""
         self.own_ports = tuple(own_ports)
-        self._added = _load(self._file)
+        self._added, self._unusable = _load(self._file)
         for options in (*self._config.mcp_devices, *self._added):
             if board_id(options.url) not in self._boards:
                 self._start(options, trusted=True)
@@ -113,6 +113,8 @@ class Boards:
 
         Raises:
             GatewayError: the URL is not a board's, or too many boards were added.
+            StorageUnavailable: ``boards.json`` is unreadable: the board was not added.
+            OSError: ``boards.json`` cannot be written: the board was not added.
         """
         try:
             url = board_url("url", url)
@@ -123,8 +125,9 @@ class Boards:
         if board is None or not board.trusted:
             if len(self._added) >= MAX_ADDED:
                 raise GatewayError(f"{MAX_ADDED} boards were added already")
-            self._added = [b for b in self._added if b.url != url] + [options]
-            _save(self._file, self._added)
+            added = [b for b in self._added if b.url != url] + [options]
+            self._save(added)
+            self._added = added
         if board is not None and not board.trusted:  # it was discovered: the owner approves it
             board.trusted = True
             device = self._registry.get(board.device_id)
@@ -147,7 +150,7 @@ class Boards:
                            "next start unless you take it out", board.url)  # fmt: skip
         if any(b.url == board.url for b in self._added):
             self._added = [b for b in self._added if b.url != board.url]
-            _save(self._file, self._added)
+            self._save(self._added)
         self.offered(frozenset(self._boards))
         asyncio.get_running_loop().create_task(
             board.stop(), name=f"gateway.board.stop[{device_id}]"
@@ -207,6 +210,10 @@ class Boards:
                 logger.info("board %s no longer announces itself: disconnected", board.url)
             asyncio.create_task(board.stop(), name=f"gateway.board.stop[{device_id}]")
 
+    def _save(self, added: list[BoardOptions]) -> None:
+        entries = [{"url": b.url, "name": b.name, "token": b.token} for b in added]
+        self._file.save([*self._unusable, *entries])
+
     def _start(self, options: BoardOptions, *, trusted: bool) -> Board:
         board = Board(options.url, options.token, trusted=trusted, config=self._config,
                       registry=self._registry, serve=self._serve,
@@ -220,27 +227,17 @@ class Boards:
         return board
 
 
-def _load(path: Path) -> list[BoardOptions]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as exc:
-        logger.error("%s cannot be read (%s): boards added at run time are not connected", path,
-                     exc)  # fmt: skip
-        return []
-    boards = []
-    for entry in data if isinstance(data, list) else []:
+def _load(file: KeptJson) -> tuple[list[BoardOptions], list[object]]:
+    """The boards ``file`` keeps, and its entries that are no usable board (logged)."""
+    boards: list[BoardOptions] = []
+    unusable: list[object] = []
+    for entry in file.load():
         try:
             url = board_url("url", entry.get("url"))
-        except (ConfigError, AttributeError):
+        except (ConfigError, AttributeError) as exc:
+            logger.warning("%s: an entry is not a board (%s); kept in the file, not connected",
+                           file.path, exc)  # fmt: skip
+            unusable.append(entry)
             continue
         boards.append(BoardOptions(url, entry.get("name"), entry.get("token")))
-    return boards
-
-
-def _save(path: Path, boards: list[BoardOptions]) -> None:
-    entries = [{"url": b.url, "name": b.name, "token": b.token} for b in boards]
-    temporary = create_private(path.with_suffix(".json.new"))
-    temporary.write_text(json.dumps(entries, indent=1), encoding="utf-8")
-    os.replace(temporary, path)
+    return boards, unusable

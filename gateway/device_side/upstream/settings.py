@@ -10,9 +10,7 @@ the token opens the device's account on the voice server).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -25,7 +23,8 @@ from websockets.uri import parse_uri
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-from gateway.datadir import create_private
+from gateway.datadir import KeptJson
+from gateway.errors import StorageUnavailable
 from gateway.net.destinations import (
     Destination,
     DestinationRefused,
@@ -219,13 +218,16 @@ class KeptSettings(Generic[T]):
     """Settings of each proxied device, by device id, kept in a data dir file (mode 0600).
 
     ``parse`` reads back one stored entry (``asdict`` of the settings) and raises
-    ``UpstreamSettingsError`` or ``TypeError`` when it cannot; such an entry is skipped.
+    ``UpstreamSettingsError`` or ``TypeError`` when it cannot; such an entry is not used, and
+    kept in the file as it was until its device checks in again. A file that cannot be read is
+    kept as it is, and nothing is saved over it (``datadir.KeptJson``).
     """
 
     def __init__(self, path: Path, parse: Callable[[object], T]) -> None:
-        self._path = path
+        self._file = KeptJson(path, dict, "the voice servers' settings of the devices")
         self._parse = parse
         self._settings: dict[str, T] = {}
+        self._unusable: dict[str, object] = {}
         self._load()
 
     def get(self, device_id: str) -> T | None:
@@ -242,16 +244,20 @@ class KeptSettings(Generic[T]):
         Raises:
             OSError: the file cannot be written (a full disk); nothing changed, in memory either,
                 so the next check-in writes it again.
+            StorageUnavailable: the file is unreadable (kept as it is): nothing changed.
         """
         device_id = device_id.lower()
         before = self._settings.get(device_id)
-        if before == settings:
+        if before == settings and device_id not in self._unusable:
             return  # every boot checks in: the file is written only when something changed
         self._set(device_id, settings)
+        unusable = self._unusable.pop(device_id, None)
         try:
             self._save()
-        except OSError:
+        except (OSError, StorageUnavailable):
             self._set(device_id, before)
+            if unusable is not None:
+                self._unusable[device_id] = unusable
             raise
 
     def _set(self, device_id: str, settings: T | None) -> None:
@@ -261,26 +267,17 @@ class KeptSettings(Generic[T]):
             self._settings[device_id] = settings
 
     def _load(self) -> None:
-        try:
-            data = json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            logger.warning("%s is unreadable (%s): devices get their upstream again at their "
-                           "next boot", self._path, exc)  # fmt: skip
-            return
-        for device_id, raw in data.items() if isinstance(data, dict) else ():
+        for device_id, raw in self._file.load().items():
             try:
                 self._settings[device_id] = self._parse(raw)
             except (UpstreamSettingsError, TypeError) as exc:
-                logger.warning("%s: the entry of %s is unusable (%s); skipped",
-                               self._path, device_id, exc)  # fmt: skip
+                logger.warning("%s: the entry of %s is unusable (%s); kept in the file, not used",
+                               self._file.path, device_id, exc)  # fmt: skip
+                self._unusable[device_id] = raw
 
     def _save(self) -> None:
-        data = {device_id: asdict(s) for device_id, s in sorted(self._settings.items())}
-        temporary = create_private(self._path.with_suffix(".tmp"))
-        temporary.write_text(json.dumps(data, indent=1))
-        os.replace(temporary, self._path)  # a crash mid-write leaves the old file whole
+        usable = {device_id: asdict(s) for device_id, s in self._settings.items()}
+        self._file.save(dict(sorted({**self._unusable, **usable}.items())))
 
 
 class WebSocketUpstreams(KeptSettings[UpstreamWebSocket]):

@@ -19,6 +19,7 @@ from gateway.device_side.upstream.settings import (
     parse_upstream_websocket,
     server_of,
 )
+from gateway.errors import StorageUnavailable
 from gateway.net.destinations import DestinationRefused
 from tests.net.test_destinations import patch_resolver
 
@@ -93,6 +94,29 @@ def test_an_unreadable_file_is_said_and_skipped(
         store = WebSocketUpstreams(tmp_path)
     assert store.get(DEVICE) is None and store.get("b") == UpstreamWebSocket("ws://h/", None)
     assert "unreadable" in caplog.text and "unusable" in caplog.text
+
+
+def test_an_unreadable_file_is_never_written_over(tmp_path: Path) -> None:
+    """A check-in's settings are refused, not saved over a file that cannot be read."""
+    path = tmp_path / "upstream_websocket.json"
+    path.write_text('{"aa:bb:cc:dd:ee:01": {"url": "ws://h/"')
+    store = WebSocketUpstreams(tmp_path)
+    with pytest.raises(StorageUnavailable, match="upstream_websocket.json"):
+        store.put(DEVICE, UpstreamWebSocket("ws://h/", None))
+    assert path.read_text() == '{"aa:bb:cc:dd:ee:01": {"url": "ws://h/"'
+    assert store.get(DEVICE) is None  # nothing changed, in memory either
+
+
+def test_an_unusable_entry_stays_in_the_file_until_its_device_checks_in(tmp_path: Path) -> None:
+    """Saving another device's settings keeps an entry that could not be used, as it was; the
+    device's own next check-in replaces it."""
+    path = tmp_path / "upstream_websocket.json"
+    path.write_text(json.dumps({DEVICE: {"url": "ftp://x"}}))
+    store = WebSocketUpstreams(tmp_path)
+    store.put("b", UpstreamWebSocket("ws://h/", None))
+    assert json.loads(path.read_text())[DEVICE] == {"url": "ftp://x"}
+    store.put(DEVICE, UpstreamWebSocket("ws://i/", None))
+    assert WebSocketUpstreams(tmp_path).get(DEVICE) == UpstreamWebSocket("ws://i/", None)
 
 
 class _Mqtt:
