@@ -48,7 +48,7 @@ from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.http import build_host_app
 from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
-from gateway.host_side.oauth import OAuthSite
+from gateway.host_side.oauth import OAuthSite, OriginRules
 from gateway.net.addresses import Addresses, lan_address
 from gateway.net.descriptors import accept_errors_throttled, raise_fd_limit
 from gateway.net.limits import Guard, listener_limits
@@ -122,9 +122,11 @@ class Gateway:
             broker_clients=self.broker.online if self.broker else None,
         )
         self.admission.watchers.append(self.metrics.admitted)
+        origins = OriginRules(config)
         self.dashboard = Dashboard(
-            config, self.registry, self.audit, self.public, lambda: self.device_tokens[0]
-        )
+            config, self.registry, self.audit, self.public, lambda: self.device_tokens[0],
+            came_over_https=lambda request: origins.of(request).https,
+        )  # fmt: skip
         self.oauth = (
             OAuthSite(config, self.audit, self.dashboard.sessions) if config.oauth_enabled else None
         )

@@ -19,6 +19,7 @@ from tests.conftest import bound
 from tests.e2e.helpers import listed_device
 from tests.oauth_helpers import (
     ADMIN,
+    HOST_TOKEN,
     STREAM,
     authorize_url,
     base_url,
@@ -170,5 +171,26 @@ async def test_consent_cookies_are_secure_behind_a_trusted_https_proxy(tmp_path:
                 page = await via_proxy.get(f"/{sent.headers['location']}", headers=forwarded)
                 assert page.status_code == 200, page.text
                 cookies[scheme] = page.headers["set-cookie"]
+    assert "secure" in cookies["https"].lower()
+    assert "secure" not in cookies["http"].lower()
+
+
+async def test_the_dashboard_session_cookie_is_secure_behind_a_trusted_https_proxy(
+    tmp_path: Path,
+) -> None:
+    """The dashboard's sign-in follows the same rule as the consent page: through a TLS proxy
+    the owner listed (127.0.0.2, which uvicorn's own proxy-header rule does not trust) that says
+    the browser came over HTTPS, the session cookie is ``Secure``; over plain HTTP it is not."""
+    proxy = httpx2.AsyncHTTPTransport(local_address="127.0.0.2")
+    cookies = {}
+    async with (
+        oauth_gateway(tmp_path, host_trusted_proxies=("127.0.0.2/32",)) as run,
+        httpx2.AsyncClient(base_url=base_url(run), transport=proxy, timeout=bound(10)) as via,
+    ):
+        for scheme in ("https", "http"):
+            forwarded = {"X-Forwarded-Proto": scheme, "X-Forwarded-For": "192.168.1.20"}
+            signed_in = await via.post("/login", json={"token": HOST_TOKEN}, headers=forwarded)
+            assert signed_in.status_code == 200, signed_in.text
+            cookies[scheme] = signed_in.headers["set-cookie"]
     assert "secure" in cookies["https"].lower()
     assert "secure" not in cookies["http"].lower()

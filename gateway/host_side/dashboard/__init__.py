@@ -74,9 +74,14 @@ class Dashboard:
         audit: AuditLog,
         public: PublicAddress,
         device_token: Callable[[], str],
+        came_over_https: Callable[[Request], bool] = lambda request: request.url.scheme == "https",
     ) -> None:
         self.config, self.registry, self.audit, self.public = config, registry, audit, public
         self.device_token = device_token
+        # Whether the browser's own connection was HTTPS (to us, or to a proxy the owner
+        # trusts): the OAuth origin rules' answer, so the session cookie is Secure exactly when
+        # the consent page's are.
+        self.came_over_https = came_over_https
         self.sessions = Sessions(config.host_token)
         self.ingress = networks(config.host_ingress_peers)  # Home Assistant's ingress proxy
 
@@ -125,7 +130,7 @@ class Dashboard:
             return JSONResponse({"error": "that is not this gateway's host token"}, 401)
         response = JSONResponse({"signed_in": True})
         response.set_cookie(COOKIE, session.id, max_age=int(LIFETIME), path="/", httponly=True,
-                            samesite="strict", secure=request.url.scheme == "https")  # fmt: skip
+                            samesite="strict", secure=self.came_over_https(request))  # fmt: skip
         return response
 
     def _must_sign_in(self, request: Request) -> bool:
