@@ -18,6 +18,7 @@ import importlib.metadata
 import inspect
 import logging
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -506,3 +507,28 @@ def test_no_module_outside_compat_reaches_into_another_library() -> None:
     ]
     assert not bad, f"move these into gateway/compat (a module per library): {bad}"
 
+
+# The distribution each module of gateway/compat borrows from (stdlib: Python's own, unbounded).
+COMPAT_DISTRIBUTIONS = {
+    "aiomqtt": "aiomqtt",
+    "mcp_sdk": "mcp",
+    "starlette": "starlette",
+    "uvicorn": "uvicorn",
+    "websockets": "websockets",
+}
+
+
+def test_every_library_compat_borrows_from_is_bounded_above() -> None:
+    """pyproject bounds each library gateway/compat reaches into, and the weekly workflow's
+    ``scripts/newest-deps`` lifts those bounds."""
+    modules = {path.stem for path in COMPAT.glob("*.py")} - {"__init__", "stdlib"}
+    assert modules == set(COMPAT_DISTRIBUTIONS), "name the new module's distribution here"
+    script = PACKAGE.parent / "scripts" / "newest-deps"
+    done = subprocess.run(
+        [sys.executable, str(script), "--list"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    unbounded = set(COMPAT_DISTRIBUTIONS.values()) - set(done.stdout.split())
+    assert not unbounded, f"bound these above in pyproject.toml: {sorted(unbounded)}"
+    workflow = (PACKAGE.parent / ".github" / "workflows" / "newest-deps.yml").read_text()
+    assert "scripts/newest-deps" in workflow and "tests/test_compat.py" in workflow
