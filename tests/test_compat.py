@@ -78,8 +78,8 @@ def test_borrowed_name_is_still_there(
     """Each name gateway/compat imports or binds exists in the installed release."""
     found: object = importlib.import_module(module)
     for part in name.split("."):
-        found = getattr(found, part, None)
-        assert found is not None, moved(distribution, f"{module}.{name}", compat)
+        assert hasattr(found, part), moved(distribution, f"{module}.{name}", compat)
+        found = getattr(found, part)
 
 
 def test_mcp_sdk_manager_keeps_its_sessions_and_owners() -> None:
@@ -409,20 +409,24 @@ def test_logging_caller_lookup_can_be_skipped() -> None:
     "Optimization"): None makes records carry no file or line."""
     from gateway.compat import stdlib
 
-    kept = logging._srcfile
-    assert isinstance(kept, str), moved("python", "logging._srcfile", "stdlib")
+    kept = logging._srcfile  # None already if a test before set the gateway's logging up
     logger = logging.getLogger("tests.compat")
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     logger.addHandler(handler)
     try:
+        logging._srcfile = logging.addLevelName.__code__.co_filename  # as logging sets it
+        logger.warning("looked up")
         stdlib.skip_caller_lookup()
         logger.warning("skipped")
     finally:
         logging._srcfile = kept
         logger.removeHandler(handler)
-    assert records[0].lineno == 0, moved("python", "logging._srcfile", "stdlib")
+    looked_up, skipped = records
+    assert looked_up.lineno != 0 and skipped.lineno == 0, moved(
+        "python", "logging._srcfile", "stdlib"
+    )
 
 
 # -- nothing outside gateway/compat reaches into another library --
