@@ -21,6 +21,7 @@ IO_MODULES = {"asyncio", "anyio", "socket", "starlette", "uvicorn", "websockets"
 
 LAYERS: list[set[str]] = [
     {"__init__"},  # gateway/__init__.py: __version__ only; it runs before any other module
+    {"compat"},  # other libraries' private names, one module per library; nothing of ours
     {"errors"},
     {"config", "datadir", "launch"},  # settings; the data dir kept private; how we were run
     {"net"},  # where clients connect: addresses, listener limits, request rates
@@ -35,11 +36,12 @@ LAYERS: list[set[str]] = [
 ]
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
+    # one module per library, none importing another
+    "compat": [{"aiomqtt", "mcp_sdk", "starlette", "stdlib", "uvicorn", "websockets"}],
     "net": [
         # direct_http: small POSTs answered below ASGI; expiries: deadlines of one length on
         # one timer; handshake_request: a WebSocket handshake read once, as websockets would
         # peer: the socket's address, kept before uvicorn's proxy headers replace it;
-        # text_frames: a whole text frame read or written in place
         # networks: addresses and networks from the config, and this machine's interfaces'
         {
             "direct_http",
@@ -47,7 +49,6 @@ INNER: dict[str, list[set[str]]] = {
             "handshake_request",
             "networks",
             "peer",
-            "text_frames",
             "throttled",
         },
         {"addresses", "destinations", "websocket", "upgrade"},

@@ -23,6 +23,7 @@ from gateway.cli.flashing.cli import add_parsers as add_board_parsers
 from gateway.cli.flashing.cli import run as run_board_command
 from gateway.cli.help import add_command
 from gateway.cli.log_lines import TurnHandler
+from gateway.compat.stdlib import actions, skip_caller_lookup, subcommand_parsers
 from gateway.config import Config, load_config
 from gateway.datadir import usable_data_dir
 from gateway.errors import ConfigError, GatewayError
@@ -174,18 +175,17 @@ def _setup_logging(level: str) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
     # The format shows none of the caller's file, line, thread or process: skip finding them for
     # every record (the logging HOWTO's "Optimization"; 3% of a storm of joins went to it).
-    logging._srcfile = None
+    skip_caller_lookup()
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
 
 
 def _option_names(parser: argparse.ArgumentParser) -> set[str]:
     """Every option string of ``parser`` and its subcommands."""
     names: set[str] = set()
-    for action in parser._actions:
+    for action in actions(parser):
         names.update(action.option_strings)
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                names |= _option_names(sub)
+        for sub in subcommand_parsers(action):
+            names |= _option_names(sub)
     return names
 
 

@@ -84,7 +84,10 @@ class TurnHandler(logging.StreamHandler[TextIO]):
         if held_for is not None and self._thread == get_ident() and held_for.is_running():
             return  # in the turn whose end is already asked for: no getpid (Python 3.11's
             # get_running_loop asks the kernel for the pid each time, about 0.3 µs)
-        loop = asyncio._get_running_loop()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # outside the loop
+            loop = None
         if loop is None or held_for is not None:  # outside the loop, or a loop gone meanwhile
             self._write_held()
         else:  # the first line of this turn: the next turn writes them all

@@ -25,9 +25,9 @@ from pathlib import Path
 import aiomqtt
 
 from gateway.cluster.records import ClusterTopics
+from gateway.compat.aiomqtt import mend_socket_registration
 from gateway.device_side.broker.aiomqtt_fixes import (
     honour_cancellation,
-    mend_socket_registration,
     publish_honouring_cancellation,
 )
 from gateway.device_side.transports.mqtt import BrokerLogin

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.compat.mcp_sdk import discard_session, sessions_owned_by
 from gateway.config import Config
 from gateway.devices.calls import CallRouter
 from gateway.devices.enrollment import Enrollment
@@ -242,9 +243,9 @@ def _auth_refused(conn: HTTPConnection, exc: AuthenticationError) -> Response:
 class _SessionEnder:
     """Revoking an app ends its streamable-HTTP sessions too, not only its open requests.
 
-    The SDK's manager records who opened each session (``_session_owners``, private: pinned
-    ``mcp==2.3.*``); its own ``_discard_session`` forgets one (404 from then on) and terminates
-    its transport.
+    The SDK's manager records who opened each session, and ends one as it does itself
+    (``gateway.compat.mcp_sdk``: private in the SDK): forgotten at once (404 from then on), its
+    transport terminated.
     """
 
     def __init__(self, manager: StreamableHTTPSessionManager) -> None:
@@ -253,17 +254,12 @@ class _SessionEnder:
 
     def __call__(self, client_id: str) -> None:
         manager = self.manager
-        owned = [
-            sid for sid, owner in manager._session_owners.items() if owner["client_id"] == client_id
-        ]
-        for session_id in owned:
-            transport = manager._server_instances.get(session_id)
-            if transport is not None:
-                task = asyncio.get_running_loop().create_task(
-                    manager._discard_session(session_id, transport), name="end-app-session"
-                )
-                self._ending.add(task)
-                task.add_done_callback(self._ending.discard)
+        for session_id, transport in sessions_owned_by(manager, client_id):
+            task = asyncio.get_running_loop().create_task(
+                discard_session(manager, session_id, transport), name="end-app-session"
+            )
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
 
 
 class _Endpoint:

@@ -27,6 +27,7 @@ from mcp.server.subscriptions import (
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
+from gateway.compat.mcp_sdk import session_connection
 from gateway.config import Config
 from gateway.devices.calls import CallRouter
 from gateway.devices.photos import PhotoStore
@@ -149,7 +150,7 @@ class ChangeNotifier:
             self._track(ctx.session)
 
     def _track(self, session: ServerSession) -> None:
-        connection = getattr(session, "_connection", None)
+        connection = session_connection(session)
         if connection is None or not getattr(connection, "has_standalone_channel", True):
             return  # stateless HTTP: there is nowhere to push to
         key = id(connection)

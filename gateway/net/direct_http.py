@@ -18,13 +18,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Protocol
-
-from uvicorn.protocols.http.h11_impl import STATUS_PHRASES
 
 __all__ = ["DirectPost", "DirectRequests", "Reply", "direct_post", "response_bytes"]
 
 _END = b"\r\n\r\n"
+# uvicorn's reason phrases (its h11 path's ``STATUS_PHRASES``): the standard library's, none for
+# a code it does not know.
+_PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 MAX_HEAD = 8 * 1024  # a stock check-in's head is about 300 bytes; h11 refuses past 16 KiB
 # RFC 9110 §5.1 and §5.5 as h11 checks them (token names; visible characters, spaces and
 # tabs inside a value): a line outside them goes to h11, which answers its 400.
@@ -128,7 +130,7 @@ def response_bytes(
     reason phrase, the server's own headers (``date``, ``server``) first, and h11's
     ``Connection: close`` last when the request asked to close."""
     out: list[bytes | memoryview] = [
-        b"HTTP/1.1 %d %s\r\n" % (reply.status_code, STATUS_PHRASES[reply.status_code])
+        b"HTTP/1.1 %d %s\r\n" % (reply.status_code, _PHRASES.get(reply.status_code, b""))
     ]
     for name, value in (*server_headers, *reply.raw_headers):
         out += [name, b": ", value, b"\r\n"]

@@ -4,10 +4,11 @@
 bytes, websockets' ``ServerProtocol`` parses them again, line by line through generators: about
 a tenth of a device's join. ``handshake_request`` reads them in one pass into the same
 ``Request``, passing exactly the checks ``Request.parse`` makes (its limits and patterns are
-websockets' own, imported). A request that would fail any of them is not read here (None): it
-goes to websockets as bytes, which answers it as it always did (400, 414, 431). Its checks are
-those of websockets 17, the oldest release the gateway installs with (15 and 16 check the
-request line otherwise); tests/net/test_handshake_request.py compares the two on any input.
+websockets' own, the patterns through ``gateway.compat.websockets``). A request that would fail
+any of them is not read here (None): it goes to websockets as bytes, which answers it as it
+always did (400, 414, 431). Its checks are those of websockets 17, the oldest release the
+gateway installs with (15 and 16 check the request line otherwise);
+tests/net/test_handshake_request.py compares the two on any input.
 """
 
 from __future__ import annotations
@@ -15,13 +16,9 @@ from __future__ import annotations
 import re
 
 from websockets.datastructures import Headers
-from websockets.http11 import (
-    MAX_LINE_LENGTH,
-    MAX_NUM_HEADERS,
-    Request,
-    _token_re,
-    _value_re,
-)
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
+
+from gateway.compat.websockets import TOKEN_RE, VALUE_RE, add_checked_header
 
 __all__ = ["handshake_request"]
 
@@ -30,7 +27,7 @@ _PROTOCOLS = (b"HTTP/1.1", b"HTTP/1.0")  # what Request.parse accepts
 # match, from websockets' own patterns. Neither pattern takes CR or LF, so the lines are the
 # lines websockets would read (a bare LF fails the match), and a value matches its pattern
 # stripped of spaces and tabs exactly when it does unstripped (its pattern takes both).
-_HEADERS = re.compile(b"(?:%s:%s\r\n)*\r\n" % (_token_re.pattern, _value_re.pattern))
+_HEADERS = re.compile(b"(?:%s:%s\r\n)*\r\n" % (TOKEN_RE.pattern, VALUE_RE.pattern))
 
 
 def handshake_request(data: bytes) -> Request | None:
@@ -52,7 +49,7 @@ def handshake_request(data: bytes) -> Request | None:
     headers = Headers()
     for line in lines:
         name, _, value = line.partition(b":")
-        headers.set_insecure(name.decode("ascii"), value.strip(b" \t").decode("iso-8859-1"))
+        add_checked_header(headers, name.decode("ascii"), value.strip(b" \t").decode("iso-8859-1"))
     if "Transfer-Encoding" in headers or not set(headers.get_all("Content-Length")) <= {"0"}:
         return None
     return Request(path, headers, method, parts[2].decode("ascii"))

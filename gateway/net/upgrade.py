@@ -21,9 +21,8 @@ from typing import ClassVar, Protocol
 
 import h11
 from uvicorn.config import Config
-from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.server import ServerState
 
+from gateway.compat.uvicorn import H11Protocol, ServerState
 from gateway.net.direct_http import DirectPost, DirectRequests, direct_post, response_bytes
 from gateway.net.handshake_request import handshake_request
 

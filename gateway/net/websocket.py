@@ -38,8 +38,9 @@ import struct
 import weakref
 from typing import Any, Generic, Protocol, TypeVar
 
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import Frame
+
+from gateway.compat.uvicorn import WebSocketsSansIOProtocol
 
 __all__ = ["TICKS", "Flag", "Inbox", "KeptAlive", "Keepalive", "LeanWebSocket", "keepalive"]
 

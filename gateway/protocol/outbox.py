@@ -29,7 +29,6 @@ class Outbox:
             LocalProtocolError: ``session_id`` cannot be sent to a device.
         """
         self.mcp_head = envelope.mcp_head(session_id)  # what each MCP frame starts with
-        self.session_id = session_id
         self.logger = logger
         self.debug = logger.isEnabledFor(logging.DEBUG)
         self.events: list[Event] = []

@@ -47,7 +47,7 @@ class _Firmware(Device):
     def dispatch(self, message: dict[str, Any]) -> None:
         payload = message.get("payload")
         if message.get("type") == "mcp" and isinstance(payload, dict):
-            self._simulated._record_call(payload)
+            self._simulated.record_call(payload)
         super().dispatch(message)
 
     async def answer(self, payload: dict[str, Any]) -> None:
@@ -219,7 +219,8 @@ class SimulatedDevice:
         """
         await self.firmware.run()
 
-    def _record_call(self, payload: dict[str, Any]) -> None:
+    def record_call(self, payload: dict[str, Any]) -> None:
+        """Add the call ``payload`` makes to ``calls``, if it is a ``tools/call``."""
         params = payload.get("params")
         if payload.get("method") != "tools/call" or not isinstance(params, dict):
             return

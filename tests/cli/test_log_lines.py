@@ -96,13 +96,13 @@ async def test_a_turn_asks_for_its_event_loop_once_not_per_line(
     """On Python 3.11 asking for the running loop is a getpid system call: once a turn."""
     out, log = stream
     asked = []
-    running = asyncio._get_running_loop
+    running = asyncio.get_running_loop
 
-    def counted() -> asyncio.AbstractEventLoop | None:
+    def counted() -> asyncio.AbstractEventLoop:
         asked.append(1)
         return running()
 
-    monkeypatch.setattr(asyncio, "_get_running_loop", counted)
+    monkeypatch.setattr(asyncio, "get_running_loop", counted)
     for turn in range(3):
         for n in range(5):
             log.info("turn %d line %d", turn, n)

@@ -10,7 +10,7 @@ from websockets.protocol import CLOSING, OPEN, Protocol
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from gateway.net.text_frames import frame_text, text_frame, writes_plainly
+from gateway.compat.websockets import frame_text, text_frame, writes_plainly
 
 # A short payload, one with a 16-bit length and one at the 16-bit length's end.
 SIZES = (0, 5, 125, 126, 300, 65535)

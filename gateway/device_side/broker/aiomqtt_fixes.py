@@ -1,30 +1,20 @@
-"""aiomqtt 2.5 habits that the gateway's clients work around.
+"""aiomqtt 2.5 habits on Python 3.11 that the gateway's clients work around, on its public API.
 
-Two on Python 3.11 that every reconnecting client of the gateway works around, used by the
-gateway's own client (``transports/mqtt.py``) and by the per-device upstream clients
-(``upstream/mqtt_client.py``); a cancellation lost with a PUBACK on Python 3.11
-(``publish_honouring_cancellation``: the device transport's and the cluster's publishes); a
-socket registered after it closed (``mend_socket_registration``, every client); and
-``FleetClient`` for the gateway's own client, which carries every device's messages.
+Every reconnecting client of the gateway (its own, ``transports/mqtt/client.py``; the per-device
+upstream clients, ``upstream/mqtt_client.py``; the cluster's) checks for a cancellation that
+``asyncio.wait_for`` swallowed, and a cancellation lost with a PUBACK is raised after all
+(``publish_honouring_cancellation``: the device transport's and the cluster's publishes). The
+workarounds that reach into aiomqtt's internals live in ``gateway.compat.aiomqtt``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable
 
 import aiomqtt
 
-__all__ = [
-    "FleetClient",
-    "cancel_all",
-    "consume_disconnect",
-    "honour_cancellation",
-    "mend_socket_registration",
-    "publish_honouring_cancellation",
-]
+__all__ = ["cancel_all", "honour_cancellation", "publish_honouring_cancellation"]
 
 
 def honour_cancellation() -> None:
@@ -54,16 +44,6 @@ async def publish_honouring_cancellation(
     honour_cancellation()
 
 
-def consume_disconnect(client: aiomqtt.Client) -> None:
-    """Retrieve the error of a connection lost outside message iteration (say, in a subscribe).
-
-    aiomqtt leaves it unretrieved in a private future, and asyncio would log it when collected.
-    """
-    future = getattr(client, "_disconnected", None)
-    if isinstance(future, asyncio.Future) and future.done() and not future.cancelled():
-        future.exception()
-
-
 async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
     """Cancel ``tasks`` and wait until they have ended, cancelling again those that swallowed it
     (``honour_cancellation``)."""
@@ -72,89 +52,3 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=1.0)
-
-
-def mend_socket_registration(client: aiomqtt.Client) -> aiomqtt.Client:
-    """Register the socket's reader and writer only if it is still the client's when the loop
-    gets to it; returns ``client``.
-
-    paho tells aiomqtt of its socket, possibly from the thread that connects, and aiomqtt
-    schedules the registration for later by the descriptor's number taken at once. A connection
-    closed in between (a client cancelled while connecting, a node dropping it) then registers
-    a closed descriptor (an error raised in the loop) or, the number reused, another socket.
-    These are aiomqtt's two callbacks with that check; what they run is aiomqtt's.
-    """
-    loop = client._loop  # noqa: SLF001
-    paho = client._client  # noqa: SLF001
-
-    def failed(exc: Exception) -> None:  # as aiomqtt: a broken socket ends the connection
-        disconnected = client._disconnected  # noqa: SLF001
-        if not disconnected.done():
-            disconnected.set_exception(exc)
-
-    def read() -> None:
-        try:
-            while True:
-                paho.loop_read()
-                # an SSL socket may hold decoded bytes paho did not take yet
-                pending = getattr(paho.socket(), "pending", None)
-                if not (pending and pending() > 0):
-                    break
-        except Exception as exc:  # noqa: BLE001 (aiomqtt's own rule, kept)
-            failed(exc)
-
-    def write() -> None:
-        try:
-            paho.loop_write()
-        except Exception as exc:  # noqa: BLE001
-            failed(exc)
-
-    def fileno(sock: Any) -> int:
-        """The socket's descriptor while it is open and still the client's; else -1."""
-        mine = paho.socket()
-        return mine.fileno() if mine is not None and mine is sock else -1
-
-    def on_open(mqtt: Any, userdata: Any, sock: Any) -> None:
-        def register() -> None:
-            if (fd := fileno(sock)) != -1:
-                loop.add_reader(fd, read)
-                client._misc_task = loop.create_task(client._misc_loop())  # noqa: SLF001
-
-        loop.call_soon_threadsafe(register)
-
-    def on_register_write(mqtt: Any, userdata: Any, sock: Any) -> None:
-        def register() -> None:
-            if (fd := fileno(sock)) != -1:
-                loop.add_writer(fd, write)
-
-        loop.call_soon_threadsafe(register)
-
-    paho.on_socket_open = on_open
-    paho.on_socket_register_write = on_register_write
-    return client
-
-
-class FleetClient(aiomqtt.Client):
-    """aiomqtt's client, whose bookkeeping per publish does not grow with those in flight.
-
-    For every publish awaiting its PUBACK, aiomqtt 2.5 walked every call in flight twice (``mid
-    in self._pending_calls``, a generator over three dicts; then ``len(list(...))`` for its
-    warning): with a storm of devices being discovered, hundreds of the gateway's publishes are
-    in flight, and each one paid for all of them. The same checks, on the dicts directly.
-    """
-
-    @contextlib.contextmanager
-    def _pending_call(self, mid: int, value: Any, pending_dict: dict[int, Any]) -> Iterator[None]:
-        calls = (self._pending_subscribes, self._pending_unsubscribes, self._pending_publishes)
-        if any(mid in pending for pending in calls):
-            msg = f'There already exists a pending call for message ID "{mid}"'
-            raise RuntimeError(msg)
-        pending_dict[mid] = value
-        try:
-            in_flight = sum(len(pending) for pending in calls)
-            if in_flight > self.pending_calls_threshold:
-                self._logger.warning("There are %d pending publish calls.", in_flight)
-            yield
-        finally:
-            with contextlib.suppress(KeyError):
-                del pending_dict[mid]

@@ -22,17 +22,16 @@ import struct
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
-from uvicorn.server import ServerState
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import Protocol
 from websockets.server import ServerProtocol
 
+from gateway.compat.uvicorn import ServerState
+from gateway.compat.websockets import frame_text, start_frames, text_frame, writes_plainly
 from gateway.device_side.transports.device_messages import INTERNAL_ERROR, DeviceMessages
 from gateway.devices.link import LinkClosed
 from gateway.net.limits import Guarded, Slot
-from gateway.net.text_frames import frame_text, text_frame, writes_plainly
 from gateway.net.websocket import Keepalive
 
 __all__ = ["CLOSE_TIMEOUT", "DeviceSocket", "Endpoint"]
@@ -100,10 +99,7 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
     def take_request(self, request: Request) -> None:
         """The handshake, parsed by the listener exactly as websockets' parser would have
         (gateway/net/handshake_request.py): that parser goes straight on to the frames."""
-        conn = self.conn
-        # What ServerProtocol.parse runs once it has read the request: the frame parser.
-        conn.parser = Protocol.parse(conn)
-        next(conn.parser)
+        start_frames(self.conn)
         self._request(request)
 
     def pause_writing(self) -> None:

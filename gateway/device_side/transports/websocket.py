@@ -23,11 +23,11 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
-from uvicorn.server import ServerState
 from websockets.extensions.base import ServerExtensionFactory
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.server import ServerProtocol
 
+from gateway.compat.uvicorn import ServerState
 from gateway.device_side.broker.topics import is_device_id
 from gateway.device_side.transports.device_messages import INTERNAL_ERROR
 from gateway.device_side.transports.device_socket import DeviceSocket, Endpoint

@@ -30,11 +30,8 @@ from typing import Any
 
 import aiomqtt
 
-from gateway.device_side.broker.aiomqtt_fixes import (
-    consume_disconnect,
-    honour_cancellation,
-    mend_socket_registration,
-)
+from gateway.compat.aiomqtt import consume_disconnect, mend_socket_registration
+from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation
 from gateway.device_side.upstream.mqtt_settings import UpstreamMqtt
 from gateway.device_side.upstream.settings import UpstreamSettingsError
 from gateway.net.destinations import Destination, DestinationRefused

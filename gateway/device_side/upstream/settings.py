@@ -15,13 +15,10 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from websockets.exceptions import InvalidURI
 from websockets.uri import parse_uri
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 from gateway.datadir import KeptJson
 from gateway.errors import StorageUnavailable
@@ -50,7 +47,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T", bound="DataclassInstance")
+
+class _Dataclass(Protocol):
+    """Any dataclass instance, as ``dataclasses.asdict`` takes it."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+T = TypeVar("T", bound=_Dataclass)
 
 _MAX_TEXT = 1024  # a longer URL or token is not one the gateway will present anywhere
 _STORE_FILE = "upstream_websocket.json"

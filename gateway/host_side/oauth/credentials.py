@@ -30,6 +30,7 @@ from mcp.shared.auth import OAuthClientInformationFull
 from starlette.datastructures import FormData, QueryParams
 from starlette.requests import Request
 
+from gateway.compat.starlette import parsed_form, replace_form
 from gateway.devices.audit import Actor, AuditLog
 from gateway.host_side.oauth.redirects import PkceClient, refuse_redirects
 from gateway.host_side.oauth.store import Credential, OAuthStore, digest, new_secret
@@ -144,9 +145,9 @@ def without_pkce(request: Request, credential: Credential) -> Request:
     if request.method == "GET":
         query = urllib.parse.urlencode([*request.query_params.multi_items(), *added])
         return Request({**request.scope, "query_string": query.encode()}, request.receive)
-    form = request._form  # parsed by the caller; Starlette hands the handler this copy
+    form = parsed_form(request)  # parsed by the caller; Starlette hands the handler this copy
     assert form is not None
-    request._form = FormData([*form.multi_items(), *added])
+    replace_form(request, FormData([*form.multi_items(), *added]))
     return request
 
 
@@ -189,7 +190,7 @@ class CredentialAuthenticator(ClientAuthenticator):
         if credential.no_pkce and code_grant and "code_verifier" not in form:
             added.append(("code_verifier", _stand_in_verifier(credential.client_id)))
         if added:  # the token handler reads this parsed form again
-            request._form = FormData([*form.multi_items(), *added])
+            replace_form(request, FormData([*form.multi_items(), *added]))
         return credential_client(credential)
 
 

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp
 
+from gateway.compat.starlette import replace_form
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.host_side.dashboard.session import Sessions
@@ -253,7 +254,7 @@ def _public_revocation(handler: Handler) -> Handler:
     async def revoke(request: Request) -> Response:
         form = await request.form()
         if "client_secret" not in form:  # Starlette hands the handler this parsed form again
-            request._form = FormData([*form.multi_items(), ("client_secret", "")])
+            replace_form(request, FormData([*form.multi_items(), ("client_secret", "")]))
         return await handler(request)
 
     return revoke

@@ -1,6 +1,7 @@
-"""aiomqtt mended (gateway/device_side/broker/aiomqtt_fixes.py): the gateway's own client's work
-per publish does not grow with those in flight; a socket closed before the loop gets to register
-it is left alone, a live one is served; a publish stopped as its PUBACK arrives stays stopped."""
+"""aiomqtt mended (gateway/compat/aiomqtt.py, gateway/device_side/broker/aiomqtt_fixes.py): the
+gateway's own client's work per publish does not grow with those in flight; a socket closed
+before the loop gets to register it is left alone, a live one is served; a publish stopped as its
+PUBACK arrives stays stopped."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from gateway.cluster.client import ClusterClient
 from gateway.cluster.records import ClusterTopics
-from gateway.device_side.broker.aiomqtt_fixes import FleetClient, mend_socket_registration
+from gateway.compat.aiomqtt import FleetClient, mend_socket_registration
 from gateway.device_side.transports.mqtt.client import BrokerClient, BrokerLogin
 from tests.conftest import bound
 from tests.mqtt_helpers import Mosquitto

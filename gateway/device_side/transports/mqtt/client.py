@@ -18,11 +18,9 @@ from pathlib import Path
 
 import aiomqtt
 
+from gateway.compat.aiomqtt import FleetClient, consume_disconnect, mend_socket_registration
 from gateway.device_side.broker.aiomqtt_fixes import (
-    FleetClient,
-    consume_disconnect,
     honour_cancellation,
-    mend_socket_registration,
     publish_honouring_cancellation,
 )
 from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all

@@ -1,4 +1,18 @@
-"""A WebSocket's plain text frames read and written without websockets' frame machinery.
+"""websockets' private names and internals: its header patterns, its frame parser's state.
+
+Checked with websockets 17.4 (pyproject: ``websockets>=17,<18``).
+
+``start_frames`` starts a server connection's frame parser as websockets does once it has read
+the handshake request (``Protocol.parse`` in place of ``ServerProtocol.parse``), for a request
+the listener read itself.
+
+``TOKEN_RE`` and ``VALUE_RE`` are the patterns websockets' HTTP/1.1 parser checks a header's name
+and value with (``websockets.http11._token_re``, ``_value_re``), and ``add_checked_header`` how
+it then adds the header (``Headers.set_insecure``, listed under "Internal methods"):
+``net/handshake_request.py`` reads a device's handshake in one pass, accepting exactly what
+websockets would.
+
+A WebSocket's plain text frames read and written without websockets' frame machinery.
 
 A device call is one text frame each way. Through websockets' sans-I/O ``Protocol`` each pays
 for the general case: the incoming one is fed to a stream reader and parsed by a generator that
@@ -16,9 +30,14 @@ must not be.
 
 from __future__ import annotations
 
+import re
 import struct
+from collections.abc import Callable
 
+from websockets.datastructures import Headers
+from websockets.http11 import _token_re, _value_re
 from websockets.protocol import OPEN, Protocol
+from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
 try:  # websockets' C mask, as its own frames use when it was built with it
@@ -26,7 +45,23 @@ try:  # websockets' C mask, as its own frames use when it was built with it
 except ImportError:  # pragma: no cover - a websockets without its C extension
     from websockets.utils import apply_mask
 
-__all__ = ["frame_text", "text_frame", "writes_plainly"]
+__all__ = [
+    "TOKEN_RE",
+    "VALUE_RE",
+    "add_checked_header",
+    "frame_text",
+    "start_frames",
+    "text_frame",
+    "writes_plainly",
+]
+
+TOKEN_RE: re.Pattern[bytes] = _token_re
+"""A header name, as websockets' parser takes it (RFC 9110 5.1 ``token``)."""
+VALUE_RE: re.Pattern[bytes] = _value_re
+"""A header value, as websockets' parser takes it (RFC 9110 5.5 ``field-value``, obs-text too)."""
+add_checked_header: Callable[[Headers, str, str], None] = Headers.set_insecure
+"""Add a header whose value ``VALUE_RE`` matched, not checking it again (``headers[name] = value``
+would), as websockets' own parser does."""
 
 _TEXT = 0x81  # FIN, no RSV bit, opcode 1 (RFC 6455 5.2)
 _MASKED = 0x80
@@ -36,6 +71,13 @@ _SHORT, _MEDIUM = 126, 127  # the 7-bit length's markers of a 16-bit and a 64-bi
 # buffer, as when a device writes the header and the payload apart (esp_websocket_client does):
 # the payload's bytes are not a frame, whatever they look like.
 _BETWEEN_FRAMES = StreamReader.at_eof.__code__
+
+
+def start_frames(conn: ServerProtocol) -> None:
+    """Skip ``conn``'s handshake parse: its parser reads frames from now on (``conn.parser``,
+    as ``ServerProtocol.parse`` goes on to ``Protocol.parse`` once it has read the request)."""
+    conn.parser = Protocol.parse(conn)
+    next(conn.parser)
 
 
 def _plain(conn: Protocol) -> bool:
