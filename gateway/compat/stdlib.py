@@ -1,6 +1,6 @@
 """The standard library's private names: argparse's actions, logging's caller lookup.
 
-Checked with CPython 3.11, 3.12 and 3.13.
+Checked with CPython 3.11.
 """
 
 from __future__ import annotations
