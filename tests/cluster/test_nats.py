@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import gateway.cluster as cluster_module
+import gateway.cluster.client as client_module
 from gateway.app import Running
 from gateway.cluster.live import CALLS_SILENT_AFTER, HEARTBEAT
 from gateway.simulator import SimulatedDevice
@@ -289,3 +290,77 @@ async def test_replicas_spread_over_the_nodes_and_a_node_death_moves_only_its_ow
             reasons = ("cluster broker", "is offline")
             for _, error, text, _ in (*across.outcomes, *local.outcomes):
                 assert not error or any(reason in text for reason in reasons), text
+
+
+async def test_a_replica_that_moved_returns_to_its_node_without_dropping_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gw1, gw2 and gw3 spread over the three nodes (each behind an address that stays, as a
+    node's DNS name does); gw2 and gw3 call a WebSocket device on gw1 in a loop. gw1's node is
+    SIGKILLed: gw1 moves, and only calls through it fail meanwhile, each saying why. The node
+    starts again: gw1 goes back to it once it has answered for the hold-down, the replicas
+    spread again, and no call fails from the node's return on."""
+    monkeypatch.setattr(client_module, "HOME_EVERY", 1.0)  # shipped: 5 s and 30 s
+    monkeypatch.setattr(client_module, "HOME_HOLD", 4.0)
+    async with NatsCluster(tmp_path / "nats") as nats, contextlib.AsyncExitStack() as stack:
+        proxies = [await stack.enter_async_context(Proxy(n.mqtt_port)) for n in nats.nodes]
+        urls = [f"mqtt://127.0.0.1:{proxy.port}" for proxy in proxies]
+
+        def start(name: str) -> contextlib.AbstractAsyncContextManager[Running]:
+            options = cluster_options(urls, name, spread=True)
+            return gateway(shared_secret(tmp_path / name), **options)
+
+        async with start("gw1") as gw1, start("gw2") as gw2, start("gw3") as gw3, \
+                ws_device(device_url(gw1.device_port)):  # fmt: skip
+            clusters = [run.gateway.cluster for run in (gw1, gw2, gw3)]
+            assert None not in clusters
+            homes = [cluster.login.port for cluster in clusters if cluster is not None]
+            assert sorted(homes) == sorted(p.port for p in proxies), "each on a node of its own"
+            moving = clusters[0]
+            assert moving is not None
+            dead = [p.port for p in proxies].index(homes[0])
+            await eventually([gw1, gw2, gw3], online(WS))
+            callers = [Calls(run, tool(run, WS, "self.lamp.turn_on")) for run in (gw2, gw3)]
+            loop = asyncio.get_running_loop()
+
+            def served_since(when: float) -> Callable[[], bool]:
+                return lambda: all(
+                    sum(start > when and not error for start, error, _, _ in c.outcomes) >= 3
+                    for c in callers
+                )
+
+            try:
+                async with asyncio.timeout(bound(20)):
+                    for calls in callers:
+                        await calls.until(served_since(0))
+                killed = loop.time()
+                await nats.nodes[dead].kill()
+                async with asyncio.timeout(bound(FAILOVER_BOUND)):
+                    for calls in callers:
+                        await calls.until(served_since(killed))
+                    await moving.client.connected.wait()
+                assert moving.login.port != homes[0]  # moved, by itself
+                returned = loop.time()
+                await nats.nodes[dead].start()
+                proxies[dead].target = nats.nodes[dead].mqtt_port  # its address again
+                await nats.wait_for_mqtt()
+                async with asyncio.timeout(bound(FAILOVER_BOUND) + client_module.HOME_HOLD):
+                    await callers[0].until(lambda: moving.login.port == homes[0])
+                back = loop.time()
+                async with asyncio.timeout(bound(20)):
+                    for calls in callers:
+                        await calls.until(served_since(back))
+            finally:
+                for calls in callers:
+                    await calls.stop()
+            now = [cluster.login.port for cluster in clusters if cluster is not None]
+            assert now == homes, "spread again, each on its own node"
+            outcomes = [o for calls in callers for o in calls.outcomes]
+            failed = [(start, text) for start, error, text, _ in outcomes if error]
+            # Failed: only calls through gw1 while it was cut, each saying why ...
+            reasons = ("replica gw1", "cluster broker", "is offline")
+            for _, text in failed:
+                assert any(reason in text for reason in reasons), text
+            # ... and none from the node's return on: the move back drops no call.
+            assert [f for f in failed if f[0] > returned] == []
+            assert sum(not o[1] for o in outcomes if o[0] > back) >= 6

@@ -59,6 +59,16 @@ class Failover(Generic[N]):
     def where(self) -> str:
         return f"{self.current.host}:{self.current.port}"
 
+    @property
+    def away(self) -> bool:
+        """Is ``current`` another node than the first (the preferred one)?"""
+        return self._index != 0
+
+    def home(self) -> None:
+        """Connected and subscribed on the first node again (a move back, not a failure)."""
+        self._index = 0
+        self.ready()
+
     def ready(self) -> None:
         """Connected and subscribed: the next failure starts a new round, with no wait."""
         self._failures, self._delay = 0, self._retry[0]
