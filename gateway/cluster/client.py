@@ -26,6 +26,7 @@ import aiomqtt
 
 from gateway.cluster.records import ClusterTopics
 from gateway.device_side.broker.aiomqtt_fixes import (
+    consume_disconnect,
     honour_cancellation,
     mend_socket_registration,
     publish_honouring_cancellation,
@@ -107,6 +108,8 @@ class ClusterClient:
         self._overlap: dict[tuple[str, bytes], aiomqtt.Client] | None = None
         self._drain: dict[str, asyncio.Future[None]] = {}
         self._leaving: set[asyncio.Task[None]] = set()  # a connection made for a move undone
+        # Set with an MqttError when the node refuses a subscription asked again (``resubscribe``)
+        self._refused: asyncio.Future[None] | None = None
 
     @property
     def login(self) -> BrokerLogin:
@@ -168,6 +171,7 @@ class ClusterClient:
         moved = None
         ready = None if self.connected.is_set() else asyncio.create_task(self._ready())
         homing = asyncio.create_task(self._go_home(), name="gateway.cluster.home")
+        refused = self._refused = asyncio.get_running_loop().create_future()
         try:
             if ready is not None:
                 await asyncio.wait((reader, ready), return_when=asyncio.FIRST_COMPLETED)
@@ -176,7 +180,9 @@ class ClusterClient:
                     self._failure = ""
                     self.nodes.ready()
                     self.connected.set()
-            await asyncio.wait((reader, homing), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((reader, homing, refused), return_when=asyncio.FIRST_COMPLETED)
+            if refused.done():
+                refused.result()  # raises: the next node
             if homing.done():
                 moved = homing.result()
                 return moved  # ``run`` closes the node left; the replica stays joined
@@ -227,16 +233,20 @@ class ClusterClient:
     async def _answers(self, login: BrokerLogin) -> bool:
         """Does the node take a login (ours) and grant a subscription now? A connection of its
         own, bounded, gone at once: no will, no records."""
-        probe = aiomqtt.Client(
+        # aiomqtt's own timeouts bound it (connect, SUBACK): one of ours cancelling its
+        # connect would leave a callback failing in the loop when the socket closes
+        probe = mend_socket_registration(aiomqtt.Client(
             login.host, login.port, username=login.username, password=login.password,
             identifier=f"esp-mcp-replica-{self.replica}-probe-{secrets.token_hex(3)}",
             clean_session=True, timeout=_HOME_PATIENCE, tls_context=login.ssl_context(),
-        )  # fmt: skip
+        ))  # fmt: skip
         try:
-            async with asyncio.timeout(_HOME_PATIENCE), probe:
+            async with probe:
                 granted = await probe.subscribe(self.topics.sync(self.replica), qos=_DELIVERY_QOS)
-        except (aiomqtt.MqttError, TimeoutError, OSError):
+        except (aiomqtt.MqttError, OSError):
             return False
+        finally:
+            consume_disconnect(probe)
         return not refused(granted)
 
     async def _prepare(
@@ -250,11 +260,10 @@ class ClusterClient:
         if old is None:
             return None
         self._overlap = {}
-        try:
-            async with asyncio.timeout(_HOME_PATIENCE):
-                await client.__aenter__()
-                await subscribe_all(client, self._subscriptions(), _HOME_PATIENCE)
-        except (aiomqtt.MqttError, TimeoutError) as exc:
+        try:  # bounded by aiomqtt's timeout (connect, each SUBACK) and the patience
+            await client.__aenter__()
+            await subscribe_all(client, self._subscriptions(), _HOME_PATIENCE)
+        except aiomqtt.MqttError as exc:
             self._overlap = None
             await _leave(client)
             logger.info("replica %s: not back on %s:%s yet: %s", self.replica, login.host,
@@ -436,9 +445,13 @@ class ClusterClient:
         if client is None:
             return False
         try:
-            for topic in self.topics.retained():
-                await client.subscribe(topic, qos=_DELIVERY_QOS)
-        except aiomqtt.MqttError:
+            topics = [(topic, _DELIVERY_QOS) for topic in self.topics.retained()]
+            await subscribe_all(client, topics, _SUBSCRIBE_PATIENCE)
+        except aiomqtt.MqttError as exc:
+            # Refused for that long (a node that lost its peers) the replica may be deaf to
+            # the fleet's records: never silent, it leaves the node for the next.
+            if self._client is client and self._refused and not self._refused.done():
+                self._refused.set_exception(exc)
             return False
         return True
 
@@ -481,3 +494,4 @@ async def _leave(client: aiomqtt.Client) -> None:
     """Disconnect, whatever state the connection is in (a node left, a move that failed)."""
     with contextlib.suppress(aiomqtt.MqttError):
         await client.__aexit__(None, None, None)
+    consume_disconnect(client)
