@@ -30,9 +30,11 @@ from gateway.device_side.broker.aiomqtt_fixes import (
     honour_cancellation,
     mend_socket_registration,
     publish_honouring_cancellation,
+    refused,
+    subscribe_all,
 )
 from gateway.device_side.transports.mqtt import BrokerLogin
-from gateway.device_side.transports.mqtt.failover import Failover, refused, subscribe_all
+from gateway.device_side.transports.mqtt.failover import Failover
 
 __all__ = ["BrokerUnfit", "ClusterClient", "broker_login"]
 
@@ -171,7 +173,7 @@ class ClusterClient:
         moved = None
         ready = None if self.connected.is_set() else asyncio.create_task(self._ready())
         homing = asyncio.create_task(self._go_home(), name="gateway.cluster.home")
-        refused = self._refused = asyncio.get_running_loop().create_future()
+        dropped = self._refused = asyncio.get_running_loop().create_future()
         try:
             if ready is not None:
                 await asyncio.wait((reader, ready), return_when=asyncio.FIRST_COMPLETED)
@@ -180,9 +182,9 @@ class ClusterClient:
                     self._failure = ""
                     self.nodes.ready()
                     self.connected.set()
-            await asyncio.wait((reader, homing, refused), return_when=asyncio.FIRST_COMPLETED)
-            if refused.done():
-                refused.result()  # raises: the next node
+            await asyncio.wait((reader, homing, dropped), return_when=asyncio.FIRST_COMPLETED)
+            if dropped.done():
+                dropped.result()  # raises: the next node
             if homing.done():
                 moved = homing.result()
                 return moved  # ``run`` closes the node left; the replica stays joined

@@ -6,16 +6,23 @@ gateway's own client (``transports/mqtt.py``) and by the per-device upstream cli
 (``publish_honouring_cancellation``: the device transport's and the cluster's publishes); a
 socket registered after it closed (``mend_socket_registration``, every client); and
 ``FleetClient`` for the gateway's own client, which carries every device's messages.
+
+``subscribe_all`` subscribes and checks what the broker granted. A node that cannot serve a
+subscription yet says so in its SUBACK (a NATS node while JetStream elects a new leader after
+another node died refuses for a few seconds), and aiomqtt does not raise for it: the
+subscription is asked again until it is granted, and the connection given up past ``patience``
+(every client of the gateway: a refused subscription is never silent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import aiomqtt
+from paho.mqtt.reasoncodes import ReasonCode
 
 __all__ = [
     "FleetClient",
@@ -24,7 +31,12 @@ __all__ = [
     "honour_cancellation",
     "mend_socket_registration",
     "publish_honouring_cancellation",
+    "refused",
+    "subscribe_all",
 ]
+
+_REFUSED = 0x80  # SUBACK: the first failure code (MQTT 3.1.1 0x80, MQTT 5 0x80 and above)
+_ASK_AGAIN = 0.5  # seconds between two asks of a refused subscription
 
 
 def honour_cancellation() -> None:
@@ -158,3 +170,29 @@ class FleetClient(aiomqtt.Client):
         finally:
             with contextlib.suppress(KeyError):
                 del pending_dict[mid]
+
+
+def refused(granted: Sequence[int | ReasonCode]) -> bool:
+    """Did the broker refuse any subscription of a SUBACK?"""
+    return any((code if isinstance(code, int) else code.value) >= _REFUSED for code in granted)
+
+
+async def subscribe_all(
+    client: aiomqtt.Client, subscriptions: Sequence[tuple[str, int]], patience: float
+) -> None:
+    """Subscribe to each ``(topic, qos)``, asking again for any the broker refuses.
+
+    Raises:
+        aiomqtt.MqttError: the connection failed, or a subscription was still refused after
+            ``patience`` seconds (the caller moves to another node).
+    """
+    for topic, qos in subscriptions:
+        try:
+            async with asyncio.timeout(patience):
+                # Polled: the broker tells nothing when it could grant it.
+                while refused(await client.subscribe(topic, qos=qos)):  # noqa: ASYNC110
+                    await asyncio.sleep(_ASK_AGAIN)
+        except TimeoutError:
+            raise aiomqtt.MqttError(
+                f"the broker refused the subscription to {topic} for {patience:g} s"
+            ) from None

@@ -24,8 +24,9 @@ from gateway.device_side.broker.aiomqtt_fixes import (
     honour_cancellation,
     mend_socket_registration,
     publish_honouring_cancellation,
+    subscribe_all,
 )
-from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
+from gateway.device_side.transports.mqtt.failover import Failover
 from gateway.devices.link import LinkClosed
 
 __all__ = ["BrokerClient", "BrokerLogin", "honour_cancellation"]
