@@ -364,3 +364,41 @@ async def test_a_replica_that_moved_returns_to_its_node_without_dropping_calls(
             # ... and none from the node's return on: the move back drops no call.
             assert [f for f in failed if f[0] > returned] == []
             assert sum(not o[1] for o in outcomes if o[0] > back) >= 6
+
+
+async def test_mqtt_calls_in_flight_when_the_devices_node_dies_end_with_a_reason(
+    tmp_path: Path,
+) -> None:
+    """An MQTT device reaches node 1 through its broker address (a balancer, as a DNS name
+    would be); gw-a (on node 2) and gw-b (on node 3) each have slow calls in flight to it.
+    Node 1 is SIGKILLed, the address now leads to node 2: the device reconnects there, and every
+    call in flight ends with a clear reason when it does, none at the 30 s call timeout.
+
+    Measured (4 runs, idle machine): all ended 0.9, 4.8, 10.9 and 18.8 s after the kill: as
+    soon as NATS took the device's reconnect, which it may hold while it elects leaders for
+    what the dead node led. Not yet within 5 s in every run (issue 43, docs/cluster.md)."""
+    async with NatsCluster(tmp_path / "nats") as nats, Proxy(nats.nodes[0].mqtt_port) as address:
+        n1, n2, n3 = nats.urls
+        a_options = cluster_options([n2, n3], "gw-a")
+        b_options = cluster_options([n3, n2], "gw-b")
+        device = MqttDevice("127.0.0.1", address.port, MQTT, DEVICE_TOKEN, stock=False,
+                            concurrent=True)  # fmt: skip
+        async with gateway(shared_secret(tmp_path / "gw-a"), **a_options) as a, \
+                gateway(shared_secret(tmp_path / "gw-b"), **b_options) as b, device:  # fmt: skip
+            await eventually([a, b], online(MQTT))
+            slow = {"seconds": 60}
+            calls = [asyncio.create_task(call_text(run, tool(run, MQTT, "self.slow.wait"), slow))
+                     for run in (a, b, a, b)]  # fmt: skip
+            async with asyncio.timeout(bound(10)):
+                while device.calls.count("self.slow.wait") < len(calls):
+                    device.called.clear()
+                    await device.called.wait()
+            address.target = nats.nodes[1].mqtt_port
+            await nats.nodes[0].kill()
+            async with asyncio.timeout(bound(FAILOVER_BOUND + 10)):
+                ended = await asyncio.gather(*calls)
+            # Each for the device's reconnect or a replica's loss of its node, none by timing
+            # out ("did not answer self.slow.wait within 30 s").
+            reasons = ("during the call", "cut from the cluster broker")
+            for error, text in ended:
+                assert error and any(reason in text for reason in reasons), text
