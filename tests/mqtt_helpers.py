@@ -23,8 +23,8 @@ from typing import Any
 
 import aiomqtt
 
+from gateway.device_side.broker.aiomqtt_fixes import refused
 from gateway.device_side.transports.mqtt import honour_cancellation
-from gateway.device_side.transports.mqtt.failover import refused
 from gateway.simulator import DeviceMcpServer, default_tools
 from tests.conftest import bound, program
 from tests.ports import outside_ephemeral
@@ -195,10 +195,14 @@ class MqttDevice:
         client_id: str | None = None,
         mcp: DeviceMcpServer | None = None,
         idle_close: float | None = None,
+        concurrent: bool = False,
     ) -> None:
         """``idle_close``: like py-xiaozhi, leave the broker for good once this many seconds pass
-        without a message for the device (the broker's PINGRESPs do not count)."""
+        without a message for the device (the broker's PINGRESPs do not count). ``concurrent``:
+        each request answered in a task of its own, as our firmware does; else one at a time,
+        in order, as stock firmware's one MCP loop."""
         self.device_id = device_id
+        self.concurrent = concurrent
         self.idle_close = idle_close
         self.gave_up = asyncio.Event()
         self.stock = stock
@@ -219,6 +223,7 @@ class MqttDevice:
         self.called = asyncio.Event()  # set at each tools/call
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
+        self._answering: set[asyncio.Task[None]] = set()
         self.refused: BaseException | None = None
         self.subscriptions_refused = 0  # SUBACKs that refused its down topic (it reconnected)
         self.subscription_refused = asyncio.Event()  # set at each
@@ -291,6 +296,8 @@ class MqttDevice:
             finally:
                 self._client = None
                 self.connected.clear()
+                for answering in self._answering:  # the link is gone: so are its calls
+                    answering.cancel()
             await asyncio.sleep(0.1)  # the device's own reconnect timer
 
     async def _on_message(self, payload: object) -> None:
@@ -307,8 +314,19 @@ class MqttDevice:
             if request.get("method") == "tools/call":
                 self.calls.append(request["params"]["name"])
                 self.called.set()
-            reply = await self.mcp.handle(request)
-            if reply is not None:
+            if not self.concurrent:
+                await self._answer(request)
+                return
+            # Each request answered in a task of its own, as our firmware does (fw_device.py):
+            # a slow call holds up neither the others nor the link's reconnect.
+            answering = asyncio.create_task(self._answer(request))
+            self._answering.add(answering)
+            answering.add_done_callback(self._answering.discard)
+
+    async def _answer(self, request: JsonObject) -> None:
+        reply = await self.mcp.handle(request)
+        if reply is not None and self._client is not None:
+            with contextlib.suppress(aiomqtt.MqttError):
                 await self.send({"session_id": self.session_id, "type": "mcp", "payload": reply})
 
     async def wait_raw(self, check: Callable[[bytes], bool]) -> bytes:

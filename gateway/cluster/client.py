@@ -25,13 +25,15 @@ from pathlib import Path
 import aiomqtt
 
 from gateway.cluster.records import ClusterTopics
-from gateway.compat.aiomqtt import mend_socket_registration
+from gateway.compat.aiomqtt import consume_disconnect, mend_socket_registration
 from gateway.device_side.broker.aiomqtt_fixes import (
     honour_cancellation,
     publish_honouring_cancellation,
+    refused,
+    subscribe_all,
 )
 from gateway.device_side.transports.mqtt import BrokerLogin
-from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
+from gateway.device_side.transports.mqtt.failover import Failover
 
 __all__ = ["BrokerUnfit", "ClusterClient", "broker_login"]
 
@@ -55,6 +57,13 @@ _PROBE_PROOF = 2
 # takes seconds for minutes (measured: 8 subscriptions 17-40 s at QoS 1, at once at QoS 0).
 # Publishes stay QoS 1: the broker acknowledges each record it keeps.
 _DELIVERY_QOS = 0
+# A replica that failed over asks its first node every HOME_EVERY seconds whether it answers
+# (a login and a granted subscription, within _HOME_PATIENCE), and returns once it has for
+# HOME_HOLD seconds in a row: the replicas spread again, and a node that flaps is not chased.
+HOME_EVERY = 5.0
+HOME_HOLD = 30.0
+_HOME_PATIENCE = 5.0
+_OVERLAP_KEPT = 100_000  # live messages remembered while on two nodes (a few seconds of calls)
 
 
 def broker_login(
@@ -94,6 +103,14 @@ class ClusterClient:
         self._client: aiomqtt.Client | None = None
         self._sync: dict[str, asyncio.Future[None]] = {}
         self._probe_misses: dict[str, int] = {}  # node -> retained probes missed in a row
+        self._failure = ""  # the last failure logged (once per node and reason)
+        # While moving back to the first node, on two connections: each live message handled,
+        # and the connection it came on; a sync token to the node left, echoed there
+        self._overlap: dict[tuple[str, bytes], aiomqtt.Client] | None = None
+        self._drain: dict[str, asyncio.Future[None]] = {}
+        self._leaving: set[asyncio.Task[None]] = set()  # a connection made for a move undone
+        # Set with an MqttError when the node refuses a subscription asked again (``resubscribe``)
+        self._refused: asyncio.Future[None] | None = None
 
     @property
     def login(self) -> BrokerLogin:
@@ -106,54 +123,176 @@ class ClusterClient:
 
     async def run(self) -> None:
         """Stay connected (forever; cancel to stop)."""
-        failure = ""
+        moved: tuple[aiomqtt.Client, asyncio.Task[None]] | None = None  # back on the first node
         while True:
-            client = self._client_for()
+            client, reader = moved if moved is not None else (self._client_for(), None)
+            moved = None
             where = self.where
             try:
-                async with client:
-                    # (told before subscribing: a broker sends a subscription's retained
-                    # records before it acknowledges the next, 20,000 records are seconds)
-                    self.on_node.set()
-                    honour_cancellation()
-                    topics = [
-                        (topic, _DELIVERY_QOS) for topic in self.topics.subscriptions(self.replica)
-                    ]
-                    await subscribe_all(client, topics, _SUBSCRIBE_PATIENCE)
-                    honour_cancellation()
-                    self._client = client
-                    reader = asyncio.create_task(self._read(client), name="gateway.cluster.read")
-                    ready = asyncio.create_task(self._ready(), name="gateway.cluster.ready")
-                    try:
-                        await asyncio.wait((reader, ready), return_when=asyncio.FIRST_COMPLETED)
-                        if ready.done():
-                            ready.result()
-                            failure = ""
-                            self.nodes.ready()
-                            self.connected.set()
-                        await reader
-                    finally:
-                        reader.cancel()
-                        ready.cancel()
-                        # Now, not after aiomqtt's goodbye, which may wait out its timeout.
-                        self._lost()
+                async with contextlib.AsyncExitStack() as stack:
+                    if reader is None:
+                        await stack.enter_async_context(client)
+                        # (told before subscribing: a broker sends a subscription's retained
+                        # records before it acknowledges the next, 20,000 records are seconds)
+                        self.on_node.set()
+                        honour_cancellation()
+                        await subscribe_all(client, self._subscriptions(), _SUBSCRIBE_PATIENCE)
+                        honour_cancellation()
+                        self._client = client
+                        reader = self._reader(client)
+                    else:  # connected, subscribed and serving since the move (``_go_home``)
+                        stack.push_async_callback(_leave, client)
+                    moved = await self._serve(reader)
             except aiomqtt.MqttError as exc:
-                if f"{where}: {exc}" != failure:  # once per node and reason, not every retry
-                    failure = f"{where}: {exc}"
+                if f"{where}: {exc}" != self._failure:  # once per node and reason, not every retry
+                    self._failure = f"{where}: {exc}"
                     then = "retrying" if len(self.nodes.logins) == 1 else "trying the next node"
                     logger.warning("cluster broker at %s: %s; %s", where, exc or "lost", then)
             except BrokerUnfit as exc:
-                if str(exc) != failure:
-                    failure = str(exc)
-                    logger.error("%s", failure)
+                if str(exc) != self._failure:
+                    self._failure = str(exc)
+                    logger.error("%s", self._failure)
             except Exception:  # a bug in joining must not end the link silently: the replica
                 # would wait to join for ever (its start awaits ``connected``), saying nothing
                 logger.exception("replica %s: joining the cluster at %s failed; retrying",
                                  self.replica, where)  # fmt: skip
             finally:
+                self._overlap = None  # the node left is closed: nothing more comes twice
+                if moved is None:
+                    self._lost()
+            if moved is None:
+                honour_cancellation()
+                await asyncio.sleep(self.nodes.failed())
+
+    async def _serve(
+        self, reader: asyncio.Task[None]
+    ) -> tuple[aiomqtt.Client, asyncio.Task[None]] | None:
+        """Join (unless joined already), then read until the connection ends (raises) or the
+        replica moved back to its first node: the new connection and its reader then."""
+        moved = None
+        ready = None if self.connected.is_set() else asyncio.create_task(self._ready())
+        homing = asyncio.create_task(self._go_home(), name="gateway.cluster.home")
+        dropped = self._refused = asyncio.get_running_loop().create_future()
+        try:
+            if ready is not None:
+                await asyncio.wait((reader, ready), return_when=asyncio.FIRST_COMPLETED)
+                if ready.done():
+                    ready.result()
+                    self._failure = ""
+                    self.nodes.ready()
+                    self.connected.set()
+            await asyncio.wait((reader, homing, dropped), return_when=asyncio.FIRST_COMPLETED)
+            if dropped.done():
+                dropped.result()  # raises: the next node
+            if homing.done():
+                moved = homing.result()
+                return moved  # ``run`` closes the node left; the replica stays joined
+            await reader
+            return None
+        finally:
+            reader.cancel()
+            homing.cancel()
+            if ready is not None:
+                ready.cancel()
+            if moved is None:  # now, not after aiomqtt's goodbye, which may wait out its timeout
                 self._lost()
-            honour_cancellation()
-            await asyncio.sleep(self.nodes.failed())
+
+    def _reader(self, client: aiomqtt.Client) -> asyncio.Task[None]:
+        return asyncio.create_task(self._read(client), name="gateway.cluster.read")
+
+    def _subscriptions(self) -> list[tuple[str, int]]:
+        return [(topic, _DELIVERY_QOS) for topic in self.topics.subscriptions(self.replica)]
+
+    async def _go_home(self) -> tuple[aiomqtt.Client, asyncio.Task[None]]:
+        """Away from the first node of its list (it failed over): return there once it has
+        answered for ``HOME_HOLD`` seconds in a row (a node that flaps is not chased), make
+        before break: connected and subscribed there, the replica serving on both a moment,
+        then on the first node only (the caller closes the other). Never returns at home."""
+        if not self.nodes.away:
+            await asyncio.Future()  # the first node: stay until it fails
+        await self.connected.wait()
+        home, loop = self.nodes.logins[0], asyncio.get_running_loop()
+        where = f"{home.host}:{home.port}"
+        healthy_since: float | None = None
+        while True:
+            await asyncio.sleep(HOME_EVERY)
+            if not await self._answers(home):
+                healthy_since = None
+                continue
+            if healthy_since is None:
+                healthy_since = loop.time()
+                logger.info("replica %s: its first node %s answers again; returning after %g s "
+                            "more of that", self.replica, where, HOME_HOLD)  # fmt: skip
+            if loop.time() - healthy_since < HOME_HOLD:
+                continue
+            moved = await self._prepare(home)
+            if moved is not None:
+                logger.info("replica %s moved back to its first node %s", self.replica, where)
+                return moved
+            healthy_since = None
+
+    async def _answers(self, login: BrokerLogin) -> bool:
+        """Does the node take a login (ours) and grant a subscription now? A connection of its
+        own, bounded, gone at once: no will, no records."""
+        # aiomqtt's own timeouts bound it (connect, SUBACK): one of ours cancelling its
+        # connect would leave a callback failing in the loop when the socket closes
+        probe = mend_socket_registration(aiomqtt.Client(
+            login.host, login.port, username=login.username, password=login.password,
+            identifier=f"esp-mcp-replica-{self.replica}-probe-{secrets.token_hex(3)}",
+            clean_session=True, timeout=_HOME_PATIENCE, tls_context=login.ssl_context(),
+        ))  # fmt: skip
+        try:
+            async with probe:
+                granted = await probe.subscribe(self.topics.sync(self.replica), qos=_DELIVERY_QOS)
+        except (aiomqtt.MqttError, OSError):
+            return False
+        finally:
+            consume_disconnect(probe)
+        return not refused(granted)
+
+    async def _prepare(
+        self, login: BrokerLogin
+    ) -> tuple[aiomqtt.Client, asyncio.Task[None]] | None:
+        """Connect and subscribe on ``login`` while the current connection serves; then publish
+        there, and drain the current connection (its last messages read, its publishes
+        acknowledged). Every message that comes on both meanwhile is handled once. None (the
+        current connection untouched) if the node does not take it within ``_HOME_PATIENCE``."""
+        old, client = self._client, self._client_for(login)
+        if old is None:
+            return None
+        self._overlap = {}
+        try:  # bounded by aiomqtt's timeout (connect, each SUBACK) and the patience
+            await client.__aenter__()
+            await subscribe_all(client, self._subscriptions(), _HOME_PATIENCE)
+        except aiomqtt.MqttError as exc:
+            self._overlap = None
+            await _leave(client)
+            logger.info("replica %s: not back on %s:%s yet: %s", self.replica, login.host,
+                        login.port, exc or "no answer")  # fmt: skip
+            return None
+        reader = self._reader(client)
+        self._client = client  # publishes go there from now on
+        self.nodes.home()
+        # What the node left still sends or acknowledges comes before this echo of its own.
+        token = secrets.token_hex(8)
+        drained = self._drain[token] = asyncio.get_running_loop().create_future()
+        try:
+            await publish_honouring_cancellation(
+                old, self.topics.sync(self.replica), token.encode(), qos=1, retain=False
+            )
+            async with asyncio.timeout(_SYNC_AGAIN):
+                await drained
+        except (aiomqtt.MqttError, TimeoutError):
+            pass  # the node left is going anyway: what it still held, its senders resend
+        except asyncio.CancelledError:  # the node left died meanwhile: ``run`` starts over
+            reader.cancel()
+            leaving = asyncio.create_task(_leave(client))
+            self._leaving.add(leaving)
+            leaving.add_done_callback(self._leaving.discard)
+            raise
+        finally:
+            self._drain.pop(token, None)
+        return client, reader
 
     def _lost(self) -> None:
         """The broker is gone (idempotent): say so once."""
@@ -183,14 +322,36 @@ class ClusterClient:
             data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
             topic = message.topic.value
             if topic in (self.topics.sync(self.replica), self.topics.probe(self.replica)):
-                future = self._sync.pop(data.decode(errors="replace"), None)
+                token = data.decode(errors="replace")
+                future = self._sync.pop(token, None) or (
+                    self._drain.pop(token, None) if client is not self._client else None
+                )
                 if future is not None and not future.done():
                     future.set_result(None)
+                continue
+            if (
+                self._overlap is not None
+                and not message.retain
+                and self._twice(client, topic, data)
+            ):
                 continue
             try:
                 self._on_message(topic, data)
             except Exception:  # one record's handling must not end the replica's link
                 logger.exception("cluster record on %s failed", topic)
+
+    def _twice(self, client: aiomqtt.Client, topic: str, data: bytes) -> bool:
+        """While moving between nodes: did this live message come on the other connection
+        already? (A call's request or reply, handled twice, would be a second call.)"""
+        if self._overlap is None:
+            return False
+        key = (topic, data)
+        came = self._overlap.pop(key, None)
+        if came is not None and came is not client:
+            return True
+        if len(self._overlap) < _OVERLAP_KEPT:
+            self._overlap[key] = client
+        return False
 
     async def sync(self) -> None:
         """Return once every retained record sent before now has been handled.
@@ -285,9 +446,13 @@ class ClusterClient:
         if client is None:
             return False
         try:
-            for topic in self.topics.retained():
-                await client.subscribe(topic, qos=_DELIVERY_QOS)
-        except aiomqtt.MqttError:
+            topics = [(topic, _DELIVERY_QOS) for topic in self.topics.retained()]
+            await subscribe_all(client, topics, _SUBSCRIBE_PATIENCE)
+        except aiomqtt.MqttError as exc:
+            # Refused for that long (a node that lost its peers) the replica may be deaf to
+            # the fleet's records: never silent, it leaves the node for the next.
+            if self._client is client and self._refused and not self._refused.done():
+                self._refused.set_exception(exc)
             return False
         return True
 
@@ -299,11 +464,13 @@ class ClusterClient:
         try:
             await publish_honouring_cancellation(client, topic, payload, qos=qos, retain=retain)
         except aiomqtt.MqttError:
-            return False
+            if self._client is None or self._client is client:
+                return False
+            return await self.publish(topic, payload, retain=retain, qos=qos)  # moved meanwhile
         return True
 
-    def _client_for(self) -> aiomqtt.Client:
-        login = self.nodes.current
+    def _client_for(self, login: BrokerLogin | None = None) -> aiomqtt.Client:
+        login = login or self.nodes.current
         will = aiomqtt.Will(self.topics.replica(self.replica), b"", qos=1, retain=True)
         client = aiomqtt.Client(
             login.host,
@@ -322,3 +489,10 @@ class ClusterClient:
         )
         client.pending_calls_threshold = 5000
         return mend_socket_registration(client)
+
+
+async def _leave(client: aiomqtt.Client) -> None:
+    """Disconnect, whatever state the connection is in (a node left, a move that failed)."""
+    with contextlib.suppress(aiomqtt.MqttError):
+        await client.__aexit__(None, None, None)
+    consume_disconnect(client)

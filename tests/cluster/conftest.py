@@ -111,7 +111,11 @@ class Proxy:
         if not self.open:
             writer.transport.abort()
             return
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:  # nothing listens there (a node that died): refused, as it would be
+            writer.transport.abort()
+            return
         self._writers |= {writer, up_writer}
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
@@ -146,7 +150,11 @@ class FilteringProxy(Proxy):
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.connected.set()
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:  # nothing listens there (a node that died): refused, as it would be
+            writer.transport.abort()
+            return
         self._writers |= {writer, up_writer}
         connection = self.connections
         await asyncio.gather(

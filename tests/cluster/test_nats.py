@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import gateway.cluster as cluster_module
+import gateway.cluster.client as client_module
 from gateway.app import Running
 from gateway.cluster.live import CALLS_SILENT_AFTER, HEARTBEAT
 from gateway.simulator import SimulatedDevice
@@ -289,3 +290,115 @@ async def test_replicas_spread_over_the_nodes_and_a_node_death_moves_only_its_ow
             reasons = ("cluster broker", "is offline")
             for _, error, text, _ in (*across.outcomes, *local.outcomes):
                 assert not error or any(reason in text for reason in reasons), text
+
+
+async def test_a_replica_that_moved_returns_to_its_node_without_dropping_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gw1, gw2 and gw3 spread over the three nodes (each behind an address that stays, as a
+    node's DNS name does); gw2 and gw3 call a WebSocket device on gw1 in a loop. gw1's node is
+    SIGKILLed: gw1 moves, and only calls through it fail meanwhile, each saying why. The node
+    starts again: gw1 goes back to it once it has answered for the hold-down, the replicas
+    spread again, and no call fails from the node's return on."""
+    monkeypatch.setattr(client_module, "HOME_EVERY", 1.0)  # shipped: 5 s and 30 s
+    monkeypatch.setattr(client_module, "HOME_HOLD", 4.0)
+    async with NatsCluster(tmp_path / "nats") as nats, contextlib.AsyncExitStack() as stack:
+        proxies = [await stack.enter_async_context(Proxy(n.mqtt_port)) for n in nats.nodes]
+        urls = [f"mqtt://127.0.0.1:{proxy.port}" for proxy in proxies]
+
+        def start(name: str) -> contextlib.AbstractAsyncContextManager[Running]:
+            options = cluster_options(urls, name, spread=True)
+            return gateway(shared_secret(tmp_path / name), **options)
+
+        async with start("gw1") as gw1, start("gw2") as gw2, start("gw3") as gw3, \
+                ws_device(device_url(gw1.device_port)):  # fmt: skip
+            clusters = [run.gateway.cluster for run in (gw1, gw2, gw3)]
+            assert None not in clusters
+            homes = [cluster.login.port for cluster in clusters if cluster is not None]
+            assert sorted(homes) == sorted(p.port for p in proxies), "each on a node of its own"
+            moving = clusters[0]
+            assert moving is not None
+            dead = [p.port for p in proxies].index(homes[0])
+            await eventually([gw1, gw2, gw3], online(WS))
+            callers = [Calls(run, tool(run, WS, "self.lamp.turn_on")) for run in (gw2, gw3)]
+            loop = asyncio.get_running_loop()
+
+            def served_since(when: float) -> Callable[[], bool]:
+                return lambda: all(
+                    sum(start > when and not error for start, error, _, _ in c.outcomes) >= 3
+                    for c in callers
+                )
+
+            try:
+                async with asyncio.timeout(bound(20)):
+                    for calls in callers:
+                        await calls.until(served_since(0))
+                killed = loop.time()
+                await nats.nodes[dead].kill()
+                async with asyncio.timeout(bound(FAILOVER_BOUND)):
+                    for calls in callers:
+                        await calls.until(served_since(killed))
+                    await moving.client.connected.wait()
+                assert moving.login.port != homes[0]  # moved, by itself
+                returned = loop.time()
+                await nats.nodes[dead].start()
+                proxies[dead].target = nats.nodes[dead].mqtt_port  # its address again
+                await nats.wait_for_mqtt()
+                async with asyncio.timeout(bound(FAILOVER_BOUND) + client_module.HOME_HOLD):
+                    await callers[0].until(lambda: moving.login.port == homes[0])
+                back = loop.time()
+                async with asyncio.timeout(bound(20)):
+                    for calls in callers:
+                        await calls.until(served_since(back))
+            finally:
+                for calls in callers:
+                    await calls.stop()
+            now = [cluster.login.port for cluster in clusters if cluster is not None]
+            assert now == homes, "spread again, each on its own node"
+            outcomes = [o for calls in callers for o in calls.outcomes]
+            failed = [(start, text) for start, error, text, _ in outcomes if error]
+            # Failed: only calls through gw1 while it was cut, each saying why ...
+            reasons = ("replica gw1", "cluster broker", "is offline")
+            for _, text in failed:
+                assert any(reason in text for reason in reasons), text
+            # ... and none from the node's return on: the move back drops no call.
+            assert [f for f in failed if f[0] > returned] == []
+            assert sum(not o[1] for o in outcomes if o[0] > back) >= 6
+
+
+async def test_mqtt_calls_in_flight_when_the_devices_node_dies_end_with_a_reason(
+    tmp_path: Path,
+) -> None:
+    """An MQTT device reaches node 1 through its broker address (a balancer, as a DNS name
+    would be); gw-a (on node 2) and gw-b (on node 3) each have slow calls in flight to it.
+    Node 1 is SIGKILLed, the address now leads to node 2: the device reconnects there, and every
+    call in flight ends with a clear reason when it does, none at the 30 s call timeout.
+
+    Measured (4 runs, idle machine): all ended 0.9, 4.8, 10.9 and 18.8 s after the kill: as
+    soon as NATS took the device's reconnect, which it may hold while it elects leaders for
+    what the dead node led. Not yet within 5 s in every run (issue 43, docs/cluster.md)."""
+    async with NatsCluster(tmp_path / "nats") as nats, Proxy(nats.nodes[0].mqtt_port) as address:
+        n1, n2, n3 = nats.urls
+        a_options = cluster_options([n2, n3], "gw-a")
+        b_options = cluster_options([n3, n2], "gw-b")
+        device = MqttDevice("127.0.0.1", address.port, MQTT, DEVICE_TOKEN, stock=False,
+                            concurrent=True)  # fmt: skip
+        async with gateway(shared_secret(tmp_path / "gw-a"), **a_options) as a, \
+                gateway(shared_secret(tmp_path / "gw-b"), **b_options) as b, device:  # fmt: skip
+            await eventually([a, b], online(MQTT))
+            slow = {"seconds": 60}
+            calls = [asyncio.create_task(call_text(run, tool(run, MQTT, "self.slow.wait"), slow))
+                     for run in (a, b, a, b)]  # fmt: skip
+            async with asyncio.timeout(bound(10)):
+                while device.calls.count("self.slow.wait") < len(calls):
+                    device.called.clear()
+                    await device.called.wait()
+            address.target = nats.nodes[1].mqtt_port
+            await nats.nodes[0].kill()
+            async with asyncio.timeout(bound(FAILOVER_BOUND + 10)):
+                ended = await asyncio.gather(*calls)
+            # Each for the device's reconnect or a replica's loss of its node, none by timing
+            # out ("did not answer self.slow.wait within 30 s").
+            reasons = ("during the call", "cut from the cluster broker")
+            for error, text in ended:
+                assert error and any(reason in text for reason in reasons), text

@@ -16,6 +16,7 @@ from tests.conftest import bound, gateway
 from tests.device_fw.conftest import firmware_config, running_firmware
 from tests.e2e.helpers import Inbox, has_tools, until
 from tests.ports import outside_ephemeral
+from tests.test_mqtt_helpers import RefusingSubscriptions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -199,3 +200,24 @@ async def test_firmware_over_mqtt_serves_its_tools_through_the_embedded_broker(
     assert device is not None and device.record.transport == "mqtt"
     assert switched.content[0].text == "true"
     assert json.loads(state.content[0].text) == {"on": True}
+
+
+async def test_firmware_over_mqtt_reconnects_when_its_subscription_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The broker refuses the firmware's down subscription twice (SUBACK 0x80, what a NATS node
+    answers while JetStream elects after a peer died): the firmware does not stay connected and
+    deaf, it reconnects and subscribes again until granted, and its tools are called."""
+    options: dict[str, Any] = {"mqtt_listen": ListenAddress("127.0.0.1", 0)}
+    async with gateway(tmp_path / "gw", **options) as run:
+        broker = run.gateway.broker
+        assert broker is not None
+        async with RefusingSubscriptions(broker.port) as node:
+            mqtt = {"host": "127.0.0.1", "port": node.port}
+            config = firmware_config(DEVICE_ID, transport="mqtt", mqtt=mqtt)
+            async with running_firmware(tmp_path / "fw", config):
+                names = await wait_listed(run)
+                async with Client(run.mcp_url, mode="legacy") as client:
+                    switched = await client.call_tool(names["self.led.set_power"], {"on": True})
+            assert node.connections == node.refusing + 1
+    assert switched.content[0].text == "true"

@@ -5,16 +5,32 @@ upstream clients, ``upstream/mqtt_client.py``; the cluster's) checks for a cance
 ``asyncio.wait_for`` swallowed, and a cancellation lost with a PUBACK is raised after all
 (``publish_honouring_cancellation``: the device transport's and the cluster's publishes). The
 workarounds that reach into aiomqtt's internals live in ``gateway.compat.aiomqtt``.
+
+``subscribe_all`` subscribes and checks what the broker granted. A node that cannot serve a
+subscription yet says so in its SUBACK (a NATS node while JetStream elects a new leader after
+another node died refuses for a few seconds), and aiomqtt does not raise for it: the
+subscription is asked again until it is granted, and the connection given up past ``patience``
+(every client of the gateway: a refused subscription is never silent).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import aiomqtt
+from paho.mqtt.reasoncodes import ReasonCode
 
-__all__ = ["cancel_all", "honour_cancellation", "publish_honouring_cancellation"]
+__all__ = [
+    "cancel_all",
+    "honour_cancellation",
+    "publish_honouring_cancellation",
+    "refused",
+    "subscribe_all",
+]
+
+_REFUSED = 0x80  # SUBACK: the first failure code (MQTT 3.1.1 0x80, MQTT 5 0x80 and above)
+_ASK_AGAIN = 0.5  # seconds between two asks of a refused subscription
 
 
 def honour_cancellation() -> None:
@@ -52,3 +68,29 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=1.0)
+
+
+def refused(granted: Sequence[int | ReasonCode]) -> bool:
+    """Did the broker refuse any subscription of a SUBACK?"""
+    return any((code if isinstance(code, int) else code.value) >= _REFUSED for code in granted)
+
+
+async def subscribe_all(
+    client: aiomqtt.Client, subscriptions: Sequence[tuple[str, int]], patience: float
+) -> None:
+    """Subscribe to each ``(topic, qos)``, asking again for any the broker refuses.
+
+    Raises:
+        aiomqtt.MqttError: the connection failed, or a subscription was still refused after
+            ``patience`` seconds (the caller moves to another node).
+    """
+    for topic, qos in subscriptions:
+        try:
+            async with asyncio.timeout(patience):
+                # Polled: the broker tells nothing when it could grant it.
+                while refused(await client.subscribe(topic, qos=qos)):  # noqa: ASYNC110
+                    await asyncio.sleep(_ASK_AGAIN)
+        except TimeoutError:
+            raise aiomqtt.MqttError(
+                f"the broker refused the subscription to {topic} for {patience:g} s"
+            ) from None

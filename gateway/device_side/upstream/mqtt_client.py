@@ -31,7 +31,7 @@ from typing import Any
 import aiomqtt
 
 from gateway.compat.aiomqtt import consume_disconnect, mend_socket_registration
-from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation
+from gateway.device_side.broker.aiomqtt_fixes import honour_cancellation, subscribe_all
 from gateway.device_side.upstream.mqtt_settings import UpstreamMqtt
 from gateway.device_side.upstream.settings import UpstreamSettingsError
 from gateway.net.destinations import Destination, DestinationRefused
@@ -44,6 +44,7 @@ MAX_QUEUED = 64  # device messages waiting for the upstream; a conversation's wo
 MAX_QUEUED_BYTES = 256 * 1024  # and at most this much of them
 HOLD_SECONDS = 10.0  # the device waits 10 s for its server's hello; older messages are stale
 _CONNECT_TIMEOUT = 10.0  # seconds: the device itself allows its server 10 s
+_SUBSCRIBE_PATIENCE = 10.0  # seconds a refused subscription is asked again before reconnecting
 
 
 class UpstreamMqttClient:
@@ -126,8 +127,8 @@ class UpstreamMqttClient:
                 async with client:
                     honour_cancellation()
                     topic = self.settings.subscribe_topic
-                    if topic is not None:
-                        await client.subscribe(topic, qos=0)
+                    if topic is not None:  # refused for that long: reconnect, not deaf
+                        await subscribe_all(client, [(topic, 0)], _SUBSCRIBE_PATIENCE)
                     honour_cancellation()
                     logger.info("device %s: connected to its upstream %s", self.device_id,
                                 self.settings.where)  # fmt: skip

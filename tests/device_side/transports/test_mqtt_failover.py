@@ -11,9 +11,10 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
+from gateway.device_side.broker.aiomqtt_fixes import refused, subscribe_all
 from gateway.device_side.transports.mqtt import BrokerLogin
 from gateway.device_side.transports.mqtt.client import BrokerClient
-from gateway.device_side.transports.mqtt.failover import Failover, refused, subscribe_all
+from gateway.device_side.transports.mqtt.failover import Failover
 from tests.conftest import bound
 from tests.mqtt_helpers import Mosquitto
 

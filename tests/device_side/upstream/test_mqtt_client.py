@@ -12,6 +12,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from gateway.device_side.upstream import mqtt_client
 from gateway.device_side.upstream.mqtt_client import (
     MAX_QUEUED,
     MAX_QUEUED_BYTES,
@@ -20,6 +21,7 @@ from gateway.device_side.upstream.mqtt_client import (
 from gateway.device_side.upstream.mqtt_settings import parse_upstream_mqtt
 from tests.conftest import bound
 from tests.mqtt_helpers import Mosquitto
+from tests.test_mqtt_helpers import RefusingSubscriptions
 
 pytestmark = pytest.mark.anyio
 
@@ -91,3 +93,28 @@ def test_what_waits_for_the_connection_is_bounded_in_messages_and_bytes() -> Non
     large = UpstreamMqttClient("aa:bb", settings, lambda raw: None)
     assert large.send(b"x" * (MAX_QUEUED_BYTES - 10))
     assert not large.send(b"x" * 11) and large.send(b"x" * 10)
+
+
+async def test_a_refused_subscription_reconnects_rather_than_stay_deaf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upstream broker refuses the device's subscription on the first connection (SUBACK
+    0x80, asked again meanwhile): the client reconnects, subscribes again, and the server's
+    messages reach the device."""
+    monkeypatch.setattr(mqtt_client, "_SUBSCRIBE_PATIENCE", 1.0)  # shipped: 10 s
+    async with Mosquitto(tmp_path, users={"dev": "pw", "server": "spw"}) as broker, \
+            RefusingSubscriptions(broker.port) as node:  # fmt: skip
+        node.refusing = 1
+        login = {**LOGIN, "subscribe_topic": "devices/aa_bb"}
+        settings = parse_upstream_mqtt({**login, "endpoint": f"127.0.0.1:{node.port}"})
+        delivered: asyncio.Queue[bytes] = asyncio.Queue()
+        client = UpstreamMqttClient("aa:bb", settings, delivered.put_nowait, retry=(0.05, 0.1))
+        async with running(client):
+            async with asyncio.timeout(bound(10)):
+                await client.connected.wait()
+            assert node.connections == 2
+            async with aiomqtt.Client("127.0.0.1", broker.port, username="server",
+                                      password="spw", identifier="server") as server:  # fmt: skip
+                await server.publish("devices/aa_bb", b'{"type":"hello"}', qos=1)
+            async with asyncio.timeout(bound(10)):
+                assert await delivered.get() == b'{"type":"hello"}'

@@ -22,8 +22,9 @@ from gateway.compat.aiomqtt import FleetClient, consume_disconnect, mend_socket_
 from gateway.device_side.broker.aiomqtt_fixes import (
     honour_cancellation,
     publish_honouring_cancellation,
+    subscribe_all,
 )
-from gateway.device_side.transports.mqtt.failover import Failover, subscribe_all
+from gateway.device_side.transports.mqtt.failover import Failover
 from gateway.devices.link import LinkClosed
 
 __all__ = ["BrokerClient", "BrokerLogin", "honour_cancellation"]
