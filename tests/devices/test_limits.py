@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from gateway.config import DeviceOptions
 from gateway.devices.catalogue import ToolSpec, judge
 from gateway.devices.device import verdict
-from gateway.devices.limits import limited
+from gateway.devices.limits import limited, log_invalid_limits
+from tests.conftest import make_config
 
 JsonObject = dict[str, Any]
 
@@ -130,3 +132,40 @@ def test_equal_limits_group_together_and_other_limits_apart() -> None:
     other, _ = narrow({"volume": {"maximum": 50}})
     assert first.schema_key == again.schema_key
     assert len({plain.schema_key, first.schema_key, other.schema_key}) == 3
+
+
+def test_a_draft_4_bound_and_an_argument_of_any_value() -> None:
+    """Draft 4's boolean exclusiveMaximum cannot be narrowed; a ``true`` argument schema can."""
+    draft_4 = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "properties": {"level": {"type": "integer", "maximum": 5, "exclusiveMaximum": True}},
+    }
+    anything = {"properties": {"any": True}}
+    specs = judge(
+        [{"name": TOOL, "inputSchema": draft_4}, {"name": "any", "inputSchema": anything}]
+    )
+    _, free = specs.tools
+    limits = {TOOL: {"level": {"maximum": 3}}, "any": {"any": {"maxLength": 2}}}
+    said = [verdict(spec, DeviceOptions()) for spec in specs.tools]
+    (_, narrowed), ((refusal, _, _), (allowed, _, _)) = limited("dev", specs.tools, said, limits)
+    assert refusal is not None and "level: the device bounds it the draft 4 way" in refusal
+    assert allowed is None and narrowed.input_schema["properties"]["any"] == {"maxLength": 2}
+    assert narrowed.problems({"any": "abc"}) == [
+        "any is longer than the owner's limit of 2 characters"
+    ]
+    assert free.input_schema["properties"]["any"] is True  # the catalogue's own is untouched
+
+
+def test_limits_wrong_in_themselves_are_logged_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before any device connects, naming the device, the tool and why."""
+    limits = {TOOL: {"volume": {"maximum": "sixty"}}, "lamp.on": {"level": {"maximum": 1}}}
+    config = make_config(tmp_path, devices={"aa:bb": DeviceOptions(limits=limits)})
+    caplog.set_level(logging.WARNING, "gateway.devices.limits")
+    log_invalid_limits(config)
+    [record] = caplog.records
+    assert record.getMessage().startswith(
+        f'devices."aa:bb".limits: {TOOL}: volume: not valid JSON Schema: "sixty" is not of type'
+    )
+    assert record.getMessage().endswith("; the tool will not be served")
