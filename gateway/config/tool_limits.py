@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from gateway.errors import ConfigError
 
@@ -27,29 +26,23 @@ CallRate = tuple[int, str]
 
 
 def argument_limits(key: str, value: object) -> ArgumentLimits:
-    """``limits``: a table of tables of tables, read-only."""
+    """``limits``: a table of tables of tables."""
     tools = _table(key, value, "tool = { argument = { keyword = value } }")
     limits: dict[str, Mapping[str, Mapping[str, object]]] = {}
     for tool, arguments in tools.items():
         where = f'{key}."{tool}"'
         table = _table(where, arguments, "argument = { keyword = value }")
-        limits[tool] = MappingProxyType(
-            {
-                argument: MappingProxyType(
-                    dict(_table(f"{where}.{argument}", keywords, "keyword = value"))
-                )
-                for argument, keywords in table.items()
-            }
-        )
-    return MappingProxyType(limits)
+        limits[tool] = {
+            argument: dict(_table(f"{where}.{argument}", keywords, "keyword = value"))
+            for argument, keywords in table.items()
+        }
+    return limits
 
 
 def call_rates(key: str, value: object) -> Mapping[str, CallRate]:
     """``rate``: a table of tool glob = ``"N/second"``, ``"N/minute"`` or ``"N/hour"``."""
     rates = _table(key, value, 'tool glob = "N/minute"')
-    return MappingProxyType(
-        {glob: call_rate(f'{key}."{glob}"', text) for glob, text in rates.items()}
-    )
+    return {glob: call_rate(f'{key}."{glob}"', text) for glob, text in rates.items()}
 
 
 def call_rate(key: str, value: object) -> CallRate:

@@ -61,7 +61,8 @@ class Rates:
             if len(times) >= calls:
                 wait = times[0] + period - now
                 if longest is None or wait > longest[0]:
-                    longest = (wait, f"{calls} call{'' if calls == 1 else 's'} a {unit}")
+                    per = "an hour" if unit == "hour" else f"a {unit}"
+                    longest = (wait, f"{calls} call{'' if calls == 1 else 's'} {per}")
             counted.append((key, period, times))
         if longest is not None:
             wait, rate = longest
