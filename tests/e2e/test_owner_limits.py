@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import mcp.types as types
 import pytest
 from mcp import Client
@@ -122,8 +123,9 @@ async def test_a_call_outside_the_owner_s_limit_never_reaches_the_device(
 
 
 async def test_a_caller_over_its_rate_waits_and_each_caller_has_its_own(tmp_path: Path) -> None:
-    """6/minute: the 7th call is refused with the wait and never sent, another caller still
-    gets through, and once the clock has moved a minute the first caller does again."""
+    """6/minute: the 7th call is refused with the wait and never sent, another host and the
+    person (the JSON API) still get through, and once the clock has moved a minute the first
+    caller does again."""
     device = RawDevice(DEVICE_ID, "kitchen", TOOLS)
     tablet = types.Implementation(name="tablet", version="1.0")
     phone = types.Implementation(name="phone", version="1.0")
@@ -142,13 +144,16 @@ async def test_a_caller_over_its_rate_waits_and_each_caller_has_its_own(tmp_path
         over = await first.call_tool(name, {"on": False})
         sent_before_other = len(device.calls)
         other = await second.call_tool(name, {"on": False})
+        async with httpx2.AsyncClient() as http:
+            call = {"device": "kitchen", "tool": RELAY, "arguments": {"on": False}}
+            person = await http.post(f"http://127.0.0.1:{run.host_port}/api/call", json=call)
         clock.now += 8
         again = await first.call_tool(name, {"on": False})
     assert over.is_error and sent_before_other == 6
     assert text_of(over) == (
         f"{RELAY} is limited to 6 calls a minute for each caller; try again in 8 s"
     )
-    assert not other.is_error and not again.is_error
-    assert device.calls[6:] == [(RELAY, {"on": False})] * 2
+    assert not other.is_error and not again.is_error and person.status_code == 200
+    assert device.calls[6:] == [(RELAY, {"on": False})] * 3
     [refused] = [r for r in audited(tmp_path) if r["outcome"] == "rejected"]
     assert refused["caller"] == "http:127.0.0.1 tablet" and refused["tool"] == RELAY
