@@ -39,6 +39,7 @@ from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
 from gateway.devices.enrollment import Enrollment
+from gateway.devices.limits import log_invalid_limits
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
@@ -72,6 +73,7 @@ class Gateway:
             )
         self.config = config
         self.device_tokens = device_tokens(config)
+        log_invalid_limits(config)  # what a device's tools cannot mend is said at start
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
         self.registry = DeviceRegistry(config, self.store, audit=self.audit)

@@ -65,12 +65,12 @@ INNER: dict[str, list[set[str]]] = {
     "devices": [
         {"name_rules"},  # how one MCP name is spelled
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
-        {"deadlines"},  # the calls' timeouts on timers shared by their length
+        {"deadlines", "rates"},  # timeouts on timers shared by their length; callers' rates
         {"token_joins"},  # the shared token's caps on new devices
         {"pages", "store_layout"},  # pages: the tools/list pages seen lately, shared by sessions
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
-        {"exposure"},  # what hosts see
+        {"exposure", "limits"},  # what hosts see; the owner's limits on arguments
         {"known"},  # the registry's core: load, queries, new devices, catalogues
         {"admin"},  # the user's decisions: approval, binding, names, forgetting
         {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
@@ -122,7 +122,7 @@ INNER: dict[str, list[set[str]]] = {
         {"commands"},
     ],
     "config": [
-        {"values"},
+        {"values", "tool_limits"},  # tool_limits: the shape of a device's limits and rates
         {"listen", "boards"},
         {"model"},
         {"keys"},

@@ -364,6 +364,8 @@ def token(config: Config) -> int:
 
 def check_config(config: Config) -> int:
     """Print the effective configuration, secrets redacted."""
+    from gateway.devices.limits import log_invalid_limits
+
     secret = {
         "host_token",
         "device_tokens",
@@ -371,6 +373,7 @@ def check_config(config: Config) -> int:
         "cluster.password",
         "cluster.auth_token",
     }
+    log_invalid_limits(config)  # what the file says wrong, whatever a device will list
     for key, value in settings(config):  # the keys as the TOML file spells them
         if key in secret and value:
             value = "(set)"

@@ -13,6 +13,7 @@ import platformdirs
 from gateway.config.boards import board_options
 from gateway.config.keys import FIELDS, FORMER_KEYS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
+from gateway.config.tool_limits import argument_limits, call_rates
 from gateway.config.unknown_keys import check_unknown_keys, unknown_key
 from gateway.config.values import positive_number, string, string_list, upstream_url
 from gateway.errors import ConfigError
@@ -127,4 +128,6 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
         upstream=upstream_url(f"{prefix}.upstream", options["upstream"])
         if "upstream" in options
         else "default",
+        limits=argument_limits(f"{prefix}.limits", options.get("limits", {})),
+        rate=call_rates(f"{prefix}.rate", options.get("rate", {})),
     )

@@ -10,6 +10,7 @@ from typing import Literal
 
 from gateway.config.boards import BoardOptions
 from gateway.config.listen import ListenAddress
+from gateway.config.tool_limits import ArgumentLimits, CallRate
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +28,16 @@ class DeviceOptions:
     destructive: tuple[str, ...] = ()
     # Its voice server's OTA URL, over [upstream] ota_url; "off" (None here) keeps it out.
     upstream: str | None | Literal["default"] = "default"
+    # Per tool and argument, JSON Schema keywords that narrow the device's own schema, and per
+    # tool glob, calls a caller may make a second/minute/hour (gateway/devices/limits.py, rates.py)
+    limits: ArgumentLimits = field(default_factory=dict)
+    rate: Mapping[str, CallRate] = field(default_factory=dict)
 
 
 # The options of a device the config does not name: one shared, read-only instance (per call).
-_DEFAULT_OPTIONS = DeviceOptions(tool_timeouts=MappingProxyType({}))
+_DEFAULT_OPTIONS = DeviceOptions(
+    tool_timeouts=MappingProxyType({}), limits=MappingProxyType({}), rate=MappingProxyType({})
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from gateway.devices.audit import AuditLog
 from gateway.devices.connection import CallReport, reporting
 from gateway.devices.deadlines import Deadlines
 from gateway.devices.photos import Catch, PhotoStore, photo_uri
+from gateway.devices.rates import Rates
 from gateway.devices.registry import DeviceTool
 from gateway.errors import (
     CallRejected,
@@ -54,6 +55,7 @@ class CallRouter:
         self._audit = audit
         self._photos = photos
         self._deadlines = Deadlines()  # each call's timeout, on a timer shared by its length
+        self.rates = Rates()  # per caller and tool ([devices."<id>"] rate)
 
     async def call(
         self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False,
@@ -65,7 +67,8 @@ class CallRouter:
         ``origin`` is the address the call came from (the audit record's ``from``).
 
         Raises:
-            CallRejected: refused by policy, or arguments that fail the schema.
+            CallRejected: refused by policy, arguments that fail the schema or the owner's
+                limits, or a call over the caller's rate.
             DeviceError: the device is offline, busy, timed out, vanished, or answered an error.
         """
         started = time.monotonic()
@@ -77,7 +80,7 @@ class CallRouter:
         try:
             with reporting() as report, catching as catch:
                 try:
-                    result = await self._call(tool, arguments, user, report)
+                    result = await self._call(tool, arguments, user, report, caller)
                 except DeviceError as exc:
                     if catch is not None and catch.refusals:
                         raise type(exc)(exc.device_id, f"{exc}; {_refused(catch)}") from None
@@ -106,7 +109,7 @@ class CallRouter:
             )
 
     async def _call(
-        self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport
+        self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport, caller: str
     ) -> JsonObject:
         device, tool_name = tool.device, tool.spec.name
         reason = tool.refused(user=user)
@@ -122,6 +125,8 @@ class CallRouter:
                 device.device_id, f"device {device.alias} is offline (last seen {last_seen})"
             )
         options = self._config.device(device.device_id)
+        if limited := self.rates.refusal(caller, device.device_id, tool_name, options.rate):
+            raise CallRejected(limited)
         timeout = (
             options.tool_timeouts.get(tool_name) or options.timeout or self._config.call_timeout
         )

@@ -51,7 +51,7 @@ MAX_SCHEMA_DEPTH = 32
 _REASON_CHARS = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Bounds the memory one device pattern may compile to (the engine's own default is 10 MiB).
-_REGEX = jsonschema_rs.RegexOptions(size_limit=1 << 20, dfa_size_limit=1 << 20)
+SAFE_REGEX = jsonschema_rs.RegexOptions(size_limit=1 << 20, dfa_size_limit=1 << 20)
 _KNOWN_DRAFTS = "JSON Schema drafts 4, 6, 7, 2019-09 and 2020-12"  # what the engine holds
 
 
@@ -348,7 +348,7 @@ def _check_schema(key: str, schema: object) -> tuple[JsonObject, str]:
 
 def _compile(key: str, schema: JsonObject) -> Any:
     try:
-        return jsonschema_rs.validator_for(schema, offline=True, pattern_options=_REGEX)
+        return jsonschema_rs.validator_for(schema, offline=True, pattern_options=SAFE_REGEX)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
         # Patterns the linear-time engine refuses (lookaround, backreferences, huge repeats) and
         # $refs that would need fetching end here: unsafe to check means not served.

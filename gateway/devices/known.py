@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterator, Sequence
 from gateway.config import Config, DeviceOptions
 from gateway.devices.audit import AuditLog
 from gateway.devices.broadcast import Broadcast
-from gateway.devices.catalogue import Catalogue, Catalogues
+from gateway.devices.catalogue import Catalogue, Catalogues, ToolSpec
 from gateway.devices.device import APPROVED, PENDING, Decisions, Device, DeviceTool, verdict
 from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
+from gateway.devices.limits import limited
 from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
@@ -276,7 +277,10 @@ class KnownDevices:
         if decided is None:
             verdicts = [verdict(spec, options or DeviceOptions()) for spec in catalogue.tools]
             self.verdicts_made += len(verdicts)
-            decided = Decisions(catalogue.tools, verdicts)
+            specs: Sequence[ToolSpec] = catalogue.tools
+            if options is not None and options.limits:  # the owner's bounds, compiled once here
+                specs, verdicts = limited(device_id, specs, verdicts, options.limits)
+            decided = Decisions(specs, verdicts)
             if options is None:
                 self._default_decisions[catalogue] = decided
         return decided
