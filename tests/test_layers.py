@@ -74,7 +74,7 @@ INNER: dict[str, list[set[str]]] = {
         {"known"},  # the registry's core: load, queries, new devices, catalogues
         {"admin"},  # the user's decisions: approval, binding, names, forgetting
         {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
-        {"connection"},
+        {"connection", "confirmations"},  # confirmations: calls waiting for the owner's yes
         {"calls"},
     ],
     "cluster": [
@@ -102,10 +102,12 @@ INNER: dict[str, list[set[str]]] = {
             "fleet_app",
             "callers",
             "front",  # /mcp straight to its guards, past Starlette's layers
+            "confirm_asks",  # the owner's yes asked in the host (elicitation)
         },
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*
+        {"waiting_calls"},  # the calls waiting for a yes: their /api/calls
         {"http"},
     ],
     "host_side/oauth": [
@@ -120,6 +122,7 @@ INNER: dict[str, list[set[str]]] = {
         {"gateway_api", "help", "heap", "tables", "log_lines"},
         {"flashing", "doctor"},
         {"commands"},
+        {"calls"},  # the calls waiting for a yes, over commands' requests
     ],
     "config": [
         {"values"},

@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
+from gateway.devices.confirmations import AskedInHost, Confirmations, HostAsk, Progress
 from gateway.devices.connection import CallReport, reporting
 from gateway.devices.deadlines import Deadlines
 from gateway.devices.photos import Catch, PhotoStore, photo_uri
@@ -54,18 +55,22 @@ class CallRouter:
         self._audit = audit
         self._photos = photos
         self._deadlines = Deadlines()  # each call's timeout, on a timer shared by its length
+        self.confirmations = Confirmations(config, audit)  # calls that wait for the owner's yes
 
     async def call(
         self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False,
-        origin: str | None = None,
+        origin: str | None = None, host: HostAsk | None = None, progress: Progress | None = None,
     ) -> JsonObject:  # fmt: skip
         """Call ``tool`` with ``arguments``; return the device's result.
 
-        ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools;
-        ``origin`` is the address the call came from (the audit record's ``from``).
+        ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools
+        and whose calls need no confirmation; ``origin`` is the address the call came from (the
+        audit record's ``from``); ``host`` asks the caller's host for the owner's yes, and
+        ``progress`` tells it the call still waits for one (``devices.confirmations``).
 
         Raises:
-            CallRejected: refused by policy, or arguments that fail the schema.
+            CallRejected: refused by policy, arguments that fail the schema, or no yes.
+            AskedInHost: the host is to be asked by the call's result (2026 era).
             DeviceError: the device is offline, busy, timed out, vanished, or answered an error.
         """
         started = time.monotonic()
@@ -77,7 +82,9 @@ class CallRouter:
         try:
             with reporting() as report, catching as catch:
                 try:
-                    result = await self._call(tool, arguments, user, report)
+                    result = await self._call(
+                        tool, arguments, user, report, (caller, host, progress)
+                    )
                 except DeviceError as exc:
                     if catch is not None and catch.refusals:
                         raise type(exc)(exc.device_id, f"{exc}; {_refused(catch)}") from None
@@ -88,6 +95,9 @@ class CallRouter:
             raise
         except DeviceError as exc:
             outcome, message = type(exc).__name__, str(exc)
+            raise
+        except AskedInHost:  # not ended: the host calls again with its answer
+            outcome, message = "asked", "the owner's yes is asked in the host"
             raise
         except BaseException:
             outcome, message = "cancelled", "cancelled by the caller" + _aftermath(report)
@@ -106,8 +116,9 @@ class CallRouter:
             )
 
     async def _call(
-        self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport
-    ) -> JsonObject:
+        self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport,
+        asker: tuple[str, HostAsk | None, Progress | None],
+    ) -> JsonObject:  # fmt: skip
         device, tool_name = tool.device, tool.spec.name
         reason = tool.refused(user=user)
         if reason is not None:
@@ -115,6 +126,8 @@ class CallRouter:
         problems = tool.spec.problems(arguments)
         if problems:
             raise CallRejected(f"invalid arguments for {tool_name}: " + "; ".join(problems))
+        if not user and device.session is not None and self.confirmations.wanted(tool):
+            await self.confirmations.confirm(tool, arguments, *asker)  # an offline one: unasked
         session = device.session
         if session is None:
             last_seen = format_time(device.record.last_seen)

@@ -30,11 +30,13 @@ from gateway import __version__
 from gateway.compat.mcp_sdk import session_connection
 from gateway.config import Config
 from gateway.devices.calls import CallRouter
+from gateway.devices.confirmations import AskedInHost
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side.call_results import text_content, to_call_result
 from gateway.host_side.callers import caller_of
+from gateway.host_side.confirm_asks import host_ask, input_required, progress_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
@@ -279,7 +281,7 @@ class McpFrontend:
 
     async def _call_tool(
         self, ctx: Context, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         arguments = params.arguments or {}
         if params.name == LIST_DEVICES.name:
             try:
@@ -304,7 +306,7 @@ class McpFrontend:
 
     async def _call_grouped(
         self, ctx: Context, group: ToolGroup, arguments: JsonObject
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         arguments = dict(arguments)
         ref = arguments.pop(group.argument, None)
         if not isinstance(ref, str):
@@ -315,7 +317,9 @@ class McpFrontend:
             return _error(f"no device {ref!r} offers {group.name} (devices that do: {known})")
         return await self._invoke(ctx, tool, arguments)
 
-    async def _call_by_reference(self, ctx: Context, arguments: JsonObject) -> types.CallToolResult:
+    async def _call_by_reference(
+        self, ctx: Context, arguments: JsonObject
+    ) -> types.CallToolResult | types.InputRequiredResult:
         device_ref, tool_ref = arguments.get("device"), arguments.get("tool")
         tool_arguments = arguments.get("arguments") or {}
         if not isinstance(device_ref, str) or not isinstance(tool_ref, str):
@@ -333,16 +337,19 @@ class McpFrontend:
 
     async def _invoke(
         self, ctx: Context, tool: DeviceTool, arguments: JsonObject
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         caller = caller_of(ctx)
         if caller.refusal is not None:
             return _error(caller.refusal)
         try:
             result = await self._router.call(
-                tool, arguments, caller=caller.name, origin=caller.origin
-            )
+                tool, arguments, caller=caller.name, origin=caller.origin,
+                host=host_ask(ctx), progress=progress_of(ctx),
+            )  # fmt: skip
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
+        except AskedInHost as asked:  # 2026 era: the question is the result; the host answers
+            return input_required(asked.pending)
         return to_call_result(result)
 
     async def _list_resources(
