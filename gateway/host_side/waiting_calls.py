@@ -4,9 +4,9 @@ the dashboard's Waiting for you list use.
 ``GET /api/calls`` lists them, ``POST /api/calls/allow`` and ``/api/calls/deny`` (``{id}``)
 decide one, ``GET /api/calls/events`` is the list as a live SSE feed, and
 ``POST /api/dashboard/confirm`` (``{device, tool, confirm}``) sets whether a tool's calls wait
-for a yes (kept in ``confirm.json`` in the data dir). The list itself lives in
-``devices.confirmations``; every decision names who made it and by which channel (``cli``,
-``dashboard``, ``api``: the JSON API's callers, ``actor_of``).
+for a yes (kept in ``confirm.json`` in the data dir; ``GET ...?device=`` says it per tool).
+The list itself lives in ``devices.confirmations``; every decision names who made it and by
+which channel (``cli``, ``dashboard``, ``api``: the JSON API's callers, ``actor_of``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class WaitingCalls:
             api("/api/calls/events", self.events),
             api("/api/calls/allow", self.allow, "POST"),
             api("/api/calls/deny", self.deny, "POST"),
+            api("/api/dashboard/confirm", self.confirm_of),
             api("/api/dashboard/confirm", self.set_confirm, "POST"),
         ]
 
@@ -104,6 +105,14 @@ class WaitingCalls:
                     yield ": keepalive\n\n"
             finally:
                 changed.cancel()
+
+    async def confirm_of(self, request: Request) -> Response:
+        """``?device=``: whether each of its tools waits for a yes."""
+        device = self.registry.find(request.query_params.get("device", ""))
+        if device is None:
+            return JSONResponse({"error": "unknown device"}, 404)
+        wanted = self.confirmations.wanted
+        return JSONResponse({"tools": {name: wanted(tool) for name, tool in device.tools.items()}})
 
     async def set_confirm(self, request: Request) -> Response:
         """``{device, tool, confirm}``: whether that tool's calls wait for a yes, kept."""
