@@ -229,3 +229,43 @@ async def test_a_flood_of_confirm_calls_is_capped_per_caller(tmp_path: Path) -> 
             assert len(confirmations.waiting()) == 2
             tg.cancel_scope.cancel()
     assert dev.calls == []
+
+
+async def test_a_2026_answer_counts_once_and_only_for_its_own_call(tmp_path: Path) -> None:
+    """2026-07-28 era, the MRTR legs driven by hand: a yes answering the question of another
+    call (other arguments) is refused; the same requestState replayed after its use is
+    refused; a yes sent with no requestState asks anew. The board sees none of them."""
+    accept = {"confirm": types.ElicitResult(action="accept", content={"confirm": True})}
+    async with confirming(tmp_path) as (run, dev):
+        async with Client(run.mcp_url, mode="2026-07-28", elicitation_callback=yes()) as client:
+            session = client.session
+            first = await session.call_tool(VOLUME, {"volume": 10}, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult) and first.request_state
+            other = await session.call_tool(
+                VOLUME, {"volume": 99}, input_responses=accept, request_state=first.request_state
+            )
+            assert other.is_error and "was for another call" in other.content[0].text
+            replayed = await session.call_tool(
+                VOLUME, {"volume": 10}, input_responses=accept, request_state=first.request_state
+            )
+            assert replayed.is_error and "is not open" in replayed.content[0].text
+            forged = await session.call_tool(
+                VOLUME, {"volume": 10}, input_responses=accept, allow_input_required=True
+            )
+            assert isinstance(forged, types.InputRequiredResult)  # asked, not taken as a yes
+    assert dev.calls == []
+
+
+async def test_a_confirm_glob_naming_no_tool_is_logged_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo in `confirm` leaves a tool unguarded: the start's log names the glob and the
+    device (the gateway starts all the same)."""
+    async with gateway(tmp_path / "gw") as run, listed_device(run, SIM_ID):
+        pass  # the board's tools are known from now on
+    typo = {SIM_ID: DeviceOptions(confirm=("self.lamp.turn_on", "self.dor.*"))}
+    with caplog.at_level("WARNING", logger="gateway.devices.confirmations"):
+        async with gateway(tmp_path / "gw", devices=typo):
+            pass
+    named = [r.getMessage() for r in caplog.records if "confirm" in r.getMessage()]
+    assert len(named) == 1 and "'self.dor.*'" in named[0] and "sim-esp32_0001" in named[0]
