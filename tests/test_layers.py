@@ -102,8 +102,8 @@ INNER: dict[str, list[set[str]]] = {
             "fleet_app",
             "callers",
             "front",  # /mcp straight to its guards, past Starlette's layers
-            "confirm_asks",  # the owner's yes asked in the host (elicitation)
         },
+        {"confirm_asks"},  # the owner's yes asked in the host (elicitation, the panel)
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*

@@ -9,6 +9,10 @@ holding the question, and the host calls again with its answer (``inputResponses
 caller, tool and arguments. A host whose session declared no form elicitation is not asked:
 its call waits for the owner on the dashboard, the panel or the CLI, and is told so by progress
 notifications when it sent a ``progressToken``.
+
+The MCP App panel (``fleet_app``) shows the host's own waiting calls and decides them through
+``waiting_calls``, a tool only for the panel (``_meta.ui.visibility`` ``["app"]``, listed only to
+hosts that negotiated MCP Apps): like an elicitation, it is the host's word, for its own calls.
 """
 
 from __future__ import annotations
@@ -20,15 +24,31 @@ import mcp.types as types
 from mcp.server import ServerRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
+from gateway.devices.audit import Actor
 from gateway.devices.confirmations import (
     FIELD,
     AskedInHost,
+    Confirmations,
     Pending,
     Progress,
+    UnknownCall,
     requested_schema,
 )
+from gateway.host_side.call_results import text_content
+from gateway.host_side.callers import Caller
+from gateway.host_side.fleet_app import PANEL_URI
 
-__all__ = ["HostElicitation", "host_ask", "input_required", "progress_of"]
+__all__ = [
+    "PANEL_TOOL",
+    "WAITING_CALLS",
+    "AskedInHost",
+    "HostElicitation",
+    "host_ask",
+    "input_required",
+    "panel_decision",
+    "progress_of",
+    "with_panel_tool",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -109,3 +129,50 @@ def input_required(pending: Pending) -> types.InputRequiredResult:
         ),
     )
     return types.InputRequiredResult(input_requests={FIELD: question}, request_state=pending.id)
+
+
+WAITING_CALLS: JsonObject = types.Tool(
+    name="waiting_calls",
+    title="Calls waiting for your yes",
+    description="For the devices panel: this host's calls that wait for the owner's yes; with "
+    "`id` and `decision` (allow or deny), decide one.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "description": "the waiting call's id"},
+            "decision": {"type": "string", "enum": ["allow", "deny"]},
+        },
+        "additionalProperties": False,
+    },
+    _meta={"ui": {"resourceUri": PANEL_URI, "visibility": ["app"]}},
+).model_dump(by_alias=True, mode="json", exclude_none=True)
+
+PANEL_TOOL = WAITING_CALLS["name"]
+
+
+def with_panel_tool(tools: list[JsonObject]) -> list[JsonObject]:
+    """Page one's tools after ``list_devices`` (``call_device_tool`` first, as ever), with the
+    panel's ``waiting_calls`` after it: for hosts that negotiated MCP Apps."""
+    return [*tools[:1], WAITING_CALLS, *tools[1:]]
+
+
+def panel_decision(
+    confirmations: Confirmations, caller: Caller, arguments: JsonObject
+) -> types.CallToolResult:
+    """``waiting_calls`` from the panel: the caller's waiting calls, after deciding ``id``."""
+    call_id, decision = arguments.get("id"), arguments.get("decision")
+    said = ""
+    if caller.refusal is not None:
+        return types.CallToolResult(content=[text_content(caller.refusal)], is_error=True)
+    if isinstance(call_id, str) and decision in ("allow", "deny"):
+        own = {p.id for p in confirmations.waiting() if p.caller == caller.name}
+        try:
+            if call_id not in own:
+                raise UnknownCall(f"no call {call_id} of this host waits for a yes")
+            confirmations.decide(call_id, decision == "allow", Actor(caller.name, "panel"))
+            said = f"{'allowed' if decision == 'allow' else 'denied'} {call_id}"
+        except UnknownCall as exc:
+            return types.CallToolResult(content=[text_content(str(exc))], is_error=True)
+    calls = [p.as_json() for p in confirmations.waiting() if p.caller == caller.name]
+    text = said or f"{len(calls)} calls of this host wait for a yes"
+    return types.CallToolResult(content=[text_content(text)], structured_content={"calls": calls})

@@ -30,13 +30,12 @@ from gateway import __version__
 from gateway.compat.mcp_sdk import session_connection
 from gateway.config import Config
 from gateway.devices.calls import CallRouter
-from gateway.devices.confirmations import AskedInHost
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
+from gateway.host_side import confirm_asks as asks
 from gateway.host_side.call_results import text_content, to_call_result
 from gateway.host_side.callers import caller_of
-from gateway.host_side.confirm_asks import host_ask, input_required, progress_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
@@ -271,7 +270,7 @@ class McpFrontend:
     ) -> JsonObject:
         tools, following = self.tools(params.cursor if params is not None else None)
         if tools and tools[0] is _META_TOOLS[0] and self.app.negotiated(ctx):
-            tools = [_wire(self.app.with_panel(LIST_DEVICES)), *tools[1:]]
+            tools = [_wire(self.app.with_panel(LIST_DEVICES)), *asks.with_panel_tool(tools[1:])]
         # What a ListToolsResult dumps to: 2026-era sessions require resultType (the SDK's
         # check of the result drops it for older ones), and the cache hint (tool_listing.py).
         result: JsonObject = {"tools": tools, "resultType": "complete", **self.lister.cache_hint()}
@@ -294,6 +293,8 @@ class McpFrontend:
                     content=text, structured_content=self.app.structured(answer)
                 )
             return types.CallToolResult(content=text)
+        if params.name == asks.PANEL_TOOL and self.app.negotiated(ctx):  # the panel's only
+            return asks.panel_decision(self._router.confirmations, caller_of(ctx), arguments)
         if params.name == CALL_DEVICE_TOOL.name:
             return await self._call_by_reference(ctx, arguments)
         group = self.lister.group(params.name)
@@ -344,12 +345,12 @@ class McpFrontend:
         try:
             result = await self._router.call(
                 tool, arguments, caller=caller.name, origin=caller.origin,
-                host=host_ask(ctx), progress=progress_of(ctx),
+                host=asks.host_ask(ctx), progress=asks.progress_of(ctx),
             )  # fmt: skip
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
-        except AskedInHost as asked:  # 2026 era: the question is the result; the host answers
-            return input_required(asked.pending)
+        except asks.AskedInHost as asked:  # 2026 era: the question is the result; the host answers
+            return asks.input_required(asked.pending)
         return to_call_result(result)
 
     async def _list_resources(
