@@ -21,6 +21,7 @@ from gateway.devices.confirmations import Confirmations
 from gateway.simulator import SimulatedDevice
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
+from tests.e2e.test_oauth_js import TS_CLIENT, node, npm_package
 from tests.e2e.test_stdio_and_cli import cli, cli_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -269,3 +270,26 @@ async def test_a_confirm_glob_naming_no_tool_is_logged_at_start(
             pass
     named = [r.getMessage() for r in caplog.records if "confirm" in r.getMessage()]
     assert len(named) == 1 and "'self.dor.*'" in named[0] and "sim-esp32_0001" in named[0]
+
+
+async def test_the_typescript_sdk_s_elicitation_handler_confirms_a_call(tmp_path: Path) -> None:
+    """A host on the TypeScript SDK (tests/e2e/ts_elicitation_client.mjs, @modelcontextprotocol/
+    sdk as tests/programs.py pins it) that declared form elicitation is asked inside the call;
+    its yes lets the board act."""
+    modules = npm_package("@modelcontextprotocol/sdk").parent.parent
+    script = TS_CLIENT.with_name("ts_elicitation_client.mjs")
+    async with confirming(tmp_path) as (run, dev):
+        with anyio.fail_after(bound(30)):
+            done = await anyio.run_process(
+                [node(), str(script), str(modules), run.mcp_url, VOLUME, '{"volume": 25}'],
+                check=False,
+            )
+    assert done.returncode == 0, done.stderr.decode()
+    said = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    [question] = said["asked"]
+    assert "ts-elicitation-host" in question["message"] and "volume = 25" in question["message"]
+    assert question["requestedSchema"]["required"] == ["confirm"]
+    assert not said["result"].get("isError"), said["result"]
+    assert dev.calls == [("self.audio_speaker.set_volume", {"volume": 25})]
+    [record] = confirm_records(run)
+    assert record["channel"] == "elicitation" and record["outcome"] == "allowed"
