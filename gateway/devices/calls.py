@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
-from gateway.devices.confirmations import AskedInHost, Confirmations, HostAsk, Progress
+from gateway.devices.confirmations import AskedInHost, Asking, Confirmations
 from gateway.devices.connection import CallReport, reporting
 from gateway.devices.deadlines import Deadlines
 from gateway.devices.photos import Catch, PhotoStore, photo_uri
@@ -59,14 +59,14 @@ class CallRouter:
 
     async def call(
         self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False,
-        origin: str | None = None, host: HostAsk | None = None, progress: Progress | None = None,
+        origin: str | None = None, asking: Asking | None = None,
     ) -> JsonObject:  # fmt: skip
         """Call ``tool`` with ``arguments``; return the device's result.
 
         ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools
         and whose calls need no confirmation; ``origin`` is the address the call came from (the
-        audit record's ``from``); ``host`` asks the caller's host for the owner's yes, and
-        ``progress`` tells it the call still waits for one (``devices.confirmations``).
+        audit record's ``from``); ``asking`` says how to ask the caller's host for the owner's
+        yes and tell it the call still waits for one (``devices.confirmations``).
 
         Raises:
             CallRejected: refused by policy, arguments that fail the schema, or no yes.
@@ -82,9 +82,7 @@ class CallRouter:
         try:
             with reporting() as report, catching as catch:
                 try:
-                    result = await self._call(
-                        tool, arguments, user, report, (caller, host, progress)
-                    )
+                    result = await self._call(tool, arguments, user, report, (caller, asking))
                 except DeviceError as exc:
                     if catch is not None and catch.refusals:
                         raise type(exc)(exc.device_id, f"{exc}; {_refused(catch)}") from None
@@ -117,7 +115,7 @@ class CallRouter:
 
     async def _call(
         self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport,
-        asker: tuple[str, HostAsk | None, Progress | None],
+        asker: tuple[str, Asking | None],
     ) -> JsonObject:  # fmt: skip
         device, tool_name = tool.device, tool.spec.name
         reason = tool.refused(user=user)
@@ -126,8 +124,11 @@ class CallRouter:
         problems = tool.spec.problems(arguments)
         if problems:
             raise CallRejected(f"invalid arguments for {tool_name}: " + "; ".join(problems))
-        if not user and device.session is not None and self.confirmations.wanted(tool):
-            await self.confirmations.confirm(tool, arguments, *asker)  # an offline one: unasked
+        confirmations = self.confirmations
+        if confirmations.enabled and not user and confirmations.wanted(tool):
+            caller, asking = asker  # an offline device's call is not asked: it fails below
+            if device.session is not None:
+                await confirmations.confirm(tool, arguments, caller, *(asking() if asking else ()))
         session = device.session
         if session is None:
             last_seen = format_time(device.record.last_seen)

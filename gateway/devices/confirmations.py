@@ -36,6 +36,7 @@ __all__ = [
     "ACCEPT",
     "FIELD",
     "AskedInHost",
+    "Asking",
     "Confirmations",
     "HostAsk",
     "Pending",
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 Progress = Callable[[str], Awaitable[None]]  # tells the host the call still waits (a message)
+# How a call's host can be asked, and told it still waits; made only for a call that waits.
+Asking = Callable[[], "tuple[HostAsk | None, Progress | None]"]
 
 ACCEPT = "accept"
 FIELD = "confirm"  # the elicitation form's one field: only ``true`` with "accept" is a yes
@@ -162,6 +165,11 @@ class Confirmations:
             for device_id, tools in self._file.load().items()
             if isinstance(tools, dict)
         }
+        self.enabled = self._any()  # does any tool wait: a call of a fleet without any pays nothing
+
+    def _any(self) -> bool:
+        configured = any(options.confirm for options in self._config.devices.values())
+        return configured or any(True in tools.values() for tools in self._chosen.values())
 
     def wanted(self, tool: DeviceTool) -> bool:
         """Does a call of ``tool`` wait for a yes: the owner chose so on the dashboard, else
@@ -184,6 +192,7 @@ class Confirmations:
         chosen.setdefault(tool.device.device_id, {})[tool.spec.name] = confirm
         await asyncio.to_thread(self._file.save, chosen)
         self._chosen = chosen
+        self.enabled = self._any()
 
     def check_globs(self, devices: Iterable[Device]) -> None:
         """Log each ``confirm`` glob that names none of its known device's tools (a typo would

@@ -345,7 +345,7 @@ class McpFrontend:
         try:
             result = await self._router.call(
                 tool, arguments, caller=caller.name, origin=caller.origin,
-                host=asks.host_ask(ctx), progress=asks.progress_of(ctx),
+                asking=lambda: (asks.host_ask(ctx), asks.progress_of(ctx)),
             )  # fmt: skip
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
