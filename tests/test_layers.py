@@ -74,7 +74,8 @@ INNER: dict[str, list[set[str]]] = {
         {"known"},  # the registry's core: load, queries, new devices, catalogues
         {"admin"},  # the user's decisions: approval, binding, names, forgetting
         {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
-        {"connection", "confirmations"},  # confirmations: calls waiting for the owner's yes
+        {"connection", "confirm_rules"},  # confirm_rules: which tools wait for the owner's yes
+        {"confirmations"},  # the calls waiting for it
         {"calls"},
     ],
     "cluster": [

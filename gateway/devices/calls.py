@@ -125,7 +125,7 @@ class CallRouter:
         if problems:
             raise CallRejected(f"invalid arguments for {tool_name}: " + "; ".join(problems))
         confirmations = self.confirmations
-        if confirmations.enabled and not user and confirmations.wanted(tool):
+        if confirmations.rules.enabled and not user and confirmations.wanted(tool):
             caller, asking = asker  # an offline device's call is not asked: it fails below
             if device.session is not None:
                 await confirmations.confirm(tool, arguments, caller, *(asking() if asking else ()))

@@ -217,7 +217,8 @@ def build_host_app(
         routes.append(Route("/metrics", guard(_Endpoint(metrics.endpoint)), methods=["GET"]))
     if dashboard is not None:  # the companion dashboard at / (gateway/dashboard)
         routes += dashboard.routes(guard, _Endpoint)
-    routes += WaitingCalls(router.confirmations, registry).routes(guard, _Endpoint)
+    sessions = dashboard.sessions if dashboard is not None else None
+    routes += WaitingCalls(router.confirmations, registry, sessions).routes(guard, _Endpoint)
     if oauth is not None:
         routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
         oauth.provider.on_revoke.append(_SessionEnder(manager))

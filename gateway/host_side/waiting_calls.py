@@ -25,7 +25,7 @@ from gateway.devices.audit import Actor
 from gateway.devices.confirmations import Confirmations, UnknownCall
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import StorageUnavailable
-from gateway.host_side.dashboard.session import actor_of
+from gateway.host_side.dashboard.session import Sessions, actor_of, cookie_value
 
 __all__ = ["WaitingCalls"]
 
@@ -37,9 +37,12 @@ Handler = Callable[[Request], Awaitable[Response]]
 class WaitingCalls:
     """The routes over the waiting calls of one gateway."""
 
-    def __init__(self, confirmations: Confirmations, registry: DeviceRegistry) -> None:
+    def __init__(
+        self, confirmations: Confirmations, registry: DeviceRegistry, sessions: Sessions | None
+    ) -> None:
         self.confirmations = confirmations
         self.registry = registry
+        self.sessions = sessions  # the dashboard's sign-ins: a feed ends with its session
 
     def routes(self, guard: Guard, endpoint: Callable[[Handler], ASGIApp]) -> list[BaseRoute]:
         """The routes, each behind ``guard`` (the host listener's auth)."""
@@ -87,14 +90,20 @@ class WaitingCalls:
 
     async def events(self, request: Request) -> Response:
         """The waiting calls as server-sent events: now, then after every change."""
+        session_id = cookie_value(request.headers.get("cookie", ""))
+        signed_in = self.sessions is not None and session_id is not None
+        sessions = self.sessions
+        alive = (lambda: sessions.get(session_id) is not None) if sessions and signed_in else None
+        if "authorization" in request.headers:
+            alive = None  # a bearer token: no session to end
         return StreamingResponse(
-            self._feed(),
+            self._feed(alive),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    async def _feed(self) -> AsyncIterator[str]:
-        while True:
+    async def _feed(self, alive: Callable[[], bool] | None) -> AsyncIterator[str]:
+        while alive is None or alive():
             changed = asyncio.ensure_future(self.confirmations.changed())
             yield f"event: calls\ndata: {json.dumps(self._listed())}\n\n"
             try:
@@ -102,6 +111,8 @@ class WaitingCalls:
                     done, _ = await asyncio.wait({changed}, timeout=KEEPALIVE)
                     if done:
                         break
+                    if alive is not None and not alive():
+                        return  # signed out meanwhile
                     yield ": keepalive\n\n"
             finally:
                 changed.cancel()
@@ -132,7 +143,7 @@ class WaitingCalls:
         if tool is None:
             return JSONResponse({"error": f"device {device.alias} has no tool {fields[1]!r}"}, 404)
         try:
-            await self.confirmations.choose(tool, fields[2])
+            await self.confirmations.rules.choose(tool, fields[2])
         except (StorageUnavailable, OSError) as exc:
             return JSONResponse({"error": f"not saved: {exc}"}, 503, headers={"Retry-After": "60"})
         actor = actor_of(request)

@@ -10,7 +10,8 @@ import pytest
 
 from gateway.config import DeviceOptions
 from gateway.devices.audit import Actor
-from gateway.devices.confirmations import Confirmations, UnknownCall, in_words, unmatched
+from gateway.devices.confirm_rules import unmatched
+from gateway.devices.confirmations import Confirmations, UnknownCall, in_words
 from gateway.errors import CallRejected, StorageUnavailable
 from tests.conftest import bound, make_config
 from tests.devices.test_calls import lamp
@@ -65,12 +66,12 @@ async def test_the_owner_s_choice_wins_over_the_globs_and_is_kept(tmp_path: Path
         tool = lamp(harness)
         confirmations = harness.stack.router.confirmations
         assert confirmations.wanted(tool)
-        await confirmations.choose(tool, False)
+        await confirmations.rules.choose(tool, False)
         assert not confirmations.wanted(tool)
         assert not Confirmations(config, harness.stack.audit).wanted(tool)
         (tmp_path / "confirm.json").write_text("{not json")
         broken = Confirmations(config, harness.stack.audit)
         assert broken.wanted(tool)  # the globs again: the file's choices cannot be read
         with pytest.raises(StorageUnavailable):
-            await broken.choose(tool, True)
+            await broken.rules.choose(tool, True)
         assert (tmp_path / "confirm.json").read_text() == "{not json"

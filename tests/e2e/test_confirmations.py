@@ -265,7 +265,7 @@ async def test_a_confirm_glob_naming_no_tool_is_logged_at_start(
     async with gateway(tmp_path / "gw") as run, listed_device(run, SIM_ID):
         pass  # the board's tools are known from now on
     typo = {SIM_ID: DeviceOptions(confirm=("self.lamp.turn_on", "self.dor.*"))}
-    with caplog.at_level("WARNING", logger="gateway.devices.confirmations"):
+    with caplog.at_level("WARNING", logger="gateway.devices.confirm_rules"):
         async with gateway(tmp_path / "gw", devices=typo):
             pass
     named = [r.getMessage() for r in caplog.records if "confirm" in r.getMessage()]
