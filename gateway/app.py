@@ -214,6 +214,7 @@ class Gateway:
             self._stack.push_async_callback(self.proxy.aclose)
         for warning in self.public.warnings():
             logger.warning("%s", warning)
+        self.router.confirmations.rules.check_globs(self.registry.devices())  # typos, not fatal
         if self.cluster is not None:  # joined by ``join``, once the listeners answer
             await self._stack.enter_async_context(self.cluster)
         await self._start_mqtt()

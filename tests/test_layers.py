@@ -74,7 +74,8 @@ INNER: dict[str, list[set[str]]] = {
         {"known"},  # the registry's core: load, queries, new devices, catalogues
         {"admin"},  # the user's decisions: approval, binding, names, forgetting
         {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
-        {"connection"},
+        {"connection", "confirm_rules"},  # confirm_rules: which tools wait for the owner's yes
+        {"confirmations"},  # the calls waiting for it
         {"calls"},
     ],
     "cluster": [
@@ -103,9 +104,11 @@ INNER: dict[str, list[set[str]]] = {
             "callers",
             "front",  # /mcp straight to its guards, past Starlette's layers
         },
+        {"confirm_asks"},  # the owner's yes asked in the host (elicitation, the panel)
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*
+        {"waiting_calls"},  # the calls waiting for a yes: their /api/calls
         {"http"},
     ],
     "host_side/oauth": [
@@ -120,6 +123,7 @@ INNER: dict[str, list[set[str]]] = {
         {"gateway_api", "help", "heap", "tables", "log_lines"},
         {"flashing", "doctor"},
         {"commands"},
+        {"calls"},  # the calls waiting for a yes, over commands' requests
     ],
     "config": [
         {"values", "tool_limits"},  # tool_limits: the shape of a device's limits and rates

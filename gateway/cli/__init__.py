@@ -49,6 +49,11 @@ _GATEWAY_COMMANDS = (
         'call kitchen self.camera.take_photo \'{"question": "what is there?"}\' --save photo.jpg',
     ),
     (
+        "calls",
+        "list the calls that wait for your yes (a device's confirm tools), or allow or deny one",
+        "calls\ncalls --json\ncalls allow 3f2a9c1d0b7e4a55\ncalls deny 3f2a9c1d0b7e4a55",
+    ),
+    (
         "enrollments",
         "list the device tokens flash, image and provision had issued, or revoke one",
         "enrollments\nenrollments revoke 3f2a9c1d0b7e",
@@ -120,6 +125,12 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--save", metavar="FILE", help="write the image the tool returns (a photo) to FILE"
             )
+        if name == "calls":
+            command.add_argument("action", nargs="?", default="list",
+                                 choices=("list", "allow", "deny"),
+                                 help="list (the default); allow ID; deny ID")  # fmt: skip
+            command.add_argument("id", nargs="?", help="allow, deny: the waiting call's id")
+            command.add_argument("--json", action="store_true", help="list: as JSON")
         if name == "enrollments":
             command.add_argument("action", nargs="?", default="list", choices=("list", "revoke"),
                                  help="list (the default); revoke ID")  # fmt: skip
@@ -271,6 +282,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return commands.call(
             config, args.url, args.token, args.device, args.tool, arguments, args.save
         )
+    if args.command == "calls":
+        from gateway.cli import calls
+
+        if args.action == "list":
+            return calls.waiting(config, args.url, args.token, args.json)
+        if not args.id:
+            raise GatewayError(f"calls {args.action} needs the call's ID (`calls` lists them)")
+        return calls.decide(config, args.url, args.token, args.action, args.id)
     if args.command == "enrollments" and args.action == "revoke":
         if not args.id:
             raise GatewayError("enrollments revoke needs the enrollment's ID (`enrollments` lists)")

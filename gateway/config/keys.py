@@ -58,6 +58,8 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("calls", "timeout", "call_timeout", positive_number),
     ("calls", "max_in_flight", "call_max_in_flight", integer),
     ("calls", "max_queued", "call_max_queued", count),
+    ("calls", "confirm_timeout", "confirm_timeout", positive_number),
+    ("calls", "confirm_max_pending", "confirm_max_pending", integer),
     ("devices", "discovery_timeout", "discovery_timeout", positive_number),
     ("devices", "hello_timeout", "hello_timeout", positive_number),
     ("devices", "relist_interval", "relist_interval", positive_number),

@@ -26,6 +26,8 @@ class DeviceOptions:
     # Globs of tools hosts are told are read-only / destructive where the device says nothing.
     read_only: tuple[str, ...] = ()
     destructive: tuple[str, ...] = ()
+    # Globs of tools whose calls wait for the owner's yes (gateway/devices/confirmations.py).
+    confirm: tuple[str, ...] = ()
     # Its voice server's OTA URL, over [upstream] ota_url; "off" (None here) keeps it out.
     upstream: str | None | Literal["default"] = "default"
     # Per tool and argument, JSON Schema keywords that narrow the device's own schema, and per
@@ -56,6 +58,8 @@ class Config:
     call_timeout: float = 30.0
     call_max_in_flight: int = 4
     call_max_queued: int = 32
+    confirm_timeout: float = 120.0  # seconds a call waits for the owner's yes, then refused
+    confirm_max_pending: int = 5  # a caller's calls waiting for a yes at once; more are refused
     discovery_timeout: float = 15.0
     hello_timeout: float = 3.0
     relist_interval: float = 0.25  # the fewest seconds between two listings of a device

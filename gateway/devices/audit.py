@@ -58,10 +58,11 @@ KINDS = (
     "admin",
     "login",
     "oauth",
+    "confirm",
 )  # what a record is about; records before 0.x hold calls only
 # Kinds also written to the admin file, so that no flood of login or call records hides them:
 # the owner's actions and the grants of the apps they let in.
-KEPT_APART = ("admin", "oauth")
+KEPT_APART = ("admin", "oauth", "confirm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,32 @@ class AuditLog:
         if self.replica is not None:
             entry["replica"] = self.replica
         self._hold(entry)
+
+    def decision(
+        self, *, caller: str, decided_by: str, channel: str, device_id: str, alias: str,
+        tool: str, arguments: dict[str, Any], outcome: str, started: float,
+    ) -> None:  # fmt: skip
+        """Write the record of a decision on a call that waited for the owner's yes
+        (``devices.confirmations``): who asked, who decided by which ``channel``, how long it
+        waited (``waited_ms``); kept apart like the owner's other actions. Never raises."""
+        if self._handler is None:
+            return
+        entry = {
+            "time": _now(),
+            "kind": "confirm",
+            "caller": caller,
+            "decided_by": decided_by,
+            "channel": channel,
+            "device_id": device_id,
+            "device": alias,
+            "tool": tool,
+            "arguments": arguments,
+            "outcome": outcome,
+            "waited_ms": round((time.monotonic() - started) * 1000, 1),
+        }
+        line = self._hold(entry)
+        self.flush()
+        _write(self._admin_handler, line)
 
     def event(
         self, kind: str, action: str, actor: Actor, *, device_id: str | None,

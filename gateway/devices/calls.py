@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
+from gateway.devices.confirmations import AskedInHost, Asking, Confirmations
 from gateway.devices.connection import CallReport, reporting
 from gateway.devices.deadlines import Deadlines
 from gateway.devices.photos import Catch, PhotoStore, photo_uri
@@ -56,19 +57,23 @@ class CallRouter:
         self._photos = photos
         self._deadlines = Deadlines()  # each call's timeout, on a timer shared by its length
         self.rates = Rates()  # per caller and tool ([devices."<id>"] rate)
+        self.confirmations = Confirmations(config, audit)  # calls that wait for the owner's yes
 
     async def call(
         self, tool: DeviceTool, arguments: JsonObject, *, caller: str, user: bool = False,
-        origin: str | None = None,
+        origin: str | None = None, asking: Asking | None = None,
     ) -> JsonObject:  # fmt: skip
         """Call ``tool`` with ``arguments``; return the device's result.
 
-        ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools;
-        ``origin`` is the address the call came from (the audit record's ``from``).
+        ``user`` marks a call by the person (CLI, dashboard), who may use user-only tools
+        and whose calls need no confirmation; ``origin`` is the address the call came from (the
+        audit record's ``from``); ``asking`` says how to ask the caller's host for the owner's
+        yes and tell it the call still waits for one (``devices.confirmations``).
 
         Raises:
             CallRejected: refused by policy, arguments that fail the schema or the owner's
-                limits, or a call over the caller's rate.
+                limits, a call over the caller's rate, or no yes.
+            AskedInHost: the host is to be asked by the call's result (2026 era).
             DeviceError: the device is offline, busy, timed out, vanished, or answered an error.
         """
         started = time.monotonic()
@@ -80,7 +85,7 @@ class CallRouter:
         try:
             with reporting() as report, catching as catch:
                 try:
-                    result = await self._call(tool, arguments, user, report, caller)
+                    result = await self._call(tool, arguments, user, report, (caller, asking))
                 except DeviceError as exc:
                     if catch is not None and catch.refusals:
                         raise type(exc)(exc.device_id, f"{exc}; {_refused(catch)}") from None
@@ -91,6 +96,9 @@ class CallRouter:
             raise
         except DeviceError as exc:
             outcome, message = type(exc).__name__, str(exc)
+            raise
+        except AskedInHost:  # not ended: the host calls again with its answer
+            outcome, message = "asked", "the owner's yes is asked in the host"
             raise
         except BaseException:
             outcome, message = "cancelled", "cancelled by the caller" + _aftermath(report)
@@ -109,8 +117,9 @@ class CallRouter:
             )
 
     async def _call(
-        self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport, caller: str
-    ) -> JsonObject:
+        self, tool: DeviceTool, arguments: JsonObject, user: bool, report: CallReport,
+        asker: tuple[str, Asking | None],
+    ) -> JsonObject:  # fmt: skip
         device, tool_name = tool.device, tool.spec.name
         reason = tool.refused(user=user)
         if reason is not None:
@@ -118,15 +127,22 @@ class CallRouter:
         problems = tool.spec.problems(arguments)
         if problems:
             raise CallRejected(f"invalid arguments for {tool_name}: " + "; ".join(problems))
+        caller, asking = asker
+        options = self._config.device(device.device_id)
+        # Before the owner is asked: a caller over its rate must not fill the Waiting list.
+        if limited := self.rates.refusal(caller, device.device_id, tool_name, options.rate):
+            raise CallRejected(limited)
+        confirmations = self.confirmations
+        if confirmations.rules.enabled and not user and confirmations.wanted(tool):
+            # an offline device's call is not asked: it fails below
+            if device.session is not None:
+                await confirmations.confirm(tool, arguments, caller, *(asking() if asking else ()))
         session = device.session
         if session is None:
             last_seen = format_time(device.record.last_seen)
             raise DeviceUnavailable(
                 device.device_id, f"device {device.alias} is offline (last seen {last_seen})"
             )
-        options = self._config.device(device.device_id)
-        if limited := self.rates.refusal(caller, device.device_id, tool_name, options.rate):
-            raise CallRejected(limited)
         timeout = (
             options.tool_timeouts.get(tool_name) or options.timeout or self._config.call_timeout
         )

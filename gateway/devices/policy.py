@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from gateway.config import DeviceOptions
 
-__all__ = ["HOST_ACTING", "Hints", "is_user_only", "refusal", "tool_hints"]
+__all__ = ["HOST_ACTING", "Hints", "is_user_only", "matching", "refusal", "tool_hints"]
 
 _READ_ONLY = re.compile(r"(^|[._])(get|read|list|status|info|query|describe)([._]|$)")
 _DESTRUCTIVE = re.compile(r"(^|[._])(reboot|restart|reset|upgrade|erase|format|factory|delete)")
@@ -37,6 +37,12 @@ def is_user_only(name: str, claimed: bool) -> bool:
 def _matches(tool_name: str, patterns: tuple[str, ...]) -> bool:
     bare = tool_name.removeprefix("self.")
     return any(fnmatch.fnmatchcase(tool_name, p) or fnmatch.fnmatchcase(bare, p) for p in patterns)
+
+
+def matching(tool_name: str, patterns: tuple[str, ...]) -> bool:
+    """Does one of the globs ``patterns`` name ``tool_name``, as allow/deny match (with or
+    without ``self.``)?"""
+    return _matches(tool_name, patterns)
 
 
 def refusal(

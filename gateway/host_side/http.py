@@ -41,6 +41,7 @@ from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
 from gateway.host_side.oauth import BearerTokens, ConnectedApps, OAuthSite
 from gateway.host_side.photo_resources import photo_routes
+from gateway.host_side.waiting_calls import WaitingCalls
 from gateway.net.addresses import is_wildcard, url_host
 from gateway.net.networks import networks
 from gateway.net.rate_limit import configured_limiter, rate_limited
@@ -216,6 +217,8 @@ def build_host_app(
         routes.append(Route("/metrics", guard(_Endpoint(metrics.endpoint)), methods=["GET"]))
     if dashboard is not None:  # the companion dashboard at / (gateway/dashboard)
         routes += dashboard.routes(guard, _Endpoint)
+    sessions = dashboard.sessions if dashboard is not None else None
+    routes += WaitingCalls(router.confirmations, registry, sessions).routes(guard, _Endpoint)
     if oauth is not None:
         routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
         oauth.provider.on_revoke.append(_SessionEnder(manager))

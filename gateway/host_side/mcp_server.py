@@ -33,6 +33,7 @@ from gateway.devices.calls import CallRouter
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
+from gateway.host_side import confirm_asks as asks
 from gateway.host_side.call_results import text_content, to_call_result
 from gateway.host_side.callers import caller_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
@@ -269,7 +270,7 @@ class McpFrontend:
     ) -> JsonObject:
         tools, following = self.tools(params.cursor if params is not None else None)
         if tools and tools[0] is _META_TOOLS[0] and self.app.negotiated(ctx):
-            tools = [_wire(self.app.with_panel(LIST_DEVICES)), *tools[1:]]
+            tools = [_wire(self.app.with_panel(LIST_DEVICES)), *asks.with_panel_tool(tools[1:])]
         # What a ListToolsResult dumps to: 2026-era sessions require resultType (the SDK's
         # check of the result drops it for older ones), and the cache hint (tool_listing.py).
         result: JsonObject = {"tools": tools, "resultType": "complete", **self.lister.cache_hint()}
@@ -279,7 +280,7 @@ class McpFrontend:
 
     async def _call_tool(
         self, ctx: Context, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         arguments = params.arguments or {}
         if params.name == LIST_DEVICES.name:
             try:
@@ -292,6 +293,8 @@ class McpFrontend:
                     content=text, structured_content=self.app.structured(answer)
                 )
             return types.CallToolResult(content=text)
+        if params.name == asks.PANEL_TOOL and self.app.negotiated(ctx):  # the panel's only
+            return asks.panel_decision(self._router.confirmations, caller_of(ctx), arguments)
         if params.name == CALL_DEVICE_TOOL.name:
             return await self._call_by_reference(ctx, arguments)
         group = self.lister.group(params.name)
@@ -304,7 +307,7 @@ class McpFrontend:
 
     async def _call_grouped(
         self, ctx: Context, group: ToolGroup, arguments: JsonObject
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         arguments = dict(arguments)
         ref = arguments.pop(group.argument, None)
         if not isinstance(ref, str):
@@ -315,7 +318,9 @@ class McpFrontend:
             return _error(f"no device {ref!r} offers {group.name} (devices that do: {known})")
         return await self._invoke(ctx, tool, arguments)
 
-    async def _call_by_reference(self, ctx: Context, arguments: JsonObject) -> types.CallToolResult:
+    async def _call_by_reference(
+        self, ctx: Context, arguments: JsonObject
+    ) -> types.CallToolResult | types.InputRequiredResult:
         device_ref, tool_ref = arguments.get("device"), arguments.get("tool")
         tool_arguments = arguments.get("arguments") or {}
         if not isinstance(device_ref, str) or not isinstance(tool_ref, str):
@@ -333,16 +338,19 @@ class McpFrontend:
 
     async def _invoke(
         self, ctx: Context, tool: DeviceTool, arguments: JsonObject
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         caller = caller_of(ctx)
         if caller.refusal is not None:
             return _error(caller.refusal)
         try:
             result = await self._router.call(
-                tool, arguments, caller=caller.name, origin=caller.origin
-            )
+                tool, arguments, caller=caller.name, origin=caller.origin,
+                asking=lambda: (asks.host_ask(ctx), asks.progress_of(ctx)),
+            )  # fmt: skip
         except (CallRejected, DeviceError) as exc:
             return _error(str(exc))
+        except asks.AskedInHost as asked:  # 2026 era: the question is the result; the host answers
+            return asks.input_required(asked.pending)
         return to_call_result(result)
 
     async def _list_resources(

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import mcp.types as types
 import pytest
 from mcp import Client
 from mcp.client.extension import advertise
 
-from gateway.host_side.fleet_app import APP_MIME_TYPE, EXTENSION_ID
-from tests.conftest import gateway
+from gateway.host_side.fleet_app import APP_MIME_TYPE, EXTENSION_ID, PANEL_URI
+from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
+from tests.e2e.test_confirmations import CONFIRMED, VOLUME, until_waiting
 from tests.e2e.test_dashboard import chromium, ms, screenshot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -148,3 +150,52 @@ async def test_panel_in_a_sandboxed_frame_shows_devices_and_calls_through_the_ho
     assert seen[:2] == ["ui/initialize", "ui/notifications/initialized"]
     assert "tools/call" in seen and "resources/read" in seen
     assert all(url.startswith(("about:", "data:")) for url in requests), requests
+
+
+async def test_the_panel_allows_its_host_s_waiting_call(tmp_path: Any) -> None:
+    """A call of this host that waits for a yes shows in the panel; Allow (sent through the
+    host as the app-only waiting_calls) lets it reach the board, audited as the panel's."""
+    apps = advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})
+    async with (
+        chromium() as browser,
+        gateway(tmp_path, devices=CONFIRMED) as run,
+        listed_device(run, SIM) as dev,
+        Client(run.mcp_url, mode="legacy", extensions=[apps], client_info=HOST) as client,
+    ):
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert tools["waiting_calls"].meta == {
+            "ui": {"resourceUri": PANEL_URI, "visibility": ["app"]}
+        }
+        panel = (await client.read_resource(PANEL_URI)).contents[0]
+        assert isinstance(panel, types.TextResourceContents)
+        listing = await client.call_tool("list_devices", {})
+
+        async def forward(method: str, params: str) -> str:
+            arguments = json.loads(params)
+            answer = await client.call_tool(arguments["name"], arguments["arguments"])
+            return answer.model_dump_json(by_alias=True, exclude_none=True)
+
+        results: list[types.CallToolResult] = []
+
+        async def call() -> None:
+            results.append(await client.call_tool(VOLUME, {"volume": 61}))
+
+        page = await browser.new_page()
+        page.set_default_timeout(ms(10))
+        await page.expose_function("forward", forward)
+        with anyio.fail_after(bound(20)):
+            async with anyio.create_task_group() as tg:  # ends when the allowed call does
+                tg.start_soon(call)
+                await until_waiting(run.gateway.router.confirmations)
+                await page.set_content(
+                    host_page(panel, {}, listing.model_dump_json(by_alias=True, exclude_none=True))
+                )
+                line = page.frame_locator("#app").locator("#waiting p.waiting[data-call]")
+                await line.wait_for()
+                assert "self.audio_speaker.set_volume" in await line.inner_text()
+                await line.locator('button[data-action="allow"]').click()
+        await page.close()
+    assert not results[0].is_error
+    assert dev.calls == [("self.audio_speaker.set_volume", {"volume": 61})]
+    [record] = run.gateway.audit.page(kind="confirm")["records"]
+    assert record["channel"] == "panel" and record["decided_by"].endswith("panel-test-host")

@@ -141,11 +141,38 @@ async function readPhoto(uri) {
   return `data:${item.mimeType};base64,${item.blob}`;
 }
 
+// This host's calls that wait for the owner's yes (a device's confirm tools): Allow or Deny goes
+// back through the host as the app-only tool waiting_calls, for this host's own calls only.
+const WAIT_POLL_MS = 3000;
+
+async function refreshWaiting(decide) {
+  const result = await Bridge.request("tools/call", {name: "waiting_calls", arguments: decide || {}});
+  if (result.isError) showError(new Error((result.content || []).map((b) => b.text).join(" ")));
+  renderWaiting(((result.structuredContent || {}).calls) || []);
+}
+
+function renderWaiting(calls) {
+  document.getElementById("waiting").hidden = calls.length === 0;
+  document.getElementById("waiting-calls").replaceChildren(...calls.map((call) => {
+    const line = el("p", {class: "waiting", "data-call": call.id},
+      el("code", {text: call.tool}), ` on ${call.device} with ${JSON.stringify(call.arguments)} `);
+    for (const [label, decision] of [["Allow", "allow"], ["Deny", "deny"]]) {
+      const button = el("button", {type: "button", text: label, "data-action": decision});
+      button.addEventListener("click", () => refreshWaiting({id: call.id, decision}).catch(showError));
+      line.append(button);
+    }
+    return line;
+  }));
+}
+
 Bridge.on("ui/notifications/tool-input", (params) => { panel.args = params.arguments || {}; });
 Bridge.on("ui/notifications/tool-result", (params) => {
   try { show(params); } catch (error) { showError(error); }
 });
-document.getElementById("refresh").addEventListener("click", () => listDevices().catch(showError));
+document.getElementById("refresh").addEventListener("click", () => {
+  listDevices().catch(showError);
+  refreshWaiting().catch(showError);
+});
 document.getElementById("more").addEventListener("click", () => listDevices(panel.cursor).catch(showError));
 function reportSize() {  // the host sizes the frame to fit, once the handshake is done
   new ResizeObserver(() => {
@@ -161,4 +188,6 @@ Bridge.request("ui/initialize", {
 }).then(() => {
   Bridge.notify("ui/notifications/initialized", {});
   reportSize();
+  refreshWaiting().catch(() => {});  // a host without the tool: no list
+  setInterval(() => refreshWaiting().catch(() => {}), WAIT_POLL_MS);
 }).catch(showError);

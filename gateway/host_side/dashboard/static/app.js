@@ -137,6 +137,7 @@ async function openDevice(id) {
     state.toolsKey = toolsKey;
     document.getElementById("tools").replaceChildren(...tools.map((tool) => toolCard(device, tool)));
   }
+  await markConfirm(id);
 }
 
 function closeDevice() {
@@ -328,6 +329,7 @@ async function start() {
   document.getElementById("add-board").addEventListener("submit", (event) => addBoard(event).catch(showError));
   window.addEventListener("hashchange", showPage);
   watchDevices();
+  watchWaiting();
   showPage();
 }
 
