@@ -76,6 +76,7 @@ INNER: dict[str, list[set[str]]] = {
         {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
         {"connection"},
         {"calls"},
+        {"messages"},  # notify_device: the alert frame within the owner's limits
     ],
     "cluster": [
         {"records", "replica", "broker_auth", "catalogues"},
@@ -103,6 +104,7 @@ INNER: dict[str, list[set[str]]] = {
             "callers",
             "front",  # /mcp straight to its guards, past Starlette's layers
         },
+        {"messages_tool"},  # notify_device
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*
@@ -123,7 +125,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "config": [
         {"values"},
-        {"listen", "boards"},
+        {"listen", "boards", "quiet"},
         {"model"},
         {"keys"},
         {"unknown_keys"},

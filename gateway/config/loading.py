@@ -13,8 +13,16 @@ import platformdirs
 from gateway.config.boards import board_options
 from gateway.config.keys import FIELDS, FORMER_KEYS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
+from gateway.config.quiet import quiet_hours
 from gateway.config.unknown_keys import check_unknown_keys, unknown_key
-from gateway.config.values import positive_number, string, string_list, upstream_url
+from gateway.config.values import (
+    boolean,
+    integer,
+    positive_number,
+    string,
+    string_list,
+    upstream_url,
+)
 from gateway.errors import ConfigError
 
 
@@ -127,4 +135,9 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
         upstream=upstream_url(f"{prefix}.upstream", options["upstream"])
         if "upstream" in options
         else "default",
+        messages=boolean(f"{prefix}.messages", options.get("messages", True)),
+        quiet=quiet_hours(f"{prefix}.quiet", options.get("quiet", "")),
+        messages_per_hour=integer(f"{prefix}.messages_per_hour", options["messages_per_hour"])
+        if "messages_per_hour" in options
+        else None,
     )
