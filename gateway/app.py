@@ -38,8 +38,8 @@ from gateway.device_side.upstream.vision import VisionForwarder
 from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
-from gateway.devices.messages import Messenger
 from gateway.devices.enrollment import Enrollment
+from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store

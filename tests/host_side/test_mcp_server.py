@@ -90,7 +90,8 @@ async def test_meta_mode_lists_only_the_meta_tools(tmp_path: Path) -> None:
             "call_device_tool", {"device": "board_aa01", "tool": "t0", "arguments": {}}
         )
     stack.close()
-    assert names == ["list_devices", "call_device_tool", "notify_device"] and called.content[0].text == "ok"
+    assert names == ["list_devices", "call_device_tool", "notify_device"]
+    assert called.content[0].text == "ok"
 
 
 async def test_grouped_tools_route_by_the_device_argument(tmp_path: Path) -> None:

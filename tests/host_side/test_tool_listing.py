@@ -83,7 +83,8 @@ def test_a_stale_or_foreign_cursor_starts_again_cleanly(tmp_path: Path) -> None:
         stack.frontend.tools()
     for cursor in (stale, "junk", "99999.1", "1.x"):
         tools, _ = stack.frontend.tools(cursor)
-        assert [t["name"] for t in tools[:3]] == ["list_devices", "call_device_tool", "notify_device"]
+        names = [t["name"] for t in tools[:3]]
+        assert names == ["list_devices", "call_device_tool", "notify_device"]
     stack.close()
 
 
