@@ -31,6 +31,7 @@ from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import format_time
 from gateway.devices.device import PENDING, REJECTED, Device
+from gateway.devices.link import BOARD_TRANSPORT
 from gateway.errors import CallRejected, DeviceError, DeviceUnavailable
 from gateway.protocol import envelope
 
@@ -174,7 +175,9 @@ class Messenger:
     async def _send(self, device: Device, frame: str) -> None:
         session = device.session
         send = getattr(session, "send_frame", None)
-        if send is None:  # a board serving MCP itself, or a device another replica holds
+        # A board serving MCP itself speaks no xiaozhi frames; a device another replica holds
+        # (cluster) has no link here.
+        if send is None or device.record.transport == BOARD_TRANSPORT:
             transport = device.record.transport or "its transport"
             raise CallRejected(f"device {device.alias} cannot show messages over {transport}")
         await send(frame)
