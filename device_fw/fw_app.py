@@ -58,14 +58,18 @@ def build(config):
     low, high = config["backoff"]
     device = Device(server, make_link(config, device_id, client_id), device_id, low, high)
     device.network = board.start_network
+    device.on_alert = board.alert
     board.on_reboot = device.restart
+    board.events = device.events  # for the board's own buttons and sensors
     return board, server, device
 
 
 async def console(server, board, device):
     """Commands on standard input (the serial console, or a test's pipe):
     ``add <module>``, ``remove <tool>``, ``drop`` (lose the link), ``mem`` (heap after a
-    collection). Each is answered with an ``ok ...`` or ``error ...`` line.
+    collection), ``press <button>`` (an event, as a button would), ``event <logger> <JSON>``
+    (any event), ``screen`` (the last alert shown). Each is answered with an ``ok ...`` or
+    ``error ...`` line.
     """
     stdin = asyncio.StreamReader(sys.stdin)
     while True:
@@ -80,6 +84,13 @@ async def console(server, board, device):
                 result = server.remove(arg)
             elif verb == "drop":
                 result = device.restart()
+            elif verb == "press":
+                result = device.events.press(arg)
+            elif verb == "event":
+                logger, _, data = arg.partition(" ")
+                result = device.events.emit(logger, __import__("json").loads(data or "null"))
+            elif verb == "screen":
+                result = repr(board.shown)
             elif verb == "mem":
                 __import__("gc").collect()
                 result = "free=%s used=%s" % compat.memory()

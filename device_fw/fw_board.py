@@ -29,8 +29,12 @@ class Board:
         self.adc_pin = pins.get("adc")
         self.pixel_pin = pins.get("neopixel")
         self.pixel_count = pins.get("neopixel_count") or 1
+        self.buzzer_pin = pins.get("buzzer")
+        self.display_pins = pins.get("display")  # {"sda": 21, "scl": 22}: an SSD1306 on I2C
         self.started = compat.seconds()
         self.on_reboot = None  # the runtime's hook: a simulated reboot drops the link
+        self.shown = None  # the last alert shown: (status, message, emotion)
+        self.events = None  # the runtime's fw_events.Events: what buttons and sensors emit by
 
     def uptime(self):
         """Whole seconds since boot."""
@@ -72,6 +76,20 @@ class Board:
         """A photo as JPEG bytes, or None if the camera failed."""
         return None
 
+    def alert(self, status, message, emotion):
+        """Show a message from the gateway (notify_device) and beep: on the console always,
+        on a screen and a buzzer where the board has them (``show``, ``beep``)."""
+        self.shown = (status, message, emotion)
+        compat.log(compat.INFO, "alert [%s] %s (%s)", status, message, emotion)
+        self.show(status, message, emotion)
+        self.beep()
+
+    def show(self, status, message, emotion):
+        """Put the message on the board's screen; a board without one has only its console."""
+
+    def beep(self):
+        """Sound the buzzer once, if the board has one."""
+
     def reboot(self):
         raise NotImplementedError
 
@@ -99,6 +117,7 @@ class SimBoard(Board):
         self._celsius = 41.0
         self.camera = bool(config.get("camera"))
         self.photos = 0
+        self.beeps = 0
         self.reset()
 
     def reset(self):
@@ -143,6 +162,9 @@ class SimBoard(Board):
         colour = COLOURS[self.photos % len(COLOURS)]
         comment = "esp-mcp-gateway simulated camera, photo %d" % self.photos
         return solid(160, 120, colour, comment.encode())
+
+    def beep(self):
+        self.beeps += 1
 
     def reboot(self):
         self.reset()

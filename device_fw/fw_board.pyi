@@ -1,6 +1,8 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .fw_events import Events
+
 class Board:
     name: str
     chip: str
@@ -8,9 +10,13 @@ class Board:
     adc_pin: int | None
     pixel_pin: int | None
     pixel_count: int
+    buzzer_pin: int | None
+    display_pins: dict[str, int] | None
     started: float
     on_reboot: Callable[[], None] | None
     camera: bool
+    shown: tuple[str, str, str] | None
+    events: Events | None
     def __init__(self, config: dict[str, Any]) -> None: ...
     def uptime(self) -> int: ...
     def memory(self) -> tuple[int | None, int | None]: ...
@@ -23,6 +29,9 @@ class Board:
     def read_adc(self) -> tuple[int, int | None]: ...
     def set_pixel(self, rgb: Sequence[int]) -> None: ...
     def capture(self) -> bytes | None: ...
+    def alert(self, status: str, message: str, emotion: str) -> None: ...
+    def show(self, status: str, message: str, emotion: str) -> None: ...
+    def beep(self) -> None: ...
     def reboot(self) -> None: ...
 
 COLOURS: tuple[tuple[int, int, int], ...]
@@ -30,6 +39,7 @@ COLOURS: tuple[tuple[int, int, int], ...]
 class SimBoard(Board):
     levels: dict[str, bool]
     photos: int
+    beeps: int
     pixel: tuple[int, ...]
     def reset(self) -> None: ...
 

@@ -4,14 +4,18 @@
     await device.run()  # forever: open the link, serve, back off, reconnect
 
 A link is WsLink or MqttLink: open(), recv() -> dict or None, send(text), close(), abort(),
-plus ``session_id`` and ``max_message``. Every MCP request is answered in its own task, so a
-slow tool holds back no other reply; replies may leave out of order (the gateway matches ids).
+plus ``session_id`` and ``max_message``. An ``alert`` from the gateway (notify_device: all
+three of status, message and emotion strings, as stock firmware requires) goes to
+``on_alert(status, message, emotion)``; ``events`` (fw_events.Events) sends events. Every MCP
+request is answered in its own task, so a slow tool holds back no other reply; replies may
+leave out of order (the gateway matches ids).
 """
 
 import asyncio
 
 import fw_compat as compat
 import fw_envelope as env
+from fw_events import Events
 
 TOOLS_CHANGED = "notifications/tools/list_changed"
 
@@ -38,6 +42,8 @@ class Device:
         self.last_error = None  # why the last connection attempt failed (for the simulator)
         self._tasks = []
         server.listener = self.notify
+        self.on_alert = None  # called with (status, message, emotion) for each alert
+        self.events = Events(self.notify)
 
     async def run(self):
         """Stay connected until cancelled; a session that got up resets the backoff."""
@@ -80,8 +86,13 @@ class Device:
     def dispatch(self, message):
         """Handle one message from the gateway (only ``mcp`` envelopes need an answer)."""
         payload = message.get("payload")
-        if message.get("type") == "mcp" and isinstance(payload, dict):
+        kind = message.get("type")
+        if kind == "mcp" and isinstance(payload, dict):
             self._spawn(self.answer(payload))
+        elif kind == "alert" and self.on_alert:
+            shown = [message.get(key) for key in ("status", "message", "emotion")]
+            if all(isinstance(value, str) for value in shown):
+                self.on_alert(*shown)
 
     async def answer(self, payload):
         """Answer one JSON-RPC payload."""

@@ -1,6 +1,7 @@
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from .fw_events import Events
 from .fw_mcp import McpServer
 
 TOOLS_CHANGED: str
@@ -26,6 +27,8 @@ class Device:
     connected: bool
     sessions: int
     last_error: Exception | None
+    on_alert: Callable[[str, str, str], None] | None
+    events: Events
     def __init__(
         self,
         server: McpServer,

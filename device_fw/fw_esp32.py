@@ -47,6 +47,7 @@ class Esp32Board(Board):
 
             self._pixels = neopixel.NeoPixel(machine.Pin(self.pixel_pin), self.pixel_count)
         self._camera = open_camera(config.get("camera")) if config.get("camera") else None
+        self._display = open_display(self.display_pins) if self.display_pins else None
         self.camera = self._camera is not None
 
     async def start_network(self):
@@ -107,8 +108,42 @@ class Esp32Board(Board):
         # which a second call may take while this photo is still being uploaded.
         return bytes(frame) if frame else None
 
+    def show(self, status, message, emotion):
+        screen = self._display
+        if screen is None:
+            return
+        screen.fill(0)
+        screen.text(status[:16], 0, 0)
+        for row in range(6):  # 16 characters a row, under the status line
+            screen.text(message[row * 16 : row * 16 + 16], 0, 16 + row * 8)
+        screen.show()
+
+    def beep(self):
+        if self.buzzer_pin is not None:
+            asyncio.create_task(self._beep())
+
+    async def _beep(self):
+        pwm = machine.PWM(machine.Pin(self.buzzer_pin), freq=2000, duty_u16=32768)
+        try:
+            await asyncio.sleep_ms(150)
+        finally:
+            pwm.deinit()
+
     def reboot(self):
         machine.reset()
+
+
+def open_display(pins):
+    """An SSD1306 128x64 on I2C at ``pins`` (its driver from micropython-lib: ``mip install
+    ssd1306``), or None when the driver or the display is missing."""
+    try:
+        import ssd1306
+
+        i2c = machine.SoftI2C(sda=machine.Pin(pins["sda"]), scl=machine.Pin(pins["scl"]))
+        return ssd1306.SSD1306_I2C(128, 64, i2c)
+    except Exception as exc:  # ImportError, OSError (nothing answers on the bus)...
+        compat.log(compat.WARNING, "display: cannot start it: %r", exc)
+        return None
 
 
 def open_camera(spec):

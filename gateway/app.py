@@ -40,6 +40,7 @@ from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
 from gateway.devices.enrollment import Enrollment
 from gateway.devices.limits import log_invalid_limits
+from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
@@ -79,7 +80,9 @@ class Gateway:
         self.registry = DeviceRegistry(config, self.store, audit=self.audit)
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
-        self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
+        self.messenger = Messenger(config, self.audit)  # notify_device
+        self.frontend = McpFrontend(config, self.registry, self.router, self.photos,
+                                    messenger=self.messenger)  # fmt: skip
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ListenAddress, env_name, load_config
+from gateway.config.quiet import quiet_hours
 from gateway.errors import ConfigError
 
 
@@ -237,3 +238,22 @@ def test_an_upstream_that_is_no_ota_url_names_its_key(tmp_path: Path, url: str) 
     path = write(tmp_path, f'[devices."aa:bb:cc:dd:ee:01"]\nupstream = "{url}"\n')
     with pytest.raises(ConfigError, match=r'devices\."aa:bb:cc:dd:ee:01"\.upstream'):
         load_config(path, env={"GATEWAY_DATA_DIR": str(tmp_path)})
+
+
+def test_a_device_s_quiet_hours_switch_and_rate_are_read_and_bad_spans_refused(
+    tmp_path: Path,
+) -> None:
+    """``quiet`` spans midnight when its end comes first; a span that is no span is refused."""
+    path = tmp_path / "gateway.toml"
+    path.write_text('[devices]\nmessages_per_hour = 3\n[devices."aa:bb"]\nquiet = "22:00-07:00"\n'
+                    "messages = false\nmessages_per_hour = 1\n")  # fmt: skip
+    config = load_config(path, env={})
+    options = config.device("aa:bb")
+    assert (config.messages_per_hour, options.messages, options.messages_per_hour) == (3, False, 1)
+    assert options.quiet is not None and str(options.quiet) == "22:00-07:00"
+    assert [options.quiet.covers(m) for m in (21 * 60 + 59, 22 * 60, 0, 7 * 60 - 1, 7 * 60)] == [
+        False, True, True, True, False]  # fmt: skip
+    assert quiet_hours("quiet", "off") is None
+    for bad in ("22:00", "25:00-07:00", "07:00-07:00", 7):
+        with pytest.raises(ConfigError, match="quiet"):
+            quiet_hours("quiet", bad)

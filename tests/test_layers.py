@@ -77,6 +77,7 @@ INNER: dict[str, list[set[str]]] = {
         {"connection", "confirm_rules"},  # confirm_rules: which tools wait for the owner's yes
         {"confirmations"},  # the calls waiting for it
         {"calls"},
+        {"messages"},  # notify_device: the alert frame within the owner's limits
     ],
     "cluster": [
         {"records", "replica", "broker_auth", "catalogues"},
@@ -104,7 +105,9 @@ INNER: dict[str, list[set[str]]] = {
             "callers",
             "front",  # /mcp straight to its guards, past Starlette's layers
         },
-        {"confirm_asks"},  # the owner's yes asked in the host (elicitation, the panel)
+        # confirm_asks: the owner's yes asked in the host (elicitation, the panel);
+        # messages_tool: notify_device
+        {"confirm_asks", "messages_tool"},
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*
@@ -127,7 +130,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "config": [
         {"values", "tool_limits"},  # tool_limits: the shape of a device's limits and rates
-        {"listen", "boards"},
+        {"listen", "boards", "quiet"},
         {"model"},
         {"keys"},
         {"unknown_keys"},

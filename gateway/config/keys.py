@@ -69,6 +69,7 @@ FIELDS: tuple[tuple[str, str, str, Callable[[str, object], Any]], ...] = (
     ("devices", "token_joins_total", "token_joins_total", integer),
     ("devices", "pending_expiry", "pending_expiry", positive_number),
     ("devices", "max_message_bytes", "max_message_bytes", integer),
+    ("devices", "messages_per_hour", "messages_per_hour", integer),
     ("tools", "mode", "tools_mode", choice(*TOOLS_MODES)),
     ("tools", "budget", "tools_budget", integer),
     ("tools", "offline_age", "tools_offline_age", positive_number),

@@ -14,8 +14,16 @@ from gateway.config.boards import board_options
 from gateway.config.keys import FIELDS, FORMER_KEYS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.tool_limits import argument_limits, call_rates
+from gateway.config.quiet import quiet_hours
 from gateway.config.unknown_keys import check_unknown_keys, unknown_key
-from gateway.config.values import positive_number, string, string_list, upstream_url
+from gateway.config.values import (
+    boolean,
+    integer,
+    positive_number,
+    string,
+    string_list,
+    upstream_url,
+)
 from gateway.errors import ConfigError
 
 
@@ -131,4 +139,9 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
         else "default",
         limits=argument_limits(f"{prefix}.limits", options.get("limits", {})),
         rate=call_rates(f"{prefix}.rate", options.get("rate", {})),
+        messages=boolean(f"{prefix}.messages", options.get("messages", True)),
+        quiet=quiet_hours(f"{prefix}.quiet", options.get("quiet", "")),
+        messages_per_hour=integer(f"{prefix}.messages_per_hour", options["messages_per_hour"])
+        if "messages_per_hour" in options
+        else None,
     )

@@ -11,6 +11,7 @@ from typing import Literal
 from gateway.config.boards import BoardOptions
 from gateway.config.listen import ListenAddress
 from gateway.config.tool_limits import ArgumentLimits, CallRate
+from gateway.config.quiet import QuietHours
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,10 @@ class DeviceOptions:
     # tool glob, calls a caller may make a second/minute/hour (gateway/devices/limits.py, rates.py)
     limits: ArgumentLimits = field(default_factory=dict)
     rate: Mapping[str, CallRate] = field(default_factory=dict)
+    # notify_device (docs/messages.md): the owner's switch, quiet hours, and a rate of its own
+    messages: bool = True
+    quiet: QuietHours | None = None
+    messages_per_hour: int | None = None  # None: [devices] messages_per_hour
 
 
 # The options of a device the config does not name: one shared, read-only instance (per call).
@@ -70,6 +75,7 @@ class Config:
     token_joins_total: int = 500
     pending_expiry: float = 7 * 24 * 3600.0  # a pending device unseen this long is dropped
     max_message_bytes: int = 65536
+    messages_per_hour: int = 12  # notify_device messages a device takes an hour (docs/messages.md)
     tools_mode: str = "auto"
     tools_budget: int = 128
     tools_offline_age: float = 7 * 24 * 3600.0

@@ -196,6 +196,24 @@ class DeviceConnection:
             if self._unsent:  # its send was cut short: what it had taken goes from the task
                 self._send_soon()
 
+    async def send_frame(self, text: str) -> None:
+        """Send ``text``, a message of the device protocol beside MCP (the stock ``alert``),
+        in order with the protocol's frames and as they are sent (``call()``).
+
+        Raises:
+            DeviceUnavailable: the link is gone.
+        """
+        if self._protocol.state is State.CLOSED:
+            raise DeviceUnavailable(self.identity.device_id, "device disconnected")
+        self._unsent.append(text)
+        if self._caller_sends and self._sender is None and not self._send_lock.locked():
+            if self._writes_now:
+                self._write_now()
+            else:
+                await self._flush()
+        else:
+            self._send_soon()
+
     async def aclose(self) -> None:
         """Close the link; ``run`` then cleans up."""
         await self._link.aclose()

@@ -29,7 +29,9 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from gateway import __version__
 from gateway.compat.mcp_sdk import session_connection
 from gateway.config import Config
+from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
+from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
@@ -38,6 +40,7 @@ from gateway.host_side.call_results import text_content, to_call_result
 from gateway.host_side.callers import caller_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
+from gateway.host_side.messages_tool import NOTIFY_DEVICE, notify_device
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
 from gateway.host_side.tool_listing import ToolGroup, ToolLister
 
@@ -52,7 +55,7 @@ INSTRUCTIONS = (
     "Tools of physical ESP32 devices. Each device tool is named <device>_<tool>; its description "
     "starts with [<device>]. list_devices shows every device, whether it is online, and its "
     "tools; call_device_tool calls any of them by device and tool name (use it when a device's "
-    "tools are not listed individually)."
+    "tools are not listed individually); notify_device shows a short message on a device."
 )
 
 LIST_DEVICES = types.Tool(
@@ -97,7 +100,7 @@ def _wire(tool: types.Tool) -> JsonObject:
     return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
-_META_TOOLS = (_wire(LIST_DEVICES), _wire(CALL_DEVICE_TOOL))  # first on page one
+_META_TOOLS = (_wire(LIST_DEVICES), _wire(CALL_DEVICE_TOOL), _wire(NOTIFY_DEVICE))  # page one
 
 
 def _error(text: str) -> types.CallToolResult:
@@ -204,8 +207,10 @@ class McpFrontend:
         photos: PhotoStore | None = None,
         *,
         notify_window: float = 0.2,
+        messenger: Messenger | None = None,
     ) -> None:
         self._config = config
+        self.messenger = messenger or Messenger(config, AuditLog(None))
         self._notify_window = notify_window
         self._registry = registry
         self._router = router
@@ -297,6 +302,8 @@ class McpFrontend:
             return asks.panel_decision(self._router.confirmations, caller_of(ctx), arguments)
         if params.name == CALL_DEVICE_TOOL.name:
             return await self._call_by_reference(ctx, arguments)
+        if params.name == NOTIFY_DEVICE.name:
+            return await notify_device(self.messenger, self._registry, caller_of(ctx), arguments)
         group = self.lister.group(params.name)
         if group is not None:
             return await self._call_grouped(ctx, group, arguments)

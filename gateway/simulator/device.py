@@ -13,11 +13,12 @@ import asyncio
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Self
 
 from device_fw.fw_device import Device, backoff
+from device_fw.fw_events import Events
 from device_fw.fw_link_ws import HelloError, WsLink
 from device_fw.fw_ws import HandshakeError
 
@@ -26,7 +27,9 @@ from .mcp_server import DeviceMcpServer
 from .simtool import JsonObject, SimTool
 from .tools import BoardState, camera_tool, default_tools
 
-__all__ = ["SimulatedDevice", "backoff_delay", "persistent_client_id"]
+__all__ = ["HOT", "SimulatedDevice", "backoff_delay", "persistent_client_id"]
+
+HOT = 30.0  # °C: above it the simulated temperature sensor raises its alarm event
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,11 @@ class SimulatedDevice:
         keepalive: seconds between the firmware's WebSocket pings; None never pings (stock).
         camera: a camera board: ``self.camera.take_photo`` uploads a generated JPEG to the
             vision URL of ``initialize`` (after the common tools, or after ``tools``).
+        clock: the millisecond clock the firmware's event rate reads (``fw_events``); tests
+            pass their own.
+
+    Events (docs/events.md) go through the firmware's own API: :meth:`press` for a button,
+    :meth:`sense` for the temperature sensor; :attr:`events` is that API.
     """
 
     def __init__(
@@ -92,6 +100,7 @@ class SimulatedDevice:
         ping: bool = False,
         keepalive: float | None = None,
         camera: bool = False,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.url = url
         self.device_id = device_id.lower()
@@ -109,6 +118,7 @@ class SimulatedDevice:
         )
         self.link = WsLink(url, token, self.device_id, self.client_id, keepalive)
         self.firmware = _Firmware(self, self.link)
+        self.events = self.firmware.events = Events(self.firmware.notify, clock=clock)
         #: Every ``tools/call`` received, as (tool name, raw arguments), in arrival order.
         self.calls: list[tuple[str, JsonObject]] = []
         self._serving: asyncio.Task[None] | None = None
@@ -210,6 +220,20 @@ class SimulatedDevice:
             KeyError: no such tool.
         """
         self.mcp.remove_tool(name)
+
+    def press(self, button: str = "button") -> bool:
+        """Press the board's ``button``: event ``button.<name>``; False if the rate dropped it."""
+        return self.events.press(button)
+
+    def sense(self) -> int:
+        """Read the temperature sensor once: event ``sensor.temperature`` when the reading moved
+        by more than 0.2 °C, and ``alarm.temperature`` when it crosses ``HOT`` (back below it
+        1 °C lower). Returns how many events went."""
+        celsius = self.board.read_temperature()
+        sent = self.events.reading("sensor.temperature", celsius, delta=0.2, unit="°C")
+        alarm = self.events.threshold("alarm.temperature", celsius, HOT, hysteresis=1.0,
+                                      unit="°C")  # fmt: skip
+        return int(sent) + int(alarm)
 
     async def run_forever(self) -> None:
         """Stay connected until cancelled: the firmware's own loop (``fw_device.Device.run``).

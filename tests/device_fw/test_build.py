@@ -17,10 +17,12 @@ BOARD_SOURCES = [path for path in SOURCES if path.name != "__init__.py"]
 STOCK_MODULES = {"asyncio", "binascii", "esp32", "gc", "hashlib", "json", "machine", "network",
                  "neopixel", "os", "struct", "sys", "time"}  # fmt: skip
 # fw_compat's CPython branch (never run on a board) logs through logging; fw_esp32 opens the
-# camera driver of camera builds (ESP32-CAM, S3 camera boards), guarded by ImportError.
-NOT_STOCK = {"fw_compat.py": {"logging"}, "fw_esp32.py": {"camera"}}
-STUBBED = ["fw_app", "fw_board", "fw_camera", "fw_config", "fw_device", "fw_envelope", "fw_http",
-           "fw_jpeg", "fw_link_ws", "fw_mcp", "fw_tool", "fw_tools", "fw_ws"]  # fmt: skip
+# camera driver of camera builds (ESP32-CAM, S3 camera boards) and the SSD1306 display driver
+# (micropython-lib, installed with mip), each guarded by ImportError.
+NOT_STOCK = {"fw_compat.py": {"logging"}, "fw_esp32.py": {"camera", "ssd1306"}}
+STUBBED = ["fw_app", "fw_board", "fw_camera", "fw_config", "fw_device", "fw_envelope",
+           "fw_events", "fw_http", "fw_jpeg", "fw_link_ws", "fw_mcp", "fw_tool", "fw_tools",
+           "fw_ws"]  # fmt: skip
 
 
 def test_every_firmware_file_compiles_with_mpy_cross(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ async def test_stdio_serves_mcp_and_the_device_listener(tmp_path: Path) -> None:
         assert [t.name for t in (await client.list_tools()).tools] == [
             "list_devices",
             "call_device_tool",
+            "notify_device",
         ]
         async with SimulatedDevice(url, DEVICE_TOKEN, device_id="02:00:00:00:00:01"):
             await inbox.next_change()
@@ -224,7 +225,7 @@ async def test_simulate_count_five_then_a_new_session_lists_device_tools(tmp_pat
     assert code == 0, log.read_text()
     names = [t.name for t in result.tools]
     assert result.next_cursor is None
-    assert names[:2] == ["list_devices", "call_device_tool"] and len(names) > 2
+    assert names[:3] == ["list_devices", "call_device_tool", "notify_device"] and len(names) > 3
     assert mode == "per-device"  # 5 x 17 tools fit the default budget of 128
     lamps = {name.removesuffix("_lamp_turn_on") for name in names if name.endswith("_lamp_turn_on")}
     assert lamps == set(SIMULATED)
