@@ -130,7 +130,9 @@ class CallRouter:
         caller, asking = asker
         options = self._config.device(device.device_id)
         # Before the owner is asked: a caller over its rate must not fill the Waiting list.
-        if limited := self.rates.refusal(caller, device.device_id, tool_name, options.rate):
+        if options.rate and (
+            limited := self.rates.refusal(caller, device.device_id, tool_name, options.rate)
+        ):
             raise CallRejected(limited)
         confirmations = self.confirmations
         if confirmations.rules.enabled and not user and confirmations.wanted(tool):
