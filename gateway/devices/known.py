@@ -169,6 +169,11 @@ class KnownDevices:
         """
         return self._exposure.changes()
 
+    def changed_since(self, mark: int) -> tuple[Sequence[Device] | None, int]:
+        """The devices whose place in what hosts see may have changed since ``mark`` (None:
+        any device, read them all), and the mark to pass next time (0 at first)."""
+        return self._exposure.changed_since(mark), self._exposure.mark
+
     @property
     def touched(self) -> int:
         """The tool entries added to or taken from what hosts see so far (the updates' work)."""
