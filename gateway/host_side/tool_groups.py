@@ -27,7 +27,7 @@ __all__ = ["Groups", "OrderKey", "ToolGroup"]
 
 OrderKey = tuple[str, str]  # (alias, device id): where a device stands in the listing
 GroupKey = tuple[str, str]  # (tool name, schema key)
-_Place = tuple[str, str, int]  # (alias, device id, tool index): where a group stands
+_Place = tuple[OrderKey, int]  # (its device's order key, tool index): where a group stands
 
 
 class ToolGroup:
@@ -68,18 +68,11 @@ class ToolGroup:
         first = heapq.nsmallest(most, self.members.values(), key=_device_order)
         return [tool.device.alias for tool in first]
 
-    def _add(self, order: OrderKey, tool: DeviceTool) -> None:
-        self.members[order[1]] = tool
-        self._first[order[1]] = order
-        heapq.heappush(self._heap, order)
-        self.writers += not tool.hints.read_only
-        self.destructive += bool(tool.hints.destructive)
-
     def _remove(self, device_id: str) -> None:
         tool = self.members.pop(device_id)
         del self._first[device_id]
         self.writers -= not tool.hints.read_only
-        self.destructive -= bool(tool.hints.destructive)
+        self.destructive -= tool.hints.destructive
         if len(self._heap) > 2 * len(self.members) + 16:  # stale keys: made again, amortised
             self._heap = list(self._first.values())
             heapq.heapify(self._heap)
@@ -122,16 +115,21 @@ class Groups:
 
     def add(self, order: OrderKey, tools: tuple[DeviceTool, ...]) -> None:
         """Add the device at ``order`` with its listed ``tools`` to their groups."""
-        for index, tool in enumerate(tools):
+        device_id = order[1]
+        for index, tool in enumerate(tools):  # the fleet's first listing runs this per tool
             spec = tool.spec
             key = (spec.name, spec.schema_key)
             group = self._groups.get(key)
             if group is None:
                 group = self._groups[key] = self._made(key, spec)
-            group._add(order, tool)
-            place = (order[0], order[1], index)
-            if group.place is None or place < group.place:
-                self._move(group, place)
+            group.members[device_id] = tool
+            group._first[device_id] = order
+            heapq.heappush(group._heap, order)
+            hints = tool.hints
+            group.writers += not hints.read_only
+            group.destructive += hints.destructive
+            if group.place is None or order < group.place[0]:  # one tool a device per group
+                self._move(group, (order, index))
 
     def remove(self, order: OrderKey, tools: tuple[DeviceTool, ...]) -> None:
         """Take the device at ``order`` (as it was added) with its ``tools`` out of them."""
@@ -141,9 +139,9 @@ class Groups:
             group._remove(order[1])
             if not group.members:
                 self._drop(group)
-            elif group.place is not None and group.place[1] == order[1]:
+            elif group.place is not None and group.place[0][1] == order[1]:
                 first = group._top()  # it was the first member: the next one's place
-                self._move(group, (*first, self._index(group, first[1])))
+                self._move(group, (first, self._index(group, first[1])))
 
     def _index(self, group: ToolGroup, device_id: str) -> int:
         return self._placed(device_id).index(group.members[device_id])
