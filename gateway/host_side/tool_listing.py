@@ -138,7 +138,10 @@ class ToolLister:
         tools: list[JsonObject] = []
         while entry < len(entries):
             found = entries[entry]
-            items = (found,) if isinstance(found, ToolGroup) else found[2]
+            if isinstance(found, ToolGroup):  # a group of an older listing may have emptied
+                items: tuple[DeviceTool | ToolGroup, ...] = (found,) if found.members else ()
+            else:
+                items = found[2]
             while item < len(items):
                 weight = _weight(items[item])
                 if tools and size + weight > PAGE_BYTES:

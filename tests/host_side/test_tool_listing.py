@@ -318,3 +318,19 @@ def test_groups_follow_schemas_members_and_first_appearance(
     assert [t["name"] for t in listed(stack.frontend.lister)] == ["thing_0_set", "thing_1_set"]
     assert seen == ["aa:0001"] and as_fresh(stack)
     stack.close()
+
+
+def test_a_grouped_listing_in_progress_survives_its_groups_emptying(tmp_path: Path) -> None:
+    """A host pages through groups while the only device offering them is forgotten: the rest
+    of that listing is empty, never an error, and a new listing has none of them."""
+    stack = Stack(make_config(tmp_path, tools_mode="grouped"))
+    fleet(stack, 1, tools=400)
+    first, cursor = stack.frontend.tools()
+    assert cursor is not None and len(first) < 2 + 400
+    device = stack.registry.get("aa:0000")
+    assert device is not None
+    stack.registry.forget(device)
+    another, _ = stack.frontend.tools()  # another host lists: the groups empty
+    rest = [t["name"] for page in every_page(stack, cursor) for t in page]
+    assert rest == [] and len(another) == 2
+    stack.close()
