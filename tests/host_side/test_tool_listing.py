@@ -334,3 +334,47 @@ def test_a_grouped_listing_in_progress_survives_its_groups_emptying(tmp_path: Pa
     rest = [t["name"] for page in every_page(stack, cursor) for t in page]
     assert rest == [] and len(another) == 2
     stack.close()
+
+
+def test_crossing_the_budget_regroups_without_reading_the_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """auto: the join that takes the fleet past `[tools] budget` turns the listing grouped, and
+    the one that brings it back turns it per-device, each looking at that one device."""
+    stack = Stack(make_config(tmp_path, tools_budget=12))
+    fleet(stack, 2, tools=5)
+    assert stack.frontend.lister.current().mode == "per-device"
+    seen = looked_at(monkeypatch)
+    fleet(stack, 1, tools=5, first=2)
+    assert stack.frontend.lister.current().mode == "grouped" and seen == ["aa:0002"]
+    assert as_fresh(stack)  # (a fresh lister reads the fleet)
+    seen.clear()
+    third = stack.registry.get("aa:0002")
+    assert third is not None
+    stack.registry.forget(third)
+    assert stack.frontend.lister.current().mode == "per-device" and seen == ["aa:0002"]
+    assert as_fresh(stack)
+    stack.close()
+
+
+@pytest.mark.anyio
+async def test_hidden_offline_devices_leave_and_come_back_one_look_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """offline_tools = "hide": a device that leaves (no grace) goes out of the listing, and
+    comes back when it reconnects with its catalogue, each time looking at it alone."""
+    config = make_config(tmp_path, tools_mode="grouped", offline_tools="hide", offline_grace=0.0)
+    stack = Stack(config)
+    fleet(stack, 30, tools=2)
+    stack.registry.connect("bb:01", session := ScriptedSession())
+    stack.registry.set_catalogue("bb:01", [tool("self.kettle.boil")], {"name": "kettle"})
+    assert "kettle_boil" in [t["name"] for t in listed(stack.frontend.lister)]
+    seen = looked_at(monkeypatch)
+    stack.registry.disconnect("bb:01", session)
+    assert "kettle_boil" not in [t["name"] for t in listed(stack.frontend.lister)]
+    assert seen == ["bb:01"] and as_fresh(stack)
+    seen.clear()
+    stack.registry.connect("bb:01", ScriptedSession())
+    assert "kettle_boil" in [t["name"] for t in listed(stack.frontend.lister)]
+    assert seen == ["bb:01"] and as_fresh(stack)
+    stack.close()
