@@ -70,6 +70,25 @@ async def test_call_work_benchmark_counts_what_a_call_costs(device: str) -> None
     assert all(value > 0 for value in figures["hop_timed"].values())
 
 
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_listing_after_join_benchmark_measures_both_trees_in_both_modes() -> None:
+    """`bench/listing_after_join.py --json --tree` measures the listing after a join in both
+    modes, for this tree and the other (here this one again), each in a process of its own."""
+    args = ["--counts", "30", "--joins", "1", "--json", "--tree", str(BENCH.parent)]
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "listing_after_join.py"), *args], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    rows = json.loads(done.stdout)
+    assert [(row["count"], row["mode"]) for row in rows] == [(30, "auto"), (30, "per-device")]
+    for row in rows:
+        assert row["this"]["tools"] == row["tree"]["tools"]  # per-device: the first page
+        assert row["this"]["tools"] == 27 if row["mode"] == "auto" else row["this"]["tools"] > 27
+        assert row["cpu_ratio"] > 0 and row["this"]["first_cpu_ms"] > 0
+
+
 # fmt: off
 TINY_FLEET = ["--count", "4", "--idle-count", "4", "--mqtt-count", "3", "--joins", "2",
               "--idle-seconds", "1", "--list-counts", "3", "--list-passes", "2", "--json",

@@ -95,6 +95,7 @@ INNER: dict[str, list[set[str]]] = {
         {"http", "boards"},  # boards: devices that serve MCP themselves, the gateway their client
     ],
     "host_side": [
+        {"tool_groups"},  # grouped mode's groups, kept device by device for tool_listing
         {
             "tool_listing",
             "device_listing",

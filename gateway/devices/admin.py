@@ -259,7 +259,7 @@ class DeviceAdmin(KnownDevices):
         if self._devices.get(device.device_id) is not device:
             return
         del self._devices[device.device_id]
-        self._order = None
+        self._order_drop(device)
         self._unwait(device.device_id)
         if self._by_alias.get(device.alias) is device:
             del self._by_alias[device.alias]

@@ -6,6 +6,10 @@ should be seen (approval, online, offline grace) is the registry's call; this ke
 are shown (``Device.exposed``), the snapshot read between changes, and the subscribers told of
 each change. It keeps no entry per tool: a name is looked up through the names (the registry's
 ``lookup``), which a fleet holds anyway.
+
+It also keeps a journal of the devices it was asked about (``changed_since``), so that what is
+made from the list (the host listing, tool_listing.py) is brought up to date device by device
+rather than made again from the whole fleet.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from gateway.devices.device import Device, DeviceTool
 __all__ = ["Changes", "Exposure"]
 
 Changes = Subscription[None]
+
+JOURNAL_KEPT = 65_536  # devices the journal remembers; a reader further behind starts afresh
 
 
 class Exposure:
@@ -34,6 +40,24 @@ class Exposure:
         self._changes: Broadcast[None] = Broadcast()
         self.touched = 0
         self.version = 0
+        self._journal: list[Device] = []
+        self._journal_start = 0  # the mark of the journal's first entry
+
+    @property
+    def mark(self) -> int:
+        """Where the journal stands now: what ``changed_since`` takes."""
+        return self._journal_start + len(self._journal)
+
+    def changed_since(self, mark: int) -> list[Device] | None:
+        """The devices shown, hidden or shown again since ``mark`` (repeats included), or
+        None when the journal no longer reaches back that far (read the whole fleet then).
+
+        A device shown again while it is shown counts too: it may have come back online, which
+        changes whether a listing that leaves out long-gone devices lists it.
+        """
+        if mark < self._journal_start:
+            return None
+        return self._journal[mark - self._journal_start :]
 
     def tools(self, devices: Iterable[Device]) -> Sequence[DeviceTool]:
         """The exposed tools of ``devices`` (every known one), by alias, tools in device order.
@@ -52,6 +76,7 @@ class Exposure:
 
     def show(self, device: Device) -> None:
         """Add the tools of ``device`` that the model may use, unless they are shown already."""
+        self._note(device)
         if device.exposed or device.decisions is None or not device.decisions.by_name:
             return
         self.touched += device.decisions.hosts
@@ -60,11 +85,20 @@ class Exposure:
 
     def hide(self, device: Device) -> None:
         """Take the tools of ``device`` out of what hosts see, if they are shown."""
+        self._note(device)
         if not device.exposed:
             return
         self.touched += device.decisions.hosts if device.decisions is not None else 0
         device.exposed = False
         self._changed()
+
+    def _note(self, device: Device) -> None:
+        journal = self._journal
+        journal.append(device)
+        if len(journal) > JOURNAL_KEPT:  # the older half goes: amortised, one entry a change
+            dropped = len(journal) // 2
+            del journal[:dropped]
+            self._journal_start += dropped
 
     def _changed(self) -> None:
         self.version += 1

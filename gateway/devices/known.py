@@ -58,14 +58,14 @@ class KnownDevices:
             weakref.WeakKeyDictionary()
         )
         self.verdicts_made = 0  # for tests: tools the policy was asked about
-        self.orders_made = 0  # for tests: how often every device was sorted by alias
         self._exposure = Exposure()
         self._device_changes: Broadcast[None] = Broadcast()
         self._devices: dict[str, Device] = {}
         self._by_alias: dict[str, Device] = {}
-        # Every device ordered by (alias, id), kept until one is added, forgotten or renamed:
-        # the device list is read page by page (the HTTP API, the dashboard, /metrics), and a
-        # fleet of 50,000 must not be sorted again for every page.
+        # Every device ordered by (alias, id), sorted once and then kept in order as devices
+        # are added, forgotten or renamed: the device list is read page by page (the HTTP API,
+        # the dashboard, list_devices), and a fleet of 50,000 must not be sorted again for every
+        # page, nor after every join.
         self._order: list[Device] | None = None
         self.online_count = 0
         self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
@@ -132,9 +132,23 @@ class KnownDevices:
 
     def _ordered(self) -> list[Device]:
         if self._order is None:
-            self.orders_made += 1
             self._order = sorted(self._devices.values(), key=_order_key)
         return self._order
+
+    def _order_add(self, device: Device) -> None:
+        """Put ``device`` in the kept order (if kept): a join moves no other device."""
+        if self._order is not None:
+            bisect.insort(self._order, device, key=_order_key)
+
+    def _order_drop(self, device: Device) -> None:
+        """Take ``device`` out of the kept order (if kept), under the alias it has now."""
+        order = self._order
+        if order is not None:
+            index = bisect.bisect_left(order, _order_key(device), key=_order_key)
+            if index < len(order) and order[index] is device:
+                del order[index]
+            else:  # not where its alias says: sort again at the next read
+                self._order = None
 
     def get(self, device_id: str) -> Device | None:
         """The device whose id is ``device_id``."""
@@ -169,6 +183,11 @@ class KnownDevices:
         item means "it changed since you last looked" (several changes fold into one).
         """
         return self._exposure.changes()
+
+    def changed_since(self, mark: int) -> tuple[Sequence[Device] | None, int]:
+        """The devices whose place in what hosts see may have changed since ``mark`` (None:
+        any device, read them all), and the mark to pass next time (0 at first)."""
+        return self._exposure.changed_since(mark), self._exposure.mark
 
     @property
     def touched(self) -> int:
@@ -207,7 +226,7 @@ class KnownDevices:
                                   first_seen=now, last_seen=now, state=state)  # fmt: skip
             device = self._devices[device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
-            self._order = None
+            self._order_add(device)
             self._save(record)
         return device
 
@@ -233,9 +252,10 @@ class KnownDevices:
         """Call ``device`` ``alias`` (the one place an alias changes: its lookups follow)."""
         if self._by_alias.get(device.alias) is device:
             del self._by_alias[device.alias]
+        self._order_drop(device)
         device.record.alias = alias
         self._by_alias.setdefault(alias, device)
-        self._order = None
+        self._order_add(device)
 
     def _alias(self, device_id: str, board: str | None) -> str:
         configured = self._config.device(device_id).name

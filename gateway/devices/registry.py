@@ -107,6 +107,7 @@ class DeviceRegistry(DeviceAdmin):
         device.record.last_seen = self._clock()
         self._save(device.record)
         logger.info("device %s offline", device.label)
+        self._show(device)  # hosts see no change yet; the listing notes it left (offline_age)
         if self._config.offline_tools == "hide":
             grace = self._config.offline_grace
             loop = asyncio.get_running_loop()

@@ -1,11 +1,21 @@
 """What hosts see in ``tools/list``: the mode, grouped tools, and pages served from a snapshot.
 
-A ``Listing`` is made from the registry once per change (never per request): its entries in a
-deterministic order (meta-tools, then devices by alias with their tools in device order) cut
-into pages of at most ``PAGE_BYTES``, far under the 1 MiB an SDK client accepts. A cursor names
-a listing and a page, and the last few listings are kept, so a host paging through one listing
-while devices come and go sees every tool exactly once; a cursor whose listing is gone (or any
-other cursor) starts again from the first page of the current one.
+A ``Listing`` is a snapshot of what hosts see, taken once per change (never per request): its
+entries in a deterministic order (meta-tools, then devices by alias with their tools in device
+order) cut into pages of at most ``PAGE_BYTES``, far under the 1 MiB an SDK client accepts. A
+cursor names a listing and where in it the next page starts, and the last few listings are
+kept, so a host paging through one listing while devices come and go sees every tool exactly
+once; a cursor whose listing is gone (or any other cursor) starts again from the first page of
+the current one.
+
+A change costs the change, not the fleet: the lister keeps every listed device in alias order
+(and, where the mode may group, the groups: tool_groups.py) and brings them up to date from the
+registry's journal of the devices it showed or hid (``changed_since``), looking at each of those
+devices once (``listed_tools``); the snapshot then copies references, and a page is cut when it
+is asked for. So the first ``tools/list`` after one device joins a fleet of 20,000 looks at that
+device (and at those whose names its arrival changed), not at the 20,000. Devices gone for
+longer than ``[tools] offline_age`` leave the listing as their time comes (a heap of when to
+look at each again), at the next change as before.
 
 A page is served in its wire form (``tools/list`` JSON, plain dicts), never as SDK ``Tool``
 models: the SDK validates and dumps every result once more anyway, so a model per tool would be
@@ -28,19 +38,19 @@ above it. Auto never falls back to meta-tools only: hosts that ignore ``tools/li
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import Config
-from gateway.devices.catalogue import ToolSpec
-from gateway.devices.naming import MAX_NAME_LENGTH, META_TOOL_NAMES, short_hash, tool_suffix
-from gateway.devices.registry import DeviceRegistry, DeviceTool
+from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
+from gateway.host_side.tool_groups import Groups, ToolGroup
 
-__all__ = ["PAGE_BYTES", "Listing", "ToolGroup", "ToolLister"]
+__all__ = ["PAGE_BYTES", "Listing", "ToolGroup", "ToolLister", "listed_tools"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,67 +64,64 @@ SETTLED_TTL_MS = 10_000  # ... once it has not changed for _SETTLED_AFTER
 _SETTLED_AFTER = 300.0  # seconds
 _ENTRY_OVERHEAD = 190  # bytes a tool adds beyond its name, description and schema (measured)
 
+Placement = tuple[str, str, tuple[DeviceTool, ...]]
+"""A listed device: its alias and id (where it stands) and the tools it is listed with."""
 
-@dataclass(frozen=True, slots=True, eq=False)
-class ToolGroup:
-    """One tool that several devices share, listed once with an argument naming the device."""
-
-    name: str
-    spec: ToolSpec
-    members: tuple[DeviceTool, ...]  # by alias
-    argument: str  # the argument that names the device ("device" unless the tool has one)
-    _by_ref: dict[str, DeviceTool] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        for member in self.members:
-            self._by_ref.setdefault(member.device.alias, member)
-            self._by_ref.setdefault(member.device.device_id, member)
-
-    def member(self, ref: str) -> DeviceTool | None:
-        """The member tool on the device whose alias or id is ``ref``."""
-        return self._by_ref.get(ref) or self._by_ref.get(ref.lower())
-
-    def aliases(self, most: int) -> list[str]:
-        """The first ``most`` devices' aliases, in list order."""
-        return [member.device.alias for member in self.members[:most]]
+Entry = Placement | ToolGroup
 
 
-Entry = DeviceTool | ToolGroup
+def listed_tools(device: Device, cutoff: float) -> tuple[DeviceTool, ...]:
+    """The tools of ``device`` in the host listing: those the model may use while hosts see
+    the device, unless it has been offline since before ``cutoff`` (``[tools] offline_age``).
+
+    The one place the lister looks at a device: a change costs one call per device it concerns.
+    """
+    if not device.exposed or not (device.online or device.record.last_seen >= cutoff):
+        return ()
+    return device.shown_tools()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Listing:
-    """One snapshot of the tool list, cut into pages."""
+    """One snapshot of the tool list; pages are cut from it as hosts ask for them."""
 
     version: int
     mode: str  # the mode in effect: per-device, grouped or meta
-    entries: tuple[Entry, ...]
-    pages: tuple[tuple[int, int], ...]  # [start, end) of each page in entries
-    groups: dict[str, ToolGroup]
+    entries: tuple[Entry, ...]  # listed devices (per-device) or groups (grouped)
 
 
 class ToolLister:
-    """Makes listings from the registry as it changes, and answers pages by cursor."""
+    """Keeps the listing up to date device by device, and answers pages by cursor."""
 
     def __init__(self, config: Config, registry: DeviceRegistry) -> None:
         self._config = config
         self._registry = registry
         self._listings: OrderedDict[int, Listing] = OrderedDict()
         self._mode = ""
-        self.listings_made = 0  # for tests: listings made so far (once per change, not request)
+        self._mark = -1  # where in the registry's journal the lister stands (-1: nowhere yet)
+        self._placed: dict[str, Placement] = {}  # by device id
+        self._order: list[Placement] = []  # by alias and id
+        self._count = 0  # tools listed
+        self._aging: list[tuple[float, str]] = []  # (when to look at a device again, its id)
+        may_group = config.tools_mode in ("auto", "grouped")
+        self._groups = Groups(registry.find, self._tools_of) if may_group else None
+        self._changed = True  # since the last snapshot
+        self._seen_version = -1  # the registry's version at the last snapshot
         self.changed_at = time.monotonic()  # when the list last changed (as far as hosts know)
 
     def current(self) -> Listing:
         """The listing of what hosts see now."""
-        version = self._registry.version
-        listing = self._listings.get(version)
-        if listing is None:
-            listing = self._listings[version] = self._make(version)
-            self.listings_made += 1
+        self._update()
+        if self._registry.version != self._seen_version:  # names may change in place too
+            self._seen_version, self._changed = self._registry.version, True
+        if self._changed or not self._listings:
+            version = next(reversed(self._listings), 0) + 1
+            self._listings[version] = self._snapshot(version)
+            self._changed = False
             self.changed_at = time.monotonic()
             while len(self._listings) > _KEPT_LISTINGS:
                 self._listings.popitem(last=False)
-        return listing
+        return self._listings[next(reversed(self._listings))]
 
     def cache_hint(self) -> JsonObject:
         """The ``ttlMs`` and ``cacheScope`` of a ``tools/list`` result now."""
@@ -125,16 +132,31 @@ class ToolLister:
     def page(self, cursor: str | None) -> tuple[list[JsonObject], bool, str | None]:
         """The device tools of the page ``cursor`` points at (wire form), whether it is the
         first page, and the cursor of the page after it."""
-        listing, index = self._resolve(cursor)
-        start, end = listing.pages[index]
-        tools = [_wire_tool(entry) for entry in listing.entries[start:end]]
-        following = index + 1
-        more = following < len(listing.pages)
-        return tools, index == 0, f"{listing.version}.{following}" if more else None
+        listing, entry, item = self._resolve(cursor)
+        first = (entry, item) == (0, 0)
+        entries, size = listing.entries, 0
+        tools: list[JsonObject] = []
+        while entry < len(entries):
+            found = entries[entry]
+            if isinstance(found, ToolGroup):  # a group of an older listing may have emptied
+                items: tuple[DeviceTool | ToolGroup, ...] = (found,) if found.members else ()
+            else:
+                items = found[2]
+            while item < len(items):
+                weight = _weight(items[item])
+                if tools and size + weight > PAGE_BYTES:
+                    return tools, first, f"{listing.version}.{entry}.{item}"
+                tools.append(_wire_tool(items[item]))
+                size += weight
+                item += 1
+            entry, item = entry + 1, 0
+        return tools, first, None
 
     def group(self, name: str) -> ToolGroup | None:
         """The group listed as ``name`` now, if any."""
-        return self.current().groups.get(name)
+        if self.current().mode != "grouped" or self._groups is None:
+            return None
+        return self._groups.by_name.get(name)
 
     def input_schema(self, name: str) -> JsonObject | None:
         """The ``inputSchema`` of the tool hosts call ``name`` (a group's has its ``device``)."""
@@ -145,91 +167,119 @@ class ToolLister:
         tool = self._registry.lookup(name)
         return tool.spec.input_schema if tool is not None else None
 
-    def _resolve(self, cursor: str | None) -> tuple[Listing, int]:
+    def _resolve(self, cursor: str | None) -> tuple[Listing, int, int]:
         if cursor:
-            version, _, index = cursor.partition(".")
-            listing = self._listings.get(int(version)) if version.isdigit() else None
-            if listing is not None and index.isdigit() and int(index) < len(listing.pages):
-                return listing, int(index)
-        return self.current(), 0  # first page, or a stale cursor: start again, cleanly
+            parts = cursor.split(".")
+            if len(parts) == 3 and all(part.isdigit() for part in parts):
+                version, entry, item = (int(part) for part in parts)
+                listing = self._listings.get(version)
+                if listing is not None and entry < len(listing.entries):
+                    found = listing.entries[entry]
+                    if item < (1 if isinstance(found, ToolGroup) else len(found[2])):
+                        return listing, entry, item
+        return self.current(), 0, 0  # first page, or a stale cursor: start again, cleanly
 
-    # --- making a listing ------------------------------------------------------------------
+    # --- keeping the listing up to date --------------------------------------------------------
 
-    def _make(self, version: int) -> Listing:
-        tools = self._listed_tools()
-        mode = self._effective_mode(tools)
-        groups: dict[str, ToolGroup] = {}
-        entries: Sequence[Entry] = ()
+    def _update(self) -> None:
+        """Look at the devices that changed since the last look, and at those whose offline
+        time is up; the whole fleet only the first time (or when the journal lost track)."""
+        changed, mark = self._registry.changed_since(self._mark)
+        now = time.time()
+        due = bool(self._aging) and self._aging[0][0] <= now
+        if mark == self._mark and changed is not None and not due:
+            return
+        self._mark = mark
+        if changed is None:
+            self._clear()
+            changed = self._registry.devices()
+        visit = {device.device_id: device for device in changed}  # the journal repeats
+        while self._aging and self._aging[0][0] <= now:
+            _, device_id = heapq.heappop(self._aging)
+            device = self._registry.get(device_id)
+            if device is not None:
+                visit.setdefault(device_id, device)
+        cutoff = now - self._config.tools_offline_age
+        for device in visit.values():
+            self._place(device, listed_tools(device, cutoff), now)
+        if len(self._aging) > 2 * len(self._placed) + 64:  # stale looks: plan them again
+            gone = (placed[2][0].device for placed in self._placed.values())
+            self._aging = [(device.record.last_seen + self._config.tools_offline_age,
+                            device.device_id) for device in gone if not device.online]  # fmt: skip
+            heapq.heapify(self._aging)  # amortised: one entry a look planned
+
+    def _place(self, device: Device, tools: tuple[DeviceTool, ...], now: float) -> None:
+        """Put ``device`` where it belongs in the listing with ``tools`` (or out of it)."""
+        device_id = device.device_id
+        if tools and not device.online:  # listed while offline: look at it again when its
+            # time is up (an online device is listed whatever its age; it is journaled as it
+            # leaves)
+            when = device.record.last_seen + self._config.tools_offline_age
+            heapq.heappush(self._aging, (when, device_id))
+        old = self._placed.get(device_id)
+        if old is not None and old[2] is tools and old[0] == device.alias:
+            return  # as it was (a reconnect, a journal repeat)
+        if old is not None:
+            del self._order[bisect.bisect_left(self._order, (old[0], old[1]))]
+            self._count -= len(old[2])
+            if self._groups is not None:
+                self._groups.remove((old[0], old[1]), old[2])
+            del self._placed[device_id]
+        if tools:
+            key = (device.alias, device_id)
+            placement = self._placed[device_id] = (*key, tools)
+            self._order.insert(bisect.bisect_left(self._order, key), placement)
+            self._count += len(tools)
+            if self._groups is not None:
+                self._groups.add(key, tools)
+        self._changed = True
+
+    def _clear(self) -> None:
+        self._placed.clear()
+        self._order.clear()
+        self._count = 0
+        self._aging.clear()
+        if self._groups is not None:
+            self._groups = Groups(self._registry.find, self._tools_of)
+        self._changed = True
+
+    def _tools_of(self, device_id: str) -> tuple[DeviceTool, ...]:
+        return self._placed[device_id][2]
+
+    def _snapshot(self, version: int) -> Listing:
+        mode = self._effective_mode(self._count)
+        entries: tuple[Entry, ...] = ()
         if mode == "per-device":
-            entries = tools
-        elif mode == "grouped":
-            groups = _groups(tools)
-            entries = tuple(groups.values())
-        return Listing(version, mode, tuple(entries), _pages(entries), groups)
+            entries = tuple(self._order)  # references: no device is looked at
+        elif mode == "grouped" and self._groups is not None:
+            entries = tuple(self._groups)
+        return Listing(version, mode, entries)
 
-    def _listed_tools(self) -> list[DeviceTool]:
-        """The exposed tools, less those of devices offline for longer than ``offline_age``."""
-        cutoff = time.time() - self._config.tools_offline_age
-        return [
-            tool
-            for tool in self._registry.exposed_tools()
-            if tool.device.online or tool.device.record.last_seen >= cutoff
-        ]
-
-    def _effective_mode(self, tools: list[DeviceTool]) -> str:
+    def _effective_mode(self, count: int) -> str:
         mode = self._config.tools_mode
         if mode == "auto":
             budget = self._config.tools_budget
-            mode = "per-device" if len(tools) <= budget else "grouped"
+            mode = "per-device" if count <= budget else "grouped"
             if mode != self._mode and mode == "grouped":
                 logger.info(
                     "%d device tools exceed the tools budget of %d: listing tools that devices "
                     "share once each, with a `device` argument ([tools] mode and budget)",
-                    len(tools),
+                    count,
                     budget,
                 )
         self._mode = mode  # the switch to grouped is logged once, not at every listing
         return mode
 
 
-def _groups(tools: list[DeviceTool]) -> dict[str, ToolGroup]:
-    """Tools grouped by name and schema, in order of first appearance, named after the tool."""
-    members: dict[tuple[str, str], list[DeviceTool]] = {}
-    for tool in tools:
-        members.setdefault((tool.spec.name, tool.spec.schema_key), []).append(tool)
-    bases: dict[str, int] = {}
-    for name, _ in members:
-        base = tool_suffix(name)
-        bases[base] = bases.get(base, 0) + 1
-    groups: dict[str, ToolGroup] = {}
-    for (name, schema_key), group in members.items():
-        base = tool_suffix(name)[: MAX_NAME_LENGTH - 7]
-        if bases[tool_suffix(name)] > 1 or base in META_TOOL_NAMES:
-            base = f"{base}_{short_hash(name, schema_key)}"  # same name, other schemas
-        spec = group[0].spec
-        properties = spec.input_schema.get("properties")
-        taken = isinstance(properties, dict) and "device" in properties
-        argument = "target_device" if taken else "device"  # never shadow the tool's own
-        groups[base] = ToolGroup(base, spec, tuple(group), argument)
-    return groups
+def _weight(item: DeviceTool | ToolGroup) -> int:
+    """About the bytes ``item`` adds to a page (what cuts pages under ``PAGE_BYTES``)."""
+    weight = item.spec.size + _ENTRY_OVERHEAD
+    if isinstance(item, ToolGroup) and item.count <= ENUM_LIMIT:
+        weight += sum(len(a) + 3 for a in item.aliases(ENUM_LIMIT)) * 2
+    return weight
 
 
-def _pages(entries: Sequence[Entry]) -> tuple[tuple[int, int], ...]:
-    pages: list[tuple[int, int]] = []
-    start, size = 0, 0
-    for index, entry in enumerate(entries):
-        weight = entry.spec.size + _ENTRY_OVERHEAD
-        if isinstance(entry, ToolGroup):
-            weight += sum(len(a) + 3 for a in entry.aliases(ENUM_LIMIT)) * 2
-        if size + weight > PAGE_BYTES and index > start:
-            pages.append((start, index))
-            start, size = index, 0
-        size += weight
-    pages.append((start, len(entries)))
-    return tuple(pages)
-
-
-def _wire_tool(entry: Entry) -> JsonObject:
+def _wire_tool(entry: DeviceTool | ToolGroup) -> JsonObject:
     """The entry as ``tools/list`` lists it (the SDK validates the whole result once more)."""
     if isinstance(entry, ToolGroup):
         return _group_tool(entry)
@@ -253,15 +303,15 @@ def _group_tool(group: ToolGroup) -> JsonObject:
     spec = group.spec
     schema = dict(spec.input_schema)
     device: JsonObject = {"type": "string"}
-    if len(group.members) <= ENUM_LIMIT:
+    if group.count <= ENUM_LIMIT:
         device["enum"] = group.aliases(ENUM_LIMIT)
         device["description"] = "the device to use"
     else:
-        device["description"] = f"the device to use: one of {len(group.members)} (list_devices)"
+        device["description"] = f"the device to use: one of {group.count} (list_devices)"
     schema["properties"] = {group.argument: device, **(schema.get("properties") or {})}
     required = schema.get("required")
     schema["required"] = [group.argument, *(required if isinstance(required, list) else [])]
-    count = len(group.members)
+    count = group.count
     where = "1 device" if count == 1 else f"{count} devices"
     tool: JsonObject = {
         "name": group.name,
@@ -269,8 +319,8 @@ def _group_tool(group: ToolGroup) -> JsonObject:
         "inputSchema": schema,
         "annotations": {
             "title": spec.title or spec.name,
-            "readOnlyHint": all(m.hints.read_only for m in group.members),
-            "destructiveHint": any(m.hints.destructive for m in group.members),
+            "readOnlyHint": group.writers == 0,  # every member read-only
+            "destructiveHint": group.destructive > 0,  # any member destructive
         },
     }
     if spec.output_schema is not None:

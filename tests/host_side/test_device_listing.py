@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.devices import known
 from gateway.devices.registry import Device
 from gateway.host_side.device_listing import DeviceQuery, list_devices
 from tests.conftest import make_config
@@ -80,11 +81,27 @@ class CountingQuery(DeviceQuery):
         return super().matches(device)
 
 
-def test_paging_through_the_fleet_looks_at_each_device_about_once(stack: Stack) -> None:
+def ordered(monkeypatch: pytest.MonkeyPatch) -> list[Device]:
+    """The devices whose place in the device order is worked out from now on (a sort of the
+    fleet works out every device's)."""
+    seen: list[Device] = []
+    original = known._order_key
+
+    def counted(device: Device) -> tuple[str, str]:
+        seen.append(device)
+        return original(device)
+
+    monkeypatch.setattr(known, "_order_key", counted)
+    return seen
+
+
+def test_paging_through_the_fleet_looks_at_each_device_about_once(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each page starts where the last ended: the fleet is sorted once and each device looked
     at once (the device a page had no room for twice), not every device for every page."""
     CountingQuery.asked, cursor, pages = 0, None, 0
-    sorts = stack.registry.orders_made
+    placed = ordered(monkeypatch)
     while True:
         page = list_devices(stack.registry, CountingQuery({"cursor": cursor}))
         pages += 1
@@ -92,7 +109,26 @@ def test_paging_through_the_fleet_looks_at_each_device_about_once(stack: Stack) 
             break
     assert pages > 10
     assert CountingQuery.asked <= 300 + pages  # sorting again per page: about 300 x pages
-    assert stack.registry.orders_made == sorts + 1
+    assert len(placed) <= 300 + 10 * pages  # one sort, then a bisect per page
+    stack.close()
+
+
+def test_a_join_is_put_in_its_place_without_sorting_the_fleet_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer, a rename and a forgotten device after the fleet was listed: each costs a
+    search of the kept order (about log2 of 300 devices looked at), not a sort of the fleet."""
+    list_devices(stack.registry, DeviceQuery({}))
+    placed = ordered(monkeypatch)
+    stack.registry.connect("bb:0001", ScriptedSession())
+    stack.registry.set_catalogue("bb:0001", (tool("self.t"),), {"name": "kettle"})
+    newcomer = stack.registry.get("bb:0001")
+    assert newcomer is not None
+    stack.registry.rename(newcomer, "aardvark")
+    stack.registry.forget(newcomer)
+    first = list_devices(stack.registry, DeviceQuery({}))["devices"][0]
+    # five searches (the newcomer, its board name, the rename, forget, the page's start)
+    assert len(placed) < 5 * 2 * 10 and first["device"] == "fan_0000"
     stack.close()
 
 
