@@ -11,6 +11,7 @@ import mcp.types as types
 import pytest
 
 from gateway.config import DeviceOptions
+from gateway.devices.name_rules import META_TOOL_NAMES
 from gateway.devices.registry import Device, DeviceTool
 from gateway.host_side import tool_listing
 from gateway.host_side.mcp_server import LIST_DEVICES
@@ -21,6 +22,8 @@ from tests.fakes import ScriptedSession, Stack, tool
 JsonObject = dict[str, Any]
 
 TEXT = "Sets the thing. " * 30  # stock descriptions run long
+
+META = len(META_TOOL_NAMES)  # the meta-tools page one of every listing starts with
 
 
 def fleet(stack: Stack, count: int, tools: int = 25, first: int = 0) -> None:
@@ -203,7 +206,7 @@ def test_a_join_looks_at_the_newcomer_only_whatever_the_fleet(
     fleet(stack, 1, tools=5, first=size)
     pages = every_page(stack)
     assert seen == [f"aa:{size:04x}"]
-    assert sum(len(page) for page in pages) == 2 + (5 if stack.frontend.lister.current().mode
+    assert sum(len(page) for page in pages) == META + (5 if stack.frontend.lister.current().mode
                                                     == "grouped" else 5 * (size + 1))  # fmt: skip
     assert as_fresh(stack)
     stack.close()
@@ -233,7 +236,7 @@ def test_leaving_renaming_and_forgetting_look_at_that_device_only(
     seen.clear()
     stack.registry.forget(device)
     tools = [t["name"] for page in every_page(stack) for t in page]
-    assert seen == ["aa:0007"] and len(tools) == 2 + 59 * 3 and as_fresh(stack)
+    assert seen == ["aa:0007"] and len(tools) == META + 59 * 3 and as_fresh(stack)
     stack.close()
 
 
@@ -328,13 +331,13 @@ def test_a_grouped_listing_in_progress_survives_its_groups_emptying(tmp_path: Pa
     stack = Stack(make_config(tmp_path, tools_mode="grouped"))
     fleet(stack, 1, tools=400)
     first, cursor = stack.frontend.tools()
-    assert cursor is not None and len(first) < 2 + 400
+    assert cursor is not None and len(first) < META + 400
     device = stack.registry.get("aa:0000")
     assert device is not None
     stack.registry.forget(device)
     another, _ = stack.frontend.tools()  # another host lists: the groups empty
     rest = [t["name"] for page in every_page(stack, cursor) for t in page]
-    assert rest == [] and len(another) == 2
+    assert rest == [] and len(another) == META
     stack.close()
 
 
