@@ -93,6 +93,7 @@ INNER: dict[str, list[set[str]]] = {
         {"http", "boards"},  # boards: devices that serve MCP themselves, the gateway their client
     ],
     "host_side": [
+        {"device_scope"},  # which devices a caller may see and call
         {
             "tool_listing",
             "device_listing",
@@ -109,7 +110,7 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "host_side/oauth": [
-        {"origin", "store", "redirects"},
+        {"origin", "store", "redirects", "device_choice"},
         {"client_documents", "credentials", "consent_requests", "guard"},
         {"provider"},
         {"consent"},
@@ -123,7 +124,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "config": [
         {"values"},
-        {"listen", "boards"},
+        {"listen", "boards", "host_tokens"},
         {"model"},
         {"keys"},
         {"unknown_keys"},

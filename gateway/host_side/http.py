@@ -222,7 +222,9 @@ def build_host_app(
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
     if token or oauth is not None:
-        backend: AuthenticationBackend = BearerTokens(token, oauth.verify if oauth else None)
+        backend: AuthenticationBackend = BearerTokens(
+            token, oauth.verify if oauth else None, config.host_tokens
+        )
         if (
             dashboard is not None and token
         ):  # or a signed-in dashboard session (with CSRF to change things)

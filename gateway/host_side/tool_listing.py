@@ -18,6 +18,10 @@ changes, so that a host which does not subscribe to changes sees a board that jo
 them; longer once nothing changed for a while. Always ``private``: the list depends on the
 caller (the fleet panel's ``list_devices`` for hosts that render it).
 
+A caller limited to some devices (``device_scope.py``) pages through the same listing narrowed
+to its devices: made from the listing, not the registry, once per change and scope (the last few
+kept), never per request; its cursors name the listing's version as everyone's do.
+
 Modes (``[tools] mode``, DESIGN.md "Tool naming"): ``per-device`` lists every device tool by its
 own MCP name; ``grouped`` lists a tool that devices share (same name, same schema) once, named
 after the tool, with a required ``device`` argument that routes the call; ``meta`` lists only
@@ -39,6 +43,7 @@ from gateway.config import Config
 from gateway.devices.catalogue import ToolSpec
 from gateway.devices.naming import MAX_NAME_LENGTH, META_TOOL_NAMES, short_hash, tool_suffix
 from gateway.devices.registry import DeviceRegistry, DeviceTool
+from gateway.host_side.device_scope import DeviceScope
 
 __all__ = ["PAGE_BYTES", "Listing", "ToolGroup", "ToolLister"]
 
@@ -49,6 +54,7 @@ JsonObject = dict[str, Any]
 PAGE_BYTES = 200_000  # a page's tools as JSON, about; the reply stays well under 256 KB
 ENUM_LIMIT = 64  # a group's `device` argument lists its aliases up to this many devices
 _KEPT_LISTINGS = 8  # listings a cursor may still point into
+_KEPT_NARROWED = 32  # listings narrowed to a caller's devices, kept (a few per scope in use)
 CHANGING_TTL_MS = 2_000  # tools/list cache hint while the fleet changes
 SETTLED_TTL_MS = 10_000  # ... once it has not changed for _SETTLED_AFTER
 _SETTLED_AFTER = 300.0  # seconds
@@ -100,6 +106,8 @@ class ToolLister:
         self._config = config
         self._registry = registry
         self._listings: OrderedDict[int, Listing] = OrderedDict()
+        self._narrowed: OrderedDict[tuple[int, DeviceScope], Listing] = OrderedDict()
+        self.narrowed_made = 0  # for tests: listings narrowed to a scope (once per change each)
         self._mode = ""
         self.listings_made = 0  # for tests: listings made so far (once per change, not request)
         self.changed_at = time.monotonic()  # when the list last changed (as far as hosts know)
@@ -122,19 +130,36 @@ class ToolLister:
         settled = time.monotonic() - self.changed_at >= _SETTLED_AFTER
         return {"ttlMs": SETTLED_TTL_MS if settled else CHANGING_TTL_MS, "cacheScope": "private"}
 
-    def page(self, cursor: str | None) -> tuple[list[JsonObject], bool, str | None]:
+    def page(
+        self, cursor: str | None, scope: DeviceScope | None = None
+    ) -> tuple[list[JsonObject], bool, str | None]:
         """The device tools of the page ``cursor`` points at (wire form), whether it is the
-        first page, and the cursor of the page after it."""
-        listing, index = self._resolve(cursor)
+        first page, and the cursor of the page after it; only ``scope``'s devices, if given."""
+        listing, index = self._resolve(cursor, scope)
         start, end = listing.pages[index]
         tools = [_wire_tool(entry) for entry in listing.entries[start:end]]
         following = index + 1
         more = following < len(listing.pages)
         return tools, index == 0, f"{listing.version}.{following}" if more else None
 
-    def group(self, name: str) -> ToolGroup | None:
-        """The group listed as ``name`` now, if any."""
-        return self.current().groups.get(name)
+    def group(self, name: str, scope: DeviceScope | None = None) -> ToolGroup | None:
+        """The group listed as ``name`` now, if any (to a caller limited to ``scope``)."""
+        return self._scoped(self.current(), scope).groups.get(name)
+
+    def _scoped(self, listing: Listing, scope: DeviceScope | None) -> Listing:
+        """``listing`` as a caller limited to ``scope`` sees it (made once per scope)."""
+        if scope is None:
+            return listing
+        key = (listing.version, scope)
+        narrowed = self._narrowed.get(key)
+        if narrowed is None:
+            narrowed = self._narrowed[key] = _narrowed(listing, scope)
+            self.narrowed_made += 1
+            while len(self._narrowed) > _KEPT_NARROWED:
+                self._narrowed.popitem(last=False)
+        else:
+            self._narrowed.move_to_end(key)
+        return narrowed
 
     def input_schema(self, name: str) -> JsonObject | None:
         """The ``inputSchema`` of the tool hosts call ``name`` (a group's has its ``device``)."""
@@ -145,13 +170,16 @@ class ToolLister:
         tool = self._registry.lookup(name)
         return tool.spec.input_schema if tool is not None else None
 
-    def _resolve(self, cursor: str | None) -> tuple[Listing, int]:
+    def _resolve(self, cursor: str | None, scope: DeviceScope | None) -> tuple[Listing, int]:
         if cursor:
             version, _, index = cursor.partition(".")
             listing = self._listings.get(int(version)) if version.isdigit() else None
-            if listing is not None and index.isdigit() and int(index) < len(listing.pages):
-                return listing, int(index)
-        return self.current(), 0  # first page, or a stale cursor: start again, cleanly
+            if listing is not None:
+                listing = self._scoped(listing, scope)
+                if index.isdigit() and int(index) < len(listing.pages):
+                    return listing, int(index)
+        # first page, or a stale cursor: start again, cleanly
+        return self._scoped(self.current(), scope), 0
 
     # --- making a listing ------------------------------------------------------------------
 
@@ -212,6 +240,31 @@ def _groups(tools: list[DeviceTool]) -> dict[str, ToolGroup]:
         argument = "target_device" if taken else "device"  # never shadow the tool's own
         groups[base] = ToolGroup(base, spec, tuple(group), argument)
     return groups
+
+
+def _narrowed(listing: Listing, scope: DeviceScope) -> Listing:
+    """``listing`` with only the devices ``scope`` sees: their tools, and groups of their
+    members only (a group's ``device`` argument never names another device)."""
+    seen: dict[str, bool] = {}
+
+    def sees(tool: DeviceTool) -> bool:
+        device = tool.device
+        found = seen.get(device.device_id)
+        if found is None:
+            found = seen[device.device_id] = scope.sees(device)
+        return found
+
+    entries: list[Entry] = []
+    groups: dict[str, ToolGroup] = {}
+    for entry in listing.entries:
+        if isinstance(entry, ToolGroup):
+            members = tuple(member for member in entry.members if sees(member))
+            if members:
+                group = ToolGroup(entry.name, entry.spec, members, entry.argument)
+                entries.append(groups.setdefault(entry.name, group))
+        elif sees(entry):
+            entries.append(entry)
+    return Listing(listing.version, listing.mode, tuple(entries), _pages(entries), groups)
 
 
 def _pages(entries: Sequence[Entry]) -> tuple[tuple[int, int], ...]:
