@@ -8,6 +8,7 @@ from typing import Any
 import mcp.types as types
 import pytest
 
+from gateway.host_side.device_scope import DeviceScope, scope_of
 from gateway.host_side.mcp_server import LIST_DEVICES
 from gateway.host_side.tool_listing import PAGE_BYTES
 from tests.conftest import make_config
@@ -36,10 +37,12 @@ def page_bytes(tools: list[JsonObject]) -> int:
     return len(result.model_dump_json(by_alias=True, exclude_none=True))
 
 
-def every_page(stack: Stack, cursor: str | None = None) -> list[list[JsonObject]]:
+def every_page(
+    stack: Stack, cursor: str | None = None, scope: DeviceScope | None = None
+) -> list[list[JsonObject]]:
     pages = []
     while True:
-        tools, cursor = stack.frontend.tools(cursor)
+        tools, cursor = stack.frontend.tools(cursor, scope)
         pages.append(tools)
         if cursor is None:
             return pages
@@ -148,3 +151,39 @@ def test_a_called_tool_schema_is_found_without_listing(tmp_path: Path) -> None:
     listed, _ = grouped.frontend.tools()
     assert listed[2]["inputSchema"] == schema
     grouped.close()
+
+
+def test_a_scoped_caller_pages_through_its_devices_only_from_one_narrowed_listing(
+    tmp_path: Path,
+) -> None:
+    """A scope of 16 devices of 60 (aliases end in the ids' hex): its pages hold their tools only, each once; paging
+    again makes no new listing (narrowed once per change and scope, not per request), and
+    the fleet's own listing is made once for everyone."""
+    stack = Stack(make_config(tmp_path, tools_mode="per-device"))
+    fleet(stack, 60)
+    scope = scope_of(["board_000*"])
+    for _ in range(3):
+        names = [t["name"] for page in every_page(stack, scope=scope) for t in page]
+        assert len(names) == len(set(names)) == 2 + 16 * 25
+        assert all(n.startswith("board_000") for n in names[2:])
+    assert stack.frontend.lister.narrowed_made == 1
+    assert stack.frontend.lister.listings_made == 1
+    fleet(stack, 1, first=60)  # a change: one new listing, narrowed once more
+    every_page(stack, scope=scope)
+    assert stack.frontend.lister.narrowed_made == 2
+    stack.close()
+
+
+def test_a_grouped_tool_names_only_the_scoped_callers_devices(tmp_path: Path) -> None:
+    """In grouped mode a group shared by three devices lists, to a caller limited to one, that
+    one alone in its `device` enum; a group none of its devices has is not listed."""
+    stack = Stack(make_config(tmp_path, tools_mode="grouped"))
+    fleet(stack, 3, tools=2)
+    (tools,) = every_page(stack, scope=scope_of(["board_0001"]))
+    groups = tools[2:]
+    assert [g["inputSchema"]["properties"]["device"]["enum"] for g in groups] == [
+        ["board_0001"],
+        ["board_0001"],
+    ]
+    assert every_page(stack, scope=scope_of(["nothing*"])) == [every_page(stack)[0][:2]]
+    stack.close()
