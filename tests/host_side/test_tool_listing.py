@@ -156,9 +156,9 @@ def test_a_called_tool_schema_is_found_without_listing(tmp_path: Path) -> None:
 def test_a_scoped_caller_pages_through_its_devices_only_from_one_narrowed_listing(
     tmp_path: Path,
 ) -> None:
-    """A scope of 16 devices of 60 (aliases end in the ids' hex): its pages hold their tools only, each once; paging
-    again makes no new listing (narrowed once per change and scope, not per request), and
-    the fleet's own listing is made once for everyone."""
+    """A scope of 16 devices of 60 (aliases end in the ids' hex): its pages hold their tools
+    only, each once; paging again makes no new listing (narrowed once per change and scope,
+    not per request), and the fleet's own listing is made once for everyone."""
     stack = Stack(make_config(tmp_path, tools_mode="per-device"))
     fleet(stack, 60)
     scope = scope_of(["board_000*"])

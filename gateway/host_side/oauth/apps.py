@@ -25,8 +25,8 @@ from starlette.types import ASGIApp
 from gateway.devices.calls import format_time
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import actor_of
-from gateway.host_side.oauth.consent import in_words
 from gateway.host_side.device_scope import scope_words
+from gateway.host_side.oauth.consent import in_words
 from gateway.host_side.oauth.credentials import CredentialError, describe
 from gateway.host_side.oauth.device_choice import patterns
 from gateway.host_side.oauth.site import OAuthSite
