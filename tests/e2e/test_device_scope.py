@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx2
 import mcp.types as types
 import pytest
@@ -25,7 +26,8 @@ from gateway.app import Running
 from gateway.config import HostTokenOptions
 from gateway.host_side.fleet_app import APP_MIME_TYPE, EXTENSION_ID
 from tests.conftest import bound, gateway
-from tests.e2e.helpers import listed_device
+from tests.e2e.helpers import Inbox, listed_device
+from tests.e2e.test_fleet_app import PNG
 from tests.e2e.test_oauth import signed_in_dashboard
 from tests.oauth_helpers import (
     ConsentBrowser,
@@ -42,11 +44,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 HOST_TOKEN = "the-owners-host-token-0123"
 TABLET = HostTokenOptions("tablet", "tablet-token-0123456789", ("sim-esp32_0002",))
 MINE, OTHER = "02:00:00:00:00:02", "02:00:00:00:00:01"  # sim-esp32_0002, sim-esp32_0001
-PNG = bytes.fromhex(
-    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-    "1f15c4890000000d49444154789c63f8cfc0f01f0005000201a5f6e1e6"
-    "0000000049454e44ae426082"
-)
 PANEL = advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})  # the fleet panel's data too
 
 
@@ -176,8 +173,9 @@ async def test_an_app_limited_on_the_consent_page_and_changed_in_connected_apps(
 ) -> None:
     """The owner ticks one of two devices on the consent page (headless Chromium): the app's
     tools/list and list_devices hold that one only, and its call to the other is refused as
-    unknown; the owner then changes the app to the other device by name glob in Connected apps,
-    and the app's next tools/list, over the same session, holds that device only."""
+    unknown; the owner then changes the app to the other device by name glob in Connected apps:
+    the app's session is told its list changed, and its next tools/list, over the same
+    session, holds that device only."""
     async with (
         oauth_gateway(tmp_path) as run,
         listed_device(run, OTHER),
@@ -188,7 +186,10 @@ async def test_an_app_limited_on_the_consent_page_and_changed_in_connected_apps(
         owner = ChoosingOwner(browser.browser, devices=(MINE,))
         storage = MemoryStorage()
         auth = sdk_auth(run, owner, callback, name="Kitchen helper", storage=storage)
-        async with sdk_client(run, auth) as client:
+        inbox = Inbox()
+        async with sdk_client(run, auth, mode="legacy", message_handler=inbox) as client:
+            with anyio.fail_after(bound(10)):  # its standalone stream, where the push comes
+                await run.gateway.frontend.notifier.wait_for_sessions(1)
             names = [tool.name for tool in (await client.list_tools()).tools]
             assert len(names) > 3 and all(n.startswith("sim-esp32_0002_") for n in names[2:])
             assert devices_in(await client.call_tool("list_devices", {})) == ["sim-esp32_0002"]
@@ -201,10 +202,13 @@ async def test_an_app_limited_on_the_consent_page_and_changed_in_connected_apps(
             assert await row.locator(".sees").inner_text() == "only 02:00:00:00:00:02"
             await row.locator("button.change-devices").click()
             await row.locator("input.devices-input").fill("*0001")
+            told = inbox.count  # pushes so far (the boards' joins may still be coming)
             await row.locator("button.save-devices").click()
             await page.wait_for_selector(
                 f'#apps tr[data-client="{client_id}"] .sees:text("devices named like *0001")'
             )
+            while inbox.count == told:  # the app is told to list again (its cache ends)
+                await inbox.next_change()
             names = [tool.name for tool in (await client.list_tools()).tools]
             assert len(names) > 3 and all(n.startswith("sim-esp32_0001_") for n in names[2:])
             assert devices_in(await client.call_tool("list_devices", {})) == ["sim-esp32_0001"]

@@ -86,16 +86,7 @@ class ConsentPage:
             _form(waiting, request.query_params["request"], csrf, ask, self.fleet()),
             redirect=waiting,
         )
-        response.set_cookie(
-            CSRF_COOKIE,
-            csrf,
-            max_age=600,
-            path="/",
-            httponly=True,
-            samesite="strict",
-            secure=CURRENT.get().https,
-        )
-        return response
+        return _with_csrf(response, csrf)
 
     async def answer(self, request: Request) -> Response:
         """Allow or Deny, from the page's form."""
@@ -153,17 +144,7 @@ class ConsentPage:
         shown = self.consents.show(request_id)
         assert shown is not None
         body = _form(waiting, request_id, shown[1], ask_token, self.fleet(), error)
-        page = _page(body, status, redirect=waiting)
-        page.set_cookie(
-            CSRF_COOKIE,
-            shown[1],
-            max_age=600,
-            path="/",
-            httponly=True,
-            samesite="strict",
-            secure=CURRENT.get().https,
-        )
-        return page
+        return _with_csrf(_page(body, status, redirect=waiting), shown[1])
 
     def _signed_in(self, request: Request) -> bool:
         return self.sessions is not None and (
@@ -187,6 +168,20 @@ class ConsentPage:
             secure=CURRENT.get().https,
         )
         return response
+
+
+def _with_csrf(page: HTMLResponse, csrf: str) -> HTMLResponse:
+    """``page`` with the cookie copy of its form's CSRF value (``consent_requests.py``)."""
+    page.set_cookie(
+        CSRF_COOKIE,
+        csrf,
+        max_age=600,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=CURRENT.get().https,
+    )
+    return page
 
 
 def refusal(reason: str, status: int) -> HTMLResponse:

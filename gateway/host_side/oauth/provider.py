@@ -74,6 +74,7 @@ class GatewayProvider(
         self.config, self.store, self.documents = config, store, documents
         self.consents, self.audit = consents, audit
         self.on_revoke: list[Callable[[str], None]] = []  # told the client id of ended grants
+        self.on_devices: list[Callable[[str], None]] = []  # ... of apps whose devices changed
         self.http_networks = networks(config.oauth_http_networks)  # plain-HTTP redirects too
 
     # --- apps ---------------------------------------------------------------------------------
@@ -295,6 +296,8 @@ class GatewayProvider(
             "devices", grant.client_name, client_id, actor.where, actor.who,
             f"may now use {scope_words(devices)}",
         )  # fmt: skip
+        for watcher in self.on_devices:
+            watcher(client_id)
         return grant
 
     def revoke_app(self, client_id: str, actor: Actor) -> list[Grant]:
