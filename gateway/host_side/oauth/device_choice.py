@@ -48,14 +48,16 @@ def patterns(given: Sequence[object]) -> tuple[str, ...]:
 
 def chosen_devices(form: FormData) -> tuple[str, ...] | None:
     """The consent form's choice: None for all devices, else the ticked ids and the globs.
+    A device ticked or a pattern typed limits the app even if "All devices" stayed selected:
+    of the two readings, the narrower is the one the owner can widen later without harm.
 
     Raises:
         ValueError: "only these" with nothing chosen, or too much.
     """
-    if form.get("devices") != "some":
-        return None
     ticked = [str(value) for value in form.getlist("device")]
     globs = str(form.get("device_globs") or "").replace(",", " ").split()
+    if form.get("devices") != "some" and not ticked and not globs:
+        return None
     return patterns([*ticked, *globs])
 
 
@@ -82,5 +84,6 @@ def device_choice(fleet: Sequence[Named]) -> str:
   <label>and devices whose name or id matches <input name="device_globs" id="device-globs"
   placeholder="kitchen*, porch-*" autocomplete="off"></label>
   <p class="hint">A * stands for any characters: kitchen* is every device whose name starts
-  with "kitchen", now or later.</p>
+  with "kitchen", now or later. A device ticked or a pattern typed limits the app to
+  those.</p>
 </fieldset>"""
