@@ -42,7 +42,7 @@ from gateway.devices.enrollment import Enrollment
 from gateway.devices.limits import log_invalid_limits
 from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import DeviceRegistry
+from gateway.devices.registry import Device, DeviceRegistry
 from gateway.devices.store import Store
 from gateway.devices.tokens import device_tokens
 from gateway.errors import ConfigError
@@ -50,7 +50,7 @@ from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.http import build_host_app
 from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
-from gateway.host_side.oauth import OAuthSite, OriginRules
+from gateway.host_side.oauth import OAuthSite, OriginRules, token_check
 from gateway.net.addresses import Addresses, lan_address
 from gateway.net.descriptors import accept_errors_throttled, raise_fd_limit
 from gateway.net.limits import Guard, listener_limits
@@ -82,7 +82,7 @@ class Gateway:
         self.router = CallRouter(config, self.audit, self.photos)
         self.messenger = Messenger(config, self.audit)  # notify_device
         self.frontend = McpFrontend(config, self.registry, self.router, self.photos,
-                                    messenger=self.messenger)  # fmt: skip
+                                    audit=self.audit, messenger=self.messenger)  # fmt: skip
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
@@ -133,7 +133,9 @@ class Gateway:
             came_over_https=lambda request: origins.of(request).https,
         )  # fmt: skip
         self.oauth = (
-            OAuthSite(config, self.audit, self.dashboard.sessions) if config.oauth_enabled else None
+            OAuthSite(config, self.audit, self.dashboard.sessions, self._approved)
+            if config.oauth_enabled
+            else None
         )
         self.host_app, self._manager = build_host_app(
             config, self.frontend, self.registry, self.router, self.admission.enroll, self.photos,
@@ -239,6 +241,10 @@ class Gateway:
         if self.cluster is not None:
             await self.cluster.join()
 
+    def _approved(self) -> list[Device]:
+        """The devices the consent page lists for the owner to choose from."""
+        return [device for device in self.registry.devices() if device.approved]
+
     def guard(self, listener: str) -> Guard:
         """The connection guard of the ``device`` or ``host`` listener, counted in /metrics."""
         limits = listener_limits(self.config, listener)
@@ -246,7 +252,9 @@ class Gateway:
             limits = dataclasses.replace(
                 limits,
                 session=self.dashboard.sessions.valid,
-                app_token=self.oauth.live if self.oauth else None,
+                app_token=token_check(
+                    self.config.host_tokens, self.oauth.live if self.oauth else None
+                ),
             )
         guard = Guard(limits)
         self.metrics.refusals[listener] = lambda: guard.refused

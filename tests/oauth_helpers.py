@@ -235,10 +235,12 @@ def sdk_auth(
 
 
 @asynccontextmanager
-async def sdk_client(run: Running, auth: httpx2.Auth) -> AsyncIterator[Client]:
-    """An MCP SDK ``Client`` on ``run``'s /mcp that signs in with ``auth``."""
+async def sdk_client(run: Running, auth: httpx2.Auth, **options: Any) -> AsyncIterator[Client]:
+    """An MCP SDK ``Client`` on ``run``'s /mcp that signs in with ``auth`` (``options``: the
+    ``Client``'s, such as ``message_handler``)."""
     async with httpx2.AsyncClient(auth=auth, timeout=bound(30)) as http:
-        async with Client(streamable_http_client(run.mcp_url, http_client=http)) as client:
+        transport = streamable_http_client(run.mcp_url, http_client=http)
+        async with Client(transport, **options) as client:
             yield client
 
 

@@ -257,3 +257,69 @@ def test_a_device_s_quiet_hours_switch_and_rate_are_read_and_bad_spans_refused(
     for bad in ("22:00", "25:00-07:00", "07:00-07:00", 7):
         with pytest.raises(ConfigError, match="quiet"):
             quiet_hours("quiet", bad)
+
+
+NAMED = """host_token = "the-owners-own-host-token"
+[[host.tokens]]
+name = "tablet"
+token = "tablet-token-0123456789"
+devices = ["sim-esp32_0002", "kitchen*"]
+"""
+
+
+def test_named_host_tokens_load_and_never_show_their_secret(tmp_path: Path) -> None:
+    """[[host.tokens]] gives each token a name and its devices; repr and check-config's
+    settings say only that the token is set."""
+    from gateway.config import settings
+
+    config = load_config(write(tmp_path, NAMED), env={})
+    (tablet,) = config.host_tokens
+    assert (tablet.name, tablet.devices) == ("tablet", ("sim-esp32_0002", "kitchen*"))
+    assert tablet.token == "tablet-token-0123456789"
+    shown = repr(config) + repr(settings(config))
+    assert "tablet-token-0123456789" not in shown and "host.tokens[0].token" in shown
+
+
+PHONE = """[[host.tokens]]
+name = "phone"
+token = "phone-token-0123456789"
+devices = ["porch"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "why"),
+    [
+        (NAMED.replace("tablet-token-0123456789", "short"), "host.tokens[0].token", "5 char"),
+        (
+            NAMED.replace("tablet-token-0123456789", "the-owners-own-host-token"),
+            "host.tokens[0].token",
+            "same token as host_token",
+        ),
+        (
+            NAMED + PHONE.replace("phone-token", "tablet-token"),
+            "host.tokens[1].token",
+            "same token as 'tablet'",
+        ),
+        (NAMED + PHONE.replace('"phone"', '"tablet"'), "host.tokens[1].name", "used twice"),
+        (NAMED + PHONE.replace('["porch"]', "[]"), "host.tokens[1].devices", "device ids"),
+        (NAMED + PHONE + 'colour = "red"\n', "host.tokens[1].colour", "unknown key"),
+    ],
+)
+def test_a_short_or_shared_named_token_is_refused_at_load(
+    tmp_path: Path, text: str, key: str, why: str
+) -> None:
+    """A named token under 16 characters, one used twice (or the host token's), a name used
+    twice: a ConfigError naming the entry, never the token itself."""
+    with pytest.raises(ConfigError, match=why) as excinfo:
+        load_config(write(tmp_path, text), env={})
+    assert excinfo.value.key == key
+    assert "0123456789" not in str(excinfo.value) and "owners-own" not in str(excinfo.value)
+
+
+def test_named_tokens_need_the_owners_host_token(tmp_path: Path) -> None:
+    """Without host_token the dashboard and /api would be open to a named token's holder."""
+    text = NAMED.replace('host_token = "the-owners-own-host-token"\n', "")
+    with pytest.raises(ConfigError, match="need host_token") as excinfo:
+        load_config(write(tmp_path, text), env={})
+    assert excinfo.value.key == "host.tokens"

@@ -95,7 +95,9 @@ INNER: dict[str, list[set[str]]] = {
         {"http", "boards"},  # boards: devices that serve MCP themselves, the gateway their client
     ],
     "host_side": [
-        {"tool_groups"},  # grouped mode's groups, kept device by device for tool_listing
+        # tool_groups: grouped mode's groups, kept device by device for tool_listing;
+        # device_scope: which devices a caller may see and call
+        {"tool_groups", "device_scope"},
         {
             "tool_listing",
             "device_listing",
@@ -116,7 +118,7 @@ INNER: dict[str, list[set[str]]] = {
         {"http"},
     ],
     "host_side/oauth": [
-        {"origin", "store", "redirects"},
+        {"origin", "store", "redirects", "device_choice"},
         {"client_documents", "credentials", "consent_requests", "guard"},
         {"provider"},
         {"consent"},
@@ -131,7 +133,7 @@ INNER: dict[str, list[set[str]]] = {
     ],
     "config": [
         {"values", "tool_limits"},  # tool_limits: the shape of a device's limits and rates
-        {"listen", "boards", "quiet"},
+        {"listen", "boards", "quiet", "host_tokens"},
         {"model"},
         {"keys"},
         {"unknown_keys"},

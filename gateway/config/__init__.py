@@ -14,6 +14,7 @@ a key no setting has, naming the closest; ``loading`` reads the file, the enviro
 
 from __future__ import annotations
 
+from gateway.config.host_tokens import HostTokenOptions
 from gateway.config.keys import (
     ADOPTIONS,
     ENV_PREFIX,
@@ -41,6 +42,7 @@ __all__ = [
     "TOOLS_MODES",
     "Config",
     "DeviceOptions",
+    "HostTokenOptions",
     "ListenAddress",
     "env_name",
     "file_key_of",

@@ -176,4 +176,8 @@ def settings(config: Config) -> list[tuple[str, object]]:
         found.append((f"mcp_devices[{index}].url", board.url))
         found.append((f"mcp_devices[{index}].name", board.name))
         found.append((f"mcp_devices[{index}].token", "set" if board.token else None))
+    for index, named in enumerate(config.host_tokens):
+        found.append((f"host.tokens[{index}].name", named.name))
+        found.append((f"host.tokens[{index}].token", "set"))
+        found.append((f"host.tokens[{index}].devices", named.devices))
     return found

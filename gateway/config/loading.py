@@ -11,6 +11,7 @@ from typing import Any
 import platformdirs
 
 from gateway.config.boards import board_options
+from gateway.config.host_tokens import host_tokens
 from gateway.config.keys import FIELDS, FORMER_KEYS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
 from gateway.config.tool_limits import argument_limits, call_rates
@@ -63,6 +64,8 @@ def load_config(
     values.setdefault("data_dir", Path(platformdirs.user_data_dir("esp-mcp-gateway")))
     values["devices"] = _devices(data.get("devices", {}))
     values["mcp_devices"] = board_options(data.get("mcp_devices", []))
+    named = data.get("host", {}).get("tokens", [])  # [host] is a table: unknown_keys checked it
+    values["host_tokens"] = host_tokens(named, values.get("host_token"))
     return Config(**values, renamed=tuple(renamed))
 
 

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from gateway.config.boards import BoardOptions
+from gateway.config.host_tokens import HostTokenOptions
 from gateway.config.listen import ListenAddress
 from gateway.config.tool_limits import ArgumentLimits, CallRate
 from gateway.config.quiet import QuietHours
@@ -158,6 +159,8 @@ class Config:
 
     # [[mcp_devices]] and [mcp_boards]: boards that serve MCP themselves (docs/mcp-devices.md)
     mcp_devices: tuple[BoardOptions, ...] = ()
+    # [[host.tokens]]: named host tokens, each for some devices (gateway/config/host_tokens.py)
+    host_tokens: tuple[HostTokenOptions, ...] = ()
     boards_discover: bool = False
     boards_discover_grace: float = 60.0
     boards_discover_interfaces: tuple[str, ...] = ()  # addresses to browse on; () = all

@@ -9,6 +9,9 @@ from typing import Any
 from gateway.config.keys import FIELDS, FORMER_KEYS
 from gateway.errors import ConfigError
 
+# Keys of a table that hold tables of their own, with their own parser: [[host.tokens]].
+NESTED = {"host": {"tokens"}}
+
 
 def unknown_key(
     key: str, known: set[str], tables: set[str] | frozenset[str] = frozenset()
@@ -40,5 +43,6 @@ def check_unknown_keys(data: Mapping[str, Any]) -> None:
             raise ConfigError(key, "expected a table")
         if key == "devices":
             continue  # every other key of [devices] is a device id
+        known |= NESTED.get(key, set())
         for name in sorted(set(value) - known - {k for t, k in FORMER_KEYS if t == key}):
             raise unknown_key(f"{key}.{name}", known)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.devices.calls import format_time
 from gateway.devices.registry import PENDING, Device, DeviceRegistry
+from gateway.host_side.device_scope import DeviceScope
 
 __all__ = ["STATES", "DeviceQuery", "describe_device", "list_devices"]
 
@@ -26,13 +27,15 @@ _TOOL_OVERHEAD = 120  # bytes of a tool's entry beyond its name, description and
 
 
 class DeviceQuery:
-    """Which devices to list: globs on the name (alias or id) and board, a state, a cursor.
+    """Which devices to list: globs on the name (alias or id) and board, a state, a cursor;
+    of the devices ``scope`` sees, when the caller is limited to some.
 
     Raises:
         ValueError: a filter or the cursor is malformed (the message says which).
     """
 
-    def __init__(self, arguments: dict[str, object]) -> None:
+    def __init__(self, arguments: dict[str, object], scope: DeviceScope | None = None) -> None:
+        self.scope = scope  # the caller's devices (device_scope.py); None: all
         self.name = _text(arguments, "name")
         self.board = _text(arguments, "board")
         self.state = _text(arguments, "state")
@@ -49,6 +52,8 @@ class DeviceQuery:
 
     def matches(self, device: Device) -> bool:
         """True when ``device`` passes every filter."""
+        if self.scope is not None and not self.scope.sees(device):
+            return False
         if self.state == PENDING:
             if device.record.state != PENDING:
                 return False

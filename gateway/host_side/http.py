@@ -222,10 +222,13 @@ def build_host_app(
     if oauth is not None:
         routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
         oauth.provider.on_revoke.append(_SessionEnder(manager))
+        oauth.provider.on_devices.append(_Relist(frontend))
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
     if token or oauth is not None:
-        backend: AuthenticationBackend = BearerTokens(token, oauth.verify if oauth else None)
+        backend: AuthenticationBackend = BearerTokens(
+            token, oauth.verify if oauth else None, config.host_tokens
+        )
         if (
             dashboard is not None and token
         ):  # or a signed-in dashboard session (with CSRF to change things)
@@ -263,6 +266,22 @@ class _SessionEnder:
             )
             self._ending.add(task)
             task.add_done_callback(self._ending.discard)
+
+
+class _Relist:
+    """An app whose devices the owner changed is told its tool list changed (every session is:
+    a change of one scope costs what a device joining does, and names nobody)."""
+
+    def __init__(self, frontend: McpFrontend) -> None:
+        self.frontend = frontend
+        self._telling: set[asyncio.Task[None]] = set()
+
+    def __call__(self, client_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self.frontend.notifier.tools_changed(), name="tell-app-devices-changed"
+        )
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
 
 
 class _Endpoint:

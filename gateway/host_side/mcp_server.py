@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from typing import Any
@@ -37,8 +38,9 @@ from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side import confirm_asks as asks
 from gateway.host_side.call_results import text_content, to_call_result
-from gateway.host_side.callers import caller_of
+from gateway.host_side.callers import Caller, caller_of
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
+from gateway.host_side.device_scope import DeviceScope
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
 from gateway.host_side.messages_tool import NOTIFY_DEVICE, notify_device
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
@@ -207,9 +209,11 @@ class McpFrontend:
         photos: PhotoStore | None = None,
         *,
         notify_window: float = 0.2,
+        audit: AuditLog | None = None,
         messenger: Messenger | None = None,
     ) -> None:
         self._config = config
+        self._audit = audit  # calls to devices outside a caller's scope (the router audits calls)
         self.messenger = messenger or Messenger(config, AuditLog(None))
         self._notify_window = notify_window
         self._registry = registry
@@ -255,12 +259,15 @@ class McpFrontend:
                 await asyncio.sleep(self._notify_window)  # let the rest of a storm fold in
                 await self.notifier.tools_changed()
 
-    def tools(self, cursor: str | None = None) -> tuple[list[JsonObject], str | None]:
-        """One page of the tool list hosts see (wire form), and the cursor of the next.
+    def tools(
+        self, cursor: str | None = None, scope: DeviceScope | None = None
+    ) -> tuple[list[JsonObject], str | None]:
+        """One page of the tool list hosts see (wire form), and the cursor of the next; of the
+        devices ``scope`` sees, for a caller limited to some.
 
         The first page starts with the meta-tools, always there whatever the mode.
         """
-        device_tools, first, following = self.lister.page(cursor)
+        device_tools, first, following = self.lister.page(cursor, scope)
         return [*_META_TOOLS, *device_tools] if first else device_tools, following
 
     def input_schema(self, name: str) -> JsonObject | None:
@@ -273,7 +280,8 @@ class McpFrontend:
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> JsonObject:
-        tools, following = self.tools(params.cursor if params is not None else None)
+        scope = caller_of(ctx).scope
+        tools, following = self.tools(params.cursor if params is not None else None, scope)
         if tools and tools[0] is _META_TOOLS[0] and self.app.negotiated(ctx):
             tools = [_wire(self.app.with_panel(LIST_DEVICES)), *asks.with_panel_tool(tools[1:])]
         # What a ListToolsResult dumps to: 2026-era sessions require resultType (the SDK's
@@ -287,9 +295,10 @@ class McpFrontend:
         self, ctx: Context, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         arguments = params.arguments or {}
+        caller = caller_of(ctx)
         if params.name == LIST_DEVICES.name:
             try:
-                answer = list_devices(self._registry, DeviceQuery(arguments))
+                answer = list_devices(self._registry, DeviceQuery(arguments, caller.scope))
             except ValueError as exc:
                 return _error(f"list_devices: {exc}")
             text: list[types.ContentBlock] = [text_content(json.dumps(answer))]
@@ -299,21 +308,27 @@ class McpFrontend:
                 )
             return types.CallToolResult(content=text)
         if params.name == asks.PANEL_TOOL and self.app.negotiated(ctx):  # the panel's only
-            return asks.panel_decision(self._router.confirmations, caller_of(ctx), arguments)
+            return asks.panel_decision(self._router.confirmations, caller, arguments)
         if params.name == CALL_DEVICE_TOOL.name:
-            return await self._call_by_reference(ctx, arguments)
+            return await self._call_by_reference(ctx, caller, arguments)
         if params.name == NOTIFY_DEVICE.name:
-            return await notify_device(self.messenger, self._registry, caller_of(ctx), arguments)
-        group = self.lister.group(params.name)
+            find = functools.partial(self._device_for, caller, tool=NOTIFY_DEVICE.name)
+            return await notify_device(self.messenger, find, caller, arguments)
+        group = self.lister.group(params.name, caller.scope)
         if group is not None:
-            return await self._call_grouped(ctx, group, arguments)
+            return await self._call_grouped(ctx, caller, group, arguments)
         exposed = self._registry.lookup(params.name)  # per-device names work in every mode
+        if exposed is not None and not caller.sees(exposed.device):
+            caller.unseen(self._audit, exposed.device, exposed.spec.name, arguments)
+            exposed = None  # answered as a tool that does not exist
+        elif exposed is None and caller.scope is not None and self.lister.group(params.name):
+            caller.unseen(self._audit, None, params.name, arguments)  # a group of others' devices
         if exposed is None:  # the spec's answer to an unknown tool: a protocol error
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-        return await self._invoke(ctx, exposed, arguments)
+        return await self._invoke(ctx, caller, exposed, arguments)
 
     async def _call_grouped(
-        self, ctx: Context, group: ToolGroup, arguments: JsonObject
+        self, ctx: Context, caller: Caller, group: ToolGroup, arguments: JsonObject
     ) -> types.CallToolResult | types.InputRequiredResult:
         arguments = dict(arguments)
         ref = arguments.pop(group.argument, None)
@@ -321,12 +336,30 @@ class McpFrontend:
             return _error(f"{group.name} needs `{group.argument}`: which device to use")
         tool = group.member(ref)
         if tool is None:
+            device = self._registry.find(ref)
+            if device is not None and not caller.sees(device):
+                caller.unseen(self._audit, device, group.spec.name, arguments)
             known = ", ".join(group.aliases(20)) + (", ..." if len(group.members) > 20 else "")
             return _error(f"no device {ref!r} offers {group.name} (devices that do: {known})")
-        return await self._invoke(ctx, tool, arguments)
+        return await self._invoke(ctx, caller, tool, arguments)
+
+    def _device_for(
+        self, caller: Caller, ref: str, *, tool: str, arguments: JsonObject
+    ) -> Device | str:
+        """The device ``ref`` names for ``caller``, or why there is none: one outside its scope
+        is answered as a device that does not exist (and audited)."""
+        device = self._registry.find(ref)
+        if device is not None and not caller.sees(device):
+            caller.unseen(self._audit, device, tool, arguments)
+            device = None
+        if device is None:
+            seen = (d.alias for d in self._registry.devices() if caller.sees(d))
+            known = ", ".join(seen) or "none"
+            return f"unknown device {ref!r} (known devices: {known})"
+        return device
 
     async def _call_by_reference(
-        self, ctx: Context, arguments: JsonObject
+        self, ctx: Context, caller: Caller, arguments: JsonObject
     ) -> types.CallToolResult | types.InputRequiredResult:
         device_ref, tool_ref = arguments.get("device"), arguments.get("tool")
         tool_arguments = arguments.get("arguments") or {}
@@ -334,19 +367,17 @@ class McpFrontend:
             return _error("call_device_tool needs string `device` and `tool` arguments")
         if not isinstance(tool_arguments, dict):
             return _error("call_device_tool: `arguments` must be an object")
-        device = self._registry.find(device_ref)
-        if device is None:
-            known = ", ".join(d.alias for d in self._registry.devices()) or "none"
-            return _error(f"unknown device {device_ref!r} (known devices: {known})")
+        device = self._device_for(caller, device_ref, tool=tool_ref, arguments=tool_arguments)
+        if isinstance(device, str):
+            return _error(device)
         tool = resolve_tool(self._registry, device, tool_ref)
         if isinstance(tool, str):
             return _error(tool)
-        return await self._invoke(ctx, tool, tool_arguments)
+        return await self._invoke(ctx, caller, tool, tool_arguments)
 
     async def _invoke(
-        self, ctx: Context, tool: DeviceTool, arguments: JsonObject
+        self, ctx: Context, caller: Caller, tool: DeviceTool, arguments: JsonObject
     ) -> types.CallToolResult | types.InputRequiredResult:
-        caller = caller_of(ctx)
         if caller.refusal is not None:
             return _error(caller.refusal)
         try:
@@ -367,7 +398,7 @@ class McpFrontend:
         panel = [PANEL] if cursor is None and self.app.negotiated(ctx) else []
         if self._photo_resources is None:
             return types.ListResourcesResult(resources=panel)
-        page = self._photo_resources.list(cursor)
+        page = self._photo_resources.list(cursor, caller_of(ctx).scope)
         return page.model_copy(update={"resources": [*panel, *page.resources]})
 
     async def _list_templates(
@@ -386,7 +417,7 @@ class McpFrontend:
             return panel
         if self._photo_resources is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}")
-        return await self._photo_resources.read(uri)
+        return await self._photo_resources.read(uri, caller_of(ctx).scope)
 
 
 def resolve_tool(registry: DeviceRegistry, device: Device, ref: str) -> DeviceTool | str:

@@ -6,17 +6,21 @@ result that says why (docs/messages.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mcp.types as types
 
 from gateway.devices.messages import DEFAULT_EMOTION, EMOTIONS, MAX_MESSAGE, TOOL, Messenger
-from gateway.devices.registry import DeviceRegistry
+from gateway.devices.registry import Device
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side.call_results import text_content
 from gateway.host_side.callers import Caller
 
 __all__ = ["NOTIFY_DEVICE", "notify_device"]
+
+# The device a reference names for the caller, or why there is none (mcp_server's _device_for).
+FindDevice = Callable[..., Device | str]
 
 NOTIFY_DEVICE = types.Tool(
     name=TOOL,
@@ -55,18 +59,18 @@ def _error(text: str) -> types.CallToolResult:
 
 
 async def notify_device(
-    messenger: Messenger, registry: DeviceRegistry, caller: Caller, arguments: dict[str, Any]
+    messenger: Messenger, find: FindDevice, caller: Caller, arguments: dict[str, Any]
 ) -> types.CallToolResult:
-    """Answer one ``notify_device`` call by ``caller``."""
+    """Answer one ``notify_device`` call by ``caller``; ``find`` gives the device a reference
+    names for it, or why there is none (one outside its scope is unknown to it)."""
     if caller.refusal is not None:
         return _error(caller.refusal)
     device_ref = arguments.get("device")
     if not isinstance(device_ref, str):
         return _error(f"{TOOL} needs a string `device`: which device to show the message on")
-    device = registry.find(device_ref)
-    if device is None:
-        known = ", ".join(d.alias for d in registry.devices()) or "none"
-        return _error(f"unknown device {device_ref!r} (known devices: {known})")
+    device = find(device_ref, arguments=arguments)
+    if isinstance(device, str):
+        return _error(device)
     try:
         done = await messenger.notify(device, arguments.get("message"), arguments.get("emotion"),
                                       caller=caller.name, origin=caller.origin)  # fmt: skip

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.devices.calls import format_time
 from gateway.devices.photos import LATEST, Photo, PhotoStore, photo_ref, photo_uri
 from gateway.devices.registry import DeviceRegistry
+from gateway.host_side.device_scope import DeviceScope
 
 __all__ = ["RESOURCE_NOT_FOUND", "PhotoResources", "photo_routes"]
 
@@ -53,12 +54,16 @@ class PhotoResources:
         self._registry = registry
         self._photos = photos
 
-    def list(self, cursor: str | None) -> types.ListResourcesResult:
-        """One page of latest-photo resources, after the device named ``cursor``."""
+    def list(
+        self, cursor: str | None, scope: DeviceScope | None = None
+    ) -> types.ListResourcesResult:
+        """One page of latest-photo resources, after the device named ``cursor`` (of the
+        devices ``scope`` sees, if given)."""
         named = sorted(
             (device.alias, photo)
             for photo in self._photos.photos()
             if (device := self._registry.get(photo.device_id)) is not None
+            and (scope is None or scope.sees(device))
         )
         if cursor:
             named = [(alias, photo) for alias, photo in named if alias > cursor]
@@ -77,14 +82,16 @@ class PhotoResources:
         """The one template: a device's latest photo by its name."""
         return types.ListResourceTemplatesResult(resource_templates=[TEMPLATE])
 
-    async def read(self, uri: str) -> types.ReadResourceResult:
-        """The photo ``uri`` names.
+    async def read(self, uri: str, scope: DeviceScope | None = None) -> types.ReadResourceResult:
+        """The photo ``uri`` names; a device ``scope`` does not see has none, as if unknown.
 
         Raises:
             MCPError: no such device, or it has no photo (or it cannot be read).
         """
         alias, which = photo_ref(uri) or ("", LATEST)
         device = self._registry.find(alias) if alias else None
+        if device is not None and scope is not None and not scope.sees(device):
+            device = None
         photo = self._photos.find(device.device_id, which) if device is not None else None
         if device is None or photo is None:
             which = "" if which == LATEST else f" {which} (kept: [vision] photo_history)"

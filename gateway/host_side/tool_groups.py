@@ -68,6 +68,24 @@ class ToolGroup:
         first = heapq.nsmallest(most, self.members.values(), key=_device_order)
         return [tool.device.alias for tool in first]
 
+    def within(self, sees: Callable[[Device], bool]) -> ToolGroup | None:
+        """This group as a caller that sees only some devices sees it: its members among them
+        (the group itself when it sees them all, None when it sees none)."""
+        kept = {key: tool for key, tool in self.members.items() if sees(tool.device)}
+        if len(kept) == len(self.members):
+            return self
+        if not kept:
+            return None
+        view = ToolGroup(self.key, self.argument, self._find)
+        view.name, view.place, view.members = self.name, self.place, kept
+        for device_id, tool in kept.items():
+            view._first[device_id] = self._first[device_id]
+            view.writers += not tool.hints.read_only
+            view.destructive += tool.hints.destructive
+        view._heap = list(view._first.values())
+        heapq.heapify(view._heap)
+        return view
+
     def _remove(self, device_id: str) -> None:
         tool = self.members.pop(device_id)
         del self._first[device_id]

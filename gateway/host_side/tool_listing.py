@@ -23,6 +23,11 @@ made and dumped only to be validated again (at 1,000 devices, 25,000 models per 
 of the listing's CPU). A tool's dict costs about a microsecond and shares its schemas with the
 device's catalogue, which devices of the same firmware share; nothing is kept between requests.
 
+A caller limited to some devices (``device_scope.py``) pages through the same listing, skipping
+the devices it does not see; a group lists only its members among them (``ToolGroup.within``).
+What it sees of each device (by id and alias) and of each group are kept per scope, so paging
+again, or a change elsewhere in the fleet, does not ask the scope about every device again.
+
 Cache hints (2026-era clients reuse a list for its ``ttlMs``): a few seconds while the fleet
 changes, so that a host which does not subscribe to changes sees a board that joins within
 them; longer once nothing changed for a while. Always ``private``: the list depends on the
@@ -48,6 +53,7 @@ from typing import Any
 
 from gateway.config import Config
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
+from gateway.host_side.device_scope import DeviceScope
 from gateway.host_side.tool_groups import Groups, ToolGroup
 
 __all__ = ["PAGE_BYTES", "Listing", "ToolGroup", "ToolLister", "listed_tools"]
@@ -62,6 +68,8 @@ _KEPT_LISTINGS = 8  # listings a cursor may still point into
 CHANGING_TTL_MS = 2_000  # tools/list cache hint while the fleet changes
 SETTLED_TTL_MS = 10_000  # ... once it has not changed for _SETTLED_AFTER
 _SETTLED_AFTER = 300.0  # seconds
+_KEPT_SCOPES = 32  # scopes whose view of the fleet is kept (a few named tokens and apps)
+_SEEN_MOST = 100_000  # devices a scope's view remembers before it starts again
 _ENTRY_OVERHEAD = 190  # bytes a tool adds beyond its name, description and schema (measured)
 
 Placement = tuple[str, str, tuple[DeviceTool, ...]]
@@ -90,6 +98,35 @@ class Listing:
     entries: tuple[Entry, ...]  # listed devices (per-device) or groups (grouped)
 
 
+class _View:
+    """What one scope sees of the listing: per device (id and alias, the glob's input) and,
+    for the newest listing it paged, per group."""
+
+    __slots__ = ("groups", "scope", "seen", "version")
+
+    def __init__(self, scope: DeviceScope) -> None:
+        self.scope = scope
+        self.seen: dict[tuple[str, str], bool] = {}
+        self.version = -1
+        self.groups: dict[str, ToolGroup | None] = {}
+
+    def sees(self, device: Device) -> bool:
+        key = (device.device_id, device.alias)
+        found = self.seen.get(key)
+        if found is None:
+            if len(self.seen) >= _SEEN_MOST:
+                self.seen.clear()
+            found = self.seen[key] = self.scope.sees(device)
+        return found
+
+    def group(self, listing: Listing, group: ToolGroup) -> ToolGroup | None:
+        if listing.version != self.version:
+            self.version, self.groups = listing.version, {}
+        if group.name not in self.groups:
+            self.groups[group.name] = group.within(self.sees)
+        return self.groups[group.name]
+
+
 class ToolLister:
     """Keeps the listing up to date device by device, and answers pages by cursor."""
 
@@ -107,6 +144,7 @@ class ToolLister:
         self._groups = Groups(registry.find, self._tools_of) if may_group else None
         self._changed = True  # since the last snapshot
         self._seen_version = -1  # the registry's version at the last snapshot
+        self._views: OrderedDict[DeviceScope, _View] = OrderedDict()
         self.changed_at = time.monotonic()  # when the list last changed (as far as hosts know)
 
     def current(self) -> Listing:
@@ -129,19 +167,27 @@ class ToolLister:
         settled = time.monotonic() - self.changed_at >= _SETTLED_AFTER
         return {"ttlMs": SETTLED_TTL_MS if settled else CHANGING_TTL_MS, "cacheScope": "private"}
 
-    def page(self, cursor: str | None) -> tuple[list[JsonObject], bool, str | None]:
+    def page(
+        self, cursor: str | None, scope: DeviceScope | None = None
+    ) -> tuple[list[JsonObject], bool, str | None]:
         """The device tools of the page ``cursor`` points at (wire form), whether it is the
-        first page, and the cursor of the page after it."""
+        first page, and the cursor of the page after it; only ``scope``'s devices, if given."""
         listing, entry, item = self._resolve(cursor)
+        view = self._view(scope)
         first = (entry, item) == (0, 0)
         entries, size = listing.entries, 0
         tools: list[JsonObject] = []
         while entry < len(entries):
             found = entries[entry]
             if isinstance(found, ToolGroup):  # a group of an older listing may have emptied
-                items: tuple[DeviceTool | ToolGroup, ...] = (found,) if found.members else ()
+                group = found if view is None or not found.members else view.group(listing, found)
+                items: tuple[DeviceTool | ToolGroup, ...] = (
+                    (group,) if group and group.members else ()
+                )
             else:
                 items = found[2]
+                if view is not None and items and not view.sees(items[0].device):
+                    items = ()
             while item < len(items):
                 weight = _weight(items[item])
                 if tools and size + weight > PAGE_BYTES:
@@ -152,11 +198,27 @@ class ToolLister:
             entry, item = entry + 1, 0
         return tools, first, None
 
-    def group(self, name: str) -> ToolGroup | None:
-        """The group listed as ``name`` now, if any."""
-        if self.current().mode != "grouped" or self._groups is None:
+    def group(self, name: str, scope: DeviceScope | None = None) -> ToolGroup | None:
+        """The group listed as ``name`` now, if any (as a caller limited to ``scope`` sees it:
+        None when it sees none of its devices)."""
+        listing = self.current()
+        if listing.mode != "grouped" or self._groups is None:
             return None
-        return self._groups.by_name.get(name)
+        group = self._groups.by_name.get(name)
+        view = self._view(scope)
+        return group if group is None or view is None else view.group(listing, group)
+
+    def _view(self, scope: DeviceScope | None) -> _View | None:
+        if scope is None:
+            return None
+        view = self._views.get(scope)
+        if view is None:
+            view = self._views[scope] = _View(scope)
+            while len(self._views) > _KEPT_SCOPES:
+                self._views.popitem(last=False)
+        else:
+            self._views.move_to_end(scope)
+        return view
 
     def input_schema(self, name: str) -> JsonObject | None:
         """The ``inputSchema`` of the tool hosts call ``name`` (a group's has its ``device``)."""

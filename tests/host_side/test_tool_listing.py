@@ -14,6 +14,7 @@ from gateway.config import DeviceOptions
 from gateway.devices.name_rules import META_TOOL_NAMES
 from gateway.devices.registry import Device, DeviceTool
 from gateway.host_side import tool_listing
+from gateway.host_side.device_scope import DeviceScope, scope_of
 from gateway.host_side.mcp_server import LIST_DEVICES
 from gateway.host_side.tool_listing import PAGE_BYTES, ToolLister
 from tests.conftest import make_config
@@ -44,10 +45,12 @@ def page_bytes(tools: list[JsonObject]) -> int:
     return len(result.model_dump_json(by_alias=True, exclude_none=True))
 
 
-def every_page(stack: Stack, cursor: str | None = None) -> list[list[JsonObject]]:
+def every_page(
+    stack: Stack, cursor: str | None = None, scope: DeviceScope | None = None
+) -> list[list[JsonObject]]:
     pages = []
     while True:
-        tools, cursor = stack.frontend.tools(cursor)
+        tools, cursor = stack.frontend.tools(cursor, scope)
         pages.append(tools)
         if cursor is None:
             return pages
@@ -158,6 +161,48 @@ def test_a_called_tool_schema_is_found_without_listing(tmp_path: Path) -> None:
     listed, _ = grouped.frontend.tools()
     assert listed[3]["inputSchema"] == schema
     grouped.close()
+
+
+def test_a_scoped_caller_pages_through_its_devices_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scope of 16 devices of 60 (aliases end in the ids' hex): its pages hold their tools
+    only, each once; paging again asks the scope about no device again, and a join asks it
+    about the newcomer alone (a change costs the change for a limited caller too)."""
+    stack = Stack(make_config(tmp_path, tools_mode="per-device"))
+    fleet(stack, 60)
+    scope = scope_of(["board_000*"])
+    asked: list[str] = []
+    sees = DeviceScope.sees
+    monkeypatch.setattr(
+        DeviceScope,
+        "sees",
+        lambda self, device: asked.append(device.device_id) or sees(self, device),
+    )
+    for _ in range(3):
+        names = [t["name"] for page in every_page(stack, scope=scope) for t in page]
+        assert len(names) == len(set(names)) == META + 16 * 25
+        assert all(n.startswith("board_000") for n in names[META:])
+    assert sorted(asked) == [f"aa:{n:04x}" for n in range(60)]
+    fleet(stack, 1, first=60)
+    every_page(stack, scope=scope)
+    assert asked[60:] == ["aa:003c"]
+    stack.close()
+
+
+def test_a_grouped_tool_names_only_the_scoped_callers_devices(tmp_path: Path) -> None:
+    """In grouped mode a group shared by three devices lists, to a caller limited to one, that
+    one alone in its `device` enum; a group none of its devices has is not listed."""
+    stack = Stack(make_config(tmp_path, tools_mode="grouped"))
+    fleet(stack, 3, tools=2)
+    (tools,) = every_page(stack, scope=scope_of(["board_0001"]))
+    groups = tools[META:]
+    assert [g["inputSchema"]["properties"]["device"]["enum"] for g in groups] == [
+        ["board_0001"],
+        ["board_0001"],
+    ]
+    assert every_page(stack, scope=scope_of(["nothing*"])) == [every_page(stack)[0][:META]]
+    stack.close()
 
 
 # --- a change costs the change -------------------------------------------------------------

@@ -9,9 +9,9 @@ metadata documents, fetched with limits), ``redirects`` (which redirect URIs mat
 """
 
 from gateway.host_side.oauth.apps import ConnectedApps
-from gateway.host_side.oauth.guard import BearerTokens
+from gateway.host_side.oauth.guard import BearerTokens, token_check
 from gateway.host_side.oauth.origin import OriginRules
 from gateway.host_side.oauth.provider import SCOPES
 from gateway.host_side.oauth.site import OAuthSite
 
-__all__ = ["SCOPES", "BearerTokens", "ConnectedApps", "OAuthSite", "OriginRules"]
+__all__ = ["SCOPES", "BearerTokens", "ConnectedApps", "OAuthSite", "OriginRules", "token_check"]

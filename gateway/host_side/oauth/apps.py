@@ -1,7 +1,9 @@
 """Connected apps on the dashboard: who the owner let in, since when, last use; and Revoke.
 
 ``GET /api/oauth/apps`` lists every app with a live grant it redeemed; ``POST /api/oauth/revoke``
-(``{client_id}``) ends all of an app's grants, and its open MCP requests and streams with them.
+(``{client_id}``) ends all of an app's grants, and its open MCP requests and streams with them;
+``POST /api/oauth/devices`` (``{client_id, devices}``, devices a list of device ids and name globs
+or null for all) changes which devices the app may use, from its next request on.
 App credentials, for apps that cannot register themselves (``credentials.py``):
 ``GET /api/oauth/credentials`` lists them, ``POST /api/oauth/credentials`` (``{name,
 redirect_uri, no_pkce}``) makes them and answers the secret (the only time it is shown),
@@ -23,8 +25,10 @@ from starlette.types import ASGIApp
 from gateway.devices.calls import format_time
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import actor_of
+from gateway.host_side.device_scope import scope_words
 from gateway.host_side.oauth.consent import in_words
 from gateway.host_side.oauth.credentials import CredentialError, describe
+from gateway.host_side.oauth.device_choice import patterns
 from gateway.host_side.oauth.site import OAuthSite
 
 __all__ = ["ConnectedApps"]
@@ -45,6 +49,7 @@ class ConnectedApps:
         return [
             Route("/api/oauth/apps", guard(endpoint(self.apps)), methods=["GET"]),
             Route("/api/oauth/revoke", guard(endpoint(self.revoke)), methods=["POST"]),
+            Route("/api/oauth/devices", guard(endpoint(self.devices)), methods=["POST"]),
             Route(
                 "/api/oauth/credentials",
                 guard(endpoint(self.credentials)),
@@ -75,6 +80,8 @@ class ConnectedApps:
                     "scopes": list(grant.scopes),
                     "may": [in_words(scope) for scope in grant.scopes],
                     "redirect": grant.redirect,
+                    "devices": list(grant.devices) if grant.devices is not None else None,
+                    "sees": scope_words(grant.devices),
                     "open_requests": self.site.streams.count(grant.client_id),
                 },
             )
@@ -96,6 +103,24 @@ class ConnectedApps:
         if not ended:
             return JSONResponse({"error": f"no connected app {client_id!r}"}, 404)
         return JSONResponse({"revoked": {"client_id": client_id, "name": ended[0].client_name}})
+
+    async def devices(self, request: Request) -> Response:
+        """Let the app ``client_id`` use ``devices`` (null: all) from its next request."""
+        body = await _body(request)
+        client_id, given = body.get("client_id"), body.get("devices")
+        if not isinstance(client_id, str) or not (given is None or isinstance(given, list)):
+            return JSONResponse({"error": "expected {client_id, devices: [...] or null}"}, 400)
+        try:
+            devices = patterns(given) if given is not None else None
+            changed = self.site.provider.set_devices(client_id, devices, actor_of(request))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        except StorageUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
+        if changed is None:
+            return JSONResponse({"error": f"no connected app {client_id!r}"}, 404)
+        return JSONResponse({"client_id": client_id, "devices": given and list(devices or ()),
+                             "sees": scope_words(devices)})  # fmt: skip
 
     async def credentials(self, request: Request) -> Response:
         """``GET``: every app credential; ``POST``: new ones, with their secret (shown once)."""

@@ -2,7 +2,9 @@
 
 ``/authorize`` (the SDK's handler) checks the app's request and sends the browser here. The page,
 in the dashboard's look, names the app, the host it will return to and what it asks for; Allow or
-Deny decide. With a host token set, the owner signs in on the page with it (a password field) or
+Deny decide, and the owner chooses which devices the app may use: all of them (present and
+future), or some, ticked by name or matched by name globs (``device_choice.py``). With a host
+token set, the owner signs in on the page with it (a password field) or
 is already signed in to the dashboard. The page cannot be framed (clickjacking), and the form is
 CSRF-protected (``consent_requests.py``); its cookies are ``Secure`` whenever the browser came
 over HTTPS, to the gateway or to a trusted proxy (``origin.py``). The answer goes back to the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import html
 import urllib.parse
+from collections.abc import Sequence
 
 from mcp.server.auth.provider import construct_redirect_uri
 from starlette.requests import Request
@@ -22,8 +25,10 @@ from starlette.routing import Route
 
 from gateway.devices.audit import Actor
 from gateway.host_side.dashboard.session import COOKIE, LIFETIME, Sessions
+from gateway.host_side.device_scope import Named
 from gateway.host_side.oauth.consent_requests import ConsentRequest, ConsentRequests
 from gateway.host_side.oauth.credentials import CREDENTIAL_PREFIX
+from gateway.host_side.oauth.device_choice import Fleet, chosen_devices, device_choice
 from gateway.host_side.oauth.origin import CURRENT
 from gateway.host_side.oauth.provider import GatewayProvider
 from gateway.net.rate_limit import RateLimiter, rate_limited
@@ -46,9 +51,14 @@ class ConsentPage:
     """The page's two routes."""
 
     def __init__(
-        self, provider: GatewayProvider, consents: ConsentRequests, sessions: Sessions | None
+        self,
+        provider: GatewayProvider,
+        consents: ConsentRequests,
+        sessions: Sessions | None,
+        fleet: Fleet = lambda: (),
     ) -> None:
         self.provider, self.consents, self.sessions = provider, consents, sessions
+        self.fleet = fleet  # the devices the owner may tick
 
     def routes(self) -> list[Route]:
         """``/consent`` to show, and to answer (sign-in attempts rate-limited per address)."""
@@ -71,20 +81,12 @@ class ConsentPage:
             )
         waiting, csrf = shown
         signed_in = self._signed_in(request)
+        ask = self._sign_in and not signed_in
         response = _page(
-            _form(waiting, request.query_params["request"], csrf, self._sign_in and not signed_in),
+            _form(waiting, request.query_params["request"], csrf, ask, self.fleet()),
             redirect=waiting,
         )
-        response.set_cookie(
-            CSRF_COOKIE,
-            csrf,
-            max_age=600,
-            path="/",
-            httponly=True,
-            samesite="strict",
-            secure=CURRENT.get().https,
-        )
-        return response
+        return _with_csrf(response, csrf)
 
     async def answer(self, request: Request) -> Response:
         """Allow or Deny, from the page's form."""
@@ -99,30 +101,22 @@ class ConsentPage:
                 403,
             )
         actor = Actor("dashboard", request.client.host if request.client else None)
+        allow = form.get("decision") == "allow"
+        try:
+            devices = chosen_devices(form) if allow else None
+        except ValueError as exc:  # nothing chosen, or too much: the same request, once more
+            ask = self._sign_in and not self._signed_in(request)
+            return self._again(waiting, request_id, ask, str(exc), 400)
         response: Response | None = None
         if self._sign_in and not self._signed_in(request):
             response = self._sign_in_with(str(form.get("token", "")), request)
             if response is None:  # wrong token: the same request may be answered again
-                shown = self.consents.show(request_id)
-                assert shown is not None
-                body = _form(
-                    waiting, request_id, shown[1], True, "That is not this gateway's host token."
-                )
-                page = _page(body, 401, redirect=waiting)
-                page.set_cookie(
-                    CSRF_COOKIE,
-                    shown[1],
-                    max_age=600,
-                    path="/",
-                    httponly=True,
-                    samesite="strict",
-                    secure=CURRENT.get().https,
-                )
-                return page
+                why = "That is not this gateway's host token."
+                return self._again(waiting, request_id, True, why, 401)
         self.consents.drop(request_id)
         params, origin = waiting.params, waiting.origin
-        if form.get("decision") == "allow":
-            code = self.provider.grant(waiting.client, params, origin.resource, actor)
+        if allow:
+            code = self.provider.grant(waiting.client, params, origin.resource, actor, devices)
             target = construct_redirect_uri(
                 str(params.redirect_uri), code=code, state=params.state, iss=origin.issuer
             )
@@ -142,6 +136,15 @@ class ConsentPage:
                     redirect.headers.append(key, value)
         redirect.delete_cookie(CSRF_COOKIE, path="/")
         return redirect
+
+    def _again(
+        self, waiting: ConsentRequest, request_id: str, ask_token: bool, error: str, status: int
+    ) -> Response:
+        """The page for the same request once more, saying what was wrong."""
+        shown = self.consents.show(request_id)
+        assert shown is not None
+        body = _form(waiting, request_id, shown[1], ask_token, self.fleet(), error)
+        return _with_csrf(_page(body, status, redirect=waiting), shown[1])
 
     def _signed_in(self, request: Request) -> bool:
         return self.sessions is not None and (
@@ -167,6 +170,20 @@ class ConsentPage:
         return response
 
 
+def _with_csrf(page: HTMLResponse, csrf: str) -> HTMLResponse:
+    """``page`` with the cookie copy of its form's CSRF value (``consent_requests.py``)."""
+    page.set_cookie(
+        CSRF_COOKIE,
+        csrf,
+        max_age=600,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=CURRENT.get().https,
+    )
+    return page
+
+
 def refusal(reason: str, status: int) -> HTMLResponse:
     """The page a browser gets for an authorization request refused before consent."""
     return _page(
@@ -177,7 +194,12 @@ def refusal(reason: str, status: int) -> HTMLResponse:
 
 
 def _form(
-    waiting: ConsentRequest, request_id: str, csrf: str, ask_token: bool, error: str = ""
+    waiting: ConsentRequest,
+    request_id: str,
+    csrf: str,
+    ask_token: bool,
+    fleet: Sequence[Named],
+    error: str = "",
 ) -> str:
     client, params = waiting.client, waiting.params
     name = html.escape(client.client_name or "An app with no name")
@@ -212,6 +234,7 @@ def _form(
   gateway. After you answer, your browser returns to <strong id="redirect-host">{where}</strong>.
   </p>
   <p>It asks to:</p><ul id="scopes">{asks}</ul>
+  {device_choice(fleet)}
   <p>It can never approve devices, change settings, or use tools meant for you only. You can
   revoke it at any time under Connected apps on the dashboard.</p>
   {token}{shown_error}

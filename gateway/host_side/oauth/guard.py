@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import anyio
@@ -27,10 +27,11 @@ from starlette.authentication import AuthCredentials, AuthenticationBackend, Bas
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.config import HostTokenOptions
 from gateway.host_side.callers import app_of
 from gateway.host_side.oauth.origin import OriginRules
 
-__all__ = ["AppStreams", "BearerTokens", "RequireToken"]
+__all__ = ["AppStreams", "BearerTokens", "RequireToken", "token_check"]
 
 Verify = Callable[[str, HTTPConnection], Awaitable[AccessToken | None]]
 
@@ -40,11 +41,18 @@ def _on_mcp_path(path: str) -> bool:
 
 
 class BearerTokens(AuthenticationBackend):
-    """The host token anywhere; an app's token (``verify``) on the MCP paths only."""
+    """The host token anywhere; a named host token (``[[host.tokens]]``) and an app's token
+    (``verify``) on the MCP paths only: the dashboard and ``/api`` see every device."""
 
-    def __init__(self, host_token: str | None, verify: Verify | None) -> None:
+    def __init__(
+        self,
+        host_token: str | None,
+        verify: Verify | None,
+        named: Sequence[HostTokenOptions] = (),
+    ) -> None:
         self._host = host_token.encode() if host_token else None
         self._verify = verify
+        self._named = [(entry.token.encode(), entry) for entry in named]
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
         """The credentials of ``conn``'s bearer token, or None."""
@@ -56,12 +64,38 @@ class BearerTokens(AuthenticationBackend):
             return AuthCredentials([]), AuthenticatedUser(
                 AccessToken(token=token, client_id="host", scopes=[])
             )
-        if self._verify is None or not _on_mcp_path(conn.url.path):
+        if not _on_mcp_path(conn.url.path):
+            return None
+        for secret, entry in self._named:  # every one compared: the time says nothing of which
+            if hmac.compare_digest(token.encode(), secret):
+                claims = {"host_token": entry.name, "devices": list(entry.devices)}
+                return AuthCredentials([]), AuthenticatedUser(
+                    AccessToken(token=token, client_id="host", scopes=[], claims=claims)
+                )
+        if self._verify is None:
             return None
         access = await self._verify(token, conn)
         if access is None:
             return None
         return AuthCredentials(access.scopes), AuthenticatedUser(access)
+
+
+def token_check(
+    named: Sequence[HostTokenOptions], live: Callable[[bytes], bool] | None
+) -> Callable[[bytes], bool] | None:
+    """What authenticates a host connection beyond the host token (``gateway.net.limits``): a
+    named host token, or a live app token (``live``); None when neither can."""
+    secrets = [entry.token.encode() for entry in named]
+    if not secrets:
+        return live
+
+    def check(token: bytes) -> bool:
+        found = False
+        for secret in secrets:  # every one compared: the time says nothing of which
+            found |= hmac.compare_digest(token, secret)
+        return found or (live is not None and live(token))
+
+    return check
 
 
 class AppStreams:

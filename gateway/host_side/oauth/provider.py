@@ -27,6 +27,7 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from gateway.config import Config
 from gateway.devices.audit import Actor, AuditLog
+from gateway.host_side.device_scope import scope_words
 from gateway.host_side.oauth.client_documents import (
     ClientDocumentError,
     ClientDocuments,
@@ -73,6 +74,7 @@ class GatewayProvider(
         self.config, self.store, self.documents = config, store, documents
         self.consents, self.audit = consents, audit
         self.on_revoke: list[Callable[[str], None]] = []  # told the client id of ended grants
+        self.on_devices: list[Callable[[str], None]] = []  # ... of apps whose devices changed
         self.http_networks = networks(config.oauth_http_networks)  # plain-HTTP redirects too
 
     # --- apps ---------------------------------------------------------------------------------
@@ -133,8 +135,10 @@ class GatewayProvider(
         params: AuthorizationParams,
         resource: str,
         actor: Actor,
+        devices: tuple[str, ...] | None = None,
     ) -> str:
-        """The owner said yes: save the grant and its code (before the app sees it)."""
+        """The owner said yes: save the grant and its code (before the app sees it); the app
+        may use ``devices`` (ids and name globs), or every device when None."""
         code = new_secret("gwc_")
         grant = Grant(
             id=new_secret(""),
@@ -146,6 +150,7 @@ class GatewayProvider(
             granted_at=self.store.clock(),
             last_used=None,
             revoked_at=None,
+            devices=devices,
         )
         extra = {
             "challenge": params.code_challenge,
@@ -158,7 +163,8 @@ class GatewayProvider(
             client.client_id,
             actor.where,
             actor.who,
-            f"scopes {' '.join(grant.scopes)}; redirect to {grant.redirect}",
+            f"scopes {' '.join(grant.scopes)}; devices: {scope_words(devices)}; "
+            f"redirect to {grant.redirect}",
         )
         return code
 
@@ -256,7 +262,12 @@ class GatewayProvider(
             scopes=list(grant.scopes),
             expires_at=int(found.expires),
             resource=grant.resource,
-            claims={"app": grant.client_name, "grant": grant.id},
+            # devices: read from the grant at every request, so the owner's edit counts at once
+            claims={
+                "app": grant.client_name,
+                "grant": grant.id,
+                "devices": list(grant.devices) if grant.devices is not None else None,
+            },
         )
 
     async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
@@ -272,6 +283,22 @@ class GatewayProvider(
                 message="revoked by the app (RFC 7009)",
             )
             self._ended(found.grant.client_id)
+
+    def set_devices(
+        self, client_id: str, devices: tuple[str, ...] | None, actor: Actor
+    ) -> Grant | None:
+        """The owner changes which devices an app may use (Connected apps): every live grant of
+        it, from the app's next request on. Returns one of them, or None for no such app."""
+        if not self.store.set_devices(client_id, devices):
+            return None
+        grant = next(g for g in self.store.grants(client_id) if g.revoked_at is None)
+        self._audit(
+            "devices", grant.client_name, client_id, actor.where, actor.who,
+            f"may now use {scope_words(devices)}",
+        )  # fmt: skip
+        for watcher in self.on_devices:
+            watcher(client_id)
+        return grant
 
     def revoke_app(self, client_id: str, actor: Actor) -> list[Grant]:
         """The owner revokes an app on the dashboard: every grant of it ends now."""

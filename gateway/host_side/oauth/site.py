@@ -47,6 +47,7 @@ from gateway.host_side.oauth.credentials import (
     lacks_pkce,
     without_pkce,
 )
+from gateway.host_side.oauth.device_choice import Fleet
 from gateway.host_side.oauth.guard import AppStreams, RequireToken
 from gateway.host_side.oauth.origin import CURRENT, OriginRules
 from gateway.host_side.oauth.provider import SCOPES, GatewayProvider
@@ -73,7 +74,13 @@ _INSECURE = (
 class OAuthSite:
     """Everything OAuth on the host listener: provider, store, consent page, routes, guard."""
 
-    def __init__(self, config: Config, audit: AuditLog, sessions: Sessions | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        audit: AuditLog,
+        sessions: Sessions | None,
+        fleet: Fleet = lambda: (),
+    ) -> None:
         self.config = config
         self.rules = OriginRules(config)
         self.store = OAuthStore(config.data_dir / "oauth.sqlite3")
@@ -83,7 +90,7 @@ class OAuthSite:
         self.provider = GatewayProvider(config, self.store, self.documents, self.consents, audit)
         self.streams = AppStreams()
         self.provider.on_revoke.append(self.streams.end)
-        self.consent = ConsentPage(self.provider, self.consents, sessions)
+        self.consent = ConsentPage(self.provider, self.consents, sessions, fleet)
         self.credentials = AppCredentials(self.store, audit, self.provider.http_networks)
         self._registrations = RateLimiter(
             per_minute=config.oauth_registrations_per_minute,

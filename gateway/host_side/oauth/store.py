@@ -1,7 +1,9 @@
 """The OAuth server's durable state: registered apps, grants, codes and tokens (``oauth.sqlite3``).
 
 A grant is one consent the owner gave one app; its codes and tokens hang from it, and revoking
-the grant ends them all. Codes and tokens are kept as SHA-256 digests only: a copy of the data
+the grant ends them all. It holds the devices the owner let the app use (a JSON list of device
+ids and name globs, NULL for all), which the owner may change later: each token the app presents
+reads it anew. Codes and tokens are kept as SHA-256 digests only: a copy of the data
 dir hands out no working token. Every change is committed before the caller answers (the SQLite
 file is opened in autocommit mode), so a token the app was given survives a crash, and one the
 owner revoked stays revoked.
@@ -61,7 +63,8 @@ CREATE TABLE IF NOT EXISTS grants (
     redirect    TEXT NOT NULL,
     granted_at  REAL NOT NULL,
     last_used   REAL,
-    revoked_at  REAL
+    revoked_at  REAL,
+    devices     TEXT
 );
 CREATE INDEX IF NOT EXISTS grants_by_client ON grants (client_id);
 CREATE TABLE IF NOT EXISTS tokens (
@@ -131,6 +134,7 @@ class Grant:
     granted_at: float
     last_used: float | None
     revoked_at: float | None
+    devices: tuple[str, ...] | None = None  # device ids and name globs; None: every device
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,9 @@ class OAuthStore:
 
     def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
         self._db = open_database(path, _SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(grants)")}
+        if "devices" not in columns:  # a file from before grants named devices: all, as then
+            self._db.execute("ALTER TABLE grants ADD COLUMN devices TEXT")
         self._lock = threading.Lock()
         self.clock = clock  # the time of every expiry and grace period (a test moves it)
         self._last_use_written: dict[str, float] = {}
@@ -282,7 +289,8 @@ class OAuthStore:
         """Record the owner's consent and the code that redeems it, in one transaction."""
         with self._write() as db:
             db.execute(
-                "INSERT INTO grants VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+                "INSERT INTO grants (id, client_id, client_name, scopes, resource, redirect, "
+                "granted_at, devices) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     grant.id,
                     grant.client_id,
@@ -291,6 +299,7 @@ class OAuthStore:
                     grant.resource,
                     grant.redirect,
                     grant.granted_at,
+                    _devices_column(grant.devices),
                 ),
             )
             db.execute(
@@ -382,6 +391,16 @@ class OAuthStore:
             )
             db.execute("DELETE FROM tokens WHERE grant_id = ?", (grant_id,))
 
+    def set_devices(self, client_id: str, devices: tuple[str, ...] | None) -> int:
+        """Let every live grant of an app use ``devices`` (None: all) from its next request;
+        returns how many grants changed."""
+        with self._write() as db:
+            changed = db.execute(
+                "UPDATE grants SET devices = ? WHERE client_id = ? AND revoked_at IS NULL",
+                (_devices_column(devices), client_id),
+            )
+            return changed.rowcount
+
     def revoke_client(self, client_id: str) -> list[Grant]:
         """End every live grant of an app; returns those it ended."""
         ended = [grant for grant in self.grants(client_id) if grant.revoked_at is None]
@@ -427,7 +446,12 @@ class OAuthStore:
 
 def _grant(row: tuple[Any, ...]) -> Grant:
     scopes = tuple(row[3].split()) if row[3] else ()
-    return Grant(row[0], row[1], row[2], scopes, row[4], row[5], row[6], row[7], row[8])
+    devices = tuple(json.loads(row[9])) if row[9] is not None else None
+    return Grant(row[0], row[1], row[2], scopes, row[4], row[5], row[6], row[7], row[8], devices)
+
+
+def _devices_column(devices: tuple[str, ...] | None) -> str | None:
+    return json.dumps(list(devices)) if devices is not None else None
 
 
 def _credential(row: tuple[Any, ...]) -> Credential:

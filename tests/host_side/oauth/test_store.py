@@ -3,6 +3,7 @@ the test moves)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from gateway.host_side.oauth.store import (
@@ -112,3 +113,26 @@ def test_only_grants_whose_code_was_redeemed_count(tmp_path: Path) -> None:
     redeemed = store.redeemed()
     store.close()
     assert redeemed == {grant_id}
+
+
+def test_a_grant_keeps_its_devices_and_a_file_from_before_them_means_all(tmp_path: Path) -> None:
+    """A grant written before grants named devices reads as all devices; a change of an app's
+    devices is kept across a reopen, for its live grants only."""
+    path = tmp_path / "oauth.sqlite3"
+    old = sqlite3.connect(path)  # the grants table as it was before the devices column
+    old.executescript(
+        "CREATE TABLE grants (id TEXT PRIMARY KEY, client_id TEXT NOT NULL, client_name TEXT "
+        "NOT NULL, scopes TEXT NOT NULL, resource TEXT NOT NULL, redirect TEXT NOT NULL, "
+        "granted_at REAL NOT NULL, last_used REAL, revoked_at REAL);"
+        "INSERT INTO grants VALUES ('g1', 'app', 'App', 'tools.call', 'r', 'cb', 0, NULL, NULL);"
+    )
+    old.close()
+    store = OAuthStore(path, Clock())
+    (grant,) = store.grants("app")
+    assert grant.devices is None
+    assert store.set_devices("app", ("kitchen*", "aa:bb")) == 1
+    assert store.set_devices("nobody", None) == 0
+    store.close()
+    store = OAuthStore(path, Clock())
+    assert store.grants("app")[0].devices == ("kitchen*", "aa:bb")
+    store.close()

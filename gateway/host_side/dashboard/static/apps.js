@@ -1,4 +1,5 @@
-// Connected apps: the apps the owner let in by OAuth, and their Revoke buttons; app credentials
+// Connected apps: the apps the owner let in by OAuth, the devices each may use (and Change),
+// and their Revoke buttons; app credentials
 // for apps that cannot register themselves (uses app.js's api, showError).
 "use strict";
 
@@ -17,11 +18,32 @@ async function loadApps() {
     return Forms.el("tr", {"data-client": app.client_id},
       Forms.el("td", {class: "name", text: app.name, title: app.client_id}),
       Forms.el("td", {text: app.allowed}), Forms.el("td", {text: app.last_used || "never"}),
-      Forms.el("td", {class: "may", text: app.may.join("; "), title: app.scopes.join(" ")}), Forms.el("td", {text: app.redirect}),
+      Forms.el("td", {class: "may", text: app.may.join("; "), title: app.scopes.join(" ")}),
+      deviceCell(app), Forms.el("td", {text: app.redirect}),
       Forms.el("td", {}, revoke));
   }));
   document.getElementById("apps-empty").hidden = apps.length > 0;
   await loadCredentials();
+}
+
+// Which devices the app may use, in words, and a Change form: ids and name patterns, comma
+// separated; empty means every device.
+function deviceCell(app) {
+  const shown = Forms.el("span", {class: "sees", text: app.sees});
+  const input = Forms.el("input", {name: "devices", class: "devices-input", placeholder: "all devices",
+    value: (app.devices || []).join(", ")});
+  const save = Forms.el("button", {type: "submit", class: "save-devices", text: "Save"});
+  const form = Forms.el("form", {class: "devices-form", hidden: ""}, input, save);
+  const change = Forms.el("button", {type: "button", class: "change-devices secondary", text: "Change"});
+  change.addEventListener("click", () => { form.hidden = false; change.hidden = true; input.focus(); });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const listed = input.value.split(/[\s,]+/).filter(Boolean);
+    save.disabled = true;
+    api("api/oauth/devices", {client_id: app.client_id, devices: listed.length ? listed : null})
+      .then(loadApps, (error) => { save.disabled = false; showError(error); });
+  });
+  return Forms.el("td", {class: "devices"}, shown, " ", change, form);
 }
 
 async function loadCredentials() {
