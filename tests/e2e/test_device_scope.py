@@ -24,6 +24,8 @@ from playwright.async_api import Page
 
 from gateway.app import Running
 from gateway.config import HostTokenOptions
+from gateway.devices.name_rules import META_TOOL_NAMES
+from gateway.host_side import confirm_asks as asks
 from gateway.host_side.fleet_app import APP_MIME_TYPE, EXTENSION_ID
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import Inbox, listed_device
@@ -45,6 +47,8 @@ HOST_TOKEN = "the-owners-host-token-0123"
 TABLET = HostTokenOptions("tablet", "tablet-token-0123456789", ("sim-esp32_0002",))
 MINE, OTHER = "02:00:00:00:00:02", "02:00:00:00:00:01"  # sim-esp32_0002, sim-esp32_0001
 PANEL = advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})  # the fleet panel's data too
+
+META = len(META_TOOL_NAMES)  # the meta-tools every listing starts with
 
 
 @asynccontextmanager
@@ -97,8 +101,9 @@ async def test_a_named_token_limited_to_one_device_sees_and_calls_nothing_else(
             await run.gateway.photos.keep(device_id, PNG, "image/png", "what is there?")
         async with client_with(run, TABLET.token) as client:
             names = [tool.name for tool in (await client.list_tools()).tools]
-            assert names[:2] == ["list_devices", "call_device_tool"]
-            assert len(names) > 3 and all(n.startswith("sim-esp32_0002_") for n in names[2:])
+            device_tools = [n for n in names if n not in META_TOOL_NAMES | {asks.PANEL_TOOL}]
+            assert META_TOOL_NAMES <= set(names)
+            assert device_tools and all(n.startswith("sim-esp32_0002_") for n in device_tools)
             listing = await client.call_tool("list_devices", {})
             assert devices_in(listing) == ["sim-esp32_0002"]
             panel = listing.structured_content or {}
@@ -125,6 +130,11 @@ async def test_a_named_token_limited_to_one_device_sees_and_calls_nothing_else(
             assert refused.is_error and never.is_error
             assert text_of(refused) == text_of(never).replace("'nope'", "'sim-esp32_0001'")
             assert "sim-esp32_0001" not in text_of(never)  # the known devices: its own only
+            message = {"message": "dinner is ready"}
+            not_told = await client.call_tool(
+                "notify_device", {"device": "sim-esp32_0001", **message}
+            )
+            assert not_told.is_error and "unknown device 'sim-esp32_0001'" in text_of(not_told)
             done = await client.call_tool("sim-esp32_0002_audio_speaker_set_volume", {"volume": 7})
             assert not done.is_error, done
         assert ("self.audio_speaker.set_volume", {"volume": 7}) in mine.calls
@@ -137,7 +147,7 @@ async def test_a_named_token_limited_to_one_device_sees_and_calls_nothing_else(
         run.gateway.audit.flush()
         records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
         out = [r for r in records if r.get("outcome") == "out_of_scope"]
-        assert len(out) == 2 and all(r["device_id"] == OTHER for r in out)
+        assert len(out) == 3 and all(r["device_id"] == OTHER for r in out)
         assert all("token 'tablet'" in r["caller"] for r in out)
         assert all("outside the devices this caller may use" in r["message"] for r in out)
         assert TABLET.token not in (tmp_path / "audit.log").read_text()
@@ -191,7 +201,7 @@ async def test_an_app_limited_on_the_consent_page_and_changed_in_connected_apps(
             with anyio.fail_after(bound(10)):  # its standalone stream, where the push comes
                 await run.gateway.frontend.notifier.wait_for_sessions(1)
             names = [tool.name for tool in (await client.list_tools()).tools]
-            assert len(names) > 3 and all(n.startswith("sim-esp32_0002_") for n in names[2:])
+            assert len(names) > META and all(n.startswith("sim-esp32_0002_") for n in names[META:])
             assert devices_in(await client.call_tool("list_devices", {})) == ["sim-esp32_0002"]
             other_tool = "sim-esp32_0001_audio_speaker_set_volume"
             assert "Unknown tool" in await unknown_tool(client, other_tool)
@@ -210,7 +220,7 @@ async def test_an_app_limited_on_the_consent_page_and_changed_in_connected_apps(
             while inbox.count == told:  # the app is told to list again (its cache ends)
                 await inbox.next_change()
             names = [tool.name for tool in (await client.list_tools()).tools]
-            assert len(names) > 3 and all(n.startswith("sim-esp32_0001_") for n in names[2:])
+            assert len(names) > META and all(n.startswith("sim-esp32_0001_") for n in names[META:])
             assert devices_in(await client.call_tool("list_devices", {})) == ["sim-esp32_0001"]
         records = run.gateway.audit.page(kind="oauth")["records"]
         assert any("may now use only devices named like *0001" in r["message"] for r in records)
