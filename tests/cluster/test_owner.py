@@ -8,6 +8,7 @@ calls it. Cut the owner: the next replica by the same rule takes the session ove
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -172,3 +173,30 @@ async def test_a_direct_call_in_flight_when_the_caller_takes_the_session_over_ge
         await eventually([caller], run_by(MQTT, name(caller)))  # its session now
         async with asyncio.timeout(bound(10)):
             assert await call == (False, "Waited 2 seconds")
+
+
+async def test_a_device_that_answers_the_ping_keeps_its_calls_while_a_node_is_down(
+    tmp_path: Path,
+) -> None:
+    """The replicas' broker list names a node that is down. Slow calls to an MQTT device
+    (from its owner and directly from the other replica) go silent past 2 s: each replica
+    pings the device, which answers, and the calls go on to their own answers: a node down
+    and a silent call are no verdict by themselves (stalls.py)."""
+    with socket.socket() as dead:  # a port that refuses: the dead node
+        dead.bind(("127.0.0.1", 0))
+        dead_url = f"mqtt://127.0.0.1:{dead.getsockname()[1]}"
+    async with Mosquitto(tmp_path / "broker") as broker, AsyncExitStack() as stack:
+        urls = [f"mqtt://127.0.0.1:{broker.port}", dead_url]
+        names = NAMES[:2]
+        runs = [
+            await stack.enter_async_context(gateway(tmp_path / n, **cluster_options(urls, n)))
+            for n in names
+        ]
+        device = MqttDevice("127.0.0.1", broker.port, MQTT, DEVICE_TOKEN, stock=False,
+                            concurrent=True)  # fmt: skip
+        await stack.enter_async_context(device)
+        await eventually(runs, online(MQTT))
+        calls = [call_text(run, tool(run, MQTT, "self.slow.wait"), {"seconds": 5}) for run in runs]
+        async with asyncio.timeout(bound(20)):
+            assert await asyncio.gather(*calls) == [(False, "Waited 5 seconds")] * 2
+        assert requests(device, "ping") >= 2  # each replica looked
