@@ -291,6 +291,7 @@ class Gateway:
             # (the others call it directly on its topics)
             owns=on_cluster.owns if on_cluster is not None else None,
             foreign=on_cluster.remote.on_reply if on_cluster is not None else None,
+            direct=on_cluster.remote if on_cluster is not None else None,
         )
         self.ota.checked_in = self.mqtt.checked_in  # a booting device: probed as it arrives
         if self.broker is not None:  # devices' logins wait until the gateway's client listens

@@ -149,6 +149,7 @@ INNER: dict[str, list[set[str]]] = {
         {"failover"},
         {"client", "link", "local"},  # local: the in-process client of the embedded broker
         {"liveness"},
+        {"stalls"},  # calls to a device gone with its broker node
         {"transport"},
     ],
     "device_side/boards": [{"address", "http", "link", "discovery"}, {"board"}, {"fleet"}],

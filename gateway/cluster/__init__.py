@@ -44,7 +44,14 @@ from gateway.cluster.records import (
     key_name,
 )
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster.replica import Ownership, home_node, id_slice, pick_number, replica_name
+from gateway.cluster.replica import (
+    Ownership,
+    home_node,
+    id_slice,
+    pick_number,
+    replica_name,
+    split_slice,
+)
 from gateway.config import Config
 from gateway.device_side.boards.link import BoardLink
 from gateway.device_side.broker import DeviceCredentials, Topics
@@ -88,7 +95,7 @@ class Cluster:
         registry.binding_key = DeviceCredentials(config.data_dir).binding_key()
         # A board's replies may be larger than a xiaozhi device's (a photo): its bound holds.
         frame_bytes = max(config.max_message_bytes, config.board_frame_bytes)
-        self.remote = RemoteCalls(self.topics, self.ids, self._publish, frame_bytes)
+        self.remote = RemoteCalls(self.topics, split_slice(self.ids)[1], self._publish, frame_bytes)
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
         self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
         self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
@@ -334,9 +341,10 @@ class Cluster:
 
     def _take(self, no: int) -> None:
         self.no, self.ids = no, id_slice(no)
-        self.remote.use_ids(self.ids)
+        sessions, calls = split_slice(self.ids)
+        self.remote.use_ids(calls)
         self.bridge.own_ids = self.ids
-        self.on_number(self.ids)
+        self.on_number(sessions)
 
     async def _keep(self) -> None:
         """Save the fleet's records to the cache while they change: every ``SAVE_EVERY``

@@ -51,6 +51,8 @@ class _Call:
     device_id: str
     replica: str
     future: asyncio.Future[JsonObject]
+    sent: float = 0.0  # loop time
+    direct: bool = False
 
 
 class RemoteCalls:
@@ -91,9 +93,12 @@ class RemoteCalls:
             DeviceToolError: the device answered with an error.
         """
         call_id = self._ids.allocate(self._calls.keys())
-        future: asyncio.Future[JsonObject] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[JsonObject] = loop.create_future()
         # A direct call does not go through the owner: its death does not fail the call.
-        self._calls[call_id] = _Call(device_id, "" if direct else replica, future)
+        self._calls[call_id] = _Call(
+            device_id, "" if direct else replica, future, loop.time(), direct is not None
+        )
         self._waiting[device_id] += 1
         params = {"name": tool, "arguments": arguments}
         frame = encode(mcp_envelope(session, make_request(call_id, "tools/call", params)))
@@ -117,6 +122,15 @@ class RemoteCalls:
             self._waiting -= Counter({device_id: 1})  # (a count that reaches 0 goes)
             if future.cancelled() or not future.done():  # the caller gave up: timeout, or left
                 self._cancel(down, session, call_id)
+
+    def direct_since(self) -> dict[str, float]:
+        """Each device with a direct call in flight: the loop time its oldest was sent (the
+        MQTT transport ends them when the device went silent with its broker node)."""
+        since: dict[str, float] = {}
+        for call in self._calls.values():
+            if call.direct and not call.future.done():
+                since[call.device_id] = min(call.sent, since.get(call.device_id, call.sent))
+        return since
 
     def _cancel(self, topic: str, session: str, call_id: int) -> None:
         """Tell the device to stop a call nobody waits for now (timeout, or the host left)."""

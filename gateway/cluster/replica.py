@@ -129,6 +129,15 @@ def id_slice(no: int) -> range:
     return range((no << _SLICE_BITS) | 1, (no + 1) << _SLICE_BITS)
 
 
+def split_slice(ids: range) -> tuple[range, range]:
+    """A replica's slice in two: the ids of its sessions with devices, and those of its calls
+    to devices other replicas run. Apart, since an MQTT device's replies reach both: a session
+    this replica opens as the device is handed to it must not take the reply to a call it made
+    directly before, nor that call the reply to the session's ``initialize``."""
+    middle = ids.start + len(ids) // 2
+    return range(ids.start, middle), range(middle, ids.stop)
+
+
 def slice_of(request_id: int) -> int:
     """The replica number a request id carries."""
     return request_id >> _SLICE_BITS

@@ -7,6 +7,8 @@ calls it. Cut the owner: the next replica by the same rule takes the session ove
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -19,7 +21,7 @@ from gateway.cluster.replica import owner_of
 from gateway.devices.registry import DeviceRegistry
 from tests.cluster.conftest import Check, Proxy, cluster_options, eventually, replicas
 from tests.cluster.test_faults import call_text, online, tool
-from tests.conftest import DEVICE_TOKEN, gateway
+from tests.conftest import DEVICE_TOKEN, bound, gateway
 from tests.mqtt_helpers import Mosquitto, MqttDevice
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -140,3 +142,61 @@ def test_ownership_moves_only_with_the_replica_that_held_it() -> None:
     assert set(before.values()) == set(NAMES)  # spread over every replica
     after = {d: owner_of(d, ["gw-1", "gw-3"]) for d in devices}
     assert all(after[d] == before[d] for d in devices if before[d] != "gw-2")
+
+
+async def test_a_direct_call_in_flight_when_the_caller_takes_the_session_over_gets_its_own_answer(
+    tmp_path: Path,
+) -> None:
+    """A replica calls an MQTT device directly (a slow call), then its owner is cut and the
+    caller takes the device's session over: that session's discovery requests and the call
+    in flight carry ids of one replica, and a device that answers each request as it comes
+    (as our firmware does) answers the discovery first. The call gets its own answer, not the
+    reply to the new session's ``initialize`` (it once did: an empty tool result)."""
+    async with Mosquitto(tmp_path / "broker") as broker, AsyncExitStack() as stack:
+        proxies = await stack.enter_async_context(behind_proxies(tmp_path, broker.port))
+        names = NAMES[:2]
+        runs = [
+            await stack.enter_async_context(gateway(tmp_path / n, **cluster_options(proxy.port, n)))
+            for n, proxy in zip(names, proxies[:2], strict=True)
+        ]
+        device = MqttDevice("127.0.0.1", broker.port, MQTT, DEVICE_TOKEN, stock=False,
+                            concurrent=True)  # fmt: skip
+        await stack.enter_async_context(device)
+        owner = owner_of(MQTT, names)
+        await eventually(runs, run_by(MQTT, owner))
+        caller = next(r for r in runs if name(r) != owner)
+        slow = tool(caller, MQTT, "self.slow.wait")
+        call = asyncio.create_task(call_text(caller, slow, {"seconds": 2}))
+        async with asyncio.timeout(bound(10)):
+            await device.called.wait()
+        proxies[names.index(owner)].cut()
+        await eventually([caller], run_by(MQTT, name(caller)))  # its session now
+        async with asyncio.timeout(bound(10)):
+            assert await call == (False, "Waited 2 seconds")
+
+
+async def test_a_device_that_answers_the_ping_keeps_its_calls_while_a_node_is_down(
+    tmp_path: Path,
+) -> None:
+    """The replicas' broker list names a node that is down. Slow calls to an MQTT device
+    (from its owner and directly from the other replica) go silent past 2 s: each replica
+    pings the device, which answers, and the calls go on to their own answers: a node down
+    and a silent call are no verdict by themselves (stalls.py)."""
+    with socket.socket() as dead:  # a port that refuses: the dead node
+        dead.bind(("127.0.0.1", 0))
+        dead_url = f"mqtt://127.0.0.1:{dead.getsockname()[1]}"
+    async with Mosquitto(tmp_path / "broker") as broker, AsyncExitStack() as stack:
+        urls = [f"mqtt://127.0.0.1:{broker.port}", dead_url]
+        names = NAMES[:2]
+        runs = [
+            await stack.enter_async_context(gateway(tmp_path / n, **cluster_options(urls, n)))
+            for n in names
+        ]
+        device = MqttDevice("127.0.0.1", broker.port, MQTT, DEVICE_TOKEN, stock=False,
+                            concurrent=True)  # fmt: skip
+        await stack.enter_async_context(device)
+        await eventually(runs, online(MQTT))
+        calls = [call_text(run, tool(run, MQTT, "self.slow.wait"), {"seconds": 5}) for run in runs]
+        async with asyncio.timeout(bound(20)):
+            assert await asyncio.gather(*calls) == [(False, "Waited 5 seconds")] * 2
+        assert requests(device, "ping") >= 2  # each replica looked

@@ -81,8 +81,8 @@ class BrokerClient:
         """The broker node connected to, or tried next."""
         return self._nodes.current
 
-    async def publish(self, topic: str, payload: bytes) -> None:
-        """Publish ``payload`` on ``topic`` (QoS 1).
+    async def publish(self, topic: str, payload: bytes, qos: int = 1) -> None:
+        """Publish ``payload`` on ``topic`` (QoS 1 unless told).
 
         Raises:
             LinkClosed: the gateway is not connected to the broker, or the publish failed.
@@ -91,7 +91,7 @@ class BrokerClient:
         if client is None:
             raise LinkClosed("not connected to the MQTT broker")
         try:
-            await publish_honouring_cancellation(client, topic, payload, qos=1)
+            await publish_honouring_cancellation(client, topic, payload, qos=qos)
         except aiomqtt.MqttError as exc:
             raise LinkClosed(f"MQTT publish failed: {exc}") from None
 

@@ -43,6 +43,7 @@ class Peer:
     status_online: bool = False  # its retained status says online (it has a last will)
     heard: float = 0.0  # loop time of its last message
     sent: float = 0.0  # loop time of the gateway's last publish to it
+    asked: float = 0.0  # loop time of the first call sent to it since it was last heard
     quiet_until: float = 0.0  # loop time before which stray messages open no link
     ended: int = 0  # sessions the gateway ended in a row (the backoff grows with it)
     leaving: bool = False  # cluster: owned elsewhere now; kept until the new owner has it
@@ -55,7 +56,7 @@ class Liveness:
         self,
         peers: dict[str, Peer],
         connected: asyncio.Event,
-        publish: Callable[[str, str], Awaitable[None]],
+        publish: Callable[..., Awaitable[None]],  # (device id, text, qos=1)
         forget: Callable[[str], None],
         known: Callable[[], Iterable[str]],
         owns: Callable[[str], bool],
@@ -83,6 +84,12 @@ class Liveness:
         loop = asyncio.get_running_loop()
         for delay in _FOLLOW_UP:
             loop.call_later(delay, lambda: self._later(self._probe_one(device_id)))
+
+    async def ping(self, device_id: str) -> None:
+        """Send the device the probe, which any device answers (``LinkClosed``: not sent), at
+        QoS 0: a NATS node passes it on at once while JetStream elects, where a QoS 1 message
+        (stored in JetStream) waits for the election (stalls.py asks while a node died)."""
+        await self._publish(device_id, encode(mcp_envelope(_PROBE_SESSION, make_probe())), qos=0)
 
     async def _probe_one(self, device_id: str) -> None:
         peer = self._peers.get(device_id)

@@ -62,15 +62,15 @@ class LocalClient:
         except Exception:
             logger.exception("MQTT presence of %s not handled", presence.device_id)
 
-    async def publish(self, topic: str, payload: bytes) -> None:
-        """Publish ``payload`` on ``topic`` (QoS 1, as the TCP client does).
+    async def publish(self, topic: str, payload: bytes, qos: int = 1) -> None:
+        """Publish ``payload`` on ``topic`` (QoS 1 unless told, as the TCP client does).
 
         Raises:
             LinkClosed: the client is not attached (not running, or the broker stopped).
         """
         if not self.connected.is_set() or not self.broker.running:
             raise LinkClosed("not connected to the MQTT broker")
-        self.broker.route(topic, payload, 1, False)
+        self.broker.route(topic, payload, qos, False)
 
     async def run(self) -> None:
         """Stay attached until cancelled: subscribe, report presence, hand messages on."""

@@ -36,6 +36,7 @@ from gateway.device_side.transports.mqtt.client import BrokerClient, BrokerLogin
 from gateway.device_side.transports.mqtt.link import MqttLink
 from gateway.device_side.transports.mqtt.liveness import Liveness, Peer
 from gateway.device_side.transports.mqtt.local import LocalClient
+from gateway.device_side.transports.mqtt.stalls import DirectCalls, Stalls
 from gateway.devices.link import DeviceIdentity
 
 __all__ = ["MqttTransport"]
@@ -62,6 +63,7 @@ class MqttTransport:
         quiet: tuple[float, float] = (5.0, 300.0),
         owns: Callable[[str], bool] | None = None,
         foreign: Callable[[str, str], None] | None = None,
+        direct: DirectCalls | None = None,
     ) -> None:
         """Prepare the transport; nothing connects before ``async with``.
 
@@ -78,6 +80,8 @@ class MqttTransport:
                 left alone, in seconds.
             owns: cluster: does this replica run the device's session? None: every device.
             foreign: cluster: takes each message of a device another replica owns.
+            direct: cluster: the calls made directly to devices another replica owns (failed
+                with those of this replica's sessions when their device went with its node).
         """
         self.topics = topics
         # QoS 0 both: the session is clean (what is in flight is lost with the connection at
@@ -118,6 +122,11 @@ class MqttTransport:
         )
         self._new_links: asyncio.Queue[MqttLink] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        nodes = [] if isinstance(login, BrokerLogin | EmbeddedBroker) else list(login)
+        # A broker cluster's node may die with devices on it: their calls end within seconds.
+        self._stalls = (
+            Stalls(nodes, self._peers, self._liveness.ping, direct) if len(nodes) > 1 else None
+        )
 
     async def __aenter__(self) -> MqttTransport:
         self._start(self._client.run(), "client")
@@ -125,6 +134,8 @@ class MqttTransport:
             self._start(self._liveness.probe_loop(self._probe_interval), "probe")
         if self._keepalive_interval is not None:
             self._start(self._liveness.keepalive_loop(self._keepalive_interval), "keepalive")
+        if self._stalls is not None:
+            self._start(self._stalls.run(), "stalls")
         return self
 
     def _start(self, work: Coroutine[None, None, None], name: str) -> None:
@@ -151,15 +162,18 @@ class MqttTransport:
         """The devices that have a live link now."""
         return frozenset(d for d, p in self._peers.items() if p.link and not p.link.closed)
 
-    async def publish(self, device_id: str, text: str) -> None:
-        """Publish ``text`` to the down topic of ``device_id``.
+    async def publish(self, device_id: str, text: str, qos: int = 1) -> None:
+        """Publish ``text`` to the down topic of ``device_id`` (QoS 1 unless told).
 
         Raises:
             LinkClosed: the gateway is not connected to the broker, or the publish failed.
         """
         if self.connected.is_set() and (peer := self._peers.get(device_id)) is not None:
             peer.sent = asyncio.get_running_loop().time()
-        await self._client.publish(self.topics.down(device_id), text.encode())
+            # A call awaits an answer (hello replies, notifications do not): stalls.py watches it.
+            if peer.asked <= peer.heard and '"tools/call"' in text:
+                peer.asked = peer.sent
+        await self._client.publish(self.topics.down(device_id), text.encode(), qos)
 
     def owns(self, device_id: str) -> bool:
         """Does this gateway run the device's session (always, outside a cluster)?"""
