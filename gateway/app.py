@@ -39,6 +39,7 @@ from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
 from gateway.devices.enrollment import Enrollment
+from gateway.devices.events import EventStore, approved_in
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.devices.store import Store
@@ -77,7 +78,12 @@ class Gateway:
         self.registry = DeviceRegistry(config, self.store, audit=self.audit)
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
-        self.frontend = McpFrontend(config, self.registry, self.router, self.photos)
+        self.events = EventStore(config.data_dir / "events", approved_in(self.registry),
+                                 keep=config.events_keep, max_age=config.events_max_age,
+                                 per_second=config.events_per_second,
+                                 burst=config.events_burst)  # fmt: skip
+        self.frontend = McpFrontend(config, self.registry, self.router, self.photos,
+                                    events=self.events)  # fmt: skip
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
@@ -110,6 +116,7 @@ class Gateway:
         self.vision = VisionTokens() if config.vision_enabled else None
         self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
                                        mqtt_proxies=self._mqtt_proxies())  # fmt: skip
+        self.sessions.events = self.events
         self.boards = Boards(config, self.registry, self.sessions.serve_board)
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
@@ -122,6 +129,7 @@ class Gateway:
             broker_clients=self.broker.online if self.broker else None,
         )
         self.admission.watchers.append(self.metrics.admitted)
+        self.metrics.device_events = self.events
         origins = OriginRules(config)
         self.dashboard = Dashboard(
             config, self.registry, self.audit, self.public, lambda: self.device_tokens[0],
@@ -199,6 +207,9 @@ class Gateway:
             self.frontend.forward_changes(), name="gateway.mcp.forward_changes"
         )
         self._stack.push_async_callback(_cancel, forwarder)
+        self._stack.push_async_callback(self.events.aclose)  # after the forwarders stop
+        events = asyncio.create_task(self.frontend.forward_events(), name="gateway.mcp.events")
+        self._stack.push_async_callback(_cancel, events)
         self._stack.callback(self.store.close)
         await self._stack.enter_async_context(self.store.writer())
         self._stack.callback(self.enrollment.close)

@@ -59,7 +59,8 @@ INNER: dict[str, list[set[str]]] = {
         {"envelope", "events", "states", "mqtt"},  # mqtt: the broker's packets
         {"jsonrpc", "mqtt_reader"},
         # a session's parts, no state machine (timing: its deadline, and the listings' pace)
-        {"catalog", "outbox", "outgoing", "pending", "timing"},
+        # device_log: a device's logging notification made its event
+        {"catalog", "outbox", "outgoing", "pending", "timing", "device_log"},
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [
@@ -74,6 +75,7 @@ INNER: dict[str, list[set[str]]] = {
         {"known"},  # the registry's core: load, queries, new devices, catalogues
         {"admin"},  # the user's decisions: approval, binding, names, forgetting
         {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
+        {"events"},  # what devices report on their own, kept per device
         {"connection"},
         {"calls"},
     ],
@@ -103,6 +105,8 @@ INNER: dict[str, list[set[str]]] = {
             "callers",
             "front",  # /mcp straight to its guards, past Starlette's layers
         },
+        {"event_resources"},  # devices' events: resources, subscriptions, wait_for_event
+        {"channels"},  # Claude Code channels (stdio)
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*

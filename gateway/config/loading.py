@@ -124,6 +124,7 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
         user_tools=string_list(f"{prefix}.user_tools", options.get("user_tools", [])),
         read_only=string_list(f"{prefix}.read_only", options.get("read_only", [])),
         destructive=string_list(f"{prefix}.destructive", options.get("destructive", [])),
+        channel=string_list(f"{prefix}.channel", options.get("channel", [])),
         upstream=upstream_url(f"{prefix}.upstream", options["upstream"])
         if "upstream" in options
         else "default",

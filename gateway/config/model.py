@@ -27,6 +27,8 @@ class DeviceOptions:
     destructive: tuple[str, ...] = ()
     # Its voice server's OTA URL, over [upstream] ota_url; "off" (None here) keeps it out.
     upstream: str | None | Literal["default"] = "default"
+    # Loggers whose events become Claude Code channel messages in stdio mode (docs/events.md).
+    channel: tuple[str, ...] = ()
 
 
 # The options of a device the config does not name: one shared, read-only instance (per call).
@@ -119,6 +121,11 @@ class Config:
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024
     vision_photo_history: int = 5  # photos kept per device, its latest included
+    # [events]: what devices report on their own (docs/events.md)
+    events_keep: int = 100  # recent events kept per device
+    events_max_age: float = 7 * 86400.0  # seconds an event is kept
+    events_per_second: float = 2.0  # events a device may add per second, past its burst
+    events_burst: int = 20
     # [upstream]: the voice server stock devices keep (docs/voice-proxy.md); None: no proxy
     upstream_ota_url: str | None = None
     upstream_timeout: float = 10.0
