@@ -177,6 +177,7 @@ class EventStore:
         self._state: dict[str, dict[str, DeviceEvent]] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._feeds: set[EventFeed] = set()
+        self._feeds_changed = asyncio.Event()
         self._unsaved: set[str] = set()
         self._saver: asyncio.TimerHandle | None = None
         self._saving: asyncio.Task[None] | None = None
@@ -206,16 +207,27 @@ class EventStore:
         waiting = sum(bucket.waiting is not None for bucket in self._buckets.values())
         return sum(map(len, self._recent.values())) + sum(map(len, self._state.values())) + waiting
 
+    async def wait_watching(self, count: int) -> None:
+        """Wait until ``count`` feeds are open."""
+        while len(self._feeds) != count:
+            await self._feeds_changed.wait()
+
     @contextlib.asynccontextmanager
     async def watch(self) -> AsyncIterator[EventFeed]:
         """``async with store.watch() as feed: async for event in feed``: every event kept
         from now on."""
         feed = EventFeed()
         self._feeds.add(feed)
+        self._signal()
         try:
             yield feed
         finally:
             self._feeds.discard(feed)
+            self._signal()
+
+    def _signal(self) -> None:
+        self._feeds_changed.set()
+        self._feeds_changed = asyncio.Event()
 
     # --- events arriving ---------------------------------------------------------------------
 

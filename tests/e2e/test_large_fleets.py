@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 JsonObject = dict[str, Any]
 
-META_TOOLS = ["list_devices", "call_device_tool"]
+META_TOOLS = ["list_devices", "call_device_tool", "wait_for_event"]
 MOST_BYTES = 256 * 1024  # every answer a host gets stays under this, whatever the fleet
 
 # What each component is, in the words its tool descriptions use.
@@ -233,8 +233,8 @@ async def test_sixty_devices_page_every_tool_once_and_each_page_stays_small(
     assert len(pages) > 1
     assert [size(page) for page in pages if size(page) >= MOST_BYTES] == []
     assert [n for n, count in Counter(names).items() if count > 1] == []
-    assert set(names) == {*META_TOOLS, *by_name} and len(names) == 1502
-    assert names[:2] == META_TOOLS
+    assert set(names) == {*META_TOOLS, *by_name} and len(names) == 1503
+    assert names[:3] == META_TOOLS
     assert len(answers) > 1
     assert [len(text.encode()) for text, _ in answers if len(text.encode()) >= MOST_BYTES] == []
     listed = [d["id"] for _, answer in answers for d in answer["devices"]]

@@ -22,7 +22,11 @@ async def test_a_board_that_joins_is_seen_within_the_lists_ttl(tmp_path: Path) -
     once the board has joined, the client's next lists show its tools within that TTL."""
     async with gateway(tmp_path) as run, Client(run.mcp_url) as client:
         before = await client.list_tools()
-        assert [t.name for t in before.tools] == ["list_devices", "call_device_tool"]
+        assert [t.name for t in before.tools] == [
+            "list_devices",
+            "call_device_tool",
+            "wait_for_event",
+        ]
         assert before.ttl_ms == CHANGING_TTL_MS and before.cache_scope == "private"
         assert CHANGING_TTL_MS <= 5_000
         async with listed_device(run):

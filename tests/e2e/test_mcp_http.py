@@ -42,7 +42,7 @@ async def test_device_tools_are_listed_with_valid_names(tmp_path: Path) -> None:
     assert names[:2] == ["list_devices", "call_device_tool"]
     visible = [t for t in dev.mcp.tools if not t.user_only]
     assert pages_of(dev) >= 3
-    assert len(names) == 2 + len(visible)
+    assert len(names) == 3 + len(visible)
     assert "sim-esp32_0001_lamp_turn_on" in names
     assert not any("reboot" in n for n in names)  # user-only: hidden from the model
 
@@ -194,7 +194,7 @@ async def test_meta_mode_lists_only_the_meta_tools(tmp_path: Path) -> None:
     async with gateway(tmp_path, tools_mode="meta") as run, listed_device(run):
         async with Client(run.mcp_url, mode="legacy") as client:
             names = [t.name for t in (await client.list_tools()).tools]
-    assert names == ["list_devices", "call_device_tool"]
+    assert names == ["list_devices", "call_device_tool", "wait_for_event"]
 
 
 async def test_host_token_and_host_origin_checks(tmp_path: Path) -> None:

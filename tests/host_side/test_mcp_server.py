@@ -46,9 +46,9 @@ async def test_device_tools_follow_the_meta_tools_in_device_order(stack: Stack) 
     async with Client(stack.frontend.server, mode="legacy") as client:
         result = await client.list_tools()
         assert client.server_capabilities.tools.list_changed is True
-    assert [t.name for t in result.tools] == ["list_devices", "call_device_tool",
+    assert [t.name for t in result.tools] == ["list_devices", "call_device_tool", "wait_for_event",
                                               "board_aa00_b", "board_aa00_a"]  # fmt: skip
-    device_tool = result.tools[2]
+    device_tool = result.tools[3]
     assert device_tool.description == "[board_aa00] does self.b"
 
 
@@ -74,7 +74,7 @@ async def test_auto_mode_groups_above_the_budget_and_never_drops_to_meta_only(
         grouped = await client.call_tool("t3", {"device": "board_aa01"})
         by_own_name = await client.call_tool("board_aa01_t2", {})
     stack.close()
-    assert names == ["list_devices", "call_device_tool", "t0", "t1", "t2", "t3"]
+    assert names == ["list_devices", "call_device_tool", "wait_for_event", "t0", "t1", "t2", "t3"]
     assert not grouped.is_error and not by_own_name.is_error
     assert session.calls == [("self.t3", {}), ("self.t2", {})]
     assert "exceed the tools budget of 3" in caplog.text
@@ -90,7 +90,10 @@ async def test_meta_mode_lists_only_the_meta_tools(tmp_path: Path) -> None:
             "call_device_tool", {"device": "board_aa01", "tool": "t0", "arguments": {}}
         )
     stack.close()
-    assert names == ["list_devices", "call_device_tool"] and called.content[0].text == "ok"
+    assert (
+        names == ["list_devices", "call_device_tool", "wait_for_event"]
+        and called.content[0].text == "ok"
+    )
 
 
 async def test_grouped_tools_route_by_the_device_argument(tmp_path: Path) -> None:
@@ -106,8 +109,8 @@ async def test_grouped_tools_route_by_the_device_argument(tmp_path: Path) -> Non
         unknown = await client.call_tool("lamp_on", {"device": "kitchen"})
         missing = await client.call_tool("lamp_on", {})
     stack.close()
-    assert list(tools) == ["list_devices", "call_device_tool", "audio_speaker_set_volume",
-                           "lamp_on"]  # fmt: skip
+    assert list(tools) == ["list_devices", "call_device_tool", "wait_for_event",
+                           "audio_speaker_set_volume", "lamp_on"]  # fmt: skip
     schema = tools["audio_speaker_set_volume"].input_schema
     assert schema["required"][0] == "device" and "volume" in schema["properties"]
     assert schema["properties"]["device"]["enum"] == [f"board_aa{n:02x}" for n in range(20)]
@@ -127,8 +130,8 @@ async def test_same_tool_with_other_schemas_gets_distinct_group_names(tmp_path: 
     async with Client(stack.frontend.server, mode="legacy") as client:
         names = [t.name for t in await list_all(client)]
     stack.close()
-    assert len(names) == len(set(names)) == 5
-    assert all(n.startswith(("set_volume_", "list_devices_")) for n in names[2:]), names
+    assert len(names) == len(set(names)) == 6
+    assert all(n.startswith(("set_volume_", "list_devices_")) for n in names[3:]), names
 
 
 async def test_offline_devices_past_the_age_are_not_listed_but_callable(tmp_path: Path) -> None:

@@ -51,8 +51,13 @@ def test_sixty_devices_come_in_pages_under_the_bound(tmp_path: Path) -> None:
     fleet(stack, 60)
     pages = every_page(stack)
     names = [t["name"] for page in pages for t in page]
-    assert len(pages) > 1 and len(names) == len(set(names)) == 2 + 60 * 25
-    assert names[:3] == ["list_devices", "call_device_tool", "board_0000_thing_0_set"]
+    assert len(pages) > 1 and len(names) == len(set(names)) == 3 + 60 * 25
+    assert names[:4] == [
+        "list_devices",
+        "call_device_tool",
+        "wait_for_event",
+        "board_0000_thing_0_set",
+    ]
     assert max(page_bytes(page) for page in pages) < 256 * 1024
     assert max(page_bytes(page) for page in pages) > PAGE_BYTES // 2  # pages are not tiny
     stack.close()
@@ -66,9 +71,9 @@ def test_a_listing_in_progress_survives_changes(tmp_path: Path) -> None:
     fleet(stack, 5, first=40)  # the fleet changes between pages
     rest = [t["name"] for page in every_page(stack, cursor) for t in page]
     names = [t["name"] for t in first] + rest
-    assert len(names) == len(set(names)) == 2 + 40 * 25
+    assert len(names) == len(set(names)) == 3 + 40 * 25
     fresh = [t["name"] for page in every_page(stack) for t in page]
-    assert len(fresh) == 2 + 45 * 25  # a new listing has the newcomers
+    assert len(fresh) == 3 + 45 * 25  # a new listing has the newcomers
     stack.close()
 
 
@@ -82,7 +87,11 @@ def test_a_stale_or_foreign_cursor_starts_again_cleanly(tmp_path: Path) -> None:
         stack.frontend.tools()
     for cursor in (stale, "junk", "99999.1", "1.x"):
         tools, _ = stack.frontend.tools(cursor)
-        assert [t["name"] for t in tools[:2]] == ["list_devices", "call_device_tool"]
+        assert [t["name"] for t in tools[:3]] == [
+            "list_devices",
+            "call_device_tool",
+            "wait_for_event",
+        ]
     stack.close()
 
 
@@ -91,7 +100,7 @@ def test_a_small_fleet_is_one_page(tmp_path: Path) -> None:
     stack = Stack(make_config(tmp_path))
     fleet(stack, 2, tools=3)
     tools, cursor = stack.frontend.tools()
-    assert cursor is None and len(tools) == 2 + 6
+    assert cursor is None and len(tools) == 3 + 6
     stack.close()
 
 
@@ -146,5 +155,5 @@ def test_a_called_tool_schema_is_found_without_listing(tmp_path: Path) -> None:
     assert schema is not None and schema["required"][0] == "device"
     assert schema["properties"]["device"]["enum"] == [f"board_000{n}" for n in range(3)]
     listed, _ = grouped.frontend.tools()
-    assert listed[2]["inputSchema"] == schema
+    assert listed[3]["inputSchema"] == schema
     grouped.close()
