@@ -135,6 +135,7 @@ class Gateway:
             config, self.registry, self.audit, self.public, lambda: self.device_tokens[0],
             came_over_https=lambda request: origins.of(request).https,
         )  # fmt: skip
+        self.dashboard.device_events = self.events
         self.oauth = (
             OAuthSite(config, self.audit, self.dashboard.sessions) if config.oauth_enabled else None
         )

@@ -94,6 +94,10 @@ class DeviceEvent:
             fields["coalesced"] = self.coalesced
         return fields
 
+    def shown(self, alias: str) -> dict[str, Any]:
+        """As hosts and people see it: ``device`` is the device's name, ``id`` its id."""
+        return {**self.as_json(), "device": alias, "id": self.device_id}
+
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> DeviceEvent:
         """The event ``as_json`` wrote.

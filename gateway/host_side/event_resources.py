@@ -102,12 +102,7 @@ def event_ref(uri: str) -> tuple[str, str] | None:
 
 
 def _event_json(event: DeviceEvent, alias: str) -> dict[str, Any]:
-    return {
-        **event.as_json(),
-        "device": alias,
-        "id": event.device_id,
-        "time": format_time(event.at),
-    }
+    return {**event.shown(alias), "time": format_time(event.at)}
 
 
 class EventResources:

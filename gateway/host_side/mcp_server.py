@@ -221,7 +221,7 @@ class McpFrontend:
             photos.arrived.append(lambda photo: self.notifier.resources_changed())
         if events is None:  # in memory: the meta-tool and resources are there all the same
             events = EventStore(None, approved_in(registry))
-        self.events = events
+        self.events = self.app.events = events
         self.event_resources = EventResources(registry, events, self.notifier.bus,
                                               self.notifier.listen_handler)  # fmt: skip
         self.channels = Channels(config, registry, events)

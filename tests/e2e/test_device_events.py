@@ -227,3 +227,24 @@ async def test_events_of_a_pending_device_are_dropped_and_counted(tmp_path: Path
             async with httpx2.AsyncClient() as http:
                 metrics = (await http.get(f"http://127.0.0.1:{run.host_port}/metrics")).text
             assert 'gateway_device_events_not_kept_total{reason="not_approved"} 1.0' in metrics
+
+
+async def test_the_dashboard_shows_a_device_s_events_live(tmp_path: Path) -> None:
+    """An open device's panel shows its recent events, and a new one without a reload."""
+    from tests.e2e.test_dashboard import dashboard, row  # Playwright: only this test needs it
+
+    device = porch()
+    async with (
+        gateway(tmp_path, devices=aliases(device)) as run,
+        serving(run, device),
+    ):
+        await device.report("door", {"open": True})
+        async with dashboard(run) as page:
+            await page.click(f"{row(device.device_id)} .alias button")
+            await page.wait_for_selector('#device-events li[data-logger="door"]')
+            with anyio.fail_after(bound(10)):  # the page's feed of events is open
+                await run.gateway.events.wait_watching(3)
+            await device.report("button", {"pressed": 1})
+            item = await page.wait_for_selector('#device-events li[data-logger="button"]')
+            assert item is not None and '{"pressed":1}' in await item.inner_text()
+            assert await page.locator("#device-events li").count() == 2
