@@ -248,3 +248,20 @@ async def test_the_dashboard_shows_a_device_s_events_live(tmp_path: Path) -> Non
             item = await page.wait_for_selector('#device-events li[data-logger="button"]')
             assert item is not None and '{"pressed":1}' in await item.inner_text()
             assert await page.locator("#device-events li").count() == 2
+
+
+async def test_events_and_state_are_kept_across_a_restart(tmp_path: Path) -> None:
+    """What a device reported is still its events and state after the gateway restarts; the
+    files are private to the gateway's user."""
+    device = porch()
+    async with gateway(tmp_path, devices=aliases(device)) as run, serving(run, device):
+        async with run.gateway.events.watch() as feed:
+            await device.report("door", {"open": True})
+            with anyio.fail_after(bound(5)):
+                await anext(feed)
+    [kept] = list((tmp_path / "events").glob("*.json"))
+    assert kept.stat().st_mode & 0o077 == 0
+    async with gateway(tmp_path, devices=aliases(device)) as run, Client(run.mcp_url) as client:
+        [event] = await read_json(client, events_uri("porch"))
+        state = await read_json(client, state_uri("porch"))
+    assert event["data"] == {"open": True} and state["door"]["data"] == {"open": True}
