@@ -39,6 +39,7 @@ from gateway.device_side.vision import VisionTokens
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
 from gateway.devices.enrollment import Enrollment
+from gateway.devices.events import EventStore, approved_in
 from gateway.devices.limits import log_invalid_limits
 from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
@@ -81,8 +82,13 @@ class Gateway:
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.messenger = Messenger(config, self.audit)  # notify_device
+        self.events = EventStore(config.data_dir / "events", approved_in(self.registry),
+                                 keep=config.events_keep, max_age=config.events_max_age,
+                                 per_second=config.events_per_second,
+                                 burst=config.events_burst)  # fmt: skip
         self.frontend = McpFrontend(config, self.registry, self.router, self.photos,
-                                    audit=self.audit, messenger=self.messenger)  # fmt: skip
+                                    audit=self.audit, messenger=self.messenger,
+                                    events=self.events)  # fmt: skip
         self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
@@ -115,6 +121,7 @@ class Gateway:
         self.vision = VisionTokens() if config.vision_enabled else None
         self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
                                        mqtt_proxies=self._mqtt_proxies())  # fmt: skip
+        self.sessions.events = self.events
         self.boards = Boards(config, self.registry, self.sessions.serve_board)
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
@@ -127,11 +134,13 @@ class Gateway:
             broker_clients=self.broker.online if self.broker else None,
         )
         self.admission.watchers.append(self.metrics.admitted)
+        self.metrics.device_events = self.events
         origins = OriginRules(config)
         self.dashboard = Dashboard(
             config, self.registry, self.audit, self.public, lambda: self.device_tokens[0],
             came_over_https=lambda request: origins.of(request).https,
         )  # fmt: skip
+        self.dashboard.device_events = self.events
         self.oauth = (
             OAuthSite(config, self.audit, self.dashboard.sessions, self._approved)
             if config.oauth_enabled
@@ -206,6 +215,9 @@ class Gateway:
             self.frontend.forward_changes(), name="gateway.mcp.forward_changes"
         )
         self._stack.push_async_callback(_cancel, forwarder)
+        self._stack.push_async_callback(self.events.aclose)  # after the forwarders stop
+        events = asyncio.create_task(self.frontend.forward_events(), name="gateway.mcp.events")
+        self._stack.push_async_callback(_cancel, events)
         self._stack.callback(self.store.close)
         await self._stack.enter_async_context(self.store.writer())
         self._stack.callback(self.enrollment.close)

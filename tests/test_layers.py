@@ -59,7 +59,8 @@ INNER: dict[str, list[set[str]]] = {
         {"envelope", "events", "states", "mqtt"},  # mqtt: the broker's packets
         {"jsonrpc", "mqtt_reader"},
         # a session's parts, no state machine (timing: its deadline, and the listings' pace)
-        {"catalog", "outbox", "outgoing", "pending", "timing"},
+        # device_log: a device's logging notification made its event
+        {"catalog", "outbox", "outgoing", "pending", "timing", "device_log"},
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [
@@ -74,6 +75,7 @@ INNER: dict[str, list[set[str]]] = {
         {"known"},  # the registry's core: load, queries, new devices, catalogues
         {"admin"},  # the user's decisions: approval, binding, names, forgetting
         {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
+        {"events"},  # what devices report on their own, kept per device
         {"connection", "confirm_rules"},  # confirm_rules: which tools wait for the owner's yes
         {"confirmations"},  # the calls waiting for it
         {"calls"},
@@ -109,8 +111,10 @@ INNER: dict[str, list[set[str]]] = {
             "front",  # /mcp straight to its guards, past Starlette's layers
         },
         # confirm_asks: the owner's yes asked in the host (elicitation, the panel);
-        # messages_tool: notify_device
-        {"confirm_asks", "messages_tool"},
+        # messages_tool: notify_device; event_resources: devices' events (resources,
+        # subscriptions, wait_for_event)
+        {"confirm_asks", "messages_tool", "event_resources"},
+        {"channels"},  # Claude Code channels (stdio)
         {"mcp_server"},
         {"dashboard", "metrics"},
         {"oauth", "api"},  # OAuth: its consent page signs in as the dashboard; api: /api/*

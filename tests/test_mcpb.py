@@ -120,5 +120,5 @@ async def test_the_bundle_starts_under_uv_and_lists_tools(unpacked: Path, tmp_pa
         async with Client(params, mode="legacy") as client:
             assert client.server_info.name == "esp-mcp-gateway"
             names = [t.name for t in (await client.list_tools()).tools]
-    assert names == ["list_devices", "call_device_tool", "notify_device"]
+    assert names == ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
     assert data.is_dir()  # the data dir setting reached the gateway

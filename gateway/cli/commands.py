@@ -107,9 +107,9 @@ async def stdio(config: Config) -> int:
 
     announce = functools.partial(_announce, config, desktop=True)
     async with _relay_hint(config), running(config, on_listening=announce) as run:
-        server = run.gateway.frontend.server
+        frontend = run.gateway.frontend
         async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+            await frontend.server.run(read, write, frontend.stdio_options())
     return 0
 
 

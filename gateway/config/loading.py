@@ -14,8 +14,8 @@ from gateway.config.boards import board_options
 from gateway.config.host_tokens import host_tokens
 from gateway.config.keys import FIELDS, FORMER_KEYS, env_name, file_key
 from gateway.config.model import Config, DeviceOptions
-from gateway.config.tool_limits import argument_limits, call_rates
 from gateway.config.quiet import quiet_hours
+from gateway.config.tool_limits import argument_limits, call_rates
 from gateway.config.unknown_keys import check_unknown_keys, unknown_key
 from gateway.config.values import (
     boolean,
@@ -137,6 +137,7 @@ def _device_options(prefix: str, options: object) -> DeviceOptions:
         read_only=string_list(f"{prefix}.read_only", options.get("read_only", [])),
         destructive=string_list(f"{prefix}.destructive", options.get("destructive", [])),
         confirm=string_list(f"{prefix}.confirm", options.get("confirm", [])),
+        channel=string_list(f"{prefix}.channel", options.get("channel", [])),
         upstream=upstream_url(f"{prefix}.upstream", options["upstream"])
         if "upstream" in options
         else "default",

@@ -11,8 +11,8 @@ from typing import Literal
 from gateway.config.boards import BoardOptions
 from gateway.config.host_tokens import HostTokenOptions
 from gateway.config.listen import ListenAddress
-from gateway.config.tool_limits import ArgumentLimits, CallRate
 from gateway.config.quiet import QuietHours
+from gateway.config.tool_limits import ArgumentLimits, CallRate
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,8 @@ class DeviceOptions:
     messages: bool = True
     quiet: QuietHours | None = None
     messages_per_hour: int | None = None  # None: [devices] messages_per_hour
+    # Loggers whose events become Claude Code channel messages in stdio mode (docs/events.md).
+    channel: tuple[str, ...] = ()
 
 
 # The options of a device the config does not name: one shared, read-only instance (per call).
@@ -137,6 +139,11 @@ class Config:
     # The photo travels base64 in one call result, and SDK clients refuse an event over 1 MiB.
     vision_max_photo_bytes: int = 640 * 1024
     vision_photo_history: int = 5  # photos kept per device, its latest included
+    # [events]: what devices report on their own (docs/events.md)
+    events_keep: int = 100  # recent events kept per device
+    events_max_age: float = 7 * 86400.0  # seconds an event is kept
+    events_per_second: float = 2.0  # events a device may add per second, past its burst
+    events_burst: int = 20
     # [upstream]: the voice server stock devices keep (docs/voice-proxy.md); None: no proxy
     upstream_ota_url: str | None = None
     upstream_timeout: float = 10.0

@@ -21,6 +21,7 @@ from gateway.device_side.upstream.settings import SERVER_HELLO_SECONDS
 from gateway.device_side.upstream.tap import GATEWAY_IDS
 from gateway.device_side.vision import VISION_PATH, VisionTokens
 from gateway.devices.connection import DeviceConnection
+from gateway.devices.events import EventStore
 from gateway.devices.link import BOARD_TRANSPORT, DeviceIdentity, DeviceLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.net.addresses import http_url
@@ -59,6 +60,7 @@ class DeviceSessions:
         self.request_ids: range | None = None
         self.bridge: Bridge | None = None
         self.trouble: Callable[[], str | None] | None = None
+        self.events: EventStore | None = None  # where devices' events go (set by app)
 
     async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
@@ -130,7 +132,7 @@ class DeviceSessions:
         if self.bridge is not None and not proxied:  # beside a voice server: not bridged
             link, ended = self.bridge(link, identity.device_id, protocol.session_id)
         try:
-            await DeviceConnection(link, identity, self._registry, protocol).run()
+            await DeviceConnection(link, identity, self._registry, protocol, self.events).run()
         finally:
             if ended is not None:
                 ended()

@@ -30,6 +30,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, cast
 
+from gateway.devices.events import EventStore
 from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed, PushLink
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import DeviceToolError, DeviceUnavailable, InvalidState
@@ -37,6 +38,7 @@ from gateway.protocol import (
     CallFailed,
     CallSucceeded,
     DeviceGoodbye,
+    DeviceLogged,
     DeviceProtocol,
     DiscoveryTimedOut,
     Event,
@@ -102,8 +104,10 @@ class DeviceConnection:
         identity: DeviceIdentity,
         registry: DeviceRegistry,
         protocol: DeviceProtocol,
+        events: EventStore | None = None,
     ) -> None:
         self.identity = identity
+        self._events = events  # where the device's events go (none: dropped)
         self._link = link
         self._registry = registry
         self._protocol = protocol
@@ -341,6 +345,9 @@ class DeviceConnection:
                 self._settle(event)
             elif isinstance(event, ToolsListed):
                 self._listed(event, dropped)
+            elif isinstance(event, DeviceLogged):
+                if self._events is not None:
+                    self._events.add(self.identity.device_id, event)
             elif isinstance(event, DiscoveryTimedOut):
                 self._log.warning("no tool list within %g s; closing the connection", event.seconds)
             elif isinstance(event, HelloReceived):

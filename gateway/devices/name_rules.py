@@ -25,7 +25,7 @@ __all__ = [
 
 MAX_NAME_LENGTH = 64
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-META_TOOL_NAMES = frozenset({"list_devices", "call_device_tool", "notify_device"})
+META_TOOL_NAMES = frozenset({"list_devices", "call_device_tool", "wait_for_event", "notify_device"})
 _HASH_LENGTH = 6
 _MAX_ALIAS_LENGTH = 32
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")

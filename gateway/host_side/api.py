@@ -161,6 +161,7 @@ class HostApi:
         self.registry.forget(device)
         if self._photos is not None:
             self._photos.forget(device.device_id)
+        self.frontend.events.forget(device.device_id)
 
     async def approve(self, request: Request) -> Response:
         """Let a pending device serve its tools (``esp-mcp-gateway devices approve``)."""

@@ -22,6 +22,7 @@ import mcp.types as types
 from mcp.server import ServerRequestContext
 from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID, client_supports_apps
 
+from gateway.devices.events import EventStore
 from gateway.devices.photos import PhotoStore, photo_uri
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "advertised",
     "panel_html",
 ]
+
+PANEL_EVENTS = 5  # a device's events the panel shows beside its tools
 
 PANEL_URI = "ui://esp-mcp-gateway/devices.html"
 _HERE = Path(__file__).parent
@@ -78,6 +81,7 @@ class FleetApp:
 
     def __init__(self, photos: PhotoStore | None) -> None:
         self._photos = photos
+        self.events: EventStore | None = None  # set by the frontend
 
     @staticmethod
     def negotiated(ctx: Context) -> bool:
@@ -91,13 +95,17 @@ class FleetApp:
         return tool.model_copy(update={"meta": meta})
 
     def structured(self, answer: dict[str, Any]) -> dict[str, Any]:
-        """``list_devices``'s answer for the panel: each device's latest photo added."""
+        """``list_devices``'s answer for the panel: each device's latest photo and its last few
+        events added (only approved devices' are kept)."""
         devices = []
         for entry in answer.get("devices", []):
             photo = self._photos.latest(entry["id"]) if self._photos is not None else None
             if photo is not None:
                 entry = {**entry, "photo": {"uri": photo_uri(entry["device"]),
                                             "taken_at": photo.taken_at}}  # fmt: skip
+            recent = self.events.recent(entry["id"])[:PANEL_EVENTS] if self.events else []
+            if recent:
+                entry = {**entry, "events": [event.shown(entry["device"]) for event in recent]}
             devices.append(entry)
         return {**answer, "devices": devices}
 

@@ -32,6 +32,7 @@ from gateway.compat.mcp_sdk import session_connection
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
+from gateway.devices.events import EventStore, approved_in
 from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
 from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
@@ -39,8 +40,11 @@ from gateway.errors import CallRejected, DeviceError
 from gateway.host_side import confirm_asks as asks
 from gateway.host_side.call_results import text_content, to_call_result
 from gateway.host_side.callers import Caller, caller_of
+from gateway.host_side.channels import Channels
 from gateway.host_side.device_listing import STATES, DeviceQuery, list_devices
 from gateway.host_side.device_scope import DeviceScope
+from gateway.host_side.event_resources import TEMPLATES as EVENT_TEMPLATES
+from gateway.host_side.event_resources import WAIT_FOR_EVENT, EventResources
 from gateway.host_side.fleet_app import PANEL, FleetApp, advertised
 from gateway.host_side.messages_tool import NOTIFY_DEVICE, notify_device
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND, PhotoResources
@@ -102,7 +106,9 @@ def _wire(tool: types.Tool) -> JsonObject:
     return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
-_META_TOOLS = (_wire(LIST_DEVICES), _wire(CALL_DEVICE_TOOL), _wire(NOTIFY_DEVICE))  # page one
+_META_TOOLS = tuple(  # page one
+    _wire(tool) for tool in (LIST_DEVICES, CALL_DEVICE_TOOL, WAIT_FOR_EVENT, NOTIFY_DEVICE)
+)
 
 
 def _error(text: str) -> types.CallToolResult:
@@ -208,6 +214,7 @@ class McpFrontend:
         router: CallRouter,
         photos: PhotoStore | None = None,
         *,
+        events: EventStore | None = None,
         notify_window: float = 0.2,
         audit: AuditLog | None = None,
         messenger: Messenger | None = None,
@@ -224,6 +231,12 @@ class McpFrontend:
         self._photo_resources = PhotoResources(registry, photos) if photos is not None else None
         if photos is not None:
             photos.arrived.append(lambda photo: self.notifier.resources_changed())
+        if events is None:  # in memory: the meta-tool and resources are there all the same
+            events = EventStore(None, approved_in(registry))
+        self.events = self.app.events = events
+        self.event_resources = EventResources(registry, events, self.notifier.bus,
+                                              self.notifier.listen_handler)  # fmt: skip
+        self.channels = Channels(config, registry, events)
         self.server = GatewayServer(
             "esp-mcp-gateway",
             version=__version__,
@@ -232,7 +245,9 @@ class McpFrontend:
             # Without it, the SDK would page through the whole tools/list to find the schema of
             # each 2026-era call over HTTP (101 pages per call at 1,000 devices).
             get_tool_input_schema=self.input_schema,
-            on_subscriptions_listen=self.notifier.listen_handler,
+            on_subscriptions_listen=self.event_resources.listen,
+            on_subscribe_resource=self.event_resources.subscribe,
+            on_unsubscribe_resource=self.event_resources.unsubscribe,
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
@@ -244,9 +259,26 @@ class McpFrontend:
             "tools/list", types.PaginatedRequestParams, self._list_tools
         )
         self.server.add_notification_handler(
-            "notifications/initialized", types.NotificationParams, self.notifier.initialized
+            "notifications/initialized", types.NotificationParams, self._initialized
         )
         self.server.extensions.update(advertised())
+
+    async def _initialized(self, ctx: Context, params: types.NotificationParams) -> None:
+        await self.notifier.initialized(ctx, params)
+        self.channels.initialized(ctx)
+
+    def stdio_options(self) -> InitializationOptions:
+        """The init options of a stdio session: Claude Code's channel declared when a device
+        opts in (gateway/host_side/channels.py)."""
+        return self.server.create_initialization_options(
+            experimental_capabilities=self.channels.capabilities()
+        )
+
+    async def forward_events(self) -> None:
+        """Tell hosts of device events: subscribers and channels (runs for the gateway's life)."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.event_resources.forward(), name="gateway.mcp.event_updates")
+            tasks.create_task(self.channels.forward(), name="gateway.mcp.channels")
 
     async def forward_changes(self) -> None:
         """Push registry changes to every MCP session (runs for the gateway's life).
@@ -311,6 +343,8 @@ class McpFrontend:
             return asks.panel_decision(self._router.confirmations, caller, arguments)
         if params.name == CALL_DEVICE_TOOL.name:
             return await self._call_by_reference(ctx, caller, arguments)
+        if params.name == WAIT_FOR_EVENT.name:
+            return await self.event_resources.wait_for_event(ctx, arguments)
         if params.name == NOTIFY_DEVICE.name:
             find = functools.partial(self._device_for, caller, tool=NOTIFY_DEVICE.name)
             return await notify_device(self.messenger, find, caller, arguments)
@@ -396,6 +430,8 @@ class McpFrontend:
     ) -> types.ListResourcesResult:
         cursor = params.cursor if params is not None else None
         panel = [PANEL] if cursor is None and self.app.negotiated(ctx) else []
+        if cursor is None:  # the devices' events, on the first page
+            panel += self.event_resources.resources(caller_of(ctx))
         if self._photo_resources is None:
             return types.ListResourcesResult(resources=panel)
         page = self._photo_resources.list(cursor, caller_of(ctx).scope)
@@ -404,15 +440,18 @@ class McpFrontend:
     async def _list_templates(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
+        events = list(EVENT_TEMPLATES)
         if self._photo_resources is None:
-            return types.ListResourceTemplatesResult(resource_templates=[])
-        return self._photo_resources.templates()
+            return types.ListResourceTemplatesResult(resource_templates=events)
+        photos = self._photo_resources.templates()
+        templates = [*photos.resource_templates, *events]
+        return photos.model_copy(update={"resource_templates": templates})
 
     async def _read_resource(
         self, ctx: Context, params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         uri = str(params.uri)
-        panel = self.app.read(uri)
+        panel = self.app.read(uri) or self.event_resources.read(uri, caller_of(ctx))
         if panel is not None:
             return panel
         if self._photo_resources is None:

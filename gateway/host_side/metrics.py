@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.devices.audit import AuditLog
+from gateway.devices.events import EventStore
 from gateway.devices.registry import APPROVED, DeviceRegistry
 
 __all__ = ["GatewayMetrics"]
@@ -54,6 +55,7 @@ class GatewayMetrics:
         self.replica: str | None = None  # cluster: every series labelled replica="<name>"
         self.refusals: dict[str, Callable[[], Mapping[str, int]]] = {}  # listener -> counts
         self.admissions_refused: Counter[str] = Counter()  # transport -> devices turned away
+        self.device_events: EventStore | None = None  # devices' events dropped or folded
         self._calls_by_outcome: dict[
             str, CounterMetric
         ] = {}  # the counter of each outcome, found once
@@ -164,3 +166,12 @@ class _StateCollector(Collector):
         for transport, count in sorted(self._metrics.admissions_refused.items()):
             refused.add_metric([transport, "admission"], count)
         yield refused
+        events = self._metrics.device_events
+        if events is not None:
+            held = CounterMetricFamily("gateway_device_events_not_kept",
+                                       "Device events dropped (device not approved) or folded "
+                                       "into a later one (the device's rate)",
+                                       labels=["reason"])  # fmt: skip
+            held.add_metric(["not_approved"], events.dropped)
+            held.add_metric(["coalesced"], events.coalesced)
+            yield held

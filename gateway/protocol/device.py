@@ -19,9 +19,8 @@ start at least ``relist_interval`` apart, however often the device says its tool
 Calls are bounded per session (``pending.Pending`` keeps the request ids and the calls); beyond
 the bound ``call_tool()`` raises ``DeviceBusy``. ``forget()`` drops a call: a waiting one silently,
 a sent one with ``notifications/cancelled`` so that the device can stop it (stock firmware drops
-every notification, docs/protocol.md §4; our firmware cancels the tool's task). ``outgoing``
-builds the messages, and ``outbox.Outbox`` holds what awaits the I/O layer.
-"""
+every notification, docs/protocol.md §4; our firmware cancels the tool's task). ``outgoing`` builds
+the messages, ``outbox.Outbox`` holds what awaits the I/O layer; ``device_log`` the events."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.errors import DeviceBusy, InvalidState, LocalProtocolError
-from gateway.protocol import envelope, outgoing
+from gateway.protocol import device_log, envelope, outgoing
 from gateway.protocol.catalog import PageBook, ToolCatalog
 from gateway.protocol.events import (
     DeviceGoodbye,
@@ -314,7 +313,9 @@ class DeviceProtocol:
             self._on_reply(message, frame)
 
     def _on_notification(self, notification: Notification) -> None:
-        if notification.method != TOOLS_LIST_CHANGED:
+        if notification.method == device_log.LOGGING_MESSAGE:  # an event of the device
+            self._out.events.append(device_log.device_logged(notification.params))
+        elif notification.method != TOOLS_LIST_CHANGED:
             self._out.drop("unsupported notification", method=notification.method)
         elif self._state is State.READY:
             if self._timing.relist_now():

@@ -14,6 +14,7 @@ __all__ = [
     "CallFailed",
     "CallSucceeded",
     "DeviceGoodbye",
+    "DeviceLogged",
     "DiscoveryTimedOut",
     "Event",
     "HelloReceived",
@@ -77,6 +78,20 @@ class DeviceGoodbye:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceLogged:
+    """The device sent an MCP logging notification: an event of the device (``device_log``).
+
+    ``logger`` is "" when the device named none; ``data`` is any JSON value, bounded, and
+    ``cut`` says it was cut to its bound.
+    """
+
+    level: str
+    logger: str
+    data: object
+    cut: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class DiscoveryTimedOut:
     """Discovery did not finish within ``seconds``; the session is closed (close the link)."""
 
@@ -97,6 +112,7 @@ Event = (
     | CallSucceeded
     | CallFailed
     | DeviceGoodbye
+    | DeviceLogged
     | DiscoveryTimedOut
     | MessageDropped
 )

@@ -202,7 +202,7 @@ async def test_pending_device_is_approved_with_a_click(tmp_path: Path) -> None:
                 name = tool_name(run, STOCK, "self.lamp.turn_on")
                 after = [t.name for t in (await client.list_tools()).tools]
                 result = await client.call_tool(name, {})
-    assert before == ["list_devices", "call_device_tool", "notify_device"]
+    assert before == ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
     assert name in after and not result.is_error
 
 

@@ -64,7 +64,12 @@ async def test_stock_device_waits_for_approval_then_serves(tmp_path: Path) -> No
             alias = registry.get(STOCK).alias  # type: ignore[union-attr]
             async with Client(run.mcp_url, mode="legacy") as client:
                 names = [t.name for t in (await client.list_tools()).tools]
-                assert names == ["list_devices", "call_device_tool", "notify_device"]
+                assert names == [
+                    "list_devices",
+                    "call_device_tool",
+                    "wait_for_event",
+                    "notify_device",
+                ]
                 shown = await listed_state(client, alias)
                 assert (shown["state"], shown["tools"]) == ("pending", [])
                 refused = await client.call_tool(

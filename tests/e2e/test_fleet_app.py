@@ -18,6 +18,7 @@ from mcp import Client
 from mcp.client.extension import advertise
 
 from gateway.host_side.fleet_app import APP_MIME_TYPE, EXTENSION_ID, PANEL_URI
+from gateway.protocol import DeviceLogged
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
 from tests.e2e.test_confirmations import CONFIRMED, VOLUME, until_waiting
@@ -96,9 +97,9 @@ def host_page(panel: types.TextResourceContents, args: dict[str, Any], result: s
 async def test_panel_in_a_sandboxed_frame_shows_devices_and_calls_through_the_host(
     tmp_path: Any,
 ) -> None:
-    """The panel shows the device online with its last photo; its set_volume form's call goes
-    through the host's MCP session to the device, and the audit log names that host. The
-    panel itself never touches the network."""
+    """The panel shows the device online with its last photo and events; its set_volume
+    form's call goes through the host's MCP session to the device, and the audit log names
+    that host. The panel itself never touches the network."""
     apps = advertise(EXTENSION_ID, {"mimeTypes": [APP_MIME_TYPE]})
     async with (
         chromium() as browser,  # first: without it the skip must say so, not a task group's
@@ -107,6 +108,9 @@ async def test_panel_in_a_sandboxed_frame_shows_devices_and_calls_through_the_ho
         Client(run.mcp_url, mode="legacy", extensions=[apps], client_info=HOST) as client,
     ):
         await run.gateway.photos.keep(SIM, PNG, "image/png", "what is on the desk?")
+        # What the device reported on its own (tests/e2e/test_device_events.py has devices
+        # sending it): the panel shows it beside the tools.
+        run.gateway.events.add(SIM, DeviceLogged("info", "button", {"pressed": 1}))
         tools = (await client.list_tools()).tools
         uri = next(t for t in tools if t.name == "list_devices").meta["ui"]["resourceUri"]  # type: ignore[index]
         panel = (await client.read_resource(uri)).contents[0]
@@ -135,6 +139,8 @@ async def test_panel_in_a_sandboxed_frame_shows_devices_and_calls_through_the_ho
         await card.wait_for()
         image = card.locator("figure.photo img[src^='data:image/png;base64,']")
         await image.wait_for()
+        reported = card.locator('section.recent-events li[data-logger="button"]')
+        assert '{"pressed":1}' in await reported.inner_text()
         tool = card.locator('details[data-tool="self.audio_speaker.set_volume"]')
         await tool.locator("summary").click()
         await tool.locator('input[name="volume"]').fill("37")

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 JsonObject = dict[str, Any]
 
-META_TOOLS = ["list_devices", "call_device_tool", "notify_device"]
+META_TOOLS = ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
 MOST_BYTES = 256 * 1024  # every answer a host gets stays under this, whatever the fleet
 
 # What each component is, in the words its tool descriptions use.

@@ -25,6 +25,7 @@ async def test_a_board_that_joins_is_seen_within_the_lists_ttl(tmp_path: Path) -
         assert [t.name for t in before.tools] == [
             "list_devices",
             "call_device_tool",
+            "wait_for_event",
             "notify_device",
         ]
         assert before.ttl_ms == CHANGING_TTL_MS and before.cache_scope == "private"

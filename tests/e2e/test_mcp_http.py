@@ -194,7 +194,7 @@ async def test_meta_mode_lists_only_the_meta_tools(tmp_path: Path) -> None:
     async with gateway(tmp_path, tools_mode="meta") as run, listed_device(run):
         async with Client(run.mcp_url, mode="legacy") as client:
             names = [t.name for t in (await client.list_tools()).tools]
-    assert names == ["list_devices", "call_device_tool", "notify_device"]
+    assert names == ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
 
 
 async def test_host_token_and_host_origin_checks(tmp_path: Path) -> None:

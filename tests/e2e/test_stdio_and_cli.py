@@ -68,6 +68,7 @@ async def test_stdio_serves_mcp_and_the_device_listener(tmp_path: Path) -> None:
         assert [t.name for t in (await client.list_tools()).tools] == [
             "list_devices",
             "call_device_tool",
+            "wait_for_event",
             "notify_device",
         ]
         async with SimulatedDevice(url, DEVICE_TOKEN, device_id="02:00:00:00:00:01"):

@@ -100,7 +100,8 @@ async def test_a_host_that_lists_other_mime_types_only_gets_no_panel(stack: Stac
 
 
 async def test_unknown_resources_are_a_clear_error_without_photos(tmp_path: Path) -> None:
-    """With no photo store the panel is still served; any other URI is 'not found'."""
+    """With no photo store the panel is still served (and the event templates: every device
+    has events); any other URI is 'not found'."""
     s = Stack(make_config(tmp_path / "data"))
     try:
         async with Client(s.frontend.server, mode="legacy", extensions=[APPS]) as client:
@@ -110,7 +111,11 @@ async def test_unknown_resources_are_a_clear_error_without_photos(tmp_path: Path
                 await client.read_resource("device://x/photo/latest")
     finally:
         s.close()
-    assert listed == [PANEL_URI] and templates == []
+    assert listed == [PANEL_URI]
+    assert [t.uri_template for t in templates] == [
+        "device://{device}/events",
+        "device://{device}/state",
+    ]
 
 
 def test_structured_listing_without_a_photo_store_is_the_listing() -> None:

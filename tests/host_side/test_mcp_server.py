@@ -24,6 +24,8 @@ PNG_1PX = (
     "YPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 )
 
+META = ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]  # page one
+
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
@@ -46,9 +48,8 @@ async def test_device_tools_follow_the_meta_tools_in_device_order(stack: Stack) 
     async with Client(stack.frontend.server, mode="legacy") as client:
         result = await client.list_tools()
         assert client.server_capabilities.tools.list_changed is True
-    assert [t.name for t in result.tools] == ["list_devices", "call_device_tool", "notify_device",
-                                              "board_aa00_b", "board_aa00_a"]  # fmt: skip
-    device_tool = result.tools[3]
+    assert [t.name for t in result.tools] == [*META, "board_aa00_b", "board_aa00_a"]
+    device_tool = result.tools[len(META)]
     assert device_tool.description == "[board_aa00] does self.b"
 
 
@@ -74,7 +75,16 @@ async def test_auto_mode_groups_above_the_budget_and_never_drops_to_meta_only(
         grouped = await client.call_tool("t3", {"device": "board_aa01"})
         by_own_name = await client.call_tool("board_aa01_t2", {})
     stack.close()
-    assert names == ["list_devices", "call_device_tool", "notify_device", "t0", "t1", "t2", "t3"]
+    assert names == [
+        "list_devices",
+        "call_device_tool",
+        "wait_for_event",
+        "notify_device",
+        "t0",
+        "t1",
+        "t2",
+        "t3",
+    ]
     assert not grouped.is_error and not by_own_name.is_error
     assert session.calls == [("self.t3", {}), ("self.t2", {})]
     assert "exceed the tools budget of 3" in caplog.text
@@ -90,7 +100,7 @@ async def test_meta_mode_lists_only_the_meta_tools(tmp_path: Path) -> None:
             "call_device_tool", {"device": "board_aa01", "tool": "t0", "arguments": {}}
         )
     stack.close()
-    assert names == ["list_devices", "call_device_tool", "notify_device"]
+    assert names == ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
     assert called.content[0].text == "ok"
 
 
@@ -107,7 +117,7 @@ async def test_grouped_tools_route_by_the_device_argument(tmp_path: Path) -> Non
         unknown = await client.call_tool("lamp_on", {"device": "kitchen"})
         missing = await client.call_tool("lamp_on", {})
     stack.close()
-    assert list(tools) == ["list_devices", "call_device_tool", "notify_device",
+    assert list(tools) == ["list_devices", "call_device_tool", "wait_for_event", "notify_device",
                            "audio_speaker_set_volume", "lamp_on"]  # fmt: skip
     schema = tools["audio_speaker_set_volume"].input_schema
     assert schema["required"][0] == "device" and "volume" in schema["properties"]

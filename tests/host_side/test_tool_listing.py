@@ -63,8 +63,8 @@ def test_sixty_devices_come_in_pages_under_the_bound(tmp_path: Path) -> None:
     pages = every_page(stack)
     names = [t["name"] for page in pages for t in page]
     assert len(pages) > 1 and len(names) == len(set(names)) == 3 + 60 * 25
-    meta = ["list_devices", "call_device_tool", "notify_device"]
-    assert names[:4] == [*meta, "board_0000_thing_0_set"]
+    meta = ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
+    assert names[:5] == [*meta, "board_0000_thing_0_set"]
     assert max(page_bytes(page) for page in pages) < 256 * 1024
     assert max(page_bytes(page) for page in pages) > PAGE_BYTES // 2  # pages are not tiny
     stack.close()
@@ -94,8 +94,8 @@ def test_a_stale_or_foreign_cursor_starts_again_cleanly(tmp_path: Path) -> None:
         stack.frontend.tools()
     for cursor in (stale, "junk", "99999.1", "1.x"):
         tools, _ = stack.frontend.tools(cursor)
-        names = [t["name"] for t in tools[:3]]
-        assert names == ["list_devices", "call_device_tool", "notify_device"]
+        names = [t["name"] for t in tools[:4]]
+        assert names == ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
     stack.close()
 
 

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp
 
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
+from gateway.devices.events import EventStore
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import (
@@ -52,6 +53,7 @@ KEEPALIVE = 15.0  # seconds between SSE comments, so proxies keep an idle feed o
 # At most one device list a second per open tab: in a churning fleet of thousands every join
 # would otherwise re-send the whole list; changes meanwhile fold into the next one.
 FEED_INTERVAL = 1.0
+DASHBOARD_EVENTS = 20  # a device's recent events its panel shows
 # Pages run only our own files: no inline script, images from us or data: URLs (tool results).
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -84,6 +86,7 @@ class Dashboard:
         self.came_over_https = came_over_https
         self.sessions = Sessions(config.host_token)
         self.ingress = networks(config.host_ingress_peers)  # Home Assistant's ingress proxy
+        self.device_events: EventStore | None = None  # what devices report (set by app)
 
     def routes(self, guard: Guard, endpoint: Callable[[Handler], ASGIApp]) -> list[BaseRoute]:
         """Routes for the host app; ``guard`` requires auth, ``endpoint`` makes a view an app."""
@@ -100,6 +103,7 @@ class Dashboard:
             api("/api/session", self.session),
             api("/api/logout", self.logout, "POST"),
             api("/api/events", self.events),
+            api("/api/device-events", self.device_events_feed),
             api("/api/dashboard/devices", self.devices),
             api("/api/dashboard/tools", self.tools),
             api("/api/devices/rename", self.rename, "POST"),
@@ -175,21 +179,42 @@ class Dashboard:
 
     async def events(self, request: Request) -> Response:
         """The device list as server-sent events: now, then after every change."""
+        return _stream(self._device_feed(self._alive(request)))
+
+    async def device_events_feed(self, request: Request) -> Response:
+        """Each event a device reports, as the gateway keeps it (server-sent events)."""
+        return _stream(self._event_feed(self._alive(request)))
+
+    def _alive(self, request: Request) -> Callable[[], bool] | None:
+        """Whether the browser's session lasts (None: a token, not a session, let it in)."""
         session_id = cookie_value(request.headers.get("cookie", ""))
         signed_in = session_id is not None and "authorization" not in request.headers
-        alive = (lambda: self.sessions.get(session_id) is not None) if signed_in else None
-        return StreamingResponse(
-            self._device_feed(alive),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+        return (lambda: self.sessions.get(session_id) is not None) if signed_in else None
+
+    async def _event_feed(self, alive: Callable[[], bool] | None) -> AsyncIterator[str]:
+        if self.device_events is None:
+            return
+        async with self.device_events.watch() as feed:
+            while alive is None or alive():
+                try:
+                    async with asyncio.timeout(KEEPALIVE):
+                        event = await anext(feed)
+                except TimeoutError:
+                    yield ": keepalive\n\n"
+                    continue
+                device = self.registry.get(event.device_id)
+                if device is not None:
+                    yield f"event: event\ndata: {json.dumps(event.shown(device.alias))}\n\n"
 
     async def tools(self, request: Request) -> Response:
         """``?device=``: every tool of one device, user-only ones included."""
         device = self.registry.find(request.query_params.get("device", ""))
         if device is None:
             return JSONResponse({"error": "unknown device"}, 404)
-        return JSONResponse({"device": device_summary(device), "tools": device_tools(device)})
+        kept = self.device_events.recent(device.device_id) if self.device_events else []
+        events = [event.shown(device.alias) for event in kept[:DASHBOARD_EVENTS]]
+        return JSONResponse({"device": device_summary(device), "tools": device_tools(device),
+                             "events": events})  # fmt: skip
 
     async def rename(self, request: Request) -> Response:
         """``{device, name}``: a new alias, and new MCP names for the device's tools."""
@@ -262,6 +287,11 @@ class Dashboard:
                         if alive is not None and not alive():
                             return  # signed out meanwhile
                         yield ": keepalive\n\n"
+
+
+def _stream(feed: AsyncIterator[str]) -> Response:
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(feed, media_type="text/event-stream", headers=headers)
 
 
 async def _json(request: Request) -> Any:

@@ -99,6 +99,7 @@ function card(device) {
   article.append(el("p", {class: "facts", text: facts.filter(Boolean).join(" · ")}));
   if (device.conflict) article.append(el("p", {class: "error", text: device.conflict}));
   if (device.photo) article.append(photo(device));
+  if (device.events) article.append(recentEvents(device.events));
   for (const tool of device.tools) {
     const box = el("details", {class: "tool-card", "data-tool": tool.tool});
     box.append(el("summary", {}, el("code", {text: tool.tool})));
@@ -110,6 +111,17 @@ function card(device) {
     article.append(el("p", {class: "note", text: `${rejected.tool} rejected: ${rejected.reason}`}));
   }
   return article;
+}
+
+function recentEvents(events) {
+  // What the device reported on its own, newest first (device://<name>/events has more).
+  const list = el("ol", {class: "events"});
+  for (const event of events) {
+    const when = new Date(event.at * 1000).toLocaleTimeString();
+    list.append(el("li", {"data-logger": event.logger,
+      text: `${when} ${event.logger || "event"}: ${JSON.stringify(event.data)}`}));
+  }
+  return el("section", {class: "recent-events"}, el("h3", {text: "Recent events"}), list);
 }
 
 async function callDevice(device, tool, args) {

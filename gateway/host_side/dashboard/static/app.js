@@ -2,7 +2,7 @@
 "use strict";
 
 const {el} = Forms;
-const state = {csrf: "", devices: [], selected: null, shown: "", toolsKey: "", auditCursor: null};
+const state = {csrf: "", devices: [], selected: null, shown: "", toolsKey: "", auditCursor: null, events: []};
 
 async function api(path, body) {
   const options = body === undefined ? {} : {
@@ -53,6 +53,22 @@ function watchDevices() {
   events.addEventListener("pending", (event) => renderPending(JSON.parse(event.data)));
   events.onopen = () => { live.textContent = "live"; live.classList.add("on"); };
   events.onerror = () => { live.textContent = "reconnecting…"; live.classList.remove("on"); };
+  // What devices report on their own: the open device's list grows as events arrive.
+  new EventSource("api/device-events").addEventListener("event", (message) => {
+    const event = JSON.parse(message.data);
+    if (event.id === state.selected) showEvents([event, ...state.events]);
+  });
+}
+
+const SHOWN_EVENTS = 20;
+
+function showEvents(events) {
+  state.events = events.slice(0, SHOWN_EVENTS);
+  document.getElementById("no-events").hidden = state.events.length > 0;
+  document.getElementById("device-events").replaceChildren(...state.events.map((event) => el("li",
+    {"data-logger": event.logger, "data-level": event.level,
+     text: `${new Date(event.at * 1000).toLocaleTimeString()} ${event.logger || "event"}` +
+       ` (${event.level}): ${JSON.stringify(event.data)}${event.coalesced ? ` (+${event.coalesced} folded)` : ""}`})));
 }
 
 function renderPending(pending) {
@@ -121,7 +137,8 @@ function startRename(row, device) {
 }
 
 async function openDevice(id) {
-  const {device, tools} = await api(`api/dashboard/tools?device=${encodeURIComponent(id)}`);
+  const {device, tools, events} = await api(`api/dashboard/tools?device=${encodeURIComponent(id)}`);
+  showEvents(events);
   state.selected = id;
   state.shown = summaryKey(device);
   const panel = document.getElementById("device");
