@@ -62,7 +62,7 @@ def test_sixty_devices_come_in_pages_under_the_bound(tmp_path: Path) -> None:
     fleet(stack, 60)
     pages = every_page(stack)
     names = [t["name"] for page in pages for t in page]
-    assert len(pages) > 1 and len(names) == len(set(names)) == 3 + 60 * 25
+    assert len(pages) > 1 and len(names) == len(set(names)) == META + 60 * 25
     meta = ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
     assert names[:5] == [*meta, "board_0000_thing_0_set"]
     assert max(page_bytes(page) for page in pages) < 256 * 1024
@@ -78,9 +78,9 @@ def test_a_listing_in_progress_survives_changes(tmp_path: Path) -> None:
     fleet(stack, 5, first=40)  # the fleet changes between pages
     rest = [t["name"] for page in every_page(stack, cursor) for t in page]
     names = [t["name"] for t in first] + rest
-    assert len(names) == len(set(names)) == 3 + 40 * 25
+    assert len(names) == len(set(names)) == META + 40 * 25
     fresh = [t["name"] for page in every_page(stack) for t in page]
-    assert len(fresh) == 3 + 45 * 25  # a new listing has the newcomers
+    assert len(fresh) == META + 45 * 25  # a new listing has the newcomers
     stack.close()
 
 
@@ -104,7 +104,7 @@ def test_a_small_fleet_is_one_page(tmp_path: Path) -> None:
     stack = Stack(make_config(tmp_path))
     fleet(stack, 2, tools=3)
     tools, cursor = stack.frontend.tools()
-    assert cursor is None and len(tools) == 3 + 6
+    assert cursor is None and len(tools) == META + 6
     stack.close()
 
 
@@ -131,7 +131,7 @@ def test_listing_passes_make_no_sdk_models_and_share_the_catalogue(
     first, second = every_page(stack), every_page(stack)
     assert first == second and len(first) > 1
     assert built == []
-    schemas = {id(t["inputSchema"]) for page in first for t in page[3:] if "_thing_" in t["name"]}
+    schemas = {id(t["inputSchema"]) for page in first for t in page[META:] if "_thing_" in t["name"]}
     assert len(schemas) == 25  # one per tool of the shared catalogue, not one per device
     types.Tool(name="probe", input_schema={"type": "object"})  # the counter itself counts
     assert built == ["init"]
@@ -159,7 +159,7 @@ def test_a_called_tool_schema_is_found_without_listing(tmp_path: Path) -> None:
     assert schema is not None and schema["required"][0] == "device"
     assert schema["properties"]["device"]["enum"] == [f"board_000{n}" for n in range(3)]
     listed, _ = grouped.frontend.tools()
-    assert listed[3]["inputSchema"] == schema
+    assert listed[META]["inputSchema"] == schema
     grouped.close()
 
 
