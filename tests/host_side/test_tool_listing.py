@@ -131,7 +131,9 @@ def test_listing_passes_make_no_sdk_models_and_share_the_catalogue(
     first, second = every_page(stack), every_page(stack)
     assert first == second and len(first) > 1
     assert built == []
-    schemas = {id(t["inputSchema"]) for page in first for t in page[META:] if "_thing_" in t["name"]}
+    schemas = {
+        id(t["inputSchema"]) for page in first for t in page[META:] if "_thing_" in t["name"]
+    }
     assert len(schemas) == 25  # one per tool of the shared catalogue, not one per device
     types.Tool(name="probe", input_schema={"type": "object"})  # the counter itself counts
     assert built == ["init"]
