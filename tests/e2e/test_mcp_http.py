@@ -39,10 +39,10 @@ async def test_device_tools_are_listed_with_valid_names(tmp_path: Path) -> None:
     names = [t.name for t in tools]
     assert all(NAME_PATTERN.match(n) for n in names), names
     assert len(set(names)) == len(names)
-    assert names[:3] == ["list_devices", "call_device_tool", "notify_device"]
+    assert names[:4] == ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
     visible = [t for t in dev.mcp.tools if not t.user_only]
     assert pages_of(dev) >= 3
-    assert len(names) == 3 + len(visible)
+    assert len(names) == 4 + len(visible)
     assert "sim-esp32_0001_lamp_turn_on" in names
     assert not any("reboot" in n for n in names)  # user-only: hidden from the model
 

@@ -226,7 +226,8 @@ async def test_simulate_count_five_then_a_new_session_lists_device_tools(tmp_pat
     assert code == 0, log.read_text()
     names = [t.name for t in result.tools]
     assert result.next_cursor is None
-    assert names[:3] == ["list_devices", "call_device_tool", "notify_device"] and len(names) > 3
+    meta = ["list_devices", "call_device_tool", "wait_for_event", "notify_device"]
+    assert names[:4] == meta and len(names) > 4
     assert mode == "per-device"  # 5 x 17 tools fit the default budget of 128
     lamps = {name.removesuffix("_lamp_turn_on") for name in names if name.endswith("_lamp_turn_on")}
     assert lamps == set(SIMULATED)
