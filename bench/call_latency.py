@@ -279,8 +279,11 @@ async def targets(data_dir: Path, device: str = DEVICES[0]) -> AsyncIterator[dic
         yield calls
 
 
-async def measure(calls: int, settle: bool = True, device: str = DEVICES[0]) -> dict[str, Any]:
-    """Warm up, then time ``calls`` calls per target in alternating blocks.
+async def measure(
+    calls: int, settle: bool = True, device: str = DEVICES[0], warmup: int = WARMUP
+) -> dict[str, Any]:
+    """Warm up (``warmup`` calls per target), then time ``calls`` calls per target in
+    alternating blocks.
 
     ``settle``: once everything listens, tune the collector as ``esp-mcp-gateway serve`` does
     (``gateway.cli.heap.settle``); the bare server shares the process, so it gains alike.
@@ -293,7 +296,7 @@ async def measure(calls: int, settle: bool = True, device: str = DEVICES[0]) -> 
             if settle:
                 heap.settle()
             for name in TARGETS:
-                await _timed_calls(calls_of[name], WARMUP, [])
+                await _timed_calls(calls_of[name], warmup, [])
             order = list(TARGETS)
             done = 0
             while done < calls:
@@ -351,11 +354,17 @@ def _table(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_warmup_argument(parser: argparse.ArgumentParser) -> None:
+    """--warmup: the calls per target before any is measured (tests/test_bench.py: a few)."""
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="calls per target first")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500, help="timed calls per target")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--timeout", type=float, default=120.0, help="bound on the whole run, s")
+    add_warmup_argument(parser)
     parser.add_argument(
         "--default-gc",
         action="store_true",
@@ -371,7 +380,7 @@ def main() -> int:
     args = parser.parse_args()
     gc.callbacks.append(COLLECTIONS)
     try:
-        run = measure(max(args.calls, 2), settle=not args.default_gc, device=args.device)
+        run = measure(max(args.calls, 2), not args.default_gc, args.device, max(args.warmup, 1))
         figures = asyncio.run(asyncio.wait_for(run, args.timeout))
     except TimeoutError:
         print(f"call_latency: did not finish within {args.timeout:g} s", file=sys.stderr)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn.protocols.http.h11_impl as h11_impl
-from call_latency import DEVICES, TARGETS, WARMUP, Target, targets
+from call_latency import DEVICES, TARGETS, WARMUP, Target, add_warmup_argument, targets
 
 from gateway.cli import heap
 
@@ -117,13 +117,14 @@ async def _hop_hot_and_cold(hop: Target, other: Target, calls: int) -> dict[str,
     return figures
 
 
-async def measure(calls: int, device: str = DEVICES[0]) -> dict[str, Any]:
-    """Warm up, then count ``calls`` calls of each target; time the hop hot and cold."""
+async def measure(calls: int, device: str = DEVICES[0], warmup: int = WARMUP) -> dict[str, Any]:
+    """Warm up (``warmup`` calls per target), then count ``calls`` calls of each target; time
+    the hop hot and cold."""
     with tempfile.TemporaryDirectory(prefix="bench-") as data_dir:
         async with targets(Path(data_dir), device) as calls_of:
             heap.settle()
             for name in TARGETS:
-                for _ in range(WARMUP):
+                for _ in range(warmup):
                     await calls_of[name]()
             figures = {name: await _count(calls_of[name], calls) for name in TARGETS}
             hop = await _hop_hot_and_cold(calls_of["hop"], calls_of["baseline"], calls)
@@ -163,9 +164,10 @@ def main() -> int:
         help="where the gateway's device runs (as in call_latency.py): its work is counted "
         "only when it runs in this process (simulator)",
     )
+    add_warmup_argument(parser)
     args = parser.parse_args()
     try:
-        run = measure(max(args.calls, 1), args.device)
+        run = measure(max(args.calls, 1), args.device, max(args.warmup, 1))
         figures = asyncio.run(asyncio.wait_for(run, args.timeout))
     except TimeoutError:
         print(f"call_work: did not finish within {args.timeout:g} s", file=sys.stderr)

@@ -23,7 +23,8 @@ async def test_call_latency_benchmark_runs_and_reports_both_targets(device: str 
     """`bench/call_latency.py --json` measures both targets, the device hop alone and the host
     side alone, and prints their ratio and what the gateway adds with and without its hop; the
     device runs in a process of its own unless asked to run in the bench's (``simulator``)."""
-    args = ["--calls", "4", "--json", *(["--device", device] if device else [])]
+    # A few warm-up calls, not the benchmark's 50: the figures are not read here.
+    args = ["--calls", "4", "--warmup", "3", "--json", *(["--device", device] if device else [])]
     with anyio.fail_after(bound(120)):
         done = await anyio.run_process(
             [sys.executable, str(BENCH / "call_latency.py"), *args], check=False
@@ -51,7 +52,7 @@ async def test_call_work_benchmark_counts_what_a_call_costs(device: str) -> None
     turn or more later (the turns are then at least the two added). On a busy machine the hop
     alone may also take more turns than its usual two (its reply read in pieces, a timer): the
     gateway's call is held to the usual two, not to whatever the hop's own window took."""
-    args = ["--calls", "4", "--json", "--device", device]
+    args = ["--calls", "4", "--warmup", "3", "--json", "--device", device]
     with anyio.fail_after(bound(120)):
         done = await anyio.run_process(
             [sys.executable, str(BENCH / "call_work.py"), *args], check=False
