@@ -2,7 +2,7 @@
 
 The *baseline* (``listing_main``, in its own process) is a low-level SDK ``Server`` whose
 ``on_list_tools`` serves what the gateway lists in ``per-device`` mode for the same devices: the
-gateway's two meta-tools, then per device the 25 catalogue tools (``_fleet_catalogue``) named
+gateway's four meta-tools, then per device the 25 catalogue tools (``_fleet_catalogue``) named
 ``<alias>_<tool>``, described ``[alias] ...``, with the same schema and annotations. They are
 made once, at start, as ``types.Tool`` objects and cut into pages of at most the gateway's page
 size (``PAGE_BYTES`` of tools as JSON, measured by serialising each tool); the cursor is the
@@ -38,7 +38,9 @@ from starlette.routing import Route
 from gateway.config import DeviceOptions
 from gateway.devices.naming import derive_alias, tool_suffix
 from gateway.devices.policy import tool_hints
+from gateway.host_side.event_resources import WAIT_FOR_EVENT
 from gateway.host_side.mcp_server import CALL_DEVICE_TOOL, LIST_DEVICES
+from gateway.host_side.messages_tool import NOTIFY_DEVICE
 from gateway.host_side.tool_listing import PAGE_BYTES
 
 __all__ = ["BOARD", "PAGE_BYTES", "Listed", "list_all", "listing_main", "listing_tools"]
@@ -48,7 +50,7 @@ BOARD = "bench-board"  # the devices' serverInfo name, which the gateway names t
 
 def listing_tools(device_ids: list[str]) -> list[types.Tool]:
     """What the gateway lists in per-device mode for these devices (fresh gateway, in order)."""
-    tools = [LIST_DEVICES, CALL_DEVICE_TOOL]
+    tools = [LIST_DEVICES, CALL_DEVICE_TOOL, WAIT_FOR_EVENT, NOTIFY_DEVICE]
     for device_id in device_ids:
         alias = derive_alias(device_id, BOARD)
         for tool in TOOLS:

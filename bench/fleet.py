@@ -34,7 +34,7 @@ pages (``_fleet_catalogue``). Phases, each against a fresh gateway:
   client's together for the baseline) and RSS per device right after, for each.
 * **list**: for each of ``--list-counts`` fleets (1,000 and 10,000 devices), the wall time of
   an SDK client fetching every ``tools/list`` page of a gateway in ``per-device`` tools mode
-  (25 tools a device, plus its two meta-tools), against the *baseline* of a bare low-level SDK
+  (25 tools a device, plus its four meta-tools), against the *baseline* of a bare low-level SDK
   ``Server`` in its own process listing the same tools, prebuilt and paged alike
   (``_fleet_listing``); ``--list-passes`` passes each, alternating targets.
 * **mixed** (only when asked for: ``--only mixed``): ``--mixed-count`` idle devices in one
@@ -103,7 +103,7 @@ JOIN_SLOT_S, LEAVE_S = 0.5, 0.25  # per join: connect and list, then the gateway
 BLOCKS = {"storm": 1, "fleet": 2, "join-empty": 3, "join-fleet": 4, "mqtt": 5, "warm-up": 6,
           "list": 7, "mixed-ws": 8, "mixed-mqtt": 9}  # fmt: skip
 LIST_SETTINGS = {"GATEWAY_TOOLS_MODE": "per-device"}  # every device tool listed by its own name
-LIST_META_TOOLS = 2  # the gateway's list_devices and call_device_tool, first on page one
+LIST_META_TOOLS = 4  # list_devices, call_device_tool, wait_for_event, notify_device: page one
 LIST_MAX = 0xFFFF  # aliases end in the id's last 4 hex digits: beyond, the gateway numbers them
 
 

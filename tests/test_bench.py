@@ -11,9 +11,11 @@ from typing import Any
 import anyio
 import pytest
 
+from gateway.devices.name_rules import META_TOOL_NAMES
 from tests.conftest import bound, program
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
+META = len(META_TOOL_NAMES)  # the meta-tools page one starts with
 
 
 @pytest.mark.anyio
@@ -86,7 +88,11 @@ async def test_listing_after_join_benchmark_measures_both_trees_in_both_modes() 
     assert [(row["count"], row["mode"]) for row in rows] == [(30, "auto"), (30, "per-device")]
     for row in rows:
         assert row["this"]["tools"] == row["tree"]["tools"]  # per-device: the first page
-        assert row["this"]["tools"] == 27 if row["mode"] == "auto" else row["this"]["tools"] > 27
+        assert (
+            row["this"]["tools"] == 25 + META
+            if row["mode"] == "auto"
+            else row["this"]["tools"] > 25 + META
+        )
         assert row["cpu_ratio"] > 0 and row["this"]["first_cpu_ms"] > 0
 
 
@@ -126,7 +132,7 @@ async def test_fleet_benchmark_runs_every_phase_at_tiny_scale() -> None:
     ] * 2
     assert "cpu_ratio_lean_median" in figures["storm"]
     [listed] = figures["list"]["fleets"]
-    assert listed["expected_tools"] == 3 * 25 + 2
+    assert listed["expected_tools"] == 3 * 25 + META
     for target in ("baseline", "gateway"):
         first = listed[target]["first"]
         assert first["tools"] == first["unique"] == listed["expected_tools"]
@@ -159,7 +165,7 @@ async def test_fleet_benchmark_runs_its_mixed_phase_at_tiny_scale() -> None:
     assert mixed["grow"]["ws"]["listed"] == mixed["grow"]["mqtt"]["listed"] == 3
     assert mixed["grow"]["online"] == {"websocket": 3, "mqtt": 3}
     # 150 device tools exceed the default budget of 128: grouped, one entry per shared tool
-    assert mixed["list"]["tools"] == mixed["list"]["unique"] == 25 + 2
+    assert mixed["list"]["tools"] == mixed["list"]["unique"] == 25 + META
     assert mixed["calls"]["count"] == 6 and mixed["calls"]["errors"] == 0
     assert mixed["rss_after_kb"] > 0 and mixed["idle_cpu_percent"] >= 0
 

@@ -33,7 +33,7 @@ _Place = tuple[OrderKey, int]  # (its device's order key, tool index): where a g
 class ToolGroup:
     """One tool that several devices share, listed once with an argument naming the device."""
 
-    __slots__ = ("_find", "_first", "_heap", "argument", "destructive", "key", "members",
+    __slots__ = ("_find", "argument", "destructive", "heap", "key", "members", "order_keys",
                  "name", "place", "writers")  # fmt: skip
 
     def __init__(self, key: GroupKey, argument: str, find: Callable[[str], Device | None]) -> None:
@@ -44,14 +44,14 @@ class ToolGroup:
         self.writers = 0  # members not read-only
         self.destructive = 0  # members that are destructive
         self.place: _Place | None = None  # where it stands in the listing (its first member)
-        self._heap: list[OrderKey] = []  # members' order keys, stale ones left until on top
-        self._first: dict[str, OrderKey] = {}  # each member's order key (checks the heap)
+        self.heap: list[OrderKey] = []  # members' order keys, stale ones left until on top
+        self.order_keys: dict[str, OrderKey] = {}  # each member's order key (checks the heap)
         self._find = find
 
     @property
     def spec(self) -> ToolSpec:
         """The tool as its first member lists it."""
-        return self.members[self._top()[1]].spec
+        return self.members[self.top()[1]].spec
 
     @property
     def count(self) -> int:
@@ -79,26 +79,26 @@ class ToolGroup:
         view = ToolGroup(self.key, self.argument, self._find)
         view.name, view.place, view.members = self.name, self.place, kept
         for device_id, tool in kept.items():
-            view._first[device_id] = self._first[device_id]
+            view.order_keys[device_id] = self.order_keys[device_id]
             view.writers += not tool.hints.read_only
             view.destructive += tool.hints.destructive
-        view._heap = list(view._first.values())
-        heapq.heapify(view._heap)
+        view.heap = list(view.order_keys.values())
+        heapq.heapify(view.heap)
         return view
 
-    def _remove(self, device_id: str) -> None:
+    def remove(self, device_id: str) -> None:
         tool = self.members.pop(device_id)
-        del self._first[device_id]
+        del self.order_keys[device_id]
         self.writers -= not tool.hints.read_only
         self.destructive -= tool.hints.destructive
-        if len(self._heap) > 2 * len(self.members) + 16:  # stale keys: made again, amortised
-            self._heap = list(self._first.values())
-            heapq.heapify(self._heap)
+        if len(self.heap) > 2 * len(self.members) + 16:  # stale keys: made again, amortised
+            self.heap = list(self.order_keys.values())
+            heapq.heapify(self.heap)
 
-    def _top(self) -> OrderKey:
+    def top(self) -> OrderKey:
         """The first member's order key (stale keys on top are dropped)."""
-        heap = self._heap
-        while self._first.get(heap[0][1]) is not heap[0]:
+        heap = self.heap
+        while self.order_keys.get(heap[0][1]) is not heap[0]:
             heapq.heappop(heap)
         return heap[0]
 
@@ -141,8 +141,8 @@ class Groups:
             if group is None:
                 group = self._groups[key] = self._made(key, spec)
             group.members[device_id] = tool
-            group._first[device_id] = order
-            heapq.heappush(group._heap, order)
+            group.order_keys[device_id] = order
+            heapq.heappush(group.heap, order)
             hints = tool.hints
             group.writers += not hints.read_only
             group.destructive += hints.destructive
@@ -154,11 +154,11 @@ class Groups:
         for tool in tools:
             spec = tool.spec
             group = self._groups[(spec.name, spec.schema_key)]
-            group._remove(order[1])
+            group.remove(order[1])
             if not group.members:
                 self._drop(group)
             elif group.place is not None and group.place[0][1] == order[1]:
-                first = group._top()  # it was the first member: the next one's place
+                first = group.top()  # it was the first member: the next one's place
                 self._move(group, (first, self._index(group, first[1])))
 
     def _index(self, group: ToolGroup, device_id: str) -> int:
