@@ -16,7 +16,7 @@ from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.naming import NameMap
 from gateway.devices.store import DeviceRecord, Store
 from tests.conftest import make_config
-from tests.counting import SqlWrites
+from tests.counting import Calls, SqlWrites
 from tests.fakes import ScriptedSession, Stack, tool
 
 pytestmark = pytest.mark.anyio
@@ -220,15 +220,19 @@ async def test_whoever_watches_records_first_hears_of_a_new_device_as_it_is(
     stack.close()
 
 
-async def test_devices_of_a_known_firmware_are_named_without_searching(tmp_path: Path) -> None:
+async def test_devices_of_a_known_firmware_are_named_without_searching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fleet of one firmware joins: no name is searched for its holder nor held one by one,
     and every name comes back the same after a restart."""
     stack = Stack(make_config(tmp_path))
+    names = stack.registry._names
+    assert isinstance(names, NameMap)
+    searched = Calls(monkeypatch, names, "lookup")
     tools = tuple(tool(f"self.audio_speaker.tool_{i}") for i in range(25))
     for n in range(300):
         join(stack, n, tools)
-    names = stack.registry._names
-    assert isinstance(names, NameMap) and names.walks == 0 and not names._special
+    assert searched.count == 0 and not names._special
     before = [t.name for t in stack.registry.exposed_tools()]
     assert len(set(before)) == 300 * 25
     stack.close()
