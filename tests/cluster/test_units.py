@@ -12,6 +12,7 @@ from gateway.cluster.bridge import reply_id
 from gateway.cluster.client import broker_login
 from gateway.cluster.records import BadRecord, ClusterTopics, read_catalogue
 from gateway.cluster.remote import RemoteCalls
+from gateway.cluster import replica
 from gateway.cluster.replica import (
     MAX_REPLICAS,
     Ownership,
@@ -25,6 +26,7 @@ from gateway.cluster.replica import (
 from gateway.errors import DeviceToolError, DeviceUnavailable, GatewayError
 from gateway.protocol import MAX_REQUEST_ID
 from tests.conftest import make_config
+from tests.counting import Calls
 
 DEVICE = "02:00:00:00:00:01"
 
@@ -133,25 +135,29 @@ async def test_a_call_failed_while_its_publish_fails_keeps_the_first_error() -> 
         await calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {})
 
 
-def test_ownership_is_kept_per_live_set_and_only_moved_devices_are_weighed_again() -> None:
+def test_ownership_is_kept_per_live_set_and_only_moved_devices_are_weighed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Asked again, nothing is hashed; a replica joining costs one hash per device; one
     leaving, only the devices it owned, weighed against the others. Always ``owner_of``'s
     answer."""
     devices = [f"aa:bb:cc:dd:{i // 256:02x}:{i % 256:02x}" for i in range(1000)]
     three, four = frozenset({"gw-1", "gw-2", "gw-3"}), frozenset({"gw-1", "gw-2", "gw-3", "gw-4"})
+    of_three = {d: owner_of(d, three) for d in devices}
+    of_four = {d: owner_of(d, four) for d in devices}
+    hashes = Calls(monkeypatch, replica, "_weight")  # the hash a device is weighed by
     ownership = Ownership()
-    owners = {d: ownership.owner(d, three) for d in devices}
-    assert owners == {d: owner_of(d, three) for d in devices}
-    assert ownership.hashes == 3 * 1000
+    assert {d: ownership.owner(d, three) for d in devices} == of_three
+    assert hashes.count == 3 * 1000
     for d in devices:  # every probe round, every message asks again
         ownership.owner(d, three)
-    assert ownership.hashes == 3 * 1000
-    assert {d: ownership.owner(d, four) for d in devices} == {d: owner_of(d, four) for d in devices}
-    assert ownership.hashes == 3 * 1000 + 1000  # does gw-4 win? one hash each
-    held = sum(1 for d in devices if owner_of(d, four) == "gw-4")
+    assert hashes.count == 3 * 1000
+    assert {d: ownership.owner(d, four) for d in devices} == of_four
+    assert hashes.count == 3 * 1000 + 1000  # does gw-4 win? one hash each
+    held = sum(1 for d in devices if of_four[d] == "gw-4")
     assert 150 < held < 350
-    assert {d: ownership.owner(d, three) for d in devices} == owners  # gw-4 leaves
-    assert ownership.hashes == 3 * 1000 + 1000 + 3 * held  # only its devices weighed again
+    assert {d: ownership.owner(d, three) for d in devices} == of_three  # gw-4 leaves
+    assert hashes.count == 3 * 1000 + 1000 + 3 * held  # only its devices weighed again
 
 
 def _frame(payload: str, session_id: str = "s-1") -> str:
