@@ -25,12 +25,10 @@ class Calls:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> None:
         self.count = 0
-        self.args: list[tuple[Any, ...]] = []
         real: Callable[..., Any] = getattr(owner, name)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.count += 1
-            self.args.append(args)
             return real(*args, **kwargs)
 
         monkeypatch.setattr(owner, name, counted)

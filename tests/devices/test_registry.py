@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import DeviceOptions
+from gateway.devices import catalogue as catalogue_module
 from gateway.devices.audit import Actor
 from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.naming import NameMap
@@ -304,14 +305,17 @@ async def test_an_idle_device_of_a_shared_firmware_holds_no_object_per_tool(
     stack.close()
 
 
-async def test_same_firmware_is_judged_once_and_shared(tmp_path: Path) -> None:
+async def test_same_firmware_is_judged_once_and_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A thousand devices with one catalogue share one judged Catalogue object."""
+    judged = Calls(monkeypatch, catalogue_module, "judge")
     stack = Stack(make_config(tmp_path))
     tools = tuple(tool(f"self.tool_{i}") for i in range(5))
     for n in range(1000):
         join(stack, n, tools)
     catalogues = {id(d.catalogue) for d in stack.registry.devices()}
-    assert len(catalogues) == 1 and stack.registry._catalogues.judged == 1
+    assert len(catalogues) == 1 and judged.count == 1
     stack.close()
 
 
