@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cluster import replica
 from gateway.cluster.bridge import reply_id
 from gateway.cluster.client import broker_login
 from gateway.cluster.records import BadRecord, ClusterTopics, read_catalogue
 from gateway.cluster.remote import RemoteCalls
-from gateway.cluster import replica
 from gateway.cluster.replica import (
     MAX_REPLICAS,
     Ownership,
