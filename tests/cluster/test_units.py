@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cluster import replica
+from gateway.cluster import remote, replica
 from gateway.cluster.bridge import reply_id
 from gateway.cluster.client import broker_login
 from gateway.cluster.records import BadRecord, ClusterTopics, read_catalogue
@@ -87,9 +87,12 @@ def reply(call_id: int, **body: object) -> str:
 
 
 @pytest.mark.anyio
-async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awaits() -> None:
+async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awaits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A reply settles only the call with its id (ours, that device's); an error reply is the
     device's error; a timed-out call is cancelled on the device; no broker: a clear error."""
+    parsed = Calls(monkeypatch, remote, "decode")  # frames parsed for a reply
     wire = Wire()
     calls = RemoteCalls(ClusterTopics("fleet"), id_slice(5), wire.publish, 65536)
     calls.use_ids(id_slice(6))
@@ -103,12 +106,12 @@ async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awa
     calls.on_reply(DEVICE, reply(call_id + 1, result={}))  # not ours
     for _ in range(100):  # another device's frames (its liveness replies...): not parsed
         calls.on_reply("02:00:00:00:00:09", reply(call_id, result={}))
-    assert calls.parsed == 2
+    assert parsed.count == 2
     calls.on_reply(DEVICE, reply(call_id, error={"message": "no lamp", "code": -32000}))
     with pytest.raises(DeviceToolError, match="no lamp"):
         await task
     calls.on_reply(DEVICE, reply(call_id, result={}))  # no call in flight to it now
-    assert calls.parsed == 3
+    assert parsed.count == 3
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await calls.call(DEVICE, "gw-2", "s1", "self.slow.wait", {})
