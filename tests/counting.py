@@ -42,6 +42,7 @@ class SqlWrites:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.statements: list[str] = []
         self._db: sqlite3.Connection | None = None
+        self._start = 0  # its total_changes when opened
         real = store_module.open_database
 
         def watched(*args: Any) -> sqlite3.Connection:
