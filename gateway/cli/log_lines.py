@@ -62,7 +62,6 @@ class TurnHandler(logging.StreamHandler[TextIO]):
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
         self.setFormatter(LineFormatter())
-        self.writes = 0  # writes to the stream so far (tests count them)
         self._held: list[str] = []  # formatted lines waiting for the end of their turn
         self._last: logging.LogRecord | None = None  # the newest line held: named if writing fails
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that will write them
@@ -111,7 +110,6 @@ class TurnHandler(logging.StreamHandler[TextIO]):
         text = self.terminator.join(self._held) + self.terminator
         last, self._last = self._last, None
         self._held.clear()
-        self.writes += 1
         try:
             self.stream.write(text)
             self.stream.flush()

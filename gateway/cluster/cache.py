@@ -42,7 +42,6 @@ class FleetCache:
     def __init__(self, data_dir: Path, prefix: str) -> None:
         self.path = data_dir / _NAME
         self.prefix = prefix
-        self.saves = 0  # for tests: files written so far
 
     def load(self) -> dict[str, FleetRecord]:
         """The records kept at the last save; none when there is no usable file."""
@@ -93,7 +92,6 @@ class FleetCache:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, self.path)
-        self.saves += 1
 
     async def save(self, records: Mapping[str, FleetRecord]) -> None:
         """``write`` a snapshot of ``records`` on a worker thread; a failure is logged, and

@@ -65,7 +65,6 @@ class RemoteCalls:
         self._max_bytes = max_bytes
         self._calls: dict[int, _Call] = {}
         self._waiting: Counter[str] = Counter()  # device id -> calls in flight to it
-        self.parsed = 0  # frames parsed for a reply so far (the work ``on_reply`` did)
         self._cancels: set[asyncio.Task[bool]] = set()
 
     def use_ids(self, ids: range) -> None:
@@ -147,7 +146,6 @@ class RemoteCalls:
             # Most frames: an MQTT device's liveness replies and chatter, which every replica
             # hears on its ``up`` topic while only its owner needs them; not even parsed here.
             return
-        self.parsed += 1
         try:
             message = decode(text, self._max_bytes)
             reply = classify(message.get("payload")) if message.get("type") == "mcp" else None

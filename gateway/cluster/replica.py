@@ -94,10 +94,9 @@ def _weight(name: str, device_id: str) -> bytes:
 class Ownership:
     """``owner_of``, kept per device for the live set: asked again, nothing is hashed. A replica
     joining costs one hash per device (does it win?); one leaving, the devices it owned, weighed
-    again against the others when next asked. ``hashes`` counts the work."""
+    again against the others when next asked."""
 
     def __init__(self) -> None:
-        self.hashes = 0
         self._live: frozenset[str] = frozenset()
         self._best: dict[str, tuple[bytes, str]] = {}  # device id -> its winning weight, owner
 
@@ -107,7 +106,6 @@ class Ownership:
             self._move(live)
         best = self._best.get(device_id)
         if best is None:
-            self.hashes += len(live)
             best = self._best[device_id] = max((_weight(n, device_id), n) for n in live)
         return best[1]
 
@@ -119,7 +117,6 @@ class Ownership:
                 del self._best[device_id]  # weighed again when asked
                 continue
             for name in new:
-                self.hashes += 1
                 best = max(best, (_weight(name, device_id), name))
             self._best[device_id] = best
 

@@ -132,7 +132,6 @@ class AuditLog:
     ) -> None:
         self.path = path
         self.admin_path = admin_path_of(path) if path is not None else None
-        self.writes = 0  # batches written (or tried) so far
         self.watchers: list[CallWatcher] = []
         self.replica: str | None = None  # cluster: each record says which replica wrote it
         self._handler: _AuditFile | None = None
@@ -257,7 +256,6 @@ class AuditLog:
             self._flush_timer = None
         held, self._held = self._held, []
         if held and self._handler is not None:
-            self.writes += 1
             _write(self._handler, "\n".join(held), len(held))
 
     def close(self) -> None:

@@ -225,14 +225,12 @@ def _is_rejection(pair: object) -> bool:
 class Catalogues:
     """Interns catalogues by content: devices listing the same entries share one ``Catalogue``.
 
-    A catalogue lives as long as a device holds it; ``judged`` counts the catalogues judged so far
-    (the expensive part: a join with a known catalogue only hashes its entries).
+    A catalogue lives as long as a device holds it. Judging is the expensive part: a join with a
+    known catalogue only hashes its entries, or not even that when the caller has their digest.
     """
 
     def __init__(self) -> None:
         self._by_digest: weakref.WeakValueDictionary[str, Catalogue] = weakref.WeakValueDictionary()
-        self.judged = 0
-        self.digests = 0  # for tests: entries hashed here (digest_of), not by the protocol
 
     def get(self, entries: Sequence[object], digest: str | None = None) -> tuple[Catalogue, bool]:
         """The catalogue of ``entries``; the flag is True when it was judged just now.
@@ -243,12 +241,10 @@ class Catalogues:
         """
         if digest is None:
             digest = digest_of(entries)
-            self.digests += 1
         known = self._by_digest.get(digest)
         if known is not None:
             return known, False
         catalogue = self._by_digest[digest] = judge(entries, digest)
-        self.judged += 1
         return catalogue, True
 
     def load(self, stored: Iterable[tuple[str, str]]) -> dict[str, Catalogue]:

@@ -182,7 +182,6 @@ class NameMap:
         # Every head of a listed clean alias that ends before one of its underscores, with how
         # many aliases have it: ``a_b`` (listed) makes ``a_b_c`` of ``a`` and ``b.c`` collide.
         self._heads: dict[str, int] = {}
-        self.walks = 0  # for tests: names searched for their holder underscore by underscore
         for entry in saved:
             held = self._held.get(entry.device_id) or self._hold(entry.device_id, entry.alias)
             self._keep(held, entry)
@@ -201,7 +200,7 @@ class NameMap:
             self._drop(held, tool)
         name = candidate_name(alias, tool)
         attempt = 0
-        while name in META_TOOL_NAMES or self._walk(name) not in (None, (device_id, tool)):
+        while name in META_TOOL_NAMES or self.lookup(name) not in (None, (device_id, tool)):
             name = disambiguated_name(candidate_name(alias, tool), device_id, tool, attempt)
             attempt += 1
         entry = NameAssignment(device_id, tool, alias, name)
@@ -247,7 +246,7 @@ class NameMap:
                 if any(held.special is None or tool not in held.special
                        for tool in held.tools.with_suffix(start + suffix)):  # fmt: skip
                     return False
-            if walk and self._walk(name) is not None:
+            if walk and self.lookup(name) is not None:
                 return False
         return True
 
@@ -294,10 +293,6 @@ class NameMap:
                         return held.device_id, tool
             cut = name.find("_", cut + 1)
         return None
-
-    def _walk(self, name: str) -> tuple[str, str] | None:
-        self.walks += 1
-        return self.lookup(name)
 
     def entries(self) -> list[NameAssignment]:
         """Every assignment, for persisting."""

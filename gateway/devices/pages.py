@@ -30,7 +30,6 @@ class KnownPages:
         self._pages: OrderedDict[str, KnownPage] = OrderedDict()
         self._size = 0
         self._max_size = max_size
-        self.found = 0  # for tests and the bench: pages taken from here, unparsed
 
     def __len__(self) -> int:
         return len(self._pages)
@@ -40,7 +39,6 @@ class KnownPages:
         page = self._pages.get(text)
         if page is not None:
             self._pages.move_to_end(text)
-            self.found += 1
         return page
 
     def add(self, page: KnownPage) -> KnownPage:

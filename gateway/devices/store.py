@@ -165,8 +165,6 @@ class Store:
         self._pending = _empty()
         self._dirty = asyncio.Event()
         self._turn = asyncio.Lock()  # one write at a time, in the order their batches were taken
-        self.rows_written = 0  # for tests and metrics: rows sent to SQLite so far
-        self.transactions = 0  # ... in this many transactions
         self._failing = False
 
     def close(self) -> None:
@@ -316,13 +314,11 @@ class Store:
         return None
 
     def _settle(self, batch: _Batch, error: Exception | None) -> bool:
-        """Count a written batch, or queue a failed one again; True when it was written."""
+        """Note a written batch, or queue a failed one again; True when it was written."""
         if error is None:
             if self._failing:
                 logger.info("the registry is written again")
             self._failing = False
-            self.rows_written += batch.rows()
-            self.transactions += 1
             return True
         if not self._failing:  # say it once, not at every retry
             logger.error("cannot write the registry (%s); will retry", error)

@@ -87,8 +87,6 @@ class Channels:
         self._clock = clock
         self._sessions: dict[int, ServerSession] = {}
         self._sent: dict[str, deque[float]] = {}  # device id -> when its last messages went
-        self.sent = 0  # messages sent (to any session)
-        self.held = 0  # opted-in events held back by the rate
 
     def capabilities(self) -> dict[str, dict[str, Any]] | None:
         """The experimental capabilities a stdio server declares: the channel, if any device
@@ -121,7 +119,6 @@ class Channels:
         if device is None or not (event.logger in chosen or "*" in chosen):
             return
         if not self._allowed(event.device_id):
-            self.held += 1
             return
         data = json.dumps(event.data, ensure_ascii=False)
         text = f"{device.alias} {event.logger or 'event'} ({event.level}): {data}"
@@ -138,7 +135,6 @@ class Channels:
             if may_see(None, device):  # stdio: the owner's own host
                 with contextlib.suppress(Exception):  # a session gone is skipped, never fatal
                     await session.send_notification(message)  # type: ignore[arg-type]
-                    self.sent += 1
 
     def _allowed(self, device_id: str) -> bool:
         now = self._clock()

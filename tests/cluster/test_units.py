@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cluster import remote, replica
 from gateway.cluster.bridge import reply_id
 from gateway.cluster.client import broker_login
 from gateway.cluster.records import BadRecord, ClusterTopics, read_catalogue
@@ -25,6 +26,7 @@ from gateway.cluster.replica import (
 from gateway.errors import DeviceToolError, DeviceUnavailable, GatewayError
 from gateway.protocol import MAX_REQUEST_ID
 from tests.conftest import make_config
+from tests.counting import Calls
 
 DEVICE = "02:00:00:00:00:01"
 
@@ -85,9 +87,12 @@ def reply(call_id: int, **body: object) -> str:
 
 
 @pytest.mark.anyio
-async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awaits() -> None:
+async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awaits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A reply settles only the call with its id (ours, that device's); an error reply is the
     device's error; a timed-out call is cancelled on the device; no broker: a clear error."""
+    parsed = Calls(monkeypatch, remote, "decode")  # frames parsed for a reply
     wire = Wire()
     calls = RemoteCalls(ClusterTopics("fleet"), id_slice(5), wire.publish, 65536)
     calls.use_ids(id_slice(6))
@@ -101,12 +106,12 @@ async def test_remote_calls_settle_by_id_fail_clearly_and_cancel_what_nobody_awa
     calls.on_reply(DEVICE, reply(call_id + 1, result={}))  # not ours
     for _ in range(100):  # another device's frames (its liveness replies...): not parsed
         calls.on_reply("02:00:00:00:00:09", reply(call_id, result={}))
-    assert calls.parsed == 2
+    assert parsed.count == 2
     calls.on_reply(DEVICE, reply(call_id, error={"message": "no lamp", "code": -32000}))
     with pytest.raises(DeviceToolError, match="no lamp"):
         await task
     calls.on_reply(DEVICE, reply(call_id, result={}))  # no call in flight to it now
-    assert calls.parsed == 3
+    assert parsed.count == 3
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await calls.call(DEVICE, "gw-2", "s1", "self.slow.wait", {})
@@ -133,25 +138,29 @@ async def test_a_call_failed_while_its_publish_fails_keeps_the_first_error() -> 
         await calls.call(DEVICE, "gw-2", "s1", "self.lamp.on", {})
 
 
-def test_ownership_is_kept_per_live_set_and_only_moved_devices_are_weighed_again() -> None:
+def test_ownership_is_kept_per_live_set_and_only_moved_devices_are_weighed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Asked again, nothing is hashed; a replica joining costs one hash per device; one
     leaving, only the devices it owned, weighed against the others. Always ``owner_of``'s
     answer."""
     devices = [f"aa:bb:cc:dd:{i // 256:02x}:{i % 256:02x}" for i in range(1000)]
     three, four = frozenset({"gw-1", "gw-2", "gw-3"}), frozenset({"gw-1", "gw-2", "gw-3", "gw-4"})
+    of_three = {d: owner_of(d, three) for d in devices}
+    of_four = {d: owner_of(d, four) for d in devices}
+    hashes = Calls(monkeypatch, replica, "_weight")  # the hash a device is weighed by
     ownership = Ownership()
-    owners = {d: ownership.owner(d, three) for d in devices}
-    assert owners == {d: owner_of(d, three) for d in devices}
-    assert ownership.hashes == 3 * 1000
+    assert {d: ownership.owner(d, three) for d in devices} == of_three
+    assert hashes.count == 3 * 1000
     for d in devices:  # every probe round, every message asks again
         ownership.owner(d, three)
-    assert ownership.hashes == 3 * 1000
-    assert {d: ownership.owner(d, four) for d in devices} == {d: owner_of(d, four) for d in devices}
-    assert ownership.hashes == 3 * 1000 + 1000  # does gw-4 win? one hash each
-    held = sum(1 for d in devices if owner_of(d, four) == "gw-4")
+    assert hashes.count == 3 * 1000
+    assert {d: ownership.owner(d, four) for d in devices} == of_four
+    assert hashes.count == 3 * 1000 + 1000  # does gw-4 win? one hash each
+    held = sum(1 for d in devices if of_four[d] == "gw-4")
     assert 150 < held < 350
-    assert {d: ownership.owner(d, three) for d in devices} == owners  # gw-4 leaves
-    assert ownership.hashes == 3 * 1000 + 1000 + 3 * held  # only its devices weighed again
+    assert {d: ownership.owner(d, three) for d in devices} == of_three  # gw-4 leaves
+    assert hashes.count == 3 * 1000 + 1000 + 3 * held  # only its devices weighed again
 
 
 def _frame(payload: str, session_id: str = "s-1") -> str:

@@ -14,6 +14,7 @@ import pytest
 from gateway.devices import audit
 from gateway.devices.audit import Actor, AuditLog
 from gateway.devices.logins import CONFLICT, HELD_BACK, REFUSED, LoginRecords
+from tests.counting import Calls
 
 
 def record(log: AuditLog, tool: str) -> None:
@@ -94,32 +95,38 @@ def test_the_log_rotates_at_its_size_without_asking_the_file_at_every_write(
 
 
 @pytest.mark.anyio
-async def test_records_of_a_moment_share_one_write(tmp_path: Path) -> None:
+async def test_records_of_a_moment_share_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In the event loop, records made close together go to the file in one write, later;
     a page, or closing, writes what is held first, so neither misses a record."""
     path = tmp_path / "audit.log"
     log = AuditLog(path, flush_delay=3600)
+    writes = Calls(monkeypatch, audit, "_write")
     for n in range(10):
         record(log, f"self.t{n}")
-    assert log.writes == 0 and not path.exists()
+    assert writes.count == 0 and not path.exists()
     assert [r["tool"] for r in log.page()["records"]] == [f"self.t{n}" for n in range(9, -1, -1)]
-    assert log.writes == 1
+    assert writes.count == 1
     record(log, "self.last")
     log.close()
-    assert log.writes == 2
+    assert writes.count == 2
     assert tools(path) == [*(f"self.t{n}" for n in range(10)), "self.last"]
 
 
 @pytest.mark.anyio
-async def test_a_burst_is_written_in_bounded_batches(tmp_path: Path) -> None:
+async def test_a_burst_is_written_in_bounded_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """However long the delay, no more than a bounded batch of records waits in memory."""
     path = tmp_path / "audit.log"
     log = AuditLog(path, flush_delay=3600)
+    writes = Calls(monkeypatch, audit, "_write")
     for n in range(audit._MAX_BATCH + 1):
         record(log, f"self.t{n}")
-    assert log.writes == 1 and len(tools(path)) == audit._MAX_BATCH
+    assert writes.count == 1 and len(tools(path)) == audit._MAX_BATCH
     log.close()
-    assert log.writes == 2 and len(tools(path)) == audit._MAX_BATCH + 1
+    assert writes.count == 2 and len(tools(path)) == audit._MAX_BATCH + 1
 
 
 @pytest.mark.anyio

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from gateway.devices.naming import (
     derive_alias,
     tool_suffix,
 )
+from tests.counting import Calls
 
 tool_names = st.text(min_size=1, max_size=150)
 aliases = st.text(min_size=0, max_size=80)
@@ -169,16 +171,19 @@ def test_a_whole_catalogue_at_once_is_named_as_one_by_one(
         assert at_once.lookup(entry.name) == (entry.device_id, entry.tool)
 
 
-def test_a_fleet_of_one_firmware_is_named_without_searching_a_name() -> None:
+def test_a_fleet_of_one_firmware_is_named_without_searching_a_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A thousand devices of one firmware join: no name is searched for its holder and no
     name is held one by one, yet a plain name colliding across an underscore still is."""
     names = NameMap()
+    searched = Calls(monkeypatch, names, "lookup")
     firmware = ToolNames([f"self.audio_speaker.tool_{i}" for i in range(25)])
     for n in range(1000):
         made = names.assign_all(f"dev-{n}", f"bread-compact-wifi_{n:04x}", firmware)
         assert isinstance(made, PlainNames) and len(made) == 25  # one object to persist
         assert made.rows()[0][3] == f"bread-compact-wifi_{n:04x}_audio_speaker_tool_0"
-    assert names.walks == 0 and not names._special
+    assert searched.count == 0 and not names._special
     # "bread-compact-wifi_0001_audio" + "speaker.tool_0" spells a name device 1 holds.
     odd = spelled(names.assign_all("odd", "bread-compact-wifi_0001_audio",
                                    ToolNames(["speaker.tool_0"])))  # fmt: skip
@@ -188,9 +193,12 @@ def test_a_fleet_of_one_firmware_is_named_without_searching_a_name() -> None:
     assert names.lookup(odd[0].name) == ("odd", "speaker.tool_0")
 
 
-def test_a_catalogue_at_once_yields_to_a_longer_alias_that_spells_its_names() -> None:
+def test_a_catalogue_at_once_yields_to_a_longer_alias_that_spells_its_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A device named ``lamp_audio`` holds ``lamp_audio_speaker_on``: a later ``lamp`` whose
-    firmware has ``self.audio.speaker.on`` gets a hashed name for it, its other tools plain."""
+    firmware has ``self.audio.speaker.on`` gets a hashed name for it, its other tools plain;
+    once ``lamp_audio`` is gone, a ``lamp`` is named without searching a name."""
     names = NameMap()
     names.assign_all("early", "lamp_audio", ToolNames(["self.speaker.on"]))
     made = spelled(
@@ -200,7 +208,6 @@ def test_a_catalogue_at_once_yields_to_a_longer_alias_that_spells_its_names() ->
     assert names.lookup("lamp_audio_speaker_on") == ("early", "self.speaker.on")
     assert names.lookup(made[0].name) == ("late", "self.audio.speaker.on")
     names.forget("early")
+    searched = Calls(monkeypatch, names, "lookup")
     assert spelled(names.assign_all("later", "lamp", ToolNames(["self.x"])))[0].name == "lamp_x"
-    # "late": its first name found taken, then one by one (that name, its hashed one, the
-    # other); "later": none, as "early" is gone.
-    assert names.walks == 1 + 3
+    assert searched.count == 0

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from gateway.config import DeviceOptions
+from gateway.devices import catalogue as catalogue_module
 from gateway.devices.audit import Actor
 from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.naming import NameMap
 from gateway.devices.store import DeviceRecord, Store
 from tests.conftest import make_config
+from tests.counting import Calls, SqlWrites
 from tests.fakes import ScriptedSession, Stack, tool
 
 pytestmark = pytest.mark.anyio
@@ -130,25 +132,28 @@ def join(stack: Stack, n: int, tools: tuple[dict[str, object], ...]) -> None:
     stack.registry.set_catalogue(device_id, tools, {"name": "bench-board", "version": "1"})
 
 
-def work(stack: Stack) -> tuple[int, int]:
+def work(stack: Stack, writes: SqlWrites) -> tuple[int, int]:
     """Entries touched and rows written so far (every pending row written first)."""
     stack.store.flush()
-    return stack.registry.touched, stack.store.rows_written
+    return stack.registry.touched, writes.rows
 
 
-async def test_a_join_costs_its_own_work_whatever_the_fleet(tmp_path: Path) -> None:
+async def test_a_join_costs_its_own_work_whatever_the_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The 3,001st device touches as many entries and writes as many rows as the 2nd."""
+    writes = SqlWrites(monkeypatch)
     stack = Stack(make_config(tmp_path))
     tools = tuple(tool(f"self.tool_{i}", level={"type": "integer"}) for i in range(25))
     join(stack, 0, tools)
-    before = work(stack)
+    before = work(stack, writes)
     join(stack, 1, tools)
-    small = tuple(b - a for a, b in zip(before, work(stack), strict=True))
+    small = tuple(b - a for a, b in zip(before, work(stack, writes), strict=True))
     for n in range(2, 3000):
         join(stack, n, tools)
-    before = work(stack)
+    before = work(stack, writes)
     join(stack, 3000, tools)
-    large = tuple(b - a for a, b in zip(before, work(stack), strict=True))
+    large = tuple(b - a for a, b in zip(before, work(stack, writes), strict=True))
     # its 25 tools shown; its row and its plain names' row written (not a row per name)
     assert small == large == (25, 2)
     assert len(stack.registry.exposed_tools()) == 3001 * 25
@@ -216,15 +221,19 @@ async def test_whoever_watches_records_first_hears_of_a_new_device_as_it_is(
     stack.close()
 
 
-async def test_devices_of_a_known_firmware_are_named_without_searching(tmp_path: Path) -> None:
+async def test_devices_of_a_known_firmware_are_named_without_searching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fleet of one firmware joins: no name is searched for its holder nor held one by one,
     and every name comes back the same after a restart."""
     stack = Stack(make_config(tmp_path))
+    names = stack.registry._names
+    assert isinstance(names, NameMap)
+    searched = Calls(monkeypatch, names, "lookup")
     tools = tuple(tool(f"self.audio_speaker.tool_{i}") for i in range(25))
     for n in range(300):
         join(stack, n, tools)
-    names = stack.registry._names
-    assert isinstance(names, NameMap) and names.walks == 0 and not names._special
+    assert searched.count == 0 and not names._special
     before = [t.name for t in stack.registry.exposed_tools()]
     assert len(set(before)) == 300 * 25
     stack.close()
@@ -296,14 +305,17 @@ async def test_an_idle_device_of_a_shared_firmware_holds_no_object_per_tool(
     stack.close()
 
 
-async def test_same_firmware_is_judged_once_and_shared(tmp_path: Path) -> None:
+async def test_same_firmware_is_judged_once_and_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A thousand devices with one catalogue share one judged Catalogue object."""
+    judged = Calls(monkeypatch, catalogue_module, "judge")
     stack = Stack(make_config(tmp_path))
     tools = tuple(tool(f"self.tool_{i}") for i in range(5))
     for n in range(1000):
         join(stack, n, tools)
     catalogues = {id(d.catalogue) for d in stack.registry.devices()}
-    assert len(catalogues) == 1 and stack.registry._catalogues.judged == 1
+    assert len(catalogues) == 1 and judged.count == 1
     stack.close()
 
 
@@ -514,40 +526,44 @@ async def test_an_approved_device_without_a_binding_is_bound_at_its_first_login(
 
 
 async def test_logins_wait_until_their_decisions_are_on_disk_and_share_a_transaction(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fifty devices let in by their token at once: one transaction writes all fifty bindings
     before any login is accepted; a login that decided nothing writes nothing."""
+    writes = SqlWrites(monkeypatch)
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
     for n in range(50):
         registry.admit(f"aa:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
-    before = stack.store.transactions
+    before = writes.transactions
     await asyncio.gather(*(registry.commit_decisions() for _ in range(50)))
-    assert stack.store.transactions == before + 1
+    assert writes.transactions == before + 1
     saved = Store(tmp_path / "registry.sqlite3")
     assert sorted(r.binding or "" for r in saved.load().devices) == sorted(
         f"u{n}" for n in range(50)
     )
     saved.close()
     await registry.commit_decisions()
-    assert stack.store.transactions == before + 1
+    assert writes.transactions == before + 1
     stack.close()
 
 
-async def test_logins_arriving_during_a_commit_share_the_next_one(tmp_path: Path) -> None:
+async def test_logins_arriving_during_a_commit_share_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A group commit: twenty logins decided while one commit runs wait for it, then share
     a single second transaction, and all twenty are on disk when they are let in."""
+    writes = SqlWrites(monkeypatch)
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
-    before = stack.store.transactions
+    before = writes.transactions
     registry.admit("bb:00", trusted=True, client_id="u", transport="websocket")
     first = asyncio.create_task(registry.commit_decisions())
     await asyncio.sleep(0)  # one turn of the loop: its commit has taken the batch
     for n in range(1, 21):
         registry.admit(f"bb:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
     await asyncio.gather(first, *(registry.commit_decisions() for _ in range(20)))
-    assert stack.store.transactions == before + 2
+    assert writes.transactions == before + 2
     saved = Store(tmp_path / "registry.sqlite3")
     assert len(saved.load().devices) == 21
     saved.close()

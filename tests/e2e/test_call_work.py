@@ -18,8 +18,10 @@ from websockets.protocol import Protocol
 
 import gateway as gateway_package
 import gateway.protocol.envelope as envelope
+from gateway.devices import audit as audit_module
 from gateway.devices.connection import DeviceConnection
 from tests.conftest import gateway
+from tests.counting import Calls
 from tests.e2e.helpers import listed_device
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -82,7 +84,7 @@ async def test_a_call_parses_one_device_frame_and_starts_no_gateway_task(
 
             stats: Counter[str] = Counter()
             real_stat = os.stat
-            writes = run.gateway.audit.writes
+            writes = Calls(monkeypatch, audit_module, "_write")
 
             def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
                 stats[os.path.basename(os.fsdecode(path))] += 1
@@ -122,7 +124,7 @@ async def test_a_call_parses_one_device_frame_and_starts_no_gateway_task(
     # The audit log's writes ask nothing of its file (the stdlib's rollover check made two stats
     # and a seek per write).
     assert stats["audit.log"] == 0
-    assert run.gateway.audit.writes > writes
+    assert writes.count > 0
     assert tasks == Counter()
     # The calls' deadlines share one timer, and so do the host listener's connections'
     # handshake and authentication deadlines (one timer each): armed by the warm-up call and

@@ -15,7 +15,10 @@ import mcp.types as types
 import pytest
 from mcp import Client
 
+from gateway.devices import catalogue as catalogue_module
+from gateway.protocol import catalog as catalog_module
 from tests.conftest import gateway
+from tests.counting import Calls
 from tests.e2e.helpers import RawDevice, aliases, listed_device, serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -276,18 +279,21 @@ async def test_identical_devices_over_the_budget_share_one_tool_with_a_device_ar
 
 
 async def test_devices_of_one_firmware_share_a_catalogue_found_by_their_raw_pages(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Simulated devices frame their replies as stock firmware does: their catalogue is judged
     once, and found for the others by the digest of the raw pages, with no entry serialised
     again to hash it (the RawDevices above, spaced otherwise, take that slower way); their
     pages are parsed for the first device only, the others' found in the shared page book."""
+    judged = Calls(monkeypatch, catalogue_module, "judge")
+    hashed = Calls(monkeypatch, catalogue_module, "digest_of")  # entries serialised to hash
+    parsed = Calls(monkeypatch, catalog_module, "_parse")
     async with gateway(tmp_path) as run, AsyncExitStack() as stack:
-        for n in range(1, 4):
+        await stack.enter_async_context(listed_device(run, "02:00:00:00:00:01"))
+        first = parsed.count  # its pages, as they came and as they were judged
+        for n in range(2, 4):
             await stack.enter_async_context(listed_device(run, f"02:00:00:00:00:0{n}"))
-        catalogues = run.gateway.registry._catalogues
         devices = run.gateway.registry.devices()
         assert len(devices) == 3 and len({id(d.catalogue) for d in devices}) == 1
-        assert (catalogues.judged, catalogues.digests) == (1, 0)
-        pages = run.gateway.registry.pages
-        assert pages.found == 2 * len(pages) > 0
+        assert (judged.count, hashed.count) == (1, 0)
+        assert parsed.count == first > 0 and len(run.gateway.registry.pages) > 0

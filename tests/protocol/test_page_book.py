@@ -9,7 +9,6 @@ takes the normal way and loses nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from gateway.protocol import envelope
 from gateway.protocol.catalog import ToolCatalog
 from gateway.protocol.device import DeviceProtocol, State
 from gateway.protocol.events import MessageDropped, ToolsListed
+from tests.counting import Calls
 
 HELLO = json.dumps({"type": "hello", "version": 1, "transport": "websocket"})
 INIT = '{"protocolVersion":"2024-11-05","capabilities":{"tools":{}},"serverInfo":{"name":"b"}}'
@@ -45,18 +45,6 @@ def stock(session_id: str, request_id: object, result: str) -> str:
     """A reply framed as stock firmware frames it (envelope.result_text's head)."""
     head = f'{{"session_id":"{session_id}","type":"mcp","payload":{{"jsonrpc":"2.0","id":'
     return f'{head}{request_id},"result":{result}}}}}'
-
-
-class Counter:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> None:
-        self.calls = 0
-        real: Callable[..., Any] = getattr(owner, name)
-
-        def counted(*args: Any) -> Any:
-            self.calls += 1
-            return real(*args)
-
-        monkeypatch.setattr(owner, name, counted)
 
 
 def requests(protocol: DeviceProtocol) -> list[tuple[str, dict[str, Any]]]:
@@ -100,14 +88,14 @@ def parsed_digest(pages: list[str]) -> str | None:
 def test_a_storm_of_one_firmware_parses_its_pages_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """200 devices of one firmware: 3 page parses and hashes (the first device's), not 600, and
     no page frame decoded; every device lists the same entries under the parsed way's digest."""
-    parses = Counter(monkeypatch, catalog_module, "_parse")
-    hashes = Counter(monkeypatch, catalog_module, "_page_digest")
-    decodes = Counter(monkeypatch, envelope, "decode")
+    parses = Calls(monkeypatch, catalog_module, "_parse")
+    hashes = Calls(monkeypatch, catalog_module, "_page_digest")
+    decodes = Calls(monkeypatch, envelope, "decode")
     book = KnownPages()
     events = [listed(join(book, n)) for n in range(200)]
-    assert parses.calls == hashes.calls == len(PAGES)
-    assert decodes.calls == 200 * 2  # each device's hello and initialize reply only
-    assert book.found == 199 * len(PAGES) and len(book) == len(PAGES)
+    assert parses.count == hashes.count == len(PAGES)
+    assert decodes.count == 200 * 2  # each device's hello and initialize reply only
+    assert len(book) == len(PAGES)
     assert {event.digest for event in events} == {parsed_digest(PAGES)}
     assert all(event.complete for event in events)
     assert events[-1].tools == tuple(TOOLS) == events[0].tools
@@ -118,11 +106,11 @@ def test_without_a_book_every_page_is_parsed_once_per_device(
 ) -> None:
     """The book is what saves the work: without one each device's pages are parsed (alone,
     never the frame too), with the same digest."""
-    parses = Counter(monkeypatch, catalog_module, "_parse")
-    hashes = Counter(monkeypatch, catalog_module, "_page_digest")
-    decodes = Counter(monkeypatch, envelope, "decode")
+    parses = Calls(monkeypatch, catalog_module, "_parse")
+    hashes = Calls(monkeypatch, catalog_module, "_page_digest")
+    decodes = Calls(monkeypatch, envelope, "decode")
     events = [listed(join(None, n)) for n in range(5)]
-    assert (parses.calls, hashes.calls, decodes.calls) == (5 * len(PAGES), 5 * len(PAGES), 5 * 2)
+    assert (parses.count, hashes.count, decodes.count) == (5 * len(PAGES), 5 * len(PAGES), 5 * 2)
     assert {event.digest for event in events} == {parsed_digest(PAGES)}
 
 
@@ -141,10 +129,10 @@ def test_a_page_one_byte_off_a_known_one_is_parsed_as_new(monkeypatch: pytest.Mo
     """A page that differs from a known one by a byte is not taken for it."""
     book = KnownPages()
     known = listed(join(book, 0))
-    parses = Counter(monkeypatch, catalog_module, "_parse")
+    parses = Calls(monkeypatch, catalog_module, "_parse")
     other = [PAGES[0].replace("tool 1", "tool 7"), *PAGES[1:]]
     event = listed(join(book, 1, other))
-    assert parses.calls == 1 and len(book) == len(PAGES) + 1
+    assert parses.count == 1 and len(book) == len(PAGES) + 1
     assert event.digest == parsed_digest(other) != known.digest
     assert event.tools[1] == {**TOOLS[1], "description": "tool 7"}
 
@@ -165,9 +153,9 @@ def test_a_known_page_in_a_wrong_reply_takes_the_normal_way(
     book = KnownPages()
     listed(join(book, 0))
     protocol = first_page_awaited(book)
-    decodes = Counter(monkeypatch, envelope, "decode")
+    decodes = Calls(monkeypatch, envelope, "decode")
     protocol.receive_text(frame)
-    assert decodes.calls == 1
+    assert decodes.count == 1
     assert [e.reason for e in protocol.events_received() if isinstance(e, MessageDropped)] == [
         reason
     ]
@@ -186,9 +174,9 @@ def test_a_known_page_under_another_session_id_takes_the_normal_way(
     book = KnownPages()
     listed(join(book, 0))
     protocol = first_page_awaited(book)
-    decodes = Counter(monkeypatch, envelope, "decode")
+    decodes = Calls(monkeypatch, envelope, "decode")
     protocol.receive_text(stock("someone-else", 2, PAGES[0]))
-    assert decodes.calls == 1
+    assert decodes.count == 1
     answer(protocol, PAGES)
     assert listed(protocol).digest == parsed_digest(PAGES)
 
