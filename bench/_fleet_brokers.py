@@ -14,16 +14,11 @@ binds a device to its topics (a deployment needs both: docs/mqtt.md, "External b
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-from _fleet_processes import CHILDREN, RunBroken, _free_port, cpu_s
 from _mqtt_device import MqttSession, connect_packet
+from _processes import RunBroken, cpu_s, free_port, rss_kb, start_mosquitto
 
 __all__ = ["Brokers"]
 
@@ -36,25 +31,17 @@ _COMMON = ["allow_anonymous true", "persistence false", "set_tcp_nodelay true",
            "log_type error", "log_type warning"]  # fmt: skip
 
 
-def _rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
 class Brokers:
     """A hub mosquitto and ``leaves`` leaf mosquittos bridged to it, on free loopback ports."""
 
     def __init__(self, workdir: Path, leaves: int) -> None:
-        self._mosquitto = shutil.which("mosquitto")
-        if self._mosquitto is None:
-            raise RunBroken("mosquitto is not installed (sudo apt-get install mosquitto)")
         self._workdir = workdir
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.hub_port = _free_port()
+        self.hub_port = free_port()
         self._start("hub", self.hub_port, [])
         self.leaf_ports: list[int] = []
         for index in range(leaves):
-            port = _free_port()
+            port = free_port()
             self.leaf_ports.append(port)
             bridge = [f"connection leaf-{index}", f"address 127.0.0.1:{self.hub_port}",
                       f"topic {PREFIX}/# both 0", "bridge_protocol_version mqttv311",
@@ -72,24 +59,9 @@ class Brokers:
         return [f"127.0.0.1:{port}" for port in self.leaf_ports]
 
     def _start(self, name: str, port: int, extra: list[str]) -> None:
-        assert self._mosquitto is not None
+        lines = [*_COMMON, f"log_dest file {self._workdir / f'mosquitto-{name}.log'}", *extra]
         conf = self._workdir / f"mosquitto-{name}.conf"
-        lines = [f"listener {port} 127.0.0.1", *_COMMON,
-                 f"log_dest file {self._workdir / f'mosquitto-{name}.log'}", *extra]  # fmt: skip
-        if os.geteuid() == 0:  # else mosquitto drops to its own user, who cannot write here
-            lines.append("user root")
-        conf.write_text("\n".join(lines) + "\n")
-        process = subprocess.Popen([self._mosquitto, "-c", str(conf)], stdin=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)  # fmt: skip
-        CHILDREN.append(process)
-        self.processes[name] = process
-        until = time.monotonic() + 10
-        while time.monotonic() < until:
-            self.check()
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                return
-            time.sleep(0.01)
-        raise RunBroken(f"mosquitto {name} did not start")
+        self.processes[name] = start_mosquitto(conf, lines, port)
 
     async def _bridged(self, leaves: int) -> None:
         """Wait until the hub has every leaf's bridge (mosquitto's retained notification
@@ -124,7 +96,7 @@ class Brokers:
                 raise RunBroken(f"mosquitto {name} exited ({process.returncode})")
 
     def rss_kb(self) -> dict[str, int]:
-        return {name: _rss_kb(process.pid) for name, process in self.processes.items()}
+        return {name: rss_kb(process.pid) for name, process in self.processes.items()}
 
     def cpu_s(self) -> dict[str, float]:
         return {name: cpu_s(process.pid) for name, process in self.processes.items()}

@@ -20,23 +20,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import resource
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from _fleet_catalogue import CALL_RESULT, INIT_RESULT, page_for
 from _mqtt_device import MqttSession, check_in, connect_packet
+from _processes import child_main, until_closed
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.http11 import Request, Response
 
-__all__ = ["FleetSpec", "Outcome", "baseline_main", "raise_fd_limit", "worker_main"]
+__all__ = ["FleetSpec", "Outcome", "baseline_main", "serve_devices", "worker_main"]
 
 JsonObject = dict[str, Any]
 Outcome = tuple[float | None, float | None, str | None, float | None, float | None]
@@ -59,14 +58,6 @@ DEVICE_HELLO = json.dumps(
 STOCK_HELLO_WAIT = 10.0  # s: stock firmware gives up on the server hello after this (§1)
 PING_INTERVAL = 20.0  # s: the gateway's WebSocket ping interval; the baseline pings alike
 BACKLOG = 2048  # uvicorn's default, which the gateway's listening sockets end up with
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's open-file limit to its hard limit; return the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,12 +371,7 @@ async def _serve_requests(conn: Connection) -> None:
 
 def worker_main(conn: Connection) -> None:
     """Entry point of a worker process."""
-    raise_fd_limit()
-    try:
-        asyncio.run(_serve_requests(conn))
-    finally:
-        # Thousands of sockets and maybe a stuck task: leave without the slow goodbyes.
-        os._exit(0)
+    child_main(_serve_requests(conn))
 
 
 # --- the baseline server -----------------------------------------------------------------
@@ -442,19 +428,18 @@ def _baseline_admit(token: str) -> Callable[[ServerConnection, Request], Respons
     return admit
 
 
-async def _baseline(conn: Connection, token: str) -> None:
-    async with serve(_baseline_session, "127.0.0.1", 0, compression=None,
+async def serve_devices(
+    conn: Connection, token: str, session: Callable[[ServerConnection], Awaitable[None]]
+) -> None:
+    """A bare ``websockets`` server for stock devices, ``session`` for each (the token checked,
+    pings and backlog as the gateway's): its port sent through ``conn``, serving until it closes."""
+    async with serve(session, "127.0.0.1", 0, compression=None,
                      process_request=_baseline_admit(token), ping_interval=PING_INTERVAL,
                      server_header=None, backlog=BACKLOG) as server:  # fmt: skip
         conn.send(next(iter(server.sockets)).getsockname()[1])
-        with contextlib.suppress(EOFError):
-            await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        await until_closed(conn)
 
 
 def baseline_main(conn: Connection, token: str) -> None:
     """Entry point of the baseline server process: sends its port, serves until told to stop."""
-    raise_fd_limit()
-    try:
-        asyncio.run(_baseline(conn, token))
-    finally:
-        os._exit(0)
+    child_main(serve_devices(conn, token, _baseline_session))

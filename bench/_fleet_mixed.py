@@ -31,8 +31,9 @@ from typing import Any
 
 from _fleet_brokers import Brokers
 from _fleet_devices import FleetSpec
-from _fleet_listing import list_all
-from _fleet_processes import Gateway, Pool, RunBroken, cpu_s
+from _fleet_processes import Pool
+from _listing_baseline import list_all
+from _processes import Gateway, RunBroken, cpu_s
 from mcp import Client
 
 __all__ = ["FD_MARGIN", "MixedFleet", "check_fits", "fd_ceiling", "mixed"]

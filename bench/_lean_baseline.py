@@ -10,14 +10,13 @@ real server must), it says what the gateway's join costs against the floor of th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
 from multiprocessing.connection import Connection
 
-from _fleet_devices import BACKLOG, PING_INTERVAL, STOCK_HELLO_WAIT, _baseline_admit, raise_fd_limit
-from websockets.asyncio.server import ServerConnection, serve
+from _fleet_devices import STOCK_HELLO_WAIT, serve_devices
+from _processes import child_main
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 __all__ = ["lean_baseline_main"]
@@ -61,19 +60,6 @@ async def _session(ws: ServerConnection) -> None:
         pass
 
 
-async def _serve(conn: Connection, token: str) -> None:
-    async with serve(_session, "127.0.0.1", 0, compression=None,
-                     process_request=_baseline_admit(token), ping_interval=PING_INTERVAL,
-                     server_header=None, backlog=BACKLOG) as server:  # fmt: skip
-        conn.send(next(iter(server.sockets)).getsockname()[1])
-        with contextlib.suppress(EOFError):
-            await asyncio.get_running_loop().run_in_executor(None, conn.recv)
-
-
 def lean_baseline_main(conn: Connection, token: str) -> None:
     """Entry point of the lean baseline's process: sends its port, serves until told to stop."""
-    raise_fd_limit()
-    try:
-        asyncio.run(_serve(conn, token))
-    finally:
-        os._exit(0)
+    child_main(serve_devices(conn, token, _session))

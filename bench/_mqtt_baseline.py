@@ -14,20 +14,24 @@ each way more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import shutil
-import socket
 import subprocess
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from _fleet_devices import raise_fd_limit
-from _fleet_processes import CHILDREN, RunBroken, _ChildServer, _free_port, cpu_s
 from _mqtt_device import MqttSession, connect_packet
+from _processes import (
+    ChildServer,
+    RunBroken,
+    child_main,
+    cpu_s,
+    free_port,
+    rss_kb,
+    start_mosquitto,
+    until_closed,
+)
 
 __all__ = ["MqttBaseline", "mqtt_baseline_main"]
 
@@ -36,23 +40,10 @@ _CLIENT_ID = "bench-discovery"
 
 
 def _start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    mosquitto = shutil.which("mosquitto")
-    if mosquitto is None:
-        raise RunBroken("mosquitto is not installed (sudo apt-get install mosquitto)")
-    port = _free_port()
-    conf = workdir / "mosquitto-baseline.conf"
-    lines = [f"listener {port} 127.0.0.1", "allow_anonymous true", "persistence false",
-             "log_dest none", "set_tcp_nodelay true", "max_queued_messages 100000"]  # fmt: skip
-    conf.write_text("\n".join(lines + (["user root"] if os.geteuid() == 0 else [])) + "\n")
-    process = subprocess.Popen([mosquitto, "-c", str(conf)], stdin=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    CHILDREN.append(process)
-    until = time.monotonic() + 10
-    while time.monotonic() < until:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return process, port
-        time.sleep(0.01)
-    raise RunBroken("mosquitto did not start")
+    port = free_port()
+    lines = ["allow_anonymous true", "persistence false", "log_dest none", "set_tcp_nodelay true",
+             "max_queued_messages 100000"]  # fmt: skip
+    return start_mosquitto(workdir / "mosquitto-baseline.conf", lines, port), port
 
 
 class MqttBaseline:
@@ -60,7 +51,7 @@ class MqttBaseline:
 
     def __init__(self, workdir: Path) -> None:
         self.broker, port = _start_mosquitto(workdir)
-        self.client = _ChildServer("MQTT baseline client", mqtt_baseline_main, (port,), 30)
+        self.client = ChildServer("MQTT baseline client", mqtt_baseline_main, (port,), 30)
         self.ota_url = f"http://127.0.0.1:{self.client.started}/xiaozhi/ota/"
 
     @property
@@ -81,11 +72,7 @@ class MqttBaseline:
         return sum(cpu_s(pid) for pid in self.pids)
 
     def rss_kb(self) -> int:
-        total = 0
-        for pid in self.pids:
-            with open(f"/proc/{pid}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        return total
+        return sum(rss_kb(pid) for pid in self.pids)
 
     def close(self) -> None:
         self.client.close()
@@ -168,15 +155,10 @@ async def _baseline(conn: Connection, port: int) -> None:
         if await client.connected:
             raise RuntimeError("mosquitto refused the discovery client")
         conn.send(server.sockets[0].getsockname()[1])
-        with contextlib.suppress(EOFError):
-            await loop.run_in_executor(None, conn.recv)
+        await until_closed(conn)
         client.abort()
 
 
 def mqtt_baseline_main(conn: Connection, port: int) -> None:
     """Entry point of the discovery client's process: sends its OTA port, serves until told."""
-    raise_fd_limit()
-    try:
-        asyncio.run(_baseline(conn, port))
-    finally:
-        os._exit(0)
+    child_main(_baseline(conn, port))

@@ -12,7 +12,7 @@
   publishes every message straight back to the topic the message names (``bench_reply``).
 
 Each sends its port through the pipe once it listens and serves until the pipe closes.
-``percentiles`` and ``run_bench`` are the voice benchmarks' shared figures and run.
+``percentiles`` is the voice benchmarks' shared figure, ``PERCENTILES`` its table's columns.
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import statistics
-import sys
-import tempfile
-from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any
 
 import aiomqtt
 import uvicorn
+from _processes import child_main, until_closed
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -44,11 +39,6 @@ from websockets.exceptions import ConnectionClosed
 UPSTREAM_TOKEN = "bench-upstream-token"
 MQTT_SERVER_TOPIC = "device-server"
 _RELAYED = ("Authorization", "Device-Id", "Client-Id", "Protocol-Version")
-
-
-async def _wait_closed(conn: Connection) -> None:
-    with contextlib.suppress(EOFError):
-        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
 
 
 async def _upstream(conn: Connection) -> None:
@@ -87,7 +77,7 @@ async def _upstream(conn: Connection) -> None:
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     conn.send(port)  # bound and listening already: early connections wait in the backlog
-    await _wait_closed(conn)
+    await until_closed(conn)
     server.should_exit = True
     await serving
 
@@ -114,23 +104,17 @@ async def _relay(conn: Connection, upstream_url: str) -> None:
 
     async with serve(session, "127.0.0.1", 0, compression=None, backlog=1024) as server:
         conn.send(next(iter(server.sockets)).getsockname()[1])
-        await _wait_closed(conn)
+        await until_closed(conn)
 
 
 def upstream_main(conn: Connection) -> None:
     """Entry point of the voice server process."""
-    try:
-        asyncio.run(_upstream(conn))
-    finally:
-        os._exit(0)
+    child_main(_upstream(conn))
 
 
 def relay_main(conn: Connection, upstream_url: str) -> None:
     """Entry point of the bare relay process."""
-    try:
-        asyncio.run(_relay(conn, upstream_url))
-    finally:
-        os._exit(0)
+    child_main(_relay(conn, upstream_url))
 
 
 def _p2p(device_id: str) -> str:
@@ -163,10 +147,10 @@ async def _mqtt_upstream(conn: Connection, broker_port: int) -> None:
 
 def mqtt_upstream_main(conn: Connection, broker_port: int) -> None:
     """Entry point of the MQTT voice server process."""
-    try:
-        asyncio.run(_mqtt_upstream(conn, broker_port))
-    finally:
-        os._exit(0)
+    child_main(_mqtt_upstream(conn, broker_port))
+
+
+PERCENTILES = [("p50 ms", "p50_ms", 10, ".3f"), ("p99 ms", "p99_ms", 10, ".3f")]  # their columns
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -174,23 +158,3 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {"p50_ms": statistics.median(ordered) * 1000, "p99_ms": p99 * 1000}
-
-
-def run_bench(
-    name: str,
-    measure: Callable[[Path], Coroutine[Any, Any, dict[str, Any]]],
-    timeout: float,
-    cleanup: Callable[[], None],
-) -> dict[str, Any] | None:
-    """``measure(workdir)`` in a fresh directory within ``timeout`` seconds; its figures, or
-    None once stderr says why the run broke (the figures themselves decide nothing)."""
-    try:
-        with tempfile.TemporaryDirectory(prefix=f"{name}-") as workdir:
-            return asyncio.run(asyncio.wait_for(measure(Path(workdir)), timeout))
-    except TimeoutError:
-        print(f"{name}: did not finish within {timeout:g} s", file=sys.stderr)
-    except Exception as exc:  # a broken run
-        print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    finally:
-        cleanup()
-    return None

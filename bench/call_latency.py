@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import statistics
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from typing import Any
 import mcp.types as types
 import uvicorn
 from _baseline import baseline_config
+from _report import add_common_arguments, run_bench, target_rows
 from mcp import Client
 from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -328,13 +328,10 @@ async def measure(
 
 
 def _table(figures: dict[str, Any]) -> str:
-    lines = [f"{'target':<10}{'calls':>7}{'median ms':>12}{'p99 ms':>10}{'cpu ms':>9}{'gc ms':>8}"]
-    for name in TARGETS:
-        f = figures[name]
-        lines.append(
-            f"{name:<10}{f['calls']:>7}{f['median_ms']:>12.3f}{f['p99_ms']:>10.3f}"
-            f"{f['cpu_ms']:>9.3f}{f['gc_ms']:>8.3f}"
-        )
+    columns = [("calls", "calls", 7, ""), ("median ms", "median_ms", 12, ".3f"),
+               ("p99 ms", "p99_ms", 10, ".3f"), ("cpu ms", "cpu_ms", 9, ".3f"),
+               ("gc ms", "gc_ms", 8, ".3f")]  # fmt: skip
+    lines = target_rows(figures, TARGETS, columns)
     ratio, added = figures["ratio"], figures["added_ms"]
     lines += [
         f"gateway/baseline: median x{ratio['median']:.2f}, p99 x{ratio['p99']:.2f}, "
@@ -362,8 +359,7 @@ def add_warmup_argument(parser: argparse.ArgumentParser) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500, help="timed calls per target")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--timeout", type=float, default=120.0, help="bound on the whole run, s")
+    add_common_arguments(parser, timeout=120.0)
     add_warmup_argument(parser)
     parser.add_argument(
         "--default-gc",
@@ -379,17 +375,13 @@ def main() -> int:
     )
     args = parser.parse_args()
     gc.callbacks.append(COLLECTIONS)
-    try:
-        run = measure(max(args.calls, 2), not args.default_gc, args.device, max(args.warmup, 1))
-        figures = asyncio.run(asyncio.wait_for(run, args.timeout))
-    except TimeoutError:
-        print(f"call_latency: did not finish within {args.timeout:g} s", file=sys.stderr)
-        return 1
-    except Exception as exc:  # the figures, not the ratio, decide nothing; a broken run does
-        print(f"call_latency: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(figures, indent=2) if args.json else _table(figures))
-    return 0
+    calls, warmup = max(args.calls, 2), max(args.warmup, 1)
+    return run_bench(
+        "call_latency",
+        args,
+        lambda: measure(calls, not args.default_gc, args.device, warmup),
+        _table,
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import json
 import pstats
 import statistics
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn.protocols.http.h11_impl as h11_impl
+from _report import add_common_arguments, run_bench, target_rows
 from call_latency import DEVICES, TARGETS, WARMUP, Target, add_warmup_argument, targets
 
 from gateway.cli import heap
@@ -132,13 +132,13 @@ async def measure(calls: int, device: str = DEVICES[0], warmup: int = WARMUP) ->
 
 
 def _table(figures: dict[str, Any]) -> str:
-    lines = [f"{'target':<10}{'turns':>8}{'handles':>9}{'conns':>7}{'py calls':>10}"]
-    for name in TARGETS:
-        f = figures[name]
-        lines.append(
-            f"{name:<10}{f['turns']:>8.2f}{f['handles']:>9.2f}{f['connections']:>7.2f}"
-            f"{f['python_calls']:>10.1f}"
-        )
+    columns = [
+        ("turns", "turns", 8, ".2f"),
+        ("handles", "handles", 9, ".2f"),
+        ("conns", "connections", 7, ".2f"),
+        ("py calls", "python_calls", 10, ".1f"),
+    ]
+    lines = target_rows(figures, TARGETS, columns)
     base, mcp = figures["baseline"]["handle_kinds"], figures["mcp"]["handle_kinds"]
     kinds = sorted(set(base) | set(mcp))
     differ = [(k, mcp.get(k, 0.0) - base.get(k, 0.0)) for k in kinds]
@@ -155,8 +155,7 @@ def _table(figures: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="counted calls per target")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--timeout", type=float, default=120.0, help="bound on the whole run, s")
+    add_common_arguments(parser, timeout=120.0)
     parser.add_argument(
         "--device",
         choices=DEVICES,
@@ -166,17 +165,8 @@ def main() -> int:
     )
     add_warmup_argument(parser)
     args = parser.parse_args()
-    try:
-        run = measure(max(args.calls, 1), args.device, max(args.warmup, 1))
-        figures = asyncio.run(asyncio.wait_for(run, args.timeout))
-    except TimeoutError:
-        print(f"call_work: did not finish within {args.timeout:g} s", file=sys.stderr)
-        return 1
-    except Exception as exc:  # a broken run, not a figure, decides the exit code
-        print(f"call_work: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(figures, indent=2) if args.json else _table(figures))
-    return 0
+    calls, warmup = max(args.calls, 1), max(args.warmup, 1)
+    return run_bench("call_work", args, lambda: measure(calls, args.device, warmup), _table)
 
 
 if __name__ == "__main__":

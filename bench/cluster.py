@@ -42,7 +42,6 @@ import logging
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,8 +50,17 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
-from _fleet_devices import FleetSpec, raise_fd_limit
-from _fleet_processes import CHILDREN, Gateway, Pool, RunBroken, _free_port, kill_children
+from _fleet_devices import FleetSpec
+from _fleet_processes import Pool
+from _processes import (
+    Gateway,
+    RunBroken,
+    free_port,
+    kill_children,
+    raise_fd_limit,
+    start_mosquitto,
+)
+from _report import emit
 from mcp import Client
 
 from gateway.cluster.records import FleetRecord
@@ -68,16 +76,10 @@ class Broker:
     """mosquitto on a free loopback port."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
-        conf = workdir / "mosquitto.conf"
-        conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                        "persistence false\nlog_dest none\nset_tcp_nodelay true\n"
-                        "max_queued_messages 1000000\n")  # fmt: skip
-        self.process = subprocess.Popen(["mosquitto", "-c", str(conf)], stdin=subprocess.DEVNULL)
-        CHILDREN.append(self.process)
-        time.sleep(0.3)
-        if self.process.poll() is not None:
-            raise RunBroken("mosquitto did not start")
+        self.port = free_port()
+        lines = ["allow_anonymous true", "persistence false", "log_dest none",
+                 "set_tcp_nodelay true", "max_queued_messages 1000000"]  # fmt: skip
+        self.process = start_mosquitto(workdir / "mosquitto.conf", lines, self.port)
 
     def close(self) -> None:
         self.process.terminate()
@@ -362,8 +364,9 @@ def main() -> int:
     except RunBroken as exc:
         print(f"cluster: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(figures, indent=2) if args.json else _table(figures))
-    return 0
+    finally:
+        kill_children()  # a run broken before its own clean-up began leaves none behind
+    return emit(figures, args.json, _table)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import shutil
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,8 +34,9 @@ from typing import Any
 
 import aiomqtt
 import httpx2
-from _fleet_processes import CHILDREN, Gateway, RunBroken, _ChildServer, _free_port, kill_children
-from _voice_servers import MQTT_SERVER_TOPIC, mqtt_upstream_main, percentiles, run_bench
+from _processes import ChildServer, Gateway, RunBroken, free_port, start_mosquitto
+from _report import add_common_arguments, run_bench, target_rows
+from _voice_servers import MQTT_SERVER_TOPIC, PERCENTILES, mqtt_upstream_main, percentiles
 
 WARMUP = 50
 BLOCK = 100
@@ -105,24 +103,13 @@ async def device(host_port: int, login: dict[str, Any], device_id: str,
 
 def start_broker(workdir: Path) -> int:
     """A mosquitto on a free loopback port (the voice server's broker); its port once it listens."""
-    mosquitto = shutil.which("mosquitto")
-    if mosquitto is None:
-        raise RunBroken("mosquitto is not installed (sudo apt-get install mosquitto)")
-    port = _free_port()
-    conf = workdir / "mosquitto.conf"
-    lines = [f"listener {port} 127.0.0.1", "allow_anonymous true", "persistence false"]
-    conf.write_text("\n".join(lines + (["user root"] if os.geteuid() == 0 else [])) + "\n")
-    CHILDREN.append(subprocess.Popen([mosquitto, "-c", str(conf)], stderr=subprocess.DEVNULL))
-    until = time.monotonic() + 10
-    while time.monotonic() < until:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return port
-        time.sleep(0.01)
-    raise RunBroken("mosquitto did not start")
+    port = free_port()
+    start_mosquitto(workdir / "mosquitto.conf", ["allow_anonymous true", "persistence false"], port)
+    return port
 
 
 async def measure(workdir: Path, port: int, messages: int) -> dict[str, Any]:
-    server = _ChildServer("voice server", mqtt_upstream_main, (port,), 30)
+    server = ChildServer("voice server", mqtt_upstream_main, (port,), 30)
     ota = f"http://127.0.0.1:{server.started}/xiaozhi/ota/"
     gateway = Gateway(workdir, "gateway", "bench-device-token", mqtt=True,
                       settings={"GATEWAY_UPSTREAM_OTA_URL": ota})  # fmt: skip
@@ -165,10 +152,7 @@ async def measure(workdir: Path, port: int, messages: int) -> dict[str, Any]:
 def _table(figures: dict[str, Any]) -> str:
     lines = [f"one 200-byte message's round trip device -> server -> device, "
              f"{figures['messages']} per target",
-             f"{'target':<10}{'p50 ms':>10}{'p99 ms':>10}"]  # fmt: skip
-    for name in ("direct", "gateway"):
-        p50, p99 = figures[name]["p50_ms"], figures[name]["p99_ms"]
-        lines.append(f"{name:<10}{p50:>10.3f}{p99:>10.3f}")
+             *target_rows(figures, ("direct", "gateway"), PERCENTILES)]  # fmt: skip
     lines.append(f"{'added':<10}{figures['added_p50_ms']:>10.3f}{figures['added_p99_ms']:>10.3f}"
                  "   (gateway - direct: two more broker hops and the relay)")  # fmt: skip
     lines.append(f"gateway log: {figures['gateway_log']}")
@@ -178,19 +162,15 @@ def _table(figures: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2000, help="timed messages per target")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--timeout", type=float, default=300.0, help="bound on the whole run, s")
+    add_common_arguments(parser, timeout=300.0)
     args = parser.parse_args()
 
-    async def run(workdir: Path) -> dict[str, Any]:
-        port = await asyncio.to_thread(start_broker, workdir)
-        return await measure(workdir, port, max(args.messages, 2))
+    async def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="voice_mqtt-") as workdir:
+            port = await asyncio.to_thread(start_broker, Path(workdir))
+            return await measure(Path(workdir), port, max(args.messages, 2))
 
-    figures = run_bench("voice_mqtt", run, args.timeout, kill_children)
-    if figures is None:
-        return 1
-    print(json.dumps(figures, indent=2) if args.json else _table(figures))
-    return 0
+    return run_bench("voice_mqtt", args, run, _table)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from _fleet_processes import Gateway, RunBroken, _ChildServer, kill_children
-from _voice_servers import UPSTREAM_TOKEN, percentiles, relay_main, run_bench, upstream_main
+from _processes import ChildServer, Gateway, RunBroken, threads_cpu_s
+from _report import add_common_arguments, run_bench, target_rows
+from _voice_servers import PERCENTILES, UPSTREAM_TOKEN, percentiles, relay_main, upstream_main
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -155,11 +157,10 @@ async def latency(targets: dict[str, tuple[str, str]], frames: int) -> dict[str,
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds of the live threads of ``pid`` (nanosecond schedstat)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
+    seconds = threads_cpu_s(pid)
+    if seconds is None:
+        raise RunBroken(f"no /proc/{pid}/task/*/schedstat on this kernel")
+    return seconds
 
 
 async def _stream(talk: Talk, until: float) -> int:
@@ -187,10 +188,10 @@ async def cpu(url: str, tokens: list[str], ids: list[str], pid: int, seconds: fl
 
 
 async def measure(workdir: Path, frames: int, conversations: int, seconds: float) -> dict[str, Any]:
-    upstream = _ChildServer("voice server", upstream_main, (), 30)
+    upstream = ChildServer("voice server", upstream_main, (), 30)
     upstream_ota = f"http://127.0.0.1:{upstream.started}/xiaozhi/ota/"
     upstream_ws = f"ws://127.0.0.1:{upstream.started}/xiaozhi/v1/"
-    relay = _ChildServer("bare relay", relay_main, (upstream_ws,), 30)
+    relay = ChildServer("bare relay", relay_main, (upstream_ws,), 30)
     relay_ws = f"ws://127.0.0.1:{relay.started}/xiaozhi/v1/"
     gateway = Gateway(workdir, "gateway", "bench-device-token", mqtt=False,
                       settings={"GATEWAY_UPSTREAM_OTA_URL": upstream_ota})  # fmt: skip
@@ -226,9 +227,7 @@ async def measure(workdir: Path, frames: int, conversations: int, seconds: float
 def _table(figures: dict[str, Any]) -> str:
     lat, load = figures["latency"], figures["cpu"]
     lines = [f"latency: one frame's round trip, {lat['frames']} frames per target",
-             f"{'target':<10}{'p50 ms':>10}{'p99 ms':>10}"]  # fmt: skip
-    for name in ("direct", "relay", "gateway"):
-        lines.append(f"{name:<10}{lat[name]['p50_ms']:>10.3f}{lat[name]['p99_ms']:>10.3f}")
+             *target_rows(lat, ("direct", "relay", "gateway"), PERCENTILES)]  # fmt: skip
     lines.append(f"{'added':<10}{lat['added_p50_ms']:>10.3f}{lat['added_p99_ms']:>10.3f}"
                  "   (gateway - direct; goal p99 <= 2 ms)")  # fmt: skip
     lines.append(f"{'vs relay':<10}{lat['over_relay_p50_ms']:>10.3f}"
@@ -247,19 +246,15 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=2000, help="timed frames per target")
     parser.add_argument("--conversations", type=int, default=100, help="conversations at once")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long they stream")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--timeout", type=float, default=300.0, help="bound on the whole run, s")
+    add_common_arguments(parser, timeout=300.0)
     args = parser.parse_args()
-    figures = run_bench(
-        "voice_proxy",
-        lambda workdir: measure(workdir, max(args.frames, 2), args.conversations, args.seconds),
-        args.timeout,
-        kill_children,
-    )
-    if figures is None:
-        return 1
-    print(json.dumps(figures, indent=2) if args.json else _table(figures))
-    return 0
+
+    async def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="voice_proxy-") as workdir:
+            frames = max(args.frames, 2)
+            return await measure(Path(workdir), frames, args.conversations, args.seconds)
+
+    return run_bench("voice_proxy", args, run, _table)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The list phase of ``fleet.py``: a bare SDK server listing a fleet's tools, and the client.
+"""The list phase's baseline: a bare SDK server listing a fleet's tools, and the client.
 
 The *baseline* (``listing_main``, in its own process) is a low-level SDK ``Server`` whose
 ``on_list_tools`` serves what the gateway lists in ``per-device`` mode for the same devices: the
@@ -15,8 +15,6 @@ mode, ``tools/list`` page after page following ``next_cursor`` until none is lef
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ import mcp.types as types
 import uvicorn
 from _baseline import baseline_config
 from _fleet_catalogue import TOOLS
-from _fleet_devices import raise_fd_limit
+from _processes import child_main, until_closed
 from mcp import Client
 from mcp.server import Server, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -121,19 +119,14 @@ async def _serve(conn: Connection, device_ids: list[str]) -> None:
             await asyncio.sleep(0.01)
         port = sock.getsockname()[1]
         conn.send({"port": port, "tools": len(tools), "pages": len(pages), "build_s": built})
-        with contextlib.suppress(EOFError):
-            await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        await until_closed(conn)
         server.should_exit = True
         await asyncio.gather(task, return_exceptions=True)
 
 
 def listing_main(conn: Connection, device_ids: list[str]) -> None:
     """Entry point of the list baseline process: sends its port, serves until told to stop."""
-    raise_fd_limit()
-    try:
-        asyncio.run(_serve(conn, device_ids))
-    finally:
-        os._exit(0)
+    child_main(_serve(conn, device_ids))
 
 
 # --- the client ----------------------------------------------------------------------------
