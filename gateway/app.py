@@ -43,7 +43,7 @@ from gateway.devices.events import EventStore, approved_in
 from gateway.devices.limits import log_invalid_limits
 from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import Device, DeviceRegistry
+from gateway.devices.registry import Device, DeviceAdmin, DeviceRegistry, KnownDevices
 from gateway.devices.store import Store
 from gateway.devices.tokens import device_tokens
 from gateway.errors import ConfigError
@@ -78,7 +78,8 @@ class Gateway:
         log_invalid_limits(config)  # what a device's tools cannot mend is said at start
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
-        self.registry = DeviceRegistry(config, self.store, audit=self.audit)
+        known = KnownDevices(config, self.store, audit=self.audit)  # the state; its services:
+        self.registry = DeviceRegistry(known, DeviceAdmin(known))
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.messenger = Messenger(config, self.audit)  # notify_device
@@ -222,7 +223,7 @@ class Gateway:
         await self._stack.enter_async_context(self.store.writer())
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
-        self._stack.callback(self.registry.logins.end_minute)  # its summary, before closing
+        self._stack.callback(self.registry.admin.logins.end_minute)  # its summary, before closing
 
         if self.oauth is not None:
             self._stack.callback(self.oauth.close)

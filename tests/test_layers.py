@@ -72,9 +72,10 @@ INNER: dict[str, list[set[str]]] = {
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
         {"exposure", "limits"},  # what hosts see; the owner's limits on arguments
-        {"known"},  # the registry's core: load, queries, new devices, catalogues
-        {"admin"},  # the user's decisions: approval, binding, names, forgetting
-        {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
+        {"decisions"},  # the policy's verdicts on a catalogue's tools, once per catalogue
+        {"known"},  # the registry's state: the devices, records, names, what hosts see
+        {"admin"},  # the user's decisions on it: approval, binding, names, forgetting
+        {"registry", "enrollment"},  # DeviceRegistry: the connections' updates, the facade
         {"events"},  # what devices report on their own, kept per device
         {"connection", "confirm_rules"},  # confirm_rules: which tools wait for the owner's yes
         {"confirmations"},  # the calls waiting for it

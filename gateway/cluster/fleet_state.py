@@ -221,7 +221,7 @@ class FleetState:
                 self._forget(device)
             return
         local, key = device.record if device is not None else None, self._registry.binding_key
-        device = self._registry.learn(DeviceRecord(
+        device = self._registry.admin.learn(DeviceRecord(
             device_id=record.device_id, alias=record.alias, board=record.board,
             transport=record.transport, state=record.state,
             binding=unsealed(key, record.binding, local),
@@ -232,7 +232,7 @@ class FleetState:
 
     def _forget(self, device: Device) -> None:
         session = device.session
-        self._registry.forget(device)
+        self._registry.admin.forget(device)
         if session is not None and not isinstance(session, RemoteSession):
             self._close(session)
 

@@ -158,18 +158,18 @@ class HostApi:
     def _forget(self, device: Device) -> None:
         if self.forget_board is not None:  # a board the gateway connects to: not any more
             self.forget_board(device.device_id)
-        self.registry.forget(device)
+        self.registry.admin.forget(device)
         if self._photos is not None:
             self._photos.forget(device.device_id)
         self.frontend.events.forget(device.device_id)
 
     async def approve(self, request: Request) -> Response:
         """Let a pending device serve its tools (``esp-mcp-gateway devices approve``)."""
-        return await self._device_action(request, "approve", self.registry.approve)
+        return await self._device_action(request, "approve", self.registry.admin.approve)
 
     async def reject(self, request: Request) -> Response:
         """Refuse a device from now on (``esp-mcp-gateway devices reject``)."""
-        return await self._device_action(request, "reject", self.registry.reject, close=True)
+        return await self._device_action(request, "reject", self.registry.admin.reject, close=True)
 
     async def pair(self, request: Request) -> Response:
         """Approve new devices as they arrive for a while (``esp-mcp-gateway devices pair``)."""
@@ -181,9 +181,9 @@ class HostApi:
             or not 0 < seconds <= 3600
         ):
             return JSONResponse({"error": "seconds must be a number from 1 to 3600"}, 400)
-        until = self.registry.pair(float(seconds))
+        until = self.registry.admin.pair(float(seconds))
         # Pairing itself is held in memory (a restart ends it); the approvals it makes are saved.
-        await self.registry.settle("pair", None, actor_of(request), f"for {seconds:g} s")
+        await self.registry.admin.settle("pair", None, actor_of(request), f"for {seconds:g} s")
         return JSONResponse({"pairing_for": seconds, "until": format_time(until)})
 
     async def add(self, request: Request) -> Response:
@@ -207,8 +207,8 @@ class HostApi:
             return JSONResponse({"error": str(exc)}, 400)
         except OSError as exc:  # boards.json: a full or read-only data dir
             return JSONResponse({"error": f"not saved: {exc}"}, 503, headers={"Retry-After": "60"})
-        await self.registry.settle("add", self.registry.get(added["id"]), actor_of(request),
-                                   added["url"])  # fmt: skip
+        await self.registry.admin.settle("add", self.registry.get(added["id"]), actor_of(request),
+                                         added["url"])  # fmt: skip
         return JSONResponse({"added": added})
 
     async def _device_action(
@@ -238,7 +238,7 @@ class HostApi:
         if close and session is not None:
             await session.aclose()  # if it comes back, the registry decides anew
         try:
-            await self.registry.settle(verb, device, actor_of(request))
+            await self.registry.admin.settle(verb, device, actor_of(request))
         except StorageUnavailable as exc:  # done in memory, not on disk: the user must know
             return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
         done = {"approve": "approved", "reject": "rejected", "forget": "forgotten"}[verb]

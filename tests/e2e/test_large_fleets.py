@@ -285,7 +285,7 @@ async def test_devices_of_one_firmware_share_a_catalogue_found_by_their_raw_page
     async with gateway(tmp_path) as run, AsyncExitStack() as stack:
         for n in range(1, 4):
             await stack.enter_async_context(listed_device(run, f"02:00:00:00:00:0{n}"))
-        catalogues = run.gateway.registry._catalogues
+        catalogues = run.gateway.registry.known.catalogues
         devices = run.gateway.registry.devices()
         assert len(devices) == 3 and len({id(d.catalogue) for d in devices}) == 1
         assert (catalogues.judged, catalogues.digests) == (1, 0)

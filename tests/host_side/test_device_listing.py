@@ -124,8 +124,8 @@ def test_a_join_is_put_in_its_place_without_sorting_the_fleet_again(
     stack.registry.set_catalogue("bb:0001", (tool("self.t"),), {"name": "kettle"})
     newcomer = stack.registry.get("bb:0001")
     assert newcomer is not None
-    stack.registry.rename(newcomer, "aardvark")
-    stack.registry.forget(newcomer)
+    stack.registry.admin.rename(newcomer, "aardvark")
+    stack.registry.admin.forget(newcomer)
     first = list_devices(stack.registry, DeviceQuery({}))["devices"][0]
     # five searches (the newcomer, its board name, the rename, forget, the page's start)
     assert len(placed) < 5 * 2 * 10 and first["device"] == "fan_0000"
@@ -143,9 +143,9 @@ def test_the_order_follows_renames_arrivals_and_forgetting(stack: Stack) -> None
     assert first == sorted(first)
     renamed = stack.registry.find(first[0])
     assert renamed is not None
-    stack.registry.rename(renamed, "zz_last")
+    stack.registry.admin.rename(renamed, "zz_last")
     assert names()[-1] == "zz_last"
-    stack.registry.forget(stack.registry.find(first[1]))  # type: ignore[arg-type]
+    stack.registry.admin.forget(stack.registry.find(first[1]))  # type: ignore[arg-type]
     assert first[1] not in names()
     stack.registry.connect("00:00", ScriptedSession())  # no board yet: named esp32_0000
     listed = names()

@@ -228,11 +228,11 @@ class Dashboard:
         if device is None:
             return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
         try:
-            alias = self.registry.rename(device, name)
+            alias = self.registry.admin.rename(device, name)
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, 409)
         try:
-            await self.registry.settle("rename", device, actor_of(request), f"to {alias}")
+            await self.registry.admin.settle("rename", device, actor_of(request), f"to {alias}")
         except StorageUnavailable as exc:  # renamed in memory, not on disk: the user must know
             return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
         return JSONResponse({"renamed": {"device": alias, "id": device.device_id}})
@@ -266,7 +266,7 @@ class Dashboard:
         """How many devices wait for approval, how many may, and how many were refused."""
         registry = self.registry
         return {"waiting": len(registry.waiting), "max": self.config.max_pending,
-                "refused": registry.pending_refused}  # fmt: skip
+                "refused": registry.admin.pending_refused}  # fmt: skip
 
     def _summaries(self) -> list[dict[str, Any]]:
         return [device_summary(device) for device in self.registry.devices()]
