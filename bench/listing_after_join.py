@@ -57,7 +57,7 @@ def measure(count: int, mode: str, joins: int) -> dict[str, Any]:
         audit = AuditLog(None)
         known = KnownDevices(config, store, time.time, audit=audit)
         registry = DeviceRegistry(known, DeviceAdmin(known))
-        frontend = McpFrontend(config, registry, CallRouter(config, audit))
+        frontend = McpFrontend(config, known, CallRouter(config, audit))
 
         def join(n: int) -> None:
             device_id = f"02:00:01:{n >> 16 & 255:02x}:{n >> 8 & 255:02x}:{n & 255:02x}"

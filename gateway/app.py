@@ -83,11 +83,11 @@ class Gateway:
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.messenger = Messenger(config, self.audit)  # notify_device
-        self.events = EventStore(config.data_dir / "events", approved_in(self.registry),
+        self.events = EventStore(config.data_dir / "events", approved_in(self.registry.known),
                                  keep=config.events_keep, max_age=config.events_max_age,
                                  per_second=config.events_per_second,
                                  burst=config.events_burst)  # fmt: skip
-        self.frontend = McpFrontend(config, self.registry, self.router, self.photos,
+        self.frontend = McpFrontend(config, self.registry.known, self.router, self.photos,
                                     audit=self.audit, messenger=self.messenger,
                                     events=self.events)  # fmt: skip
         self.credentials = DeviceCredentials(config.data_dir)
@@ -129,7 +129,7 @@ class Gateway:
             **self._proxy_parts(), extra=self._cluster_routes(),
         )  # fmt: skip
         self.metrics = GatewayMetrics(
-            self.registry,
+            self.registry.known,
             self.audit,
             mcp_sessions=lambda: self.frontend.notifier.session_count,
             broker_clients=self.broker.online if self.broker else None,
@@ -138,7 +138,8 @@ class Gateway:
         self.metrics.device_events = self.events
         origins = OriginRules(config)
         self.dashboard = Dashboard(
-            config, self.registry, self.audit, self.public, lambda: self.device_tokens[0],
+            config, self.registry.known, self.registry.admin, self.audit, self.public,
+            lambda: self.device_tokens[0],
             came_over_https=lambda request: origins.of(request).https,
         )  # fmt: skip
         self.dashboard.device_events = self.events

@@ -59,7 +59,7 @@ class Stack:
         known = KnownDevices(config, self.store, clock or time.time, self.audit, decisions)
         self.registry = DeviceRegistry(known, DeviceAdmin(known))
         self.router = CallRouter(config, self.audit)
-        self.frontend = McpFrontend(config, self.registry, self.router)
+        self.frontend = McpFrontend(config, self.registry.known, self.router)
 
     def close(self) -> None:
         self.audit.close()

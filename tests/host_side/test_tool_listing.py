@@ -234,7 +234,7 @@ def listed(lister: ToolLister) -> list[JsonObject]:
 
 def as_fresh(stack: Stack) -> bool:
     """True when the kept listing is what a lister made afresh from the fleet would list."""
-    return listed(stack.frontend.lister) == listed(ToolLister(stack.config, stack.registry))
+    return listed(stack.frontend.lister) == listed(ToolLister(stack.config, stack.registry.known))
 
 
 @pytest.mark.parametrize("mode", ["per-device", "grouped", "auto"])
