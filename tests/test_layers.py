@@ -86,8 +86,9 @@ INNER: dict[str, list[set[str]]] = {
         {"records", "replica", "broker_auth", "catalogues"},
         # cache: the fleet kept in the data dir; boards: which replica holds each board
         {"client", "remote", "bridge", "live", "cache", "boards"},
-        {"fleet_state"},  # the records' part of the fleet
-        {"fleet"},
+        {"fleet_state"},  # the fleet as this replica knows it: records, presences, replicas
+        {"fleet_records"},  # the records kept in step with the registry, in and out
+        {"fleet"},  # the fleet service: the records, the remote devices, the replicas
     ],
     "device_side": [
         {"broker", "vision"},
