@@ -141,7 +141,7 @@ class DeviceAdmin:
         token_only = client_id is not None and client_id.startswith(TOKEN_BINDING)
         # Its Client-Id, if it has one; the transport it logs in over (an OTA check-in only
         # asks for one), so that its connect has nothing new to write after its approval, and
-        # a board is known as one when the data dir is read again (``_queue``).
+        # a board is known as one when the data dir is read again (``KnownDevices.queue``).
         seen_as = None if token_only else client_id
         connects = actor.who if actor.who in (*OTA_TRANSPORTS, BOARD_TRANSPORT) else None
         device = self._known.device(

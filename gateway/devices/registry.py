@@ -284,5 +284,5 @@ class DeviceRegistry:
             self.known.use(device, catalogue)
         logger.info("device %s lists %s%s", device.label, device.tool_counts,
                     ", named after its board" if named else "")  # fmt: skip
-        self.known.save(record)  # after _use: its watchers see the catalogue in use (cluster)
+        self.known.save(record)  # after use: its watchers see the catalogue in use (cluster)
         return taken
