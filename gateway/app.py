@@ -78,7 +78,7 @@ class Gateway:
         log_invalid_limits(config)  # what a device's tools cannot mend is said at start
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
-        known = KnownDevices(config, self.store, audit=self.audit)  # the state; its services:
+        known = KnownDevices(config, self.store, audit=self.audit)  # the devices, as state
         self.registry = DeviceRegistry(known, DeviceAdmin(known))
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
