@@ -38,7 +38,7 @@ def measure(count: int, mode: str, joins: int) -> dict[str, Any]:
     from gateway.config import Config, ListenAddress
     from gateway.devices.audit import AuditLog
     from gateway.devices.calls import CallRouter
-    from gateway.devices.registry import DeviceRegistry
+    from gateway.devices.registry import DeviceAdmin, DeviceRegistry, KnownDevices
     from gateway.devices.store import Store
     from gateway.host_side.mcp_server import McpFrontend
 
@@ -55,8 +55,9 @@ def measure(count: int, mode: str, joins: int) -> dict[str, Any]:
                         host_listen=ListenAddress("127.0.0.1", 0))  # fmt: skip
         store = Store(Path(data) / "registry.sqlite3")
         audit = AuditLog(None)
-        registry = DeviceRegistry(config, store, time.time, audit=audit)
-        frontend = McpFrontend(config, registry, CallRouter(config, audit))
+        known = KnownDevices(config, store, time.time, audit=audit)
+        registry = DeviceRegistry(known, DeviceAdmin(known))
+        frontend = McpFrontend(config, known, CallRouter(config, audit))
 
         def join(n: int) -> None:
             device_id = f"02:00:01:{n >> 16 & 255:02x}:{n >> 8 & 255:02x}:{n & 255:02x}"

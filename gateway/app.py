@@ -43,7 +43,7 @@ from gateway.devices.events import EventStore, approved_in
 from gateway.devices.limits import log_invalid_limits
 from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import Device, DeviceRegistry
+from gateway.devices.registry import Device, DeviceAdmin, DeviceRegistry, KnownDevices
 from gateway.devices.store import Store
 from gateway.devices.tokens import device_tokens
 from gateway.errors import ConfigError
@@ -78,15 +78,16 @@ class Gateway:
         log_invalid_limits(config)  # what a device's tools cannot mend is said at start
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
-        self.registry = DeviceRegistry(config, self.store, audit=self.audit)
+        known = KnownDevices(config, self.store, audit=self.audit)  # the devices, as state
+        self.registry = DeviceRegistry(known, DeviceAdmin(known))
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
         self.messenger = Messenger(config, self.audit)  # notify_device
-        self.events = EventStore(config.data_dir / "events", approved_in(self.registry),
+        self.events = EventStore(config.data_dir / "events", approved_in(self.registry.known),
                                  keep=config.events_keep, max_age=config.events_max_age,
                                  per_second=config.events_per_second,
                                  burst=config.events_burst)  # fmt: skip
-        self.frontend = McpFrontend(config, self.registry, self.router, self.photos,
+        self.frontend = McpFrontend(config, self.registry.known, self.router, self.photos,
                                     audit=self.audit, messenger=self.messenger,
                                     events=self.events)  # fmt: skip
         self.credentials = DeviceCredentials(config.data_dir)
@@ -128,7 +129,7 @@ class Gateway:
             **self._proxy_parts(), extra=self._cluster_routes(),
         )  # fmt: skip
         self.metrics = GatewayMetrics(
-            self.registry,
+            self.registry.known,
             self.audit,
             mcp_sessions=lambda: self.frontend.notifier.session_count,
             broker_clients=self.broker.online if self.broker else None,
@@ -137,7 +138,8 @@ class Gateway:
         self.metrics.device_events = self.events
         origins = OriginRules(config)
         self.dashboard = Dashboard(
-            config, self.registry, self.audit, self.public, lambda: self.device_tokens[0],
+            config, self.registry.known, self.registry.admin, self.audit, self.public,
+            lambda: self.device_tokens[0],
             came_over_https=lambda request: origins.of(request).https,
         )  # fmt: skip
         self.dashboard.device_events = self.events
@@ -222,7 +224,7 @@ class Gateway:
         await self._stack.enter_async_context(self.store.writer())
         self._stack.callback(self.enrollment.close)
         self._stack.callback(self.audit.close)
-        self._stack.callback(self.registry.logins.end_minute)  # its summary, before closing
+        self._stack.callback(self.registry.admin.logins.end_minute)  # its summary, before closing
 
         if self.oauth is not None:
             self._stack.callback(self.oauth.close)

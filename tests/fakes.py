@@ -12,8 +12,9 @@ from typing import Any
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.calls import CallRouter
+from gateway.devices.decisions import ToolDecisions
 from gateway.devices.link import LinkClosed
-from gateway.devices.registry import DeviceRegistry
+from gateway.devices.registry import DeviceAdmin, DeviceRegistry, KnownDevices
 from gateway.devices.store import Store
 from gateway.host_side.mcp_server import McpFrontend
 
@@ -46,13 +47,19 @@ class ScriptedSession:
 class Stack:
     """Registry, router and MCP frontend over one data dir, as the Gateway wires them."""
 
-    def __init__(self, config: Config, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: Callable[[], float] | None = None,
+        decisions: ToolDecisions | None = None,
+    ) -> None:
         self.config = config
         self.store = Store(config.data_dir / "registry.sqlite3")
         self.audit = AuditLog(config.data_dir / "audit.log")
-        self.registry = DeviceRegistry(config, self.store, clock or time.time, audit=self.audit)
+        known = KnownDevices(config, self.store, clock or time.time, self.audit, decisions)
+        self.registry = DeviceRegistry(known, DeviceAdmin(known))
         self.router = CallRouter(config, self.audit)
-        self.frontend = McpFrontend(config, self.registry, self.router)
+        self.frontend = McpFrontend(config, self.registry.known, self.router)
 
     def close(self) -> None:
         self.audit.close()

@@ -72,9 +72,10 @@ INNER: dict[str, list[set[str]]] = {
         {"store", "logins", "fleet_naming"},  # logins: refused and conflicting device logins
         {"device"},  # a known device and its tools as decided
         {"exposure", "limits"},  # what hosts see; the owner's limits on arguments
-        {"known"},  # the registry's core: load, queries, new devices, catalogues
-        {"admin"},  # the user's decisions: approval, binding, names, forgetting
-        {"registry", "enrollment"},  # DeviceRegistry: the connections' updates on top
+        {"decisions"},  # the policy's verdicts on a catalogue's tools, once per catalogue
+        {"known"},  # the registry's state: the devices, records, names, what hosts see
+        {"admin"},  # the user's decisions on it: approval, binding, names, forgetting
+        {"registry", "enrollment"},  # DeviceRegistry: the connections' updates, the facade
         {"events"},  # what devices report on their own, kept per device
         {"connection", "confirm_rules"},  # confirm_rules: which tools wait for the owner's yes
         {"confirmations"},  # the calls waiting for it
@@ -85,8 +86,9 @@ INNER: dict[str, list[set[str]]] = {
         {"records", "replica", "broker_auth", "catalogues"},
         # cache: the fleet kept in the data dir; boards: which replica holds each board
         {"client", "remote", "bridge", "live", "cache", "boards"},
-        {"fleet_state"},  # the records' part of the fleet
-        {"fleet"},
+        {"fleet_state"},  # the fleet as this replica knows it: records, presences, replicas
+        {"fleet_records"},  # the records kept in step with the registry, in and out
+        {"fleet"},  # the fleet service: the records, the remote devices, the replicas
     ],
     "device_side": [
         {"broker", "vision"},

@@ -10,7 +10,7 @@ devices whose record names a catalogue not known yet.
 from __future__ import annotations
 
 from gateway.devices.catalogue import digest_of
-from gateway.devices.registry import DeviceRegistry
+from gateway.devices.registry import KnownDevices
 
 __all__ = ["FleetCatalogues"]
 
@@ -18,7 +18,7 @@ __all__ = ["FleetCatalogues"]
 class FleetCatalogues:
     """The fleet's catalogues as this replica knows them."""
 
-    def __init__(self, registry: DeviceRegistry) -> None:
+    def __init__(self, registry: KnownDevices) -> None:
         self.entries: dict[str, list[object]] = {}  # by content digest
         self.on_broker: set[str] = set()  # sent by the broker since the last (re)join
         self.waiting: dict[str, set[str]] = {}  # content digest -> devices waiting for it

@@ -1,32 +1,122 @@
 """Fleet state on the broker: every replica's registry follows the retained records.
 
-The device records and catalogues, in and out, are ``FleetState``'s (fleet_state.py). Here:
-a WebSocket device another replica holds (``P/presence/<id>``, while that replica lives) is
-connected here through a ``RemoteSession``; it goes offline here when its presence is cleared,
-when its replica's record goes (last will, or silence past ``SILENT_AFTER``: live.py), or when
-this replica loses the broker. Each bad record is refused alone, with a log line.
+``Fleet`` is the service that keeps this replica's part of the fleet state (fleet_state.py) in
+step with the broker, composed of its parts: the device records and catalogues, in and out,
+are ``FleetRecords``' (fleet_records.py). Here: a WebSocket device another replica holds
+(``P/presence/<id>``, while that replica lives) is connected here through a ``RemoteSession``;
+it goes offline here when its presence is cleared, when its replica's record goes (last will,
+or silence past ``SILENT_AFTER``: live.py), or when this replica loses the broker. Each bad
+record is refused alone, with a log line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 
+from gateway.cluster.bridge import Bridge
+from gateway.cluster.fleet_records import FleetRecords
 from gateway.cluster.fleet_state import FleetState
-from gateway.cluster.live import CALLS_SILENT_AFTER, SILENT_AFTER
-from gateway.cluster.records import BadRecord, Presence, ReplicaRecord, key_name
-from gateway.cluster.remote import RemoteSession
-from gateway.devices.device import APPROVED
+from gateway.cluster.live import CALLS_SILENT_AFTER, SILENT_AFTER, LiveReplicas
+from gateway.cluster.records import (
+    BadRecord,
+    ClusterTopics,
+    FleetRecord,
+    Presence,
+    ReplicaRecord,
+    key_name,
+)
+from gateway.cluster.remote import RemoteCalls, RemoteSession
+from gateway.devices.device import APPROVED, DeviceSession
 from gateway.devices.link import BOARD_TRANSPORT
-from gateway.devices.registry import Device
+from gateway.devices.registry import DeviceRegistry
 
 __all__ = ["Fleet"]
 
 logger = logging.getLogger(__name__)
 
 
-class Fleet(FleetState):
-    """This replica's view of the fleet on the broker: the records (``FleetState``), the
-    devices other replicas hold, and the replicas that live."""
+class Fleet:
+    """This replica's view of the fleet on the broker, kept in step with its registry: the
+    records (``FleetRecords``), the devices other replicas hold, and the replicas that live."""
+
+    def __init__(self, registry: DeviceRegistry, topics: ClusterTopics, replica: str,
+                 remote: RemoteCalls, bridge: Bridge) -> None:  # fmt: skip
+        self.replica = replica
+        self.state = FleetState(registry.known, replica)
+        self._registry = registry
+        self._topics = topics
+        self._remote = remote
+        self._bridge = bridge
+        self._presence = self.state.presence
+        self._closing: set[asyncio.Task[None]] = set()
+        self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue()
+        self._records = FleetRecords(self.state, registry, topics, self._send, self._attach,
+                                     self._close)  # fmt: skip
+        # Until this replica has its number it cannot call another's devices (its request
+        # ids would be another replica's): they are attached once it has (``numbered``).
+        self.calls_ready = False
+        # ownership of sessions (MQTT devices, boards): told when the live replicas change; a
+        # device's own down topic (an MQTT device owned elsewhere is called there); does the
+        # session here give way to the one a presence names?
+        self.live_changed: Callable[[], None] = lambda: None
+        self.device_down: Callable[[str], str] | None = None
+        self.gives_way: Callable[[str, Presence], bool] = lambda device_id, presence: False
+
+    # --- the state, as the cluster and its cache read it -----------------------------------
+
+    @property
+    def replicas(self) -> LiveReplicas:
+        return self.state.replicas
+
+    @property
+    def live(self) -> dict[str, ReplicaRecord]:
+        """The live replicas by name (cleared, never replaced)."""
+        return self.state.live
+
+    @property
+    def records(self) -> dict[str, FleetRecord]:
+        """The latest record known of each device (the cache's content)."""
+        return self.state.records
+
+    @property
+    def changes(self) -> int:
+        """Changes of the records known so far (the cache saves after one)."""
+        return self.state.changes
+
+    @property
+    def read(self) -> int:
+        """Device records parsed from the broker so far."""
+        return self.state.read
+
+    # --- out -------------------------------------------------------------------------------
+
+    def _send(self, topic: str, payload: bytes, retain: bool) -> None:
+        self.outbox.put_nowait((topic, payload, retain))
+
+    def _close(self, session: DeviceSession) -> None:
+        self._closing.add(task := asyncio.get_running_loop().create_task(session.aclose()))
+        task.add_done_callback(self._closing.discard)
+
+    def rejoined(self) -> None:
+        """After (re)joining: tell the broker what it lacks or what changed here meanwhile."""
+        self.repair()
+        for device_id, session in self._bridge.held().items():
+            self._bridge.announce(device_id, session)
+
+    def reading(self) -> None:
+        """The broker is about to send every retained record again (a join, a re-read): note
+        afresh which ones it has, for ``repair``."""
+        self.state.reading()
+
+    def repair(self) -> int:
+        """Publish again what the broker lacks (``FleetRecords.repair``); how many records."""
+        return self._records.repair()
+
+    def warm(self, cached: dict[str, FleetRecord]) -> int:
+        """Start from the records kept at the last stop (``FleetRecords.warm``); how many."""
+        return self._records.warm(cached)
 
     # --- in --------------------------------------------------------------------------------
 
@@ -34,9 +124,9 @@ class Fleet(FleetState):
         """Take one retained record (an empty payload clears it)."""
         try:
             if kind == "device":
-                self._on_device(key, payload)
+                self._records.on_device(key, payload)
             elif kind == "catalogue":
-                self._on_catalogue(key, payload)
+                self._records.on_catalogue(key, payload)
             elif kind == "presence":
                 self._on_presence(key, payload)
             elif kind == "replica":
@@ -70,7 +160,7 @@ class Fleet(FleetState):
             self._remote.fail(f"device {device_id} began a new session during the call",
                               device_id=device_id)  # fmt: skip
         if presence.replica == self.replica and not self._bridge.holds(device_id):
-            self._send(self._topics.presence(device_id), b"", retain=True)  # a past life's
+            self._send(self._topics.presence(device_id), b"", True)  # a past life's
             return
         self._attach(device_id)
 
@@ -152,7 +242,7 @@ class Fleet(FleetState):
             return  # attached once this replica has its number (``numbered``)
         if presence.replica == self.replica:
             return
-        if device.record.state == APPROVED and not self._tools_here(device):
+        if device.record.state == APPROVED and not self.state.tools_here(device):
             return  # listed once its tools are known here: hosts never see it without them
         session = device.session
         handed = session is not None and not isinstance(session, RemoteSession)
@@ -166,33 +256,17 @@ class Fleet(FleetState):
                                down(device_id) if down else None)  # fmt: skip
         kind = "mqtt" if down else "websocket"  # a board stays one (list_devices says so)
         transport = BOARD_TRANSPORT if device.record.transport == BOARD_TRANSPORT else kind
-        applying, self._applying = self._applying, True
-        try:
+        with self._records.applying():
             self._registry.connect(device_id, remote, transport=transport)
-        finally:
-            self._applying = applying
         if handed and session is not None:  # its new owner runs it: this session ends now
             self._close(session)
-
-    def _tools_here(self, device: Device) -> bool:
-        """Are the tools the fleet's record names for the device the ones this replica has?"""
-        record = self._records.get(device.device_id)
-        if record is None or record.catalogue is None:
-            return False
-        return (
-            device.device_id in self._listed
-            or self._tools.content(device.device_id) == record.catalogue
-        )
 
     def _detach(self, device_id: str, why: str, *, owner_gone: bool = False) -> None:
         device = self._registry.get(device_id)
         session = device.session if device is not None else None
         if isinstance(session, RemoteSession):
-            applying, self._applying = self._applying, True
-            try:
+            with self._records.applying():
                 self._registry.disconnect(device_id, session)
-            finally:
-                self._applying = applying
             if owner_gone and session.direct:
                 # An MQTT device outlives its owner: calls in flight go on (their replies come
                 # on its own topic), and the next owner announces it again.

@@ -85,7 +85,7 @@ class Admission:
 
     async def settle(self) -> None:
         """Return once what admitted logins decided (approvals, bindings) is on disk."""
-        await self._registry.commit_decisions()
+        await self._registry.admin.commit_decisions()
 
     def _told(self, refused: str | None, transport: str) -> bool:
         for watcher in self.watchers:
@@ -131,19 +131,21 @@ class Admission:
                 return self._refused(device_id, transport, peer, INVALID)
             if mqtt:
                 presented = issued_for
+        admin = self._registry.admin
         if issued is not None and self._registry.get(device_id) is None:
-            self._registry.adopt(device_id, issued.name)  # named as it was enrolled
-        refusal = self._registry.admit(device_id, trusted=trusted, client_id=presented,
-                                       transport=transport, peer=peer, shared=shared)  # fmt: skip
+            admin.adopt(device_id, issued.name)  # named as it was enrolled
+        refusal = admin.admit(device_id, trusted=trusted, client_id=presented,
+                              transport=transport, peer=peer, shared=shared)  # fmt: skip
         if refusal is None and issued is not None:
             self._enrollment.admit(secret, device_id)  # the token is this device's from now on
         return refusal
 
     def _refused(self, device_id: str, transport: str, peer: str | None, why: str) -> str:
         known = self._registry.get(device_id)
-        self._registry.logins.note(REFUSED, Actor(transport, peer), device_id=device_id,
-                                   alias=known.alias if known else None, known=known is not None,
-                                   reason=why)  # fmt: skip
+        logins = self._registry.admin.logins
+        logins.note(REFUSED, Actor(transport, peer), device_id=device_id,
+                    alias=known.alias if known else None, known=known is not None,
+                    reason=why)  # fmt: skip
         return why
 
     def enroll(self, name: str) -> dict[str, Any]:

@@ -199,9 +199,10 @@ class OtaEndpoint:
         return JSONResponse(reply)
 
     def _admit(self, check_in: CheckIn, client: str) -> Response | None:
-        refusal = self._registry.admit(check_in.device_id, trusted=False, board=check_in.board,
-                                       client_id=check_in.client_id, transport="OTA",
-                                       peer=client)  # fmt: skip
+        admin = self._registry.admin
+        refusal = admin.admit(check_in.device_id, trusted=False, board=check_in.board,
+                              client_id=check_in.client_id, transport="OTA",
+                              peer=client)  # fmt: skip
         if refusal is None:
             return None  # no credentials: a bound device is never handed to another
         logger.warning("refused OTA check-in from %s: %s", client, refusal)
@@ -340,8 +341,8 @@ class OtaEndpoint:
         if ota_url is None or self._registry.get(device_id) is None:  # firmware checks in first
             return JSONResponse({"error": "this device has no voice server here"}, 404)
         client_id = short(request.headers.get("client-id"))
-        refusal = self._registry.admit(device_id, trusted=False, client_id=client_id,
-                                       transport="OTA activation")  # fmt: skip
+        refusal = self._registry.admin.admit(device_id, trusted=False, client_id=client_id,
+                                             transport="OTA activation")  # fmt: skip
         if refusal is not None:  # nothing asked of its server in the name of a refused device
             logger.warning("refused the activation of %s: %s", device_id, refusal)
             return JSONResponse({"error": refusal}, status_code=403)

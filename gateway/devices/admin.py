@@ -1,8 +1,9 @@
 """The user's decisions about devices: admission, approval, identity binding, names, forgetting.
 
-``DeviceAdmin`` adds to the known devices what an operator (CLI, dashboard) or a device's first
-contact decides: whether a device may connect (``admit``: pending, approved or rejected, and the
-Client-Id it is bound to), the pairing window, renaming, naming an enrolled device, and forgetting.
+``DeviceAdmin`` is the service that changes the known devices (``known.KnownDevices``, handed
+to it) as an operator (CLI, dashboard) or a device's first contact decides: whether a device
+may connect (``admit``: pending, approved or rejected, and the Client-Id it is bound to), the
+pairing window, renaming, naming an enrolled device, and forgetting.
 Each change is saved through the store and told to whoever watches devices.
 """
 
@@ -13,15 +14,17 @@ import contextlib
 import logging
 
 from gateway.config import OTA_TRANSPORTS
-from gateway.devices.audit import Actor
+from gateway.devices.audit import Actor, AuditLog
 from gateway.devices.device import APPROVED, PENDING, REJECTED, Device
 from gateway.devices.known import KnownDevices
 from gateway.devices.link import BOARD_TRANSPORT
-from gateway.devices.logins import CONFLICT, REFUSED
+from gateway.devices.logins import CONFLICT, REFUSED, LoginRecords
 from gateway.devices.naming import clean_alias
 from gateway.devices.store import DeviceRecord
+from gateway.devices.token_joins import TokenJoins
 from gateway.devices.tokens import SEALED, TOKEN_BINDING, same_identity
 from gateway.errors import StorageUnavailable
+from gateway.net.limits import ThrottledLog
 
 __all__ = ["DeviceAdmin"]
 
@@ -30,8 +33,22 @@ logger = logging.getLogger(__name__)
 UNKNOWN = "\0unknown"  # what an approved device seen with a token only holds against others
 
 
-class DeviceAdmin(KnownDevices):
-    """The known devices, with the changes that people and first contacts decide."""
+class DeviceAdmin:
+    """The changes to the known devices that people and first contacts decide."""
+
+    def __init__(self, known: KnownDevices) -> None:
+        config = known.config
+        self._known = known
+        self._config, self._store, self._clock = config, known.store, known.clock
+        self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
+        self.token_joins = TokenJoins(config.token_joins_per_hour, config.token_joins_total)
+        self.audit: AuditLog = known.audit
+        self.logins = LoginRecords(self.audit, per_minute=config.audit_logins_per_minute)
+        self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
+        self._committed_decisions = 0
+        self._committing: asyncio.Future[None] | None = None  # the commit of decisions running
+        self.pending_refused = 0  # new devices refused because that many waited already
+        self._full = ThrottledLog(logger)
 
     def admit(
         self,
@@ -64,10 +81,10 @@ class DeviceAdmin(KnownDevices):
             # Only admission makes these (an MQTT login's token): presented as a Client-Id, the
             # binding alone would get the device's OTA credential, and with it the device.
             why = f"a Client-Id may not start with {TOKEN_BINDING!r}"
-            self.logins.note(REFUSED, actor, device_id=device_id, known=device_id in self._devices,
-                             reason=why)  # fmt: skip
+            known = self._known.get(device_id) is not None
+            self.logins.note(REFUSED, actor, device_id=device_id, known=known, reason=why)
             return why
-        device = self._devices.get(device_id)
+        device = self._known.get(device_id)
         if device is None:
             return self._first_contact(device_id, trusted, shared, client_id, board, actor)
         record = device.record
@@ -84,7 +101,7 @@ class DeviceAdmin(KnownDevices):
             holds = record.client_id
             if holds is None and record.state == APPROVED:
                 holds = UNKNOWN  # seen with a token only: only a token binds it
-        if holds is not None and not same_identity(holds, client_id, self.binding_key):
+        if holds is not None and not same_identity(holds, client_id, self._known.binding_key):
             device.conflict = (f"{transport} attempt with {_shown(client_id)} refused: "
                                "the device is bound to another identity")  # fmt: skip
             logger.warning("refused %s login as %s from %s: it presented %s, and the device "
@@ -96,7 +113,7 @@ class DeviceAdmin(KnownDevices):
         if holds is not None and holds.startswith(SEALED) and holds == record.binding:
             # Bound on another replica (cluster): the device itself is here; keep it in clear.
             record.binding = client_id
-            self._save(record)
+            self._known.save(record)
         if record.state == PENDING and (
             self._clock() < self.pairing_until
             or (trusted and self._token_may_approve(shared, device_id, actor))
@@ -107,7 +124,7 @@ class DeviceAdmin(KnownDevices):
             # first login binds it, like an approval would have.
             record.binding = client_id
             self.decisions += 1
-            self._save(record)
+            self._known.save(record)
         return None
 
     def _first_contact(
@@ -124,13 +141,13 @@ class DeviceAdmin(KnownDevices):
         token_only = client_id is not None and client_id.startswith(TOKEN_BINDING)
         # Its Client-Id, if it has one; the transport it logs in over (an OTA check-in only
         # asks for one), so that its connect has nothing new to write after its approval, and
-        # a board is known as one when the data dir is read again (``_queue``).
+        # a board is known as one when the data dir is read again (``KnownDevices.queue``).
         seen_as = None if token_only else client_id
         connects = actor.who if actor.who in (*OTA_TRANSPORTS, BOARD_TRANSPORT) else None
-        device = self._device(
+        device = self._known.device(
             device_id, board, state=PENDING, client_id=seen_as, transport=connects
         )
-        self._queue(device.record)[device_id] = device
+        self._known.queue(device.record)[device_id] = device
         if adopt:
             self.approve(device, client_id)
         else:
@@ -153,10 +170,10 @@ class DeviceAdmin(KnownDevices):
 
     def _room_to_wait(self, actor: Actor, device_id: str) -> bool:
         """Whether one more device may wait for approval; say so when it may not."""
-        if len(self.waiting) < self._config.max_pending:
+        if len(self._known.waiting) < self._config.max_pending:
             return True
         self.pending_refused += 1
-        self._device_changes.publish(None)  # the dashboard shows the count
+        self._known.publish()  # the dashboard shows the count
         self._full.warning("pending", "refused new device %s from %s: %d devices wait for "
                            "approval already ([devices] max_pending); approve, reject or forget "
                            "some", device_id, actor.where, self._config.max_pending)  # fmt: skip
@@ -167,7 +184,8 @@ class DeviceAdmin(KnownDevices):
     def expire_pending(self) -> int:
         """Drop the pending devices unseen for ``[devices] pending_expiry``; return how many."""
         cutoff = self._clock() - self._config.pending_expiry
-        stale = [d for queue in (self.waiting, self.waiting_boards) for d in queue.values()
+        queues = (self._known.waiting, self._known.waiting_boards)
+        stale = [d for queue in queues for d in queue.values()
                  if d.record.last_seen < cutoff and not d.online]  # fmt: skip
         for device in stale:
             logger.info("device %s waited for approval %s, unseen: dropped", device.label,
@@ -186,19 +204,19 @@ class DeviceAdmin(KnownDevices):
             return  # approved again: nothing changes, nothing to say
         record.state = APPROVED
         record.binding = record.binding or presented or record.client_id
-        self._unwait(device.device_id)
+        self._known.unwait(device.device_id)
         self.decisions += 1
-        self._save(record)
+        self._known.save(record)
         logger.info("device %s approved", device.label)
-        self._show(device)
+        self._known.show(device)
 
     def reject(self, device: Device) -> None:
         """Refuse ``device`` from now on; its tools go (the caller closes its session)."""
         device.record.state = REJECTED
-        self._unwait(device.device_id)
-        self._save(device.record)
+        self._known.unwait(device.device_id)
+        self._known.save(device.record)
         logger.info("device %s (%s) rejected", device.alias, device.device_id)
-        self._hide(device)
+        self._known.hide(device)
 
     async def commit_decisions(self) -> None:
         """Return once what logins decided so far (approvals by token or pairing, first
@@ -256,26 +274,9 @@ class DeviceAdmin(KnownDevices):
         A connected device stays connected until its session is closed (the caller's business);
         its session no longer counts for anything.
         """
-        if self._devices.get(device.device_id) is not device:
+        if not self._known.remove(device):
             return
-        del self._devices[device.device_id]
-        self._order_drop(device)
-        self._unwait(device.device_id)
-        if self._by_alias.get(device.alias) is device:
-            del self._by_alias[device.alias]
-        self._hide(device)
-        if device.session is not None:
-            device.session = None
-            self.online_count -= 1
-        if device.hide_timer is not None:
-            device.hide_timer.cancel()
-        self._names.forget(device.device_id)
-        self._store.forget_device(device.device_id)
-        self._device_changes.publish(None)
-        for watcher in self.record_watchers:
-            watcher(device.device_id, None)
         logger.info("device %s (%s) forgotten", device.alias, device.device_id)
-        self._decide_displaced()
 
     def rename(self, device: Device, name: str) -> str:
         """Give ``device`` a new alias, and its tools new MCP names; return the alias.
@@ -288,15 +289,15 @@ class DeviceAdmin(KnownDevices):
         if self._config.device(device.device_id).name:
             raise ValueError(f"the config names device {device.alias}: rename it there")
         alias = clean_alias(name)
-        holder = self._by_alias.get(alias)
+        holder = self._known.holder(alias)
         if holder is not None and holder is not device:
             raise ValueError(f"another device ({holder.device_id}) is called {alias}")
         if alias == device.alias:
             return alias
         logger.info("device %s (%s) renamed %s", device.alias, device.device_id, alias)
-        self._set_alias(device, alias)
-        self._save(device.record)
-        self._use(device, device.catalogue)  # new names, saved; hosts told if they see them
+        self._known.set_alias(device, alias)
+        self._known.save(device.record)
+        self._known.use(device, device.catalogue)  # new names, saved; hosts told if they see them
         return alias
 
     def learn(self, record: DeviceRecord) -> Device:
@@ -306,7 +307,7 @@ class DeviceAdmin(KnownDevices):
         is new. Its tools are decided again when its alias changed, and shown or hidden by
         its state.
         """
-        device = self._device(record.device_id, record.board, record.alias)
+        device = self._known.device(record.device_id, record.board, record.alias)
         mine = device.record
         mine.board = record.board or mine.board
         mine.transport = record.transport or mine.transport
@@ -314,19 +315,19 @@ class DeviceAdmin(KnownDevices):
         mine.state, mine.binding = record.state, record.binding
         mine.client_id = record.client_id or mine.client_id
         if record.alias != mine.alias and not self._config.device(record.device_id).name:
-            self._set_alias(device, record.alias)
-            self._use(device, device.catalogue)
-        self._save(mine)
-        self._show(device)
+            self._known.set_alias(device, record.alias)
+            self._known.use(device, device.catalogue)
+        self._known.save(mine)
+        self._known.show(device)
         return device
 
     def adopt(self, device_id: str, name: str) -> None:
         """Name a device that was enrolled as ``name`` (unless the config or a past run did)."""
         device_id = device_id.lower()
-        if device_id in self._devices or self._config.device(device_id).name:
+        if self._known.get(device_id) is not None or self._config.device(device_id).name:
             return
         alias = clean_alias(name)
-        self._device(device_id, None, alias if alias not in self._by_alias else None)
+        self._known.device(device_id, None, alias if self._known.holder(alias) is None else None)
 
 
 def _shown(identity: str | None) -> str:

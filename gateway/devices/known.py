@@ -1,35 +1,32 @@
-"""The devices the gateway knows, and the core of the registry that the others build on.
+"""The devices the gateway knows: the registry's state, and the queries on it.
 
 ``KnownDevices`` loads the devices, catalogues and names from the SQLite store, answers queries
-(by id, by alias, what hosts see), makes and names new devices, and decides each device's tools
-once per catalogue. What changes them lives on top of it: the user's decisions in
-``admin.DeviceAdmin``, the connections' updates in ``registry.DeviceRegistry``.
+(by id, by alias, what hosts see), and keeps its indexes (aliases, the order, the exposure) in
+step through the few changes it offers: a device made or removed, renamed, given a catalogue,
+shown or hidden, saved. It decides nothing: the services that act on it do, each handed it at
+construction: the user's decisions (``admin.DeviceAdmin``), the connections' updates
+(``registry.DeviceRegistry``), the policy's verdicts on a catalogue (``decisions.ToolDecisions``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 
-from gateway.config import Config, DeviceOptions
+from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.broadcast import Broadcast
-from gateway.devices.catalogue import Catalogue, Catalogues, ToolSpec
-from gateway.devices.device import APPROVED, PENDING, Decisions, Device, DeviceTool, verdict
+from gateway.devices.catalogue import Catalogue, Catalogues
+from gateway.devices.decisions import ToolDecisions
+from gateway.devices.device import APPROVED, PENDING, Device, DeviceTool
 from gateway.devices.exposure import Changes, Exposure
 from gateway.devices.fleet_naming import FleetNames
-from gateway.devices.limits import limited
 from gateway.devices.link import BOARD_TRANSPORT
-from gateway.devices.logins import LoginRecords
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.pages import KnownPages
 from gateway.devices.store import DeviceRecord, Store
-from gateway.devices.token_joins import TokenJoins
-from gateway.net.limits import ThrottledLog
 
 __all__ = ["KnownDevices"]
 
@@ -46,18 +43,14 @@ class KnownDevices:
         store: Store,
         clock: Callable[[], float] = time.time,
         audit: AuditLog | None = None,
+        decisions: ToolDecisions | None = None,
     ) -> None:
-        self._config = config
-        self._store = store
-        self._clock = clock
-        self._catalogues = Catalogues()
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.catalogues = Catalogues()
+        self._decide = decisions or ToolDecisions(config)
         self.pages = KnownPages()  # shared by every device session's protocol
-        # Each shared catalogue's tools as decided for the devices the config says nothing of
-        # (most of a fleet): worked out once per catalogue, not once per device and tool.
-        self._default_decisions: weakref.WeakKeyDictionary[Catalogue, Decisions] = (
-            weakref.WeakKeyDictionary()
-        )
-        self.verdicts_made = 0  # for tests: tools the policy was asked about
         self._exposure = Exposure()
         self._device_changes: Broadcast[None] = Broadcast()
         self._devices: dict[str, Device] = {}
@@ -68,20 +61,12 @@ class KnownDevices:
         # page, nor after every join.
         self._order: list[Device] | None = None
         self.online_count = 0
-        self.pairing_until = 0.0  # until then (clock time), new devices are approved as they come
-        self.token_joins = TokenJoins(config.token_joins_per_hour, config.token_joins_total)
         # Admin actions and refused logins go to the audit log (who, what, from where).
         self.audit = audit or AuditLog(None)
-        self.logins = LoginRecords(self.audit, per_minute=config.audit_logins_per_minute)
         self.waiting: dict[str, Device] = {}  # the pending devices, at most [devices] max_pending
         # Pending boards (found over mDNS) wait apart: they never take a stock device's place;
         # the discovery caps them ([mcp_boards] discover_max_pending).
         self.waiting_boards: dict[str, Device] = {}
-        self.decisions = 0  # approvals and bindings so far; logins wait until they are on disk
-        self._committed_decisions = 0
-        self._committing: asyncio.Future[None] | None = None  # the commit of decisions running
-        self.pending_refused = 0  # new devices refused because that many waited already
-        self._full = ThrottledLog(logging.getLogger("gateway.devices.admin"))
         # Told how long each discovery took (seconds from connecting to a listed catalogue).
         self.discovery_watchers: list[Callable[[float], None]] = []
         # cluster: told of each record saved (the device id and its record) or forgotten (None)
@@ -92,7 +77,7 @@ class KnownDevices:
         # cluster: names by the fleet rule, which needs no history (fleet_naming.py)
         self._fleet_names = FleetNames() if config.cluster_broker else None
         self._names: NameMap | FleetNames = self._fleet_names or NameMap(stored.names)
-        catalogues = self._catalogues.load(stored.catalogues)
+        catalogues = self.catalogues.load(stored.catalogues)
         for record in stored.devices:
             configured = config.device(record.device_id).name
             if configured and clean_alias(configured) != record.alias:
@@ -101,18 +86,18 @@ class KnownDevices:
             device = self._devices[record.device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
             if record.state == PENDING:
-                self._queue(record)[record.device_id] = device
+                self.queue(record)[record.device_id] = device
             if record.catalogue is not None and record.catalogue not in catalogues:
                 record.catalogue = None  # unreadable: the device lists its tools again anyway
                 store.save_device(record)
             if record.catalogue is not None:
-                self._use(device, catalogues[record.catalogue])
+                self.use(device, catalogues[record.catalogue])
 
-    def _queue(self, record: DeviceRecord) -> dict[str, Device]:
+    def queue(self, record: DeviceRecord) -> dict[str, Device]:
         """Where a pending device waits: ``waiting_boards`` for a board, else ``waiting``."""
         return self.waiting_boards if record.transport == BOARD_TRANSPORT else self.waiting
 
-    def _unwait(self, device_id: str) -> None:
+    def unwait(self, device_id: str) -> None:
         """``device_id`` no longer waits for approval (approved, rejected, forgotten)."""
         self.waiting.pop(device_id, None)
         self.waiting_boards.pop(device_id, None)
@@ -206,9 +191,13 @@ class KnownDevices:
         """
         return self._device_changes.subscribe(latest_only=True)
 
-    # --- one device's entries --------------------------------------------------------------
+    def holder(self, alias: str) -> Device | None:
+        """The device called ``alias``, if one is."""
+        return self._by_alias.get(alias)
 
-    def _device(
+    # --- one device's entries: the changes the services make -------------------------------
+
+    def device(
         self, device_id: str, board: str | None, alias: str | None = None, *,
         state: str = APPROVED, client_id: str | None = None, transport: str | None = None,
     ) -> Device:  # fmt: skip
@@ -220,17 +209,17 @@ class KnownDevices:
         """
         device = self._devices.get(device_id)
         if device is None:
-            now = self._clock()
+            now = self.clock()
             record = DeviceRecord(device_id=device_id, alias=alias or self._alias(device_id, board),
                                   board=board, client_id=client_id, transport=transport,
                                   first_seen=now, last_seen=now, state=state)  # fmt: skip
             device = self._devices[device_id] = Device(record)
             self._by_alias.setdefault(record.alias, device)
             self._order_add(device)
-            self._save(record)
+            self.save(record)
         return device
 
-    def _learn_board(self, device: Device, board: str) -> bool:
+    def learn_board(self, device: Device, board: str) -> bool:
         """Note the device's board if none is known; name the device after it if it had none
         (then True: the caller's log line says so, one line less a join).
 
@@ -245,10 +234,10 @@ class KnownDevices:
             record.board = record.board or board
             return False
         record.board = board
-        self._set_alias(device, self._alias(record.device_id, board))
+        self.set_alias(device, self._alias(record.device_id, board))
         return True
 
-    def _set_alias(self, device: Device, alias: str) -> None:
+    def set_alias(self, device: Device, alias: str) -> None:
         """Call ``device`` ``alias`` (the one place an alias changes: its lookups follow)."""
         if self._by_alias.get(device.alias) is device:
             del self._by_alias[device.alias]
@@ -258,7 +247,7 @@ class KnownDevices:
         self._order_add(device)
 
     def _alias(self, device_id: str, board: str | None) -> str:
-        configured = self._config.device(device_id).name
+        configured = self.config.device(device_id).name
         if configured:
             return clean_alias(configured)
         alias = base = derive_alias(device_id, board)
@@ -270,47 +259,34 @@ class KnownDevices:
             alias = f"{base}_{number}"
         return alias
 
-    def _use(self, device: Device, catalogue: Catalogue | None) -> None:
+    def use(self, device: Device, catalogue: Catalogue | None) -> None:
         """Give ``device`` this catalogue: decide each tool once, then show it to hosts."""
-        self._hide(device)
+        self.hide(device)
         device.catalogue = catalogue
-        decided = self._decisions(device.device_id, catalogue) if catalogue is not None else None
+        decided = (
+            self._decide.decide(device.device_id, catalogue) if catalogue is not None else None
+        )
         device.decisions, device.names = decided, self._names
         tools = decided.names if decided is not None else None  # the catalogue's, shared
         if self._fleet_names is not None:  # tools no longer listed free their names
             self._fleet_names.release(device.device_id, set(tools.names) if tools else set())
         if tools is not None:  # its plain names held through the catalogue's, not one by one
-            self._store.save_names(self._names.assign_all(device.device_id, device.alias, tools))
-        self._show(device)
-        self._decide_displaced()
+            self.store.save_names(self._names.assign_all(device.device_id, device.alias, tools))
+        self.show(device)
+        self.decide_displaced()
 
-    def _decide_displaced(self) -> None:
+    def decide_displaced(self) -> None:
         """cluster: name again the devices whose names the fleet rule now decides otherwise."""
         for device_id in self._fleet_names.displaced() if self._fleet_names is not None else ():
             if (other := self._devices.get(device_id)) is not None:
-                self._use(other, other.catalogue)
+                self.use(other, other.catalogue)
 
-    def _decisions(self, device_id: str, catalogue: Catalogue) -> Decisions:
-        """The tools of ``catalogue`` as the policy decides them for device ``device_id``."""
-        options = self._config.devices.get(device_id)
-        decided = None if options is not None else self._default_decisions.get(catalogue)
-        if decided is None:
-            verdicts = [verdict(spec, options or DeviceOptions()) for spec in catalogue.tools]
-            self.verdicts_made += len(verdicts)
-            specs: Sequence[ToolSpec] = catalogue.tools
-            if options is not None and options.limits:  # the owner's bounds, compiled once here
-                specs, verdicts = limited(device_id, specs, verdicts, options.limits)
-            decided = Decisions(specs, verdicts)
-            if options is None:
-                self._default_decisions[catalogue] = decided
-        return decided
-
-    def _save(self, record: DeviceRecord) -> None:
+    def save(self, record: DeviceRecord) -> None:
         """Queue the record's write, and tell whoever watches devices that one changed."""
-        self._store.save_device(record)
-        self._changed(record)
+        self.store.save_device(record)
+        self.changed(record)
 
-    def _changed(self, record: DeviceRecord) -> None:
+    def changed(self, record: DeviceRecord) -> None:
         """Tell whoever watches devices that ``record`` changed, without writing it (yet)."""
         self._device_changes.publish(None)
         for watcher in self.record_watchers:
@@ -319,20 +295,48 @@ class KnownDevices:
     def _shows_tools_of(self, device: Device) -> bool:
         if not device.approved:
             return False
-        if device.online or self._config.offline_tools == "keep":
+        if device.online or self.config.offline_tools == "keep":
             return True
         # hide mode: a short drop must not make the list flap
-        return self._clock() - device.record.last_seen < self._config.offline_grace
+        return self.clock() - device.record.last_seen < self.config.offline_grace
 
-    def _show(self, device: Device) -> None:
+    def show(self, device: Device) -> None:
         """Bring the device's entries in line with whether hosts should see its tools."""
         if self._shows_tools_of(device):
             self._exposure.show(device)
         else:
             self._exposure.hide(device)
 
-    def _hide(self, device: Device) -> None:
+    def hide(self, device: Device) -> None:
+        """Take the device's tools from what hosts see."""
         self._exposure.hide(device)
+
+    def publish(self) -> None:
+        """Tell whoever watches devices that something changed (a count, a status)."""
+        self._device_changes.publish(None)
+
+    def remove(self, device: Device) -> bool:
+        """Take ``device`` and its names out for good (False: it was not known as itself)."""
+        if self._devices.get(device.device_id) is not device:
+            return False
+        del self._devices[device.device_id]
+        self._order_drop(device)
+        self.unwait(device.device_id)
+        if self._by_alias.get(device.alias) is device:
+            del self._by_alias[device.alias]
+        self.hide(device)
+        if device.session is not None:
+            device.session = None
+            self.online_count -= 1
+        if device.hide_timer is not None:
+            device.hide_timer.cancel()
+        self._names.forget(device.device_id)
+        self.store.forget_device(device.device_id)
+        self._device_changes.publish(None)
+        for watcher in self.record_watchers:
+            watcher(device.device_id, None)
+        self.decide_displaced()
+        return True
 
 
 def _order_key(device: Device) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from gateway.devices.calls import CallRouter, format_time
 from gateway.devices.device import PENDING
 from gateway.devices.enrollment import Enrollment
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import Device, DeviceRegistry
+from gateway.devices.registry import Device, DeviceAdmin, KnownDevices
 from gateway.errors import (
     CallRejected,
     DeviceBusy,
@@ -43,12 +43,13 @@ class HostApi:
     def __init__(
         self,
         frontend: McpFrontend,
-        registry: DeviceRegistry,
+        known: KnownDevices,
+        admin: DeviceAdmin,
         router: CallRouter,
         enroll: Enroll | None,
         photos: PhotoStore | None,
     ) -> None:
-        self.frontend, self.registry, self.router = frontend, registry, router
+        self.frontend, self.known, self.admin, self.router = frontend, known, admin, router
         self._enroll = enroll
         self._photos = photos
         self.trouble: Callable[[], str | None] | None = None
@@ -71,7 +72,7 @@ class HostApi:
             issued = self._enroll(name.strip())
         except StorageUnavailable as exc:  # a full or read-only data dir: try again later
             return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
-        self.registry.audit.event("admin", "enroll", actor_of(request), device_id=None,
+        self.known.audit.event("admin", "enroll", actor_of(request), device_id=None,
                                   alias=name.strip(), message=f"token {issued['id']}")  # fmt: skip
         return JSONResponse(issued)
 
@@ -87,7 +88,7 @@ class HostApi:
         return JSONResponse({"enrollments": issued}, headers={"Cache-Control": "no-store"})
 
     def _alias(self, device_id: str | None) -> str | None:
-        device = self.registry.get(device_id) if device_id else None
+        device = self.known.get(device_id) if device_id else None
         return device.alias if device is not None else None
 
     async def revoke_enrollment(self, request: Request) -> Response:
@@ -105,10 +106,10 @@ class HostApi:
         if revoked is None:
             return JSONResponse({"error": f"no enrollment {token_id!r}: `esp-mcp-gateway "
                                  "enrollments` lists them"}, 404)  # fmt: skip
-        device = self.registry.get(revoked.device_id) if revoked.device_id else None
+        device = self.known.get(revoked.device_id) if revoked.device_id else None
         if device is not None and device.session is not None:
             await device.session.aclose()  # it logs in again with the token, and is refused
-        self.registry.audit.event("admin", "revoke enrollment", actor_of(request),
+        self.known.audit.event("admin", "revoke enrollment", actor_of(request),
                                   device_id=revoked.device_id, alias=revoked.name,
                                   message=f"token {token_id}")  # fmt: skip
         return JSONResponse({"revoked": {"id": token_id, "name": revoked.name,
@@ -120,7 +121,7 @@ class HostApi:
             query = DeviceQuery(dict(request.query_params))
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, 400)
-        return JSONResponse(list_devices(self.registry, query))
+        return JSONResponse(list_devices(self.known, query))
 
     async def call(self, request: Request) -> Response:
         try:
@@ -129,13 +130,13 @@ class HostApi:
             return JSONResponse({"error": "the body must be JSON"}, 400)
         if not isinstance(body, dict) or not isinstance(body.get("device"), str):
             return JSONResponse({"error": "expected {device, tool, arguments}"}, 400)
-        device = self.registry.find(body["device"])
+        device = self.known.find(body["device"])
         if device is None:
             return JSONResponse({"error": f"unknown device {body['device']!r}"}, 404)
         ref, arguments = body.get("tool"), body.get("arguments") or {}
         if not isinstance(ref, str) or not isinstance(arguments, dict):
             return JSONResponse({"error": "tool must be a string, arguments an object"}, 400)
-        tool = resolve_tool(self.registry, device, ref)
+        tool = resolve_tool(self.known, device, ref)
         if isinstance(tool, str):
             return JSONResponse({"error": tool}, 400)
         try:
@@ -158,18 +159,18 @@ class HostApi:
     def _forget(self, device: Device) -> None:
         if self.forget_board is not None:  # a board the gateway connects to: not any more
             self.forget_board(device.device_id)
-        self.registry.forget(device)
+        self.admin.forget(device)
         if self._photos is not None:
             self._photos.forget(device.device_id)
         self.frontend.events.forget(device.device_id)
 
     async def approve(self, request: Request) -> Response:
         """Let a pending device serve its tools (``esp-mcp-gateway devices approve``)."""
-        return await self._device_action(request, "approve", self.registry.approve)
+        return await self._device_action(request, "approve", self.admin.approve)
 
     async def reject(self, request: Request) -> Response:
         """Refuse a device from now on (``esp-mcp-gateway devices reject``)."""
-        return await self._device_action(request, "reject", self.registry.reject, close=True)
+        return await self._device_action(request, "reject", self.admin.reject, close=True)
 
     async def pair(self, request: Request) -> Response:
         """Approve new devices as they arrive for a while (``esp-mcp-gateway devices pair``)."""
@@ -181,9 +182,9 @@ class HostApi:
             or not 0 < seconds <= 3600
         ):
             return JSONResponse({"error": "seconds must be a number from 1 to 3600"}, 400)
-        until = self.registry.pair(float(seconds))
+        until = self.admin.pair(float(seconds))
         # Pairing itself is held in memory (a restart ends it); the approvals it makes are saved.
-        await self.registry.settle("pair", None, actor_of(request), f"for {seconds:g} s")
+        await self.admin.settle("pair", None, actor_of(request), f"for {seconds:g} s")
         return JSONResponse({"pairing_for": seconds, "until": format_time(until)})
 
     async def add(self, request: Request) -> Response:
@@ -207,8 +208,8 @@ class HostApi:
             return JSONResponse({"error": str(exc)}, 400)
         except OSError as exc:  # boards.json: a full or read-only data dir
             return JSONResponse({"error": f"not saved: {exc}"}, 503, headers={"Retry-After": "60"})
-        await self.registry.settle("add", self.registry.get(added["id"]), actor_of(request),
-                                   added["url"])  # fmt: skip
+        await self.admin.settle("add", self.known.get(added["id"]), actor_of(request),
+                                         added["url"])  # fmt: skip
         return JSONResponse({"added": added})
 
     async def _device_action(
@@ -219,7 +220,7 @@ class HostApi:
         ref = body.get("device") if isinstance(body, dict) else None
         if not isinstance(ref, str):
             return JSONResponse({"error": "expected {device}: its name or id"}, 400)
-        device = self.registry.find(ref)
+        device = self.known.find(ref)
         if device is None:
             return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
         if verb == "approve" and device.record.state == PENDING and device.conflict:
@@ -238,7 +239,7 @@ class HostApi:
         if close and session is not None:
             await session.aclose()  # if it comes back, the registry decides anew
         try:
-            await self.registry.settle(verb, device, actor_of(request))
+            await self.admin.settle(verb, device, actor_of(request))
         except StorageUnavailable as exc:  # done in memory, not on disk: the user must know
             return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
         done = {"approve": "approved", "reject": "rejected", "forget": "forgotten"}[verb]
@@ -252,7 +253,7 @@ class HostApi:
             return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
         user = request.scope.get("user")  # set by the bearer auth when a host token is configured
         if user is not None and user.is_authenticated:
-            body["devices_online"] = self.registry.online_count
+            body["devices_online"] = self.known.online_count
         return JSONResponse(body)
 
 

@@ -173,7 +173,7 @@ def build_host_app(
         session_idle_timeout=config.host_session_idle_timeout,
     )
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
-    api = HostApi(frontend, registry, router, enroll, photos)
+    api = HostApi(frontend, registry.known, registry.admin, router, enroll, photos)
     api.trouble, api.add_board, api.forget_board = trouble, add_board, forget_board
     api.enrollment = enrollment
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
@@ -211,14 +211,14 @@ def build_host_app(
             methods=["POST"],
         ),  # fmt: skip
         Route("/healthz", endpoint=api.health, methods=["GET"]),
-        *(photo_routes(registry, photos, guard) if photos is not None else ()),
+        *(photo_routes(registry.known, photos, guard) if photos is not None else ()),
     ]
     if metrics is not None:
         routes.append(Route("/metrics", guard(_Endpoint(metrics.endpoint)), methods=["GET"]))
     if dashboard is not None:  # the companion dashboard at / (gateway/dashboard)
         routes += dashboard.routes(guard, _Endpoint)
     sessions = dashboard.sessions if dashboard is not None else None
-    routes += WaitingCalls(router.confirmations, registry, sessions).routes(guard, _Endpoint)
+    routes += WaitingCalls(router.confirmations, registry.known, sessions).routes(guard, _Endpoint)
     if oauth is not None:
         routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
         oauth.provider.on_revoke.append(_SessionEnder(manager))

@@ -35,7 +35,7 @@ from gateway.devices.calls import CallRouter
 from gateway.devices.events import EventStore, approved_in
 from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import Device, DeviceRegistry, DeviceTool
+from gateway.devices.registry import Device, DeviceTool, KnownDevices
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side import confirm_asks as asks
 from gateway.host_side.call_results import text_content, to_call_result
@@ -210,7 +210,7 @@ class McpFrontend:
     def __init__(
         self,
         config: Config,
-        registry: DeviceRegistry,
+        registry: KnownDevices,
         router: CallRouter,
         photos: PhotoStore | None = None,
         *,
@@ -459,7 +459,7 @@ class McpFrontend:
         return await self._photo_resources.read(uri, caller_of(ctx).scope)
 
 
-def resolve_tool(registry: DeviceRegistry, device: Device, ref: str) -> DeviceTool | str:
+def resolve_tool(registry: KnownDevices, device: Device, ref: str) -> DeviceTool | str:
     """The device's tool named ``ref`` (its own name, without ``self.``, or its MCP name).
 
     Returns a clear message instead when there is no such tool.

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from gateway.devices.audit import AuditLog
 from gateway.devices.events import EventStore
-from gateway.devices.registry import APPROVED, DeviceRegistry
+from gateway.devices.registry import APPROVED, KnownDevices
 
 __all__ = ["GatewayMetrics"]
 
@@ -34,7 +34,7 @@ class GatewayMetrics:
 
     def __init__(
         self,
-        registry: DeviceRegistry,
+        registry: KnownDevices,
         audit: AuditLog,
         *,
         mcp_sessions: Callable[[], int],
@@ -123,7 +123,7 @@ class _StateCollector(Collector):
     def __init__(
         self,
         metrics: GatewayMetrics,
-        registry: DeviceRegistry,
+        registry: KnownDevices,
         mcp_sessions: Callable[[], int],
         broker_clients: Callable[[], Collection[str]] | None,
     ) -> None:

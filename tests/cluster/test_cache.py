@@ -77,8 +77,8 @@ async def test_a_restarted_replica_serves_from_its_cache_and_the_brokers_records
 
                 device, gone = registry.get(WS_DEVICE), registry.get(GONE)
                 assert device is not None and gone is not None
-                registry.rename(device, "porch")
-                registry.forget(gone)
+                registry.admin.rename(device, "porch")
+                registry.admin.forget(gone)
 
                 async with gateway(second_dir, **options) as second:
                     cluster = second.gateway.cluster

@@ -110,7 +110,7 @@ async def test_a_broker_restart_loses_no_approval_or_alias(tmp_path: Path) -> No
                 await eventually(runs, online(ON_ONE))
                 device = first.gateway.registry.get(ON_ONE)
                 assert device is not None
-                first.gateway.registry.rename(device, "porch")
+                first.gateway.registry.admin.rename(device, "porch")
                 await eventually(runs, lambda r: r.find("porch") is not None)
                 await broker.stop()
                 await eventually([second], online(ON_ONE, False))  # it reached it by the broker

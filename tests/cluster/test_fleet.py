@@ -65,7 +65,7 @@ async def test_last_writer_wins_and_a_change_made_while_cut_off_is_published_on_
     fleet.on_record("device", DEVICE, FleetRecord(DEVICE, 5.0, "gw-3", alias="old").encode())
     assert device.alias == "porch"  # older: ignored
     sent(fleet)
-    stack.registry.rename(device, "hall")  # here, while the broker does not hear it
+    stack.registry.admin.rename(device, "hall")  # here, while the broker does not hear it
     [(topic, payload)] = sent(fleet)
     assert topic == TOPICS.device(DEVICE) and json.loads(payload)["alias"] == "hall"
     fleet.on_record("device", DEVICE, record(11.0))  # older than the rename: ignored
@@ -91,7 +91,7 @@ async def test_a_tombstone_forgets_the_device_and_closes_its_session_here(tmp_pa
     stack.registry.connect(DEVICE, ScriptedSession())
     again = stack.registry.get(DEVICE)
     assert again is not None
-    stack.registry.forget(again)
+    stack.registry.admin.forget(again)
     assert json.loads(sent(fleet)[-1][1])["forgotten"] is True  # forgotten here: a tombstone
     stack.close()
 

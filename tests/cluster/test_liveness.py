@@ -93,7 +93,7 @@ async def test_a_rebooted_device_is_found_at_once_whichever_replica_took_its_che
             await eventually(runs, lambda r: r.get(device_id) is not None)
             device = runs[0].gateway.registry.get(device_id)
             assert device is not None
-            runs[0].gateway.registry.approve(device)
+            runs[0].gateway.registry.admin.approve(device)
             await eventually(runs, lambda r: r.get(device_id).record.state == "approved")  # type: ignore[union-attr]
             # It reboots: a check-in on a replica that does not own it, then the broker.
             reply = await http.post(url, headers=STOCK_HEADERS, json=STOCK_BODY)

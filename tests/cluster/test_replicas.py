@@ -117,11 +117,11 @@ async def test_approval_rename_and_forget_on_one_replica_reach_the_others(
         await eventually(runs, state_is(PENDING))
         device = third.gateway.registry.get(STOCK)
         assert device is not None
-        third.gateway.registry.approve(device)
+        third.gateway.registry.admin.approve(device)
         await eventually(runs, state_is("approved"))
-        third.gateway.registry.rename(device, "porch")
+        third.gateway.registry.admin.rename(device, "porch")
         await eventually(runs, lambda r: r.find("porch") is not None)
-        third.gateway.registry.forget(device)
+        third.gateway.registry.admin.forget(device)
         await eventually(runs, lambda r: r.get(STOCK) is None)
 
 
@@ -157,7 +157,7 @@ async def test_list_changed_reaches_hosts_on_every_replica(tmp_path: Path) -> No
                 assert not (await client.call_tool(lamp, {})).is_error
                 device = first.gateway.registry.get(WS_DEVICE)
                 assert device is not None
-                first.gateway.registry.rename(device, "hall")  # it changes: new names
+                first.gateway.registry.admin.rename(device, "hall")  # it changes: new names
                 await inbox.next_change()
                 listed = {tool.name for tool in (await client.list_tools()).tools}
                 assert "hall_lamp_turn_on" in listed and lamp not in listed

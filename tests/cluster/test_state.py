@@ -85,7 +85,7 @@ async def test_approval_on_another_replica_binds_the_device_on_every_replica(
         await eventually(runs, state_is(PENDING))
         device = second.gateway.registry.get(STOCK)
         assert device is not None
-        second.gateway.registry.approve(device)
+        second.gateway.registry.admin.approve(device)
         await eventually(runs, state_is("approved"))
         for payload in (await retained(broker.port, f"{PREFIX}/device/{STOCK}"),):
             assert CLIENT_ID.encode() not in payload and b'"binding": "sealed:' in payload

@@ -77,6 +77,6 @@ async def test_a_cluster_registry_renames_the_first_device_when_a_second_takes_i
     assert second is not None
     names = sorted(t.name for t in registry.exposed_tools())
     assert len(names) == 2 and all(n.startswith("kitchen_lamp_on_") for n in names)
-    registry.forget(second)
+    registry.admin.forget(second)
     assert [t.name for t in registry.exposed_tools()] == ["kitchen_lamp_on"]
     stack.close()

@@ -21,11 +21,13 @@ async def test_pending_rejected_and_unreachable_devices_and_a_strange_face_are_r
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
     messenger = Messenger(stack.config, stack.audit)
-    registry.admit("aa:01", trusted=False, client_id="u1", transport="OTA")  # waits for approval
-    registry.admit("aa:02", trusted=False, client_id="u2", transport="OTA")
+    registry.admin.admit(
+        "aa:01", trusted=False, client_id="u1", transport="OTA"
+    )  # waits for approval
+    registry.admin.admit("aa:02", trusted=False, client_id="u2", transport="OTA")
     rejected = registry.get("aa:02")
     assert rejected is not None
-    registry.reject(rejected)
+    registry.admin.reject(rejected)
     # A board serving MCP: no alert frame, even over a session that could send one.
     session = ScriptedSession()
     session.send_frame = lambda text: pytest.fail("an alert went to an MCP board")  # type: ignore[attr-defined]

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import sqlite3
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from gateway.config import DeviceOptions
+from gateway.config import Config, DeviceOptions
 from gateway.devices import catalogue as catalogue_module
 from gateway.devices.audit import Actor
+from gateway.devices.catalogue import ToolSpec
+from gateway.devices.decisions import ToolDecisions
+from gateway.devices.device import Verdict
 from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.naming import NameMap
 from gateway.devices.store import DeviceRecord, Store
@@ -176,8 +180,10 @@ async def test_a_join_writes_its_device_row_once_after_its_approval(tmp_path: Pa
     stack = Stack(make_config(tmp_path), lambda: now[0])
     registry, path = stack.registry, stack.config.data_dir / "registry.sqlite3"
     tools = (tool("self.a"),)
-    assert registry.admit("aa:20", trusted=True, client_id="c1", transport="websocket") is None
-    await registry.commit_decisions()  # what a login awaits before it is accepted
+    assert (
+        registry.admin.admit("aa:20", trusted=True, client_id="c1", transport="websocket") is None
+    )
+    await registry.admin.commit_decisions()  # what a login awaits before it is accepted
     assert stored_rows(path) == {"aa:20": ("c1", "websocket", 1000.0)}
     now[0] += 1
     session = ScriptedSession()
@@ -212,8 +218,10 @@ async def test_whoever_watches_records_first_hears_of_a_new_device_as_it_is(
             first.setdefault(device_id, (record.state, record.client_id, record.transport))
 
     registry.record_watchers.append(watch)
-    assert registry.admit("aa:30", trusted=False, client_id="u1", transport="OTA") is None
-    assert registry.admit("aa:31", trusted=True, client_id="c2", transport="websocket") is None
+    assert registry.admin.admit("aa:30", trusted=False, client_id="u1", transport="OTA") is None
+    assert (
+        registry.admin.admit("aa:31", trusted=True, client_id="c2", transport="websocket") is None
+    )
     assert first == {"aa:30": ("pending", "u1", None), "aa:31": ("pending", "c2", "websocket")}
     device = registry.get("aa:31")  # then approved by its token, bound to its Client-Id
     assert device is not None and device.record.state == "approved"
@@ -227,7 +235,7 @@ async def test_devices_of_a_known_firmware_are_named_without_searching(
     """A fleet of one firmware joins: no name is searched for its holder nor held one by one,
     and every name comes back the same after a restart."""
     stack = Stack(make_config(tmp_path))
-    names = stack.registry._names
+    names = stack.registry.known._names
     assert isinstance(names, NameMap)
     searched = Calls(monkeypatch, names, "lookup")
     tools = tuple(tool(f"self.audio_speaker.tool_{i}") for i in range(25))
@@ -258,14 +266,14 @@ async def test_names_made_at_once_then_one_by_one_survive_a_restart(tmp_path: Pa
     stack.registry.set_catalogue("aa:06", (tool("self.b.c"), tool("self.d")), None)
     stack.registry.connect("aa:07", ScriptedSession(), transport="websocket")
     stack.registry.set_catalogue("aa:07", (tool("self.c"),), None)  # spells lamp's b.c
-    names = stack.registry._names
+    names = stack.registry.known._names
     before = {(e.device_id, e.tool): e.name for e in names.entries()}
     assert lamp.alias == "lamp_aa06" and before[("aa:06", "self.a")] == "lamp_aa06_a"
     assert before[("aa:06", "self.b.c")] == "lamp_aa06_b_c" and len(before) == 4
     assert before[("aa:07", "self.c")].startswith("lamp_aa06_b_c_")  # hashed: taken
     stack.close()
     again = Stack(config)
-    assert {(e.device_id, e.tool): e.name for e in again.registry._names.entries()} == before
+    assert {(e.device_id, e.tool): e.name for e in again.registry.known._names.entries()} == before
     again.close()
 
 
@@ -296,7 +304,7 @@ async def test_an_idle_device_of_a_shared_firmware_holds_no_object_per_tool(
     assert with_many == pytest.approx(with_one, abs=0.5)  # before: 52 objects more a device
     devices = [d for d in stack.registry.devices() if len(d.tools) == 25]
     assert len({id(d.decisions) for d in devices}) == 1 and len(devices) == 400
-    assert len(stack.registry._names._special) == 0  # no name held one by one
+    assert len(stack.registry.known._names._special) == 0  # no name held one by one
     exposed = stack.registry.exposed_tools()
     assert len(exposed) == 400 * 25 + 400 and len({t.name for t in exposed}) == len(exposed)
     for listed in exposed[::97]:
@@ -319,16 +327,29 @@ async def test_same_firmware_is_judged_once_and_shared(
     stack.close()
 
 
+class SpyDecisions(ToolDecisions):
+    """The policy's verdicts, counting the tools it was asked about."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.asked = 0
+
+    def verdicts(self, specs: Sequence[ToolSpec], options: DeviceOptions) -> list[Verdict]:
+        self.asked += len(specs)
+        return super().verdicts(specs, options)
+
+
 async def test_the_policy_is_asked_once_per_shared_catalogue(tmp_path: Path) -> None:
     """A fleet of one firmware: the policy judges its tools once for every device the config
     says nothing of, and apart for a device it configures (whose verdicts differ)."""
     lamp = "02:00:00:00:00:05"
     config = make_config(tmp_path, devices={lamp: DeviceOptions(deny=("self.tool_1",))})
-    stack = Stack(config)
+    policy = SpyDecisions(config)
+    stack = Stack(config, decisions=policy)
     tools = tuple(tool(f"self.tool_{i}") for i in range(5))
     for n in range(100):
         join(stack, n, tools)
-    assert stack.registry.verdicts_made == 5 + 5  # the fleet's, and the configured device's
+    assert policy.asked == 5 + 5  # the fleet's, and the configured device's
     refused = {t.spec.name for t in stack.registry.get(lamp).tools.values() if t.refusal}
     others = [t for d in stack.registry.devices() if d.device_id != lamp for t in d.tools.values()]
     assert refused == {"self.tool_1"} and not any(t.refusal for t in others)
@@ -374,7 +395,7 @@ async def test_forget_frees_the_device_and_its_names(tmp_path: Path) -> None:
     device = registry.find("aa:01")
     assert device is not None
     async with registry.changes() as changes:
-        registry.forget(device)
+        registry.admin.forget(device)
         assert pending(changes)
     assert registry.find("aa:01") is None and registry.find("lamp") is None
     assert not registry.exposed_tools() and registry.online_count == 0
@@ -391,19 +412,19 @@ async def test_a_device_without_a_token_waits_for_approval(tmp_path: Path) -> No
     """No token: pending, tools hidden and refused; approval shows them and binds its Client-Id."""
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
-    assert registry.admit("aa:10", trusted=False, client_id="uuid-1", transport="OTA") is None
+    assert registry.admin.admit("aa:10", trusted=False, client_id="uuid-1", transport="OTA") is None
     registry.connect("aa:10", ScriptedSession())
     registry.set_catalogue("aa:10", (tool("self.a"),), None)
     device = registry.get("aa:10")
     assert device is not None and device.record.state == "pending"
     assert not registry.exposed_tools()
     assert "waiting for approval" in (device.tools["self.a"].refused(user=True) or "")
-    registry.approve(device)
+    registry.admin.approve(device)
     assert [t.spec.name for t in registry.exposed_tools()] == ["self.a"]
     assert device.record.binding == "uuid-1"
-    refusal = registry.admit("aa:10", trusted=True, client_id="uuid-2", transport="websocket")
+    refusal = registry.admin.admit("aa:10", trusted=True, client_id="uuid-2", transport="websocket")
     assert refusal is not None and "bound" in refusal and device.conflict
-    assert registry.admit("aa:10", trusted=False, client_id="uuid-1", transport="OTA") is None
+    assert registry.admin.admit("aa:10", trusted=False, client_id="uuid-1", transport="OTA") is None
     stack.close()
 
 
@@ -412,16 +433,16 @@ async def test_tokens_pairing_and_auto_adoption_approve_new_devices(tmp_path: Pa
     now = [1000.0]
     stack = Stack(make_config(tmp_path), lambda: now[0])
     registry = stack.registry
-    registry.admit("aa:01", trusted=True, client_id=None, transport="mqtt")
-    registry.pair(60)
-    registry.admit("aa:02", trusted=False, client_id="u2", transport="OTA")
+    registry.admin.admit("aa:01", trusted=True, client_id=None, transport="mqtt")
+    registry.admin.pair(60)
+    registry.admin.admit("aa:02", trusted=False, client_id="u2", transport="OTA")
     now[0] += 61
-    registry.admit("aa:03", trusted=False, client_id="u3", transport="OTA")
+    registry.admin.admit("aa:03", trusted=False, client_id="u3", transport="OTA")
     states = {d.device_id: d.record.state for d in registry.devices()}
     assert states == {"aa:01": "approved", "aa:02": "approved", "aa:03": "pending"}
     stack.close()
     auto = Stack(make_config(tmp_path / "auto", adoption="auto"))
-    auto.registry.admit("aa:04", trusted=False, client_id="u4", transport="OTA")
+    auto.registry.admin.admit("aa:04", trusted=False, client_id="u4", transport="OTA")
     assert auto.registry.get("aa:04").record.state == "approved"  # type: ignore[union-attr]
     auto.close()
 
@@ -429,11 +450,13 @@ async def test_tokens_pairing_and_auto_adoption_approve_new_devices(tmp_path: Pa
 async def test_rejected_device_is_refused_and_its_state_survives_a_restart(tmp_path: Path) -> None:
     """A rejected device is refused even with a token, also after a restart."""
     stack = Stack(make_config(tmp_path))
-    stack.registry.admit("aa:20", trusted=False, client_id="u", transport="OTA")
-    stack.registry.reject(stack.registry.get("aa:20"))  # type: ignore[arg-type]
+    stack.registry.admin.admit("aa:20", trusted=False, client_id="u", transport="OTA")
+    stack.registry.admin.reject(stack.registry.get("aa:20"))  # type: ignore[arg-type]
     stack.close()
     again = Stack(make_config(tmp_path))
-    refusal = again.registry.admit("aa:20", trusted=True, client_id="u", transport="websocket")
+    refusal = again.registry.admin.admit(
+        "aa:20", trusted=True, client_id="u", transport="websocket"
+    )
     assert refusal == "device aa:20 was rejected"
     again.close()
 
@@ -447,18 +470,21 @@ async def test_pending_devices_are_capped_and_expire(
     stack = Stack(make_config(tmp_path, max_pending=3, pending_expiry=3600), lambda: now[0])
     registry = stack.registry
     for n in range(3):
-        assert registry.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA") is None
+        assert (
+            registry.admin.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA")
+            is None
+        )
     for n in range(3, 50):
-        refusal = registry.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA",
-                                 peer="10.0.0.9")  # fmt: skip
+        refusal = registry.admin.admit(f"aa:{n:02x}", trusted=False, client_id="u", transport="OTA",
+                                       peer="10.0.0.9")  # fmt: skip
         assert refusal == "3 devices wait for approval already"
-    assert len(registry.devices()) == 3 and registry.pending_refused == 47
+    assert len(registry.devices()) == 3 and registry.admin.pending_refused == 47
     assert caplog.text.count("devices wait for approval already ([devices] max_pending)") == 1
-    assert registry.admit("bb:01", trusted=True, client_id=None, transport="mqtt") is None
+    assert registry.admin.admit("bb:01", trusted=True, client_id=None, transport="mqtt") is None
     now[0] += 1800
     registry.register("aa:00", board="b")  # seen again: stays
     now[0] += 1801
-    assert registry.admit("aa:40", trusted=False, client_id="u", transport="OTA") is None
+    assert registry.admin.admit("aa:40", trusted=False, client_id="u", transport="OTA") is None
     assert sorted(registry.waiting) == ["aa:00", "aa:40"]
     assert registry.get("aa:01") is None and registry.get("bb:01") is not None
     [refused] = stack.audit.page(kind="login")["records"]
@@ -473,21 +499,21 @@ async def test_discovered_boards_never_take_a_stock_devices_place(tmp_path: Path
     stack = Stack(make_config(tmp_path, max_pending=1))
     registry = stack.registry
     for n in range(50):
-        assert registry.admit(f"mcp-{n:012x}", trusted=False, client_id=f"board:u{n}",
-                              transport=BOARD_TRANSPORT) is None  # fmt: skip
-    assert registry.admit("aa:00", trusted=False, client_id="u", transport="OTA") is None
-    assert registry.admit("aa:01", trusted=False, client_id="u", transport="OTA") == (
+        assert registry.admin.admit(f"mcp-{n:012x}", trusted=False, client_id=f"board:u{n}",
+                                    transport=BOARD_TRANSPORT) is None  # fmt: skip
+    assert registry.admin.admit("aa:00", trusted=False, client_id="u", transport="OTA") is None
+    assert registry.admin.admit("aa:01", trusted=False, client_id="u", transport="OTA") == (
         "1 devices wait for approval already"
     )
-    assert registry.admit("mcp-0000000000ff", trusted=False, client_id="board:v",
-                          transport=BOARD_TRANSPORT) is None  # fmt: skip
+    assert registry.admin.admit("mcp-0000000000ff", trusted=False, client_id="board:v",
+                                transport=BOARD_TRANSPORT) is None  # fmt: skip
     assert list(registry.waiting) == ["aa:00"] and len(registry.waiting_boards) == 51
     stack.close()
     again = Stack(make_config(tmp_path, max_pending=1))
     registry = again.registry
     assert list(registry.waiting) == ["aa:00"] and len(registry.waiting_boards) == 51
-    registry.approve(registry.get("mcp-000000000000"))  # type: ignore[arg-type]
-    registry.forget(registry.get("mcp-000000000001"))  # type: ignore[arg-type]
+    registry.admin.approve(registry.get("mcp-000000000000"))  # type: ignore[arg-type]
+    registry.admin.forget(registry.get("mcp-000000000001"))  # type: ignore[arg-type]
     assert len(registry.waiting_boards) == 49 and list(registry.waiting) == ["aa:00"]
     again.close()
 
@@ -496,9 +522,9 @@ async def test_settle_commits_and_audits_a_users_change(tmp_path: Path) -> None:
     """What the user did is on disk and in the audit log when ``settle`` returns."""
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
-    registry.admit("aa:30", trusted=False, client_id="u", transport="OTA")
-    registry.approve(registry.get("aa:30"))  # type: ignore[arg-type]
-    await registry.settle("approve", registry.get("aa:30"), Actor("cli", "127.0.0.1"))
+    registry.admin.admit("aa:30", trusted=False, client_id="u", transport="OTA")
+    registry.admin.approve(registry.get("aa:30"))  # type: ignore[arg-type]
+    await registry.admin.settle("approve", registry.get("aa:30"), Actor("cli", "127.0.0.1"))
     again = Store(tmp_path / "registry.sqlite3")
     [saved] = again.load().devices
     assert (saved.state, saved.binding) == ("approved", "u")
@@ -514,11 +540,14 @@ async def test_an_approved_device_without_a_binding_is_bound_at_its_first_login(
     """Enrolled (named before it came) or known to an older version: the first login binds."""
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
-    registry.adopt("aa:50", "Desk")
-    assert registry.admit("aa:50", trusted=True, client_id="uuid-1", transport="websocket") is None
+    registry.admin.adopt("aa:50", "Desk")
+    assert (
+        registry.admin.admit("aa:50", trusted=True, client_id="uuid-1", transport="websocket")
+        is None
+    )
     assert registry.get("aa:50").record.binding == "uuid-1"  # type: ignore[union-attr]
-    refusal = registry.admit("aa:50", trusted=True, client_id="uuid-2", transport="websocket",
-                             peer="10.0.0.66")  # fmt: skip
+    refusal = registry.admin.admit("aa:50", trusted=True, client_id="uuid-2", transport="websocket",
+                                   peer="10.0.0.66")  # fmt: skip
     assert refusal == "device aa:50 is bound to another identity"
     [conflict] = stack.audit.page(kind="login")["records"]
     assert (conflict["action"], conflict["from"]) == ("login conflict", "10.0.0.66")
@@ -534,16 +563,16 @@ async def test_logins_wait_until_their_decisions_are_on_disk_and_share_a_transac
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
     for n in range(50):
-        registry.admit(f"aa:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
+        registry.admin.admit(f"aa:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
     before = writes.transactions
-    await asyncio.gather(*(registry.commit_decisions() for _ in range(50)))
+    await asyncio.gather(*(registry.admin.commit_decisions() for _ in range(50)))
     assert writes.transactions == before + 1
     saved = Store(tmp_path / "registry.sqlite3")
     assert sorted(r.binding or "" for r in saved.load().devices) == sorted(
         f"u{n}" for n in range(50)
     )
     saved.close()
-    await registry.commit_decisions()
+    await registry.admin.commit_decisions()
     assert writes.transactions == before + 1
     stack.close()
 
@@ -557,12 +586,12 @@ async def test_logins_arriving_during_a_commit_share_the_next_one(
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
     before = writes.transactions
-    registry.admit("bb:00", trusted=True, client_id="u", transport="websocket")
-    first = asyncio.create_task(registry.commit_decisions())
+    registry.admin.admit("bb:00", trusted=True, client_id="u", transport="websocket")
+    first = asyncio.create_task(registry.admin.commit_decisions())
     await asyncio.sleep(0)  # one turn of the loop: its commit has taken the batch
     for n in range(1, 21):
-        registry.admit(f"bb:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
-    await asyncio.gather(first, *(registry.commit_decisions() for _ in range(20)))
+        registry.admin.admit(f"bb:{n:02x}", trusted=True, client_id=f"u{n}", transport="websocket")
+    await asyncio.gather(first, *(registry.admin.commit_decisions() for _ in range(20)))
     assert writes.transactions == before + 2
     saved = Store(tmp_path / "registry.sqlite3")
     assert len(saved.load().devices) == 21
@@ -579,11 +608,11 @@ async def test_a_client_id_that_spells_a_token_binding_is_refused(tmp_path: Path
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
     bound = token_binding("a-board-token")
-    assert registry.admit("aa:60", trusted=True, client_id=bound, transport="mqtt") is None
+    assert registry.admin.admit("aa:60", trusted=True, client_id=bound, transport="mqtt") is None
     for transport in ("OTA", "websocket"):
-        refusal = registry.admit("aa:60", trusted=False, client_id=bound, transport=transport)
+        refusal = registry.admin.admit("aa:60", trusted=False, client_id=bound, transport=transport)
         assert refusal is not None and "Client-Id" in refusal
-    refusal = registry.admit("aa:61", trusted=False, client_id=bound, transport="OTA")
+    refusal = registry.admin.admit("aa:61", trusted=False, client_id=bound, transport="OTA")
     assert refusal is not None and registry.get("aa:61") is None
     stack.close()
 
@@ -596,17 +625,21 @@ async def test_a_pending_device_is_not_swapped_for_another_client_id_before_appr
     binds the device the user saw, not the last check-in."""
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
-    assert registry.admit("aa:70", trusted=False, client_id="uuid-real", transport="OTA") is None
+    assert (
+        registry.admin.admit("aa:70", trusted=False, client_id="uuid-real", transport="OTA") is None
+    )
     registry.register("aa:70", client_id="uuid-real")
-    refusal = registry.admit("aa:70", trusted=False, client_id="uuid-evil", transport="OTA",
-                             peer="10.0.0.66")  # fmt: skip
+    refusal = registry.admin.admit("aa:70", trusted=False, client_id="uuid-evil", transport="OTA",
+                                   peer="10.0.0.66")  # fmt: skip
     assert refusal == "device aa:70 is bound to another identity"
     device = registry.get("aa:70")
     assert device is not None and device.conflict
-    registry.pair(60)
-    assert registry.admit("aa:70", trusted=False, client_id="uuid-evil", transport="OTA")
+    registry.admin.pair(60)
+    assert registry.admin.admit("aa:70", trusted=False, client_id="uuid-evil", transport="OTA")
     assert device.record.state == "pending"
-    assert registry.admit("aa:70", trusted=False, client_id="uuid-real", transport="OTA") is None
+    assert (
+        registry.admin.admit("aa:70", trusted=False, client_id="uuid-real", transport="OTA") is None
+    )
     assert (device.record.state, device.record.binding) == ("approved", "uuid-real")
     stack.close()
 
@@ -621,12 +654,16 @@ async def test_a_device_approved_before_bindings_is_not_bound_to_an_impostor(
     registry = stack.registry
     registry.register("aa:80", client_id="uuid-real")  # as an older version left it
     registry.register("aa:81")  # our firmware: it only ever logged in with its token
-    refusal = registry.admit("aa:80", trusted=False, client_id="uuid-evil", transport="OTA")
+    refusal = registry.admin.admit("aa:80", trusted=False, client_id="uuid-evil", transport="OTA")
     assert refusal == "device aa:80 is bound to another identity"
-    assert registry.admit("aa:81", trusted=False, client_id="uuid-evil", transport="OTA")
+    assert registry.admin.admit("aa:81", trusted=False, client_id="uuid-evil", transport="OTA")
     assert registry.get("aa:81").record.binding is None  # type: ignore[union-attr]
-    assert registry.admit("aa:80", trusted=False, client_id="uuid-real", transport="OTA") is None
-    assert registry.admit("aa:81", trusted=True, client_id="token:ab", transport="mqtt") is None
+    assert (
+        registry.admin.admit("aa:80", trusted=False, client_id="uuid-real", transport="OTA") is None
+    )
+    assert (
+        registry.admin.admit("aa:81", trusted=True, client_id="token:ab", transport="mqtt") is None
+    )
     bindings = {d.device_id: d.record.binding for d in registry.devices()}
     assert bindings == {"aa:80": "uuid-real", "aa:81": "token:ab"}
     stack.close()
@@ -640,15 +677,20 @@ async def test_the_shared_token_does_not_approve_a_waiting_stock_device_for_some
     token identity); with the device's own Client-Id (py-xiaozhi given the token) it does."""
     stack = Stack(make_config(tmp_path))
     registry = stack.registry
-    assert registry.admit("aa:90", trusted=False, client_id="uuid-real", transport="OTA") is None
+    assert (
+        registry.admin.admit("aa:90", trusted=False, client_id="uuid-real", transport="OTA") is None
+    )
     registry.register("aa:90", client_id="uuid-real")
     for transport, presented in (("websocket", "uuid-evil"), ("mqtt", "token:ab")):
-        refusal = registry.admit("aa:90", trusted=True, client_id=presented, transport=transport)
+        refusal = registry.admin.admit(
+            "aa:90", trusted=True, client_id=presented, transport=transport
+        )
         assert refusal == "device aa:90 is bound to another identity"
     device = registry.get("aa:90")
     assert device is not None and device.record.state == "pending"
     assert (
-        registry.admit("aa:90", trusted=True, client_id="uuid-real", transport="websocket") is None
+        registry.admin.admit("aa:90", trusted=True, client_id="uuid-real", transport="websocket")
+        is None
     )
     assert (device.record.state, device.record.binding) == ("approved", "uuid-real")
     stack.close()
@@ -661,8 +703,8 @@ def test_a_fleet_record_brings_the_devices_firmware_version(tmp_path: Path) -> N
     info = {"name": "bread", "version": "1.9.2"}
     seen = DeviceRecord(device_id="aa:07", alias="desk", first_seen=1.0, last_seen=1.0,
                         state="pending", server_info=info)  # fmt: skip
-    assert stack.registry.learn(seen).firmware == "1.9.2"
+    assert stack.registry.admin.learn(seen).firmware == "1.9.2"
     renamed = DeviceRecord(device_id="aa:07", alias="den", first_seen=2.0, last_seen=2.0,
                            state="pending")  # fmt: skip
-    assert stack.registry.learn(renamed).firmware == "1.9.2"
+    assert stack.registry.admin.learn(renamed).firmware == "1.9.2"
     stack.close()

@@ -294,7 +294,7 @@ async def test_sign_in_with_the_host_token_and_csrf(tmp_path: Path) -> None:
             missing = await http.post(pair, json={"seconds": 5})
             wrong = await http.post(pair, json={"seconds": 5}, headers={"X-CSRF-Token": "x"})
             assert (missing.status_code, wrong.status_code) == (403, 403)
-            assert "CSRF" in wrong.json()["error"] and run.gateway.registry.pairing_until == 0
+            assert "CSRF" in wrong.json()["error"] and run.gateway.registry.admin.pairing_until == 0
             mcp = await http.post(base + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
             assert mcp.status_code == 401  # the cookie is the dashboard's, never MCP's
             right = await http.post(pair, json={"seconds": 5}, headers={"X-CSRF-Token": csrf})

@@ -101,7 +101,7 @@ async def test_a_bound_device_is_never_handed_to_another_client_id(tmp_path: Pat
         reply = (await check_in(run)).json()
         async with stock_device(reply) as device, registry.changes() as changes:
             await listed_but_pending(run)
-            registry.approve(registry.get(STOCK))  # type: ignore[arg-type]
+            registry.admin.approve(registry.get(STOCK))  # type: ignore[arg-type]
             await until(changes, has_tools(run, STOCK))
             refused = await check_in(run, IMPOSTOR)
             assert refused.status_code == 403 and "mqtt" not in refused.json()

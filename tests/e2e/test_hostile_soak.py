@@ -117,11 +117,11 @@ def counts(run: Running) -> dict[str, int]:
     with sqlite3.connect(run.gateway.config.data_dir / "registry.sqlite3") as db:
         stored = db.execute("SELECT COUNT(*) FROM catalogues").fetchone()[0]
     return {
-        "catalogues in memory": len(registry._catalogues._by_digest),
+        "catalogues in memory": len(registry.known.catalogues._by_digest),
         "catalogue rows": stored,
         "devices": len(registry.devices()),
-        "login records table": len(registry.logins),
-        "tool names": len(registry._names.entries()),
+        "login records table": len(registry.admin.logins),
+        "tool names": len(registry.known._names.entries()),
     }
 
 

@@ -57,13 +57,13 @@ async def test_new_devices_past_the_shared_tokens_caps_wait_for_approval(
         assert approved.status_code == 200
         assert await join(run, 3) == APPROVED
         assert await join(run, 9, token=issued["token"]) == APPROVED  # a per-board token
-        assert run.gateway.registry.token_joins.joined == 3
+        assert run.gateway.registry.admin.token_joins.joined == 3
 
 
 async def test_the_total_cap_holds_across_hours(tmp_path: Path) -> None:
     """However the joins spread over time, no more than the total are approved by the token."""
     async with gateway(tmp_path, token_joins_per_hour=100, token_joins_total=2) as run:
-        joins = run.gateway.registry.token_joins
+        joins = run.gateway.registry.admin.token_joins
         states = []
         for n in range(4):
             states.append(await join(run, n))

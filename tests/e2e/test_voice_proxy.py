@@ -602,10 +602,10 @@ async def test_activation_is_forwarded_only_for_devices_the_gateway_admits(tmp_p
         await device.check_in(ota_url(run))
         known = run.gateway.registry.get(device.device_id)
         assert known is not None
-        run.gateway.registry.approve(known)  # binds it to its Client-Id
+        run.gateway.registry.admin.approve(known)  # binds it to its Client-Id
         impostor = VoiceDevice(client_id="7c1f0e4a-0000-4000-8000-0000000000ff")
         assert await impostor.activate(ota_url(run), tries=1) == [403]
-        run.gateway.registry.reject(known)
+        run.gateway.registry.admin.reject(known)
         assert await device.activate(ota_url(run), tries=1) == [403]
     assert upstream.activations == []
 

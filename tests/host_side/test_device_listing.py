@@ -33,7 +33,7 @@ def stack(tmp_path: Path) -> Stack:
 def every_page(stack: Stack, cursor: str | None = None, **filters: str) -> list[dict[str, object]]:
     pages = []
     while True:
-        page = list_devices(stack.registry, DeviceQuery({**filters, "cursor": cursor}))
+        page = list_devices(stack.registry.known, DeviceQuery({**filters, "cursor": cursor}))
         pages.append(page)
         cursor = page.get("next_cursor")
         if cursor is None:
@@ -55,15 +55,15 @@ def test_filters_by_name_board_and_state(stack: Stack) -> None:
     assert len(lamps) == 150 and {d["board"] for d in lamps} == {"lamp"}
     offline = [d for p in every_page(stack, state="offline") for d in p["devices"]]  # type: ignore
     assert len(offline) == 100 and not any(d["online"] for d in offline)
-    named = list_devices(stack.registry, DeviceQuery({"name": "FAN_000*"}))["devices"]
+    named = list_devices(stack.registry.known, DeviceQuery({"name": "FAN_000*"}))["devices"]
     assert [d["device"] for d in named] == [f"fan_000{c}" for c in "02468ace"]
-    assert list_devices(stack.registry, DeviceQuery({"state": "pending"})) == {"devices": []}
+    assert list_devices(stack.registry.known, DeviceQuery({"state": "pending"})) == {"devices": []}
     stack.close()
 
 
 def test_a_device_joining_between_pages_neither_repeats_nor_hides_others(stack: Stack) -> None:
     """The cursor is the last device shown: a newcomer earlier in the order shifts nothing."""
-    first = list_devices(stack.registry, DeviceQuery({}))
+    first = list_devices(stack.registry.known, DeviceQuery({}))
     stack.registry.connect("00:00", ScriptedSession())  # sorts before everything shown
     rest = every_page(stack, cursor=first["next_cursor"])  # type: ignore[arg-type]
     ids = [d["id"] for d in first["devices"]] + [d["id"] for p in rest for d in p["devices"]]
@@ -103,7 +103,7 @@ def test_paging_through_the_fleet_looks_at_each_device_about_once(
     CountingQuery.asked, cursor, pages = 0, None, 0
     placed = ordered(monkeypatch)
     while True:
-        page = list_devices(stack.registry, CountingQuery({"cursor": cursor}))
+        page = list_devices(stack.registry.known, CountingQuery({"cursor": cursor}))
         pages += 1
         if (cursor := page.get("next_cursor")) is None:
             break
@@ -118,15 +118,15 @@ def test_a_join_is_put_in_its_place_without_sorting_the_fleet_again(
 ) -> None:
     """A newcomer, a rename and a forgotten device after the fleet was listed: each costs a
     search of the kept order (about log2 of 300 devices looked at), not a sort of the fleet."""
-    list_devices(stack.registry, DeviceQuery({}))
+    list_devices(stack.registry.known, DeviceQuery({}))
     placed = ordered(monkeypatch)
     stack.registry.connect("bb:0001", ScriptedSession())
     stack.registry.set_catalogue("bb:0001", (tool("self.t"),), {"name": "kettle"})
     newcomer = stack.registry.get("bb:0001")
     assert newcomer is not None
-    stack.registry.rename(newcomer, "aardvark")
-    stack.registry.forget(newcomer)
-    first = list_devices(stack.registry, DeviceQuery({}))["devices"][0]
+    stack.registry.admin.rename(newcomer, "aardvark")
+    stack.registry.admin.forget(newcomer)
+    first = list_devices(stack.registry.known, DeviceQuery({}))["devices"][0]
     # five searches (the newcomer, its board name, the rename, forget, the page's start)
     assert len(placed) < 5 * 2 * 10 and first["device"] == "fan_0000"
     stack.close()
@@ -143,9 +143,9 @@ def test_the_order_follows_renames_arrivals_and_forgetting(stack: Stack) -> None
     assert first == sorted(first)
     renamed = stack.registry.find(first[0])
     assert renamed is not None
-    stack.registry.rename(renamed, "zz_last")
+    stack.registry.admin.rename(renamed, "zz_last")
     assert names()[-1] == "zz_last"
-    stack.registry.forget(stack.registry.find(first[1]))  # type: ignore[arg-type]
+    stack.registry.admin.forget(stack.registry.find(first[1]))  # type: ignore[arg-type]
     assert first[1] not in names()
     stack.registry.connect("00:00", ScriptedSession())  # no board yet: named esp32_0000
     listed = names()

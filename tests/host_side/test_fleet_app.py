@@ -29,7 +29,7 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
 def stack(tmp_path: Path) -> Iterator[Stack]:
     s = Stack(make_config(tmp_path / "data"))
     s.photos = PhotoStore(tmp_path / "data" / "photos")  # type: ignore[attr-defined]
-    s.frontend = McpFrontend(s.config, s.registry, s.router, s.photos)  # type: ignore[attr-defined]
+    s.frontend = McpFrontend(s.config, s.registry.known, s.router, s.photos)  # type: ignore[attr-defined]
     s.registry.connect("aa:00", _Session(), transport="websocket")
     s.registry.set_catalogue("aa:00", (tool("self.lamp.turn_on"),), {"name": "board"})
     yield s

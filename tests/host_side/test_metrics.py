@@ -20,7 +20,7 @@ def test_calls_are_counted_by_the_next_scrape_or_once_enough_are_held(tmp_path: 
     ``_HELD_CALLS`` calls, so what it holds stays bounded (issue 29)."""
     stack = Stack(make_config(tmp_path))
     try:
-        gm = GatewayMetrics(stack.registry, stack.audit, mcp_sessions=lambda: 0)
+        gm = GatewayMetrics(stack.registry.known, stack.audit, mcp_sessions=lambda: 0)
         for _ in range(metrics._HELD_CALLS - 1):
             gm.call_ended("ok", 0.02)
         assert _count(gm, "ok") == 0  # held: the calls paid an append each

@@ -234,7 +234,7 @@ def listed(lister: ToolLister) -> list[JsonObject]:
 
 def as_fresh(stack: Stack) -> bool:
     """True when the kept listing is what a lister made afresh from the fleet would list."""
-    return listed(stack.frontend.lister) == listed(ToolLister(stack.config, stack.registry))
+    return listed(stack.frontend.lister) == listed(ToolLister(stack.config, stack.registry.known))
 
 
 @pytest.mark.parametrize("mode", ["per-device", "grouped", "auto"])
@@ -276,12 +276,12 @@ def test_leaving_renaming_and_forgetting_look_at_that_device_only(
     names = [t["name"] for page in every_page(stack) for t in page]
     assert seen == ["aa:0007"] and "board_0007_thing_0_set" in names  # offline, kept
     seen.clear()
-    stack.registry.rename(device, "zz_kitchen")
+    stack.registry.admin.rename(device, "zz_kitchen")
     tools = [t["name"] for page in every_page(stack) for t in page]
     assert seen == ["aa:0007"] and tools[-3:] == [f"zz_kitchen_thing_{i}_set" for i in range(3)]
     assert as_fresh(stack)
     seen.clear()
-    stack.registry.forget(device)
+    stack.registry.admin.forget(device)
     tools = [t["name"] for page in every_page(stack) for t in page]
     assert seen == ["aa:0007"] and len(tools) == META + 59 * 3 and as_fresh(stack)
     stack.close()
@@ -366,7 +366,7 @@ def test_groups_follow_schemas_members_and_first_appearance(
     seen.clear()
     forgotten = stack.registry.get("aa:0001")
     assert forgotten is not None
-    stack.registry.forget(forgotten)
+    stack.registry.admin.forget(forgotten)
     assert [t["name"] for t in listed(stack.frontend.lister)] == ["thing_0_set", "thing_1_set"]
     assert seen == ["aa:0001"] and as_fresh(stack)
     stack.close()
@@ -381,7 +381,7 @@ def test_a_grouped_listing_in_progress_survives_its_groups_emptying(tmp_path: Pa
     assert cursor is not None and len(first) < META + 400
     device = stack.registry.get("aa:0000")
     assert device is not None
-    stack.registry.forget(device)
+    stack.registry.admin.forget(device)
     another, _ = stack.frontend.tools()  # another host lists: the groups empty
     rest = [t["name"] for page in every_page(stack, cursor) for t in page]
     assert rest == [] and len(another) == META
@@ -403,7 +403,7 @@ def test_crossing_the_budget_regroups_without_reading_the_fleet(
     seen.clear()
     third = stack.registry.get("aa:0002")
     assert third is not None
-    stack.registry.forget(third)
+    stack.registry.admin.forget(third)
     assert stack.frontend.lister.current().mode == "per-device" and seen == ["aa:0002"]
     assert as_fresh(stack)
     stack.close()

@@ -160,11 +160,12 @@ class Board:
         """One connection; True if the board answered ``initialize`` on it, None if refused."""
         identity = DeviceIdentity(self.device_id, f"board:{self.url}", BOARD_TRANSPORT,
                                   host=urllib.parse.urlsplit(self.url).netloc)  # fmt: skip
-        refusal = self._registry.admit(self.device_id, trusted=self.trusted,
-                                       client_id=identity.client_id, transport=BOARD_TRANSPORT,
-                                       peer=identity.host)  # fmt: skip
+        admin = self._registry.admin
+        refusal = admin.admit(self.device_id, trusted=self.trusted,
+                              client_id=identity.client_id, transport=BOARD_TRANSPORT,
+                              peer=identity.host)  # fmt: skip
         if refusal is None:
-            await self._registry.commit_decisions()
+            await admin.commit_decisions()
             within = None if self.trusted else self._networks()
             target = await resolve_board(self.url, self._own_ports(), within)
             refusal = target if isinstance(target, str) else None

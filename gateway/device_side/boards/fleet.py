@@ -132,7 +132,7 @@ class Boards:
             board.trusted = True
             device = self._registry.get(board.device_id)
             if device is not None:
-                self._registry.approve(device)
+                self._registry.admin.approve(device)
         elif board is None:
             board = self._start(options, trusted=True)
             self.offered(frozenset(self._boards))
@@ -203,7 +203,9 @@ class Boards:
             self.offered(frozenset(self._boards))
             device = self._registry.get(device_id)
             if device is not None and device.record.state == PENDING:
-                self._registry.forget(device)  # nothing to approve any more: its place is free
+                self._registry.admin.forget(
+                    device
+                )  # nothing to approve any more: its place is free
                 logger.info("board %s no longer announces itself: forgotten (it was waiting "
                             "for approval)", board.url)  # fmt: skip
             else:
@@ -221,7 +223,7 @@ class Boards:
                       networks=lambda: self.networks)  # fmt: skip
         board.owned = lambda: self.owns(board.device_id)
         if options.name:
-            self._registry.adopt(board.device_id, options.name)
+            self._registry.admin.adopt(board.device_id, options.name)
         self._boards[board.device_id] = board
         board.start()
         return board

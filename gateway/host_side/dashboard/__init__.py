@@ -31,7 +31,7 @@ from starlette.types import ASGIApp
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.events import EventStore
-from gateway.devices.registry import DeviceRegistry
+from gateway.devices.registry import DeviceAdmin, KnownDevices
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import (
     COOKIE,
@@ -72,13 +72,15 @@ class Dashboard:
     def __init__(
         self,
         config: Config,
-        registry: DeviceRegistry,
+        known: KnownDevices,
+        admin: DeviceAdmin,
         audit: AuditLog,
         public: PublicAddress,
         device_token: Callable[[], str],
         came_over_https: Callable[[Request], bool] = lambda request: request.url.scheme == "https",
     ) -> None:
-        self.config, self.registry, self.audit, self.public = config, registry, audit, public
+        self.config, self.audit, self.public = config, audit, public
+        self.known, self.admin = known, admin  # the devices; the user's decisions on them
         self.device_token = device_token
         # Whether the browser's own connection was HTTPS (to us, or to a proxy the owner
         # trusts): the OAuth origin rules' answer, so the session cookie is Secure exactly when
@@ -202,13 +204,13 @@ class Dashboard:
                 except TimeoutError:
                     yield ": keepalive\n\n"
                     continue
-                device = self.registry.get(event.device_id)
+                device = self.known.get(event.device_id)
                 if device is not None:
                     yield f"event: event\ndata: {json.dumps(event.shown(device.alias))}\n\n"
 
     async def tools(self, request: Request) -> Response:
         """``?device=``: every tool of one device, user-only ones included."""
-        device = self.registry.find(request.query_params.get("device", ""))
+        device = self.known.find(request.query_params.get("device", ""))
         if device is None:
             return JSONResponse({"error": "unknown device"}, 404)
         kept = self.device_events.recent(device.device_id) if self.device_events else []
@@ -224,15 +226,15 @@ class Dashboard:
         ref, name = body.get("device"), body.get("name")
         if not isinstance(ref, str) or not isinstance(name, str) or not 0 < len(name.strip()) <= 32:
             return JSONResponse({"error": "expected {device, name}: name 1 to 32 characters"}, 400)
-        device = self.registry.find(ref)
+        device = self.known.find(ref)
         if device is None:
             return JSONResponse({"error": f"unknown device {ref!r}"}, 404)
         try:
-            alias = self.registry.rename(device, name)
+            alias = self.admin.rename(device, name)
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, 409)
         try:
-            await self.registry.settle("rename", device, actor_of(request), f"to {alias}")
+            await self.admin.settle("rename", device, actor_of(request), f"to {alias}")
         except StorageUnavailable as exc:  # renamed in memory, not on disk: the user must know
             return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": "60"})
         return JSONResponse({"renamed": {"device": alias, "id": device.device_id}})
@@ -264,16 +266,15 @@ class Dashboard:
 
     def _pending(self) -> dict[str, int]:
         """How many devices wait for approval, how many may, and how many were refused."""
-        registry = self.registry
-        return {"waiting": len(registry.waiting), "max": self.config.max_pending,
-                "refused": registry.pending_refused}  # fmt: skip
+        return {"waiting": len(self.known.waiting), "max": self.config.max_pending,
+                "refused": self.admin.pending_refused}  # fmt: skip
 
     def _summaries(self) -> list[dict[str, Any]]:
-        return [device_summary(device) for device in self.registry.devices()]
+        return [device_summary(device) for device in self.known.devices()]
 
     async def _device_feed(self, alive: Callable[[], bool] | None) -> AsyncIterator[str]:
         """The device list now and after changes; it ends when the browser's session does."""
-        async with self.registry.device_changes() as changes:
+        async with self.known.device_changes() as changes:
             while alive is None or alive():
                 yield f"event: devices\ndata: {json.dumps(self._summaries())}\n\n"
                 yield f"event: pending\ndata: {json.dumps(self._pending())}\n\n"

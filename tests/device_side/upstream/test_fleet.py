@@ -32,7 +32,7 @@ def fleet_of(tmp_path: Path, adoption: str = "auto") -> tuple[Stack, FleetTools,
         (SHY, ScriptedSession()),
     ):
         # As a stock device arrives: with its OTA credential, not a device token.
-        stack.registry.admit(device_id, trusted=False, client_id=None, transport="mqtt")
+        stack.registry.admin.admit(device_id, trusted=False, client_id=None, transport="mqtt")
         stack.registry.connect(device_id, session, transport="mqtt")
         stack.registry.set_catalogue(
             device_id, (tool("self.light.set", on={"type": "boolean"}),), None
@@ -125,14 +125,14 @@ async def test_a_device_waiting_for_approval_offers_its_server_no_fleet(tmp_path
     stack, fleet, lamp = fleet_of(tmp_path, adoption="manual")
     bedroom = stack.registry.get(LAMP)
     assert bedroom is not None
-    stack.registry.approve(bedroom)  # the lamp is the user's; the speaker still waits
+    stack.registry.admin.approve(bedroom)  # the lamp is the user's; the speaker still waits
     assert fleet.entries() == []
     call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
             "params": {"name": "bedroom_light_set", "arguments": {}}}  # fmt: skip
     assert not fleet.from_upstream(call)  # left to the device, which knows no such tool
     speaker = stack.registry.get(SPEAKER)
     assert speaker is not None
-    stack.registry.approve(speaker)
+    stack.registry.admin.approve(speaker)
     assert [e["name"] for e in fleet.entries()] == ["bedroom_light_set"] and fleet.from_upstream(
         call
     )
