@@ -66,6 +66,9 @@ def data_dir(tmp_path: Path) -> Path:
 class MemoryLink:
     """An in-memory ``DeviceLink``: the test speaks as the device through ``feed``/``sent``."""
 
+    sends_whole = pushes = False
+    fail = None
+
     def __init__(self) -> None:
         self.closed = False
         self._inbox: asyncio.Queue[str | None] = asyncio.Queue()
