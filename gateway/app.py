@@ -133,7 +133,7 @@ class Gateway:
             mcp_sessions=lambda: self.frontend.notifier.session_count,
             broker_clients=self.broker.online if self.broker else None,
         )
-        self.admission.watchers.append(self.metrics.admitted)
+        self.admission.subscribe(self.metrics.admitted)
         self.metrics.device_events = self.events
         origins = OriginRules(config)
         self.dashboard = Dashboard(

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.datadir import open_private, private_dir
+from gateway.devices.subscribers import Subscribers, Unsubscribe
 
 __all__ = ["CLI_AGENT", "KINDS", "Actor", "AuditLog", "CallWatcher"]
 
@@ -133,7 +134,7 @@ class AuditLog:
         self.path = path
         self.admin_path = admin_path_of(path) if path is not None else None
         self.writes = 0  # batches written (or tried) so far
-        self.watchers: list[CallWatcher] = []
+        self._calls: Subscribers[[str, float]] = Subscribers()
         self.replica: str | None = None  # cluster: each record says which replica wrote it
         self._handler: _AuditFile | None = None
         self._admin_handler: _AuditFile | None = None
@@ -144,6 +145,10 @@ class AuditLog:
             private_dir(path.parent)
             self._handler = _AuditFile(path, max_bytes)
             self._admin_handler = _AuditFile(admin_path_of(path), max_bytes)
+
+    def subscribe_calls(self, watcher: CallWatcher) -> Unsubscribe:
+        """Tell ``watcher`` of every call as it ends (``record``), from now on."""
+        return self._calls.subscribe(watcher)
 
     def record(
         self,
@@ -161,8 +166,7 @@ class AuditLog:
         """Write one call's record (``origin``: the address it came from); a failure to write
         it is logged, never raised."""
         seconds = time.monotonic() - started
-        for watcher in self.watchers:
-            watcher(outcome, seconds)
+        self._calls.notify(outcome, seconds)
         if self._handler is None:
             return
         entry = {

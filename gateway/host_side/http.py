@@ -221,8 +221,8 @@ def build_host_app(
     routes += WaitingCalls(router.confirmations, registry, sessions).routes(guard, _Endpoint)
     if oauth is not None:
         routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
-        oauth.provider.on_revoke.append(_SessionEnder(manager))
-        oauth.provider.on_devices.append(_Relist(frontend))
+        oauth.provider.subscribe_revoked(_SessionEnder(manager))
+        oauth.provider.subscribe_devices(_Relist(frontend))
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
     if token or oauth is not None:

@@ -62,7 +62,7 @@ class GatewayMetrics:
         self._ended: list[tuple[str, float]] = []  # calls not counted yet: outcome, seconds
         self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
         self.registry.register(self._state)
-        audit.watchers.append(self.call_ended)
+        audit.subscribe_calls(self.call_ended)
         registry.discovery_watchers.append(self.discovery_seconds.observe)
 
     def call_ended(self, outcome: str, seconds: float) -> None:
