@@ -129,13 +129,18 @@ class AuditLog:
     admin records also to ``audit-admin.log`` (rotated alike)."""
 
     def __init__(
-        self, path: Path | None, *, flush_delay: float = _FLUSH_DELAY, max_bytes: int = _MAX_BYTES
+        self,
+        path: Path | None,
+        *,
+        replica: str | None = None,
+        flush_delay: float = _FLUSH_DELAY,
+        max_bytes: int = _MAX_BYTES,
     ) -> None:
         self.path = path
         self.admin_path = admin_path_of(path) if path is not None else None
         self.writes = 0  # batches written (or tried) so far
         self._calls: Subscribers[[str, float]] = Subscribers()
-        self.replica: str | None = None  # cluster: each record says which replica wrote it
+        self.replica = replica  # cluster: each record says which replica wrote it
         self._handler: _AuditFile | None = None
         self._admin_handler: _AuditFile | None = None
         self._flush_delay = flush_delay

@@ -77,6 +77,7 @@ class Dashboard:
         public: PublicAddress,
         device_token: Callable[[], str],
         came_over_https: Callable[[Request], bool] = lambda request: request.url.scheme == "https",
+        device_events: EventStore | None = None,
     ) -> None:
         self.config, self.registry, self.audit, self.public = config, registry, audit, public
         self.device_token = device_token
@@ -86,7 +87,7 @@ class Dashboard:
         self.came_over_https = came_over_https
         self.sessions = Sessions(config.host_token)
         self.ingress = networks(config.host_ingress_peers)  # Home Assistant's ingress proxy
-        self.device_events: EventStore | None = None  # what devices report (set by app)
+        self.device_events = device_events  # what devices report
 
     def routes(self, guard: Guard, endpoint: Callable[[Handler], ASGIApp]) -> list[BaseRoute]:
         """Routes for the host app; ``guard`` requires auth, ``endpoint`` makes a view an app."""
