@@ -30,6 +30,8 @@ def tool(name: str, **schema: Any) -> JsonObject:
 class ScriptedSession:
     """A DeviceSession whose answers the test decides."""
 
+    send_frame = None
+
     def __init__(self, answer: Callable[[str, JsonObject], JsonObject] | None = None) -> None:
         self.calls: list[tuple[str, JsonObject]] = []
         self._answer = answer or (lambda name, args: {"content": [{"type": "text", "text": "ok"}]})
