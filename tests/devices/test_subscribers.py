@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.devices.subscribers import Subscribers
+import pytest
+
+from gateway.devices.subscribers import AwaitedSubscribers, Subscribers
 
 
 def test_each_subscriber_is_told_of_each_event_until_it_unsubscribes() -> None:
@@ -30,3 +32,22 @@ def test_a_subscriber_that_unsubscribes_while_told_leaves_the_others_told() -> N
     events.notify()
     events.notify()
     assert told == ["once", "always", "always"]
+
+
+@pytest.mark.anyio
+async def test_awaited_subscribers_are_awaited_in_turn_until_they_unsubscribe() -> None:
+    told: list[str] = []
+    events: AwaitedSubscribers[[str]] = AwaitedSubscribers()
+
+    async def first(what: str) -> None:
+        told.append(f"first {what}")
+
+    async def second(what: str) -> None:
+        told.append(f"second {what}")
+
+    stop_first = events.subscribe(first)
+    events.subscribe(second)
+    await events.notify("photo")
+    stop_first()
+    await events.notify("another")
+    assert told == ["first photo", "second photo", "second another"]
