@@ -227,8 +227,7 @@ class Boards:
         board = Board(options.url, options.token, trusted=trusted, config=self._config,
                       registry=self._registry, serve=self._serve,
                       own_ports=lambda: self.own_ports,
-                      networks=lambda: self.networks)  # fmt: skip
-        board.owned = lambda: self.owns(board.device_id)
+                      networks=lambda: self.networks, owns=self.owns)  # fmt: skip
         if options.name:
             self._registry.adopt(board.device_id, options.name)
         self._boards[board.device_id] = board
