@@ -173,9 +173,10 @@ def build_host_app(
         session_idle_timeout=config.host_session_idle_timeout,
     )
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
-    api = HostApi(frontend, registry, router, enroll, photos)
-    api.trouble, api.add_board, api.forget_board = trouble, add_board, forget_board
-    api.enrollment = enrollment
+    api = HostApi(
+        frontend, registry, router, enroll, photos,
+        trouble=trouble, add_board=add_board, forget_board=forget_board, enrollment=enrollment,
+    )  # fmt: skip
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token
