@@ -2,8 +2,11 @@
 
 ``Gateway`` builds the long-lived parts (store, registry, MCP session manager, broker, MQTT
 transport, the task that forwards registry changes to MCP sessions) and wires them to each
-other. ``running()`` adds the two uvicorn listeners (gateway/net/listeners.py) on sockets bound
-up front, so that a port in use is a clear error and port 0 works in tests.
+other: each is given its collaborators as it is made; what exists only later (the MQTT
+transport once the broker listens, the listeners' guards) is handed over by a method that
+says so, and events go to subscribers (``subscribe...``). ``running()`` adds the two uvicorn
+listeners (gateway/net/listeners.py) on sockets bound up front, so that a port in use is a
+clear error and port 0 works in tests.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from starlette.types import ASGIApp
 
 from gateway.cluster import Cluster
 from gateway.cluster.broker_auth import BrokerAuth
+from gateway.cluster.replica import replica_name
 from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.boards import Boards
@@ -32,7 +36,6 @@ from gateway.device_side.transports.mqtt import BrokerLogin, MqttTransport
 from gateway.device_side.upstream.conversation import Conversations
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.mqtt_relay import MqttProxies
-from gateway.device_side.upstream.mqtt_settings import MqttUpstreams
 from gateway.device_side.upstream.proxy import VoiceProxy
 from gateway.device_side.upstream.vision import VisionForwarder
 from gateway.device_side.vision import VisionTokens
@@ -77,7 +80,10 @@ class Gateway:
         self.device_tokens = device_tokens(config)
         log_invalid_limits(config)  # what a device's tools cannot mend is said at start
         self.store = Store(config.data_dir / "registry.sqlite3")
-        self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None)
+        # cluster: records and series say which replica
+        replica = replica_name(config) if config.cluster_broker else None
+        self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None,
+                              replica=replica)  # fmt: skip
         known = KnownDevices(config, self.store, audit=self.audit)  # the devices, as state
         self.registry = DeviceRegistry(known, DeviceAdmin(known))
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
@@ -95,7 +101,7 @@ class Gateway:
         self.topics = Topics(config.mqtt_topic_prefix)
         # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
         # unless it holds this replica's MQTT devices ([cluster] mqtt_devices = "replica")
-        self.cluster = Cluster(config, self.registry) if config.cluster_broker else None
+        self.cluster = Cluster(config, self.registry, replica) if replica is not None else None
         # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
         self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
         if self.proxy is not None:  # a device rejected or forgotten loses its conversation
@@ -120,10 +126,20 @@ class Gateway:
         )
         self.mqtt: MqttTransport | None = None
         self.vision = VisionTokens() if config.vision_enabled else None
-        self.sessions = DeviceSessions(config, self.registry, self.public, self.vision,
-                                       mqtt_proxies=self._mqtt_proxies())  # fmt: skip
-        self.sessions.events = self.events
-        self.boards = Boards(config, self.registry, self.sessions.serve_board)
+        cluster = self.cluster
+        self.sessions = DeviceSessions(
+            config, self.registry, self.public, self.vision,
+            mqtt_proxies=self._mqtt_proxies(), events=self.events,
+            request_ids=cluster.session_ids if cluster else None,
+            bridge=cluster.bridged if cluster else None,
+            trouble=cluster.device_health if cluster else None,  # devices: once it has joined
+        )  # fmt: skip
+        # cluster: one replica holds each board, among those that reach it (cluster/boards.py)
+        self.boards = Boards(config, self.registry, self.sessions.serve_board,
+                             owns=cluster.owns_board if cluster else None,
+                             offered=cluster.offer_boards if cluster else None)  # fmt: skip
+        if cluster is not None:
+            cluster.subscribe_board_holders(self.boards.reown)
         self.device_app = build_device_app(
             config, self.admission, self.sessions, self.ota, self.vision, self.photos,
             **self._proxy_parts(), extra=self._cluster_routes(),
@@ -133,16 +149,16 @@ class Gateway:
             self.audit,
             mcp_sessions=lambda: self.frontend.notifier.session_count,
             broker_clients=self.broker.online if self.broker else None,
+            device_events=self.events,
+            replica=replica,
         )
-        self.admission.watchers.append(self.metrics.admitted)
-        self.metrics.device_events = self.events
+        self.admission.subscribe(self.metrics.admitted)
         origins = OriginRules(config)
         self.dashboard = Dashboard(
             config, self.registry.known, self.registry.admin, self.audit, self.public,
-            lambda: self.device_tokens[0],
+            lambda: self.device_tokens[0], device_events=self.events,
             came_over_https=lambda request: origins.of(request).https,
         )  # fmt: skip
-        self.dashboard.device_events = self.events
         self.oauth = (
             OAuthSite(config, self.audit, self.dashboard.sessions, self._approved)
             if config.oauth_enabled
@@ -154,15 +170,6 @@ class Gateway:
             trouble=self.cluster.health if self.cluster else None, oauth=self.oauth,
             add_board=self.boards.add, forget_board=self.boards.forget, enrollment=self.enrollment,
         )  # fmt: skip
-        if self.cluster is not None:  # cluster: records and series say which replica
-            self.audit.replica = self.metrics.replica = self.cluster.replica
-            self.sessions.bridge = self.cluster.bridged
-            self.sessions.trouble = self.cluster.device_health  # devices: once it has joined
-            self.cluster.on_number = self._number
-            # one replica holds each board, among those that reach it (gateway/cluster/boards.py)
-            self.boards.owns = self.cluster.owns_board
-            self.boards.offered = self.cluster.offer_boards
-            self.cluster.boards_reown = self.boards.reown
         self._stack = contextlib.AsyncExitStack()
 
     def _proxy_parts(self) -> dict[str, Any]:
@@ -189,11 +196,10 @@ class Gateway:
     def _mqtt_proxies(self) -> MqttProxies | None:
         """Relays for the MQTT devices that keep their voice server (docs/voice-proxy.md)."""
         config = self.config
-        if self.proxy is None or config.mqtt_broker is None:
-            return None  # no broker: the OTA reply leaves the upstream's mqtt section out
-        self.proxy.mqtt = upstreams = MqttUpstreams(config.data_dir)
+        if self.proxy is None or self.proxy.mqtt is None:
+            return None  # no broker (VoiceProxy)
         return MqttProxies(
-            upstreams,
+            self.proxy.mqtt,
             ota_url=lambda device_id: (
                 self.proxy.ota_url(device_id) if self.proxy is not None else None
             ),
@@ -271,7 +277,7 @@ class Gateway:
                 ),
             )
         guard = Guard(limits)
-        self.metrics.refusals[listener] = lambda: guard.refused
+        self.metrics.count_refusals(listener, lambda: guard.refused)
         return guard
 
     async def _start_mqtt(self) -> None:
@@ -281,7 +287,6 @@ class Gateway:
         on_cluster = self.cluster if self.broker is None else None
         if self.broker is not None:
             await self._stack.enter_async_context(self.broker)
-            self.ota.broker_port = self.broker.port
             login = self.broker  # the gateway's client: in-process
         elif self.cluster is not None and config.mqtt_mode != "off":
             login = self.cluster.logins  # cluster: devices on the cluster broker
@@ -307,18 +312,16 @@ class Gateway:
             foreign=on_cluster.remote.on_reply if on_cluster is not None else None,
             direct=on_cluster.remote if on_cluster is not None else None,
         )
-        self.ota.checked_in = self.mqtt.checked_in  # a booting device: probed as it arrives
+        # a booting device: probed as it arrives
+        self.ota.mqtt_started(self.mqtt.checked_in,
+                              broker_port=self.broker.port if self.broker else None)  # fmt: skip
         if self.broker is not None:  # devices' logins wait until the gateway's client listens
-            self.broker.heard = self.mqtt.connected
+            self.broker.hold_logins_until(self.mqtt.connected)
         if on_cluster is not None:
-            on_cluster.mqtt_reown = self.mqtt.reown
+            on_cluster.subscribe_mqtt_owners(self.mqtt.reown)
         await self._stack.enter_async_context(self.mqtt)
         task = asyncio.create_task(self.sessions.serve_mqtt(self.mqtt), name="gateway.mqtt.serve")
         self._stack.push_async_callback(_cancel, task)
-
-    def _number(self, ids: range) -> None:
-        """Cluster: the request ids this replica claimed, for its devices' sessions."""
-        self.sessions.request_ids = ids
 
     def _cluster_routes(self) -> list[BaseRoute]:
         """The cluster broker's login check (EMQX's HTTP authentication), when it has a token."""

@@ -31,6 +31,8 @@ def tool(name: str, **schema: Any) -> JsonObject:
 class ScriptedSession:
     """A DeviceSession whose answers the test decides."""
 
+    send_frame = None
+
     def __init__(self, answer: Callable[[str, JsonObject], JsonObject] | None = None) -> None:
         self.calls: list[tuple[str, JsonObject]] = []
         self._answer = answer or (lambda name, args: {"content": [{"type": "text", "text": "ok"}]})
@@ -72,6 +74,9 @@ def data_dir(tmp_path: Path) -> Path:
 
 class MemoryLink:
     """An in-memory ``DeviceLink``: the test speaks as the device through ``feed``/``sent``."""
+
+    sends_whole = pushes = False
+    fail = None
 
     def __init__(self) -> None:
         self.closed = False

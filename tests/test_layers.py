@@ -64,7 +64,7 @@ INNER: dict[str, list[set[str]]] = {
         {"device"},  # DeviceProtocol: the whole state machine
     ],
     "devices": [
-        {"name_rules"},  # how one MCP name is spelled
+        {"name_rules", "subscribers"},  # how one MCP name is spelled; callbacks told of events
         {"broadcast", "catalogue", "link", "naming", "photos", "audit", "tokens", "policy"},
         {"deadlines", "rates"},  # timeouts on timers shared by their length; callers' rates
         {"token_joins"},  # the shared token's caps on new devices

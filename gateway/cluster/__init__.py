@@ -49,7 +49,6 @@ from gateway.cluster.replica import (
     home_node,
     id_slice,
     pick_number,
-    replica_name,
     split_slice,
 )
 from gateway.config import Config
@@ -59,6 +58,7 @@ from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink
 from gateway.devices.link import DeviceLink
 from gateway.devices.registry import DeviceRegistry
+from gateway.devices.subscribers import Subscribers, Unsubscribe
 from gateway.errors import ConfigError
 
 __all__ = ["Cluster"]
@@ -73,14 +73,16 @@ _RECORDS_IN_FLIGHT = 256  # records published and not yet acknowledged by the br
 class Cluster:
     """This replica's part in the cluster; ``async with`` joins it."""
 
-    def __init__(self, config: Config, registry: DeviceRegistry) -> None:
+    def __init__(self, config: Config, registry: DeviceRegistry, replica: str) -> None:
+        """``replica``: this replica's name (``replica_name``), which its audit records and
+        metrics carry too."""
         assert config.cluster_broker is not None
         if config.cluster_name == config.mqtt_topic_prefix:
             raise ConfigError(
                 "cluster.name", "must differ from mqtt.topic_prefix (devices' topics)"
             )
         self.topics = ClusterTopics(config.cluster_name)
-        self.replica = replica_name(config)
+        self.replica = replica
         logins = [
             broker_login(url, config.cluster_username, config.cluster_password,
                          config.cluster_ca_file)
@@ -102,9 +104,9 @@ class Cluster:
         self.fleet.gives_way = self._gives_way
         self.fleet.live_changed = self._owners_changed
         self.boards = BoardOwners(self.replica)
-        # Told when who owns what may have changed (set by app): MqttTransport.reown, Boards.reown
-        self.mqtt_reown: Callable[[], None] = lambda: None
-        self.boards_reown: Callable[[], None] = lambda: None
+        # Told when who owns what may have changed: MqttTransport.reown, Boards.reown
+        self._mqtt_owners: Subscribers[[]] = Subscribers()
+        self._board_holders: Subscribers[[]] = Subscribers()
         self.client = ClusterClient(self.logins, self.topics, self.replica, self._on_message,
                                     self._on_ready, self._lost)  # fmt: skip
         self._joined = False  # on the broker, the live replicas known
@@ -121,7 +123,7 @@ class Cluster:
         self.cached = 0  # fleet records taken from the cache at start
         self.loading = False  # reading its cache of the fleet
         self.read_before_serving = 0  # device records parsed before it served (tests)
-        self.on_number: Callable[[range], None] = lambda ids: None  # its request ids, claimed
+        self._session_ids: range | None = None  # its sessions' request ids, once claimed
 
     async def __aenter__(self) -> Cluster:
         return self  # joined by ``join``, once the gateway listens
@@ -198,6 +200,20 @@ class Cluster:
         it decide a device's broker login (broker_auth.py)."""
         return self.device_health() is None
 
+    def session_ids(self) -> range | None:
+        """The request ids of this replica's sessions with devices: None until it has claimed
+        its number (a session opened meanwhile numbers its requests from 1, as a single
+        gateway's; ``Bridge.ours`` takes their replies)."""
+        return self._session_ids
+
+    def subscribe_mqtt_owners(self, reown: Callable[[], None]) -> Unsubscribe:
+        """Call ``reown`` whenever which replica owns which MQTT device may have changed."""
+        return self._mqtt_owners.subscribe(reown)
+
+    def subscribe_board_holders(self, reown: Callable[[], None]) -> Unsubscribe:
+        """Call ``reown`` whenever which replica holds which board may have changed."""
+        return self._board_holders.subscribe(reown)
+
     def owns(self, device_id: str) -> bool:
         """Does this replica run the MQTT device's session? The live replica it hashes to;
         none while it is cut from the broker or rejoining (it would not know who lives)."""
@@ -234,11 +250,11 @@ class Cluster:
 
     def _owners_changed(self) -> None:
         """The live replicas changed: who owns which MQTT device and holds which board."""
-        self.mqtt_reown()
+        self._mqtt_owners.notify()
         self._boards_moved()
 
     def _boards_moved(self) -> None:
-        self.boards_reown()  # connects the boards it holds now, lets the others go
+        self._board_holders.notify()  # connects the boards it holds now, lets the others go
         for device_id, link in self.bridge.held_links().items():
             if link.board and not self.owns_board(device_id):
                 self.fleet.local_ended(device_id)  # its holder's session, if announced, wins
@@ -344,7 +360,7 @@ class Cluster:
         sessions, calls = split_slice(self.ids)
         self.remote.use_ids(calls)
         self.bridge.own_ids = self.ids
-        self.on_number(sessions)
+        self._session_ids = sessions
 
     async def _keep(self) -> None:
         """Save the fleet's records to the cache while they change: every ``SAVE_EVERY``

@@ -64,6 +64,9 @@ def reply_id(text: str) -> int | None:
 class BridgedLink:
     """A local device's link, with the frames of other replicas' calls passed through."""
 
+    # Frames pass through ``send`` and ``__aiter__`` (a pushed message would skip the bridge).
+    sends_whole = pushes = False
+
     def __init__(
         self, bridge: Bridge, inner: DeviceLink, device_id: str, direct: bool, board: bool
     ) -> None:
@@ -92,8 +95,7 @@ class BridgedLink:
     def fail(self) -> Callable[[], None] | None:
         """How the device's own link fails (the WebSocket: 1011), if it can: a session that
         fails ends as on a single gateway (``DeviceConnection.run``)."""
-        fail: Callable[[], None] | None = getattr(self.inner, "fail", None)
-        return fail
+        return self.inner.fail
 
 
 class Bridge:

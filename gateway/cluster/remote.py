@@ -180,6 +180,8 @@ class RemoteCalls:
 class RemoteSession:
     """The registry's ``DeviceSession`` for a device another replica holds."""
 
+    send_frame = None  # its replica holds the link: a message beside MCP cannot go from here
+
     def __init__(
         self,
         calls: RemoteCalls,

@@ -2,7 +2,8 @@
 
 One decision for both transports: the embedded broker asks at each MQTT login, the WebSocket
 route before it accepts (the OTA endpoint asks the registry the same question). Each decision
-is told to the ``watchers`` (``/metrics`` counts refusals); refusals go to the audit log.
+is told to its subscribers (``subscribe``: ``/metrics`` counts refusals); refusals go to the
+audit log.
 
 A login presents a device id and a secret: a shared device token or a per-board token
 (``flash``), which admit the device as trusted (approved), or a stock device's OTA-issued
@@ -37,6 +38,7 @@ from gateway.devices.enrollment import Enrollment, enrollment_id
 from gateway.devices.link import DeviceIdentity
 from gateway.devices.logins import REFUSED
 from gateway.devices.registry import DeviceRegistry
+from gateway.devices.subscribers import Subscribers, Unsubscribe
 from gateway.devices.tokens import SEALED, same_identity, token_binding, token_matches
 from gateway.net.public import PublicAddress
 
@@ -60,7 +62,7 @@ class Admission:
         public: PublicAddress,
         ota: OtaEndpoint,
     ) -> None:
-        self.watchers: list[Callable[[str | None, str], object]] = []  # (refusal, transport)
+        self._verdicts: Subscribers[[str | None, str]] = Subscribers()  # (refusal, transport)
         self._config = config
         self._registry = registry
         self._enrollment = enrollment
@@ -68,6 +70,11 @@ class Admission:
         self._device_tokens = device_tokens
         self._public = public
         self._ota = ota
+
+    def subscribe(self, watcher: Callable[[str | None, str], object]) -> Unsubscribe:
+        """Tell ``watcher`` of every login decided from now on: why it was refused (None: it
+        was admitted), and over which transport."""
+        return self._verdicts.subscribe(watcher)
 
     def mqtt(self, device_id: str, password: str, peer: str | None = None) -> bool:
         """May ``device_id`` log in to the embedded broker with ``password`` (from ``peer``)?"""
@@ -88,8 +95,7 @@ class Admission:
         await self._registry.admin.commit_decisions()
 
     def _told(self, refused: str | None, transport: str) -> bool:
-        for watcher in self.watchers:
-            watcher(refused, transport)
+        self._verdicts.notify(refused, transport)
         return refused is None
 
     def check(

@@ -90,12 +90,26 @@ class OtaEndpoint:
         self._public = public
         self._proxy = proxy
         self._topics = Topics(config.mqtt_topic_prefix)
-        self.broker_port: int | None = None  # the embedded broker's port, once it listens
+        self._broker_port: int | None = None  # see ``mqtt_started``
         self._warned_loopback = False
         # [limits] ota_per_minute, ota_burst: one bucket per address for both paths
         self._limiter = configured_limiter(config, "ota")
-        # Told of each device offered MQTT (booting now): the transport looks for it soon.
-        self.checked_in: Callable[[str], None] = lambda device_id: None
+        self._checked_in: Callable[[str], None] = lambda device_id: None  # ``mqtt_started``
+
+    def mqtt_started(
+        self, checked_in: Callable[[str], None], *, broker_port: int | None = None
+    ) -> None:
+        """The gateway's MQTT side is up (made after this endpoint: the broker needs the
+        admission that needs it). ``checked_in`` is told of each device offered MQTT (booting
+        now: the transport looks for it soon); ``broker_port`` is the embedded broker's, once
+        it listens (None: devices are sent to the configured broker)."""
+        self._checked_in = checked_in
+        self._broker_port = broker_port
+
+    @property
+    def broker_port(self) -> int | None:
+        """The embedded broker's port, once it listens."""
+        return self._broker_port
 
     @property
     def transport(self) -> str:
@@ -193,7 +207,7 @@ class OtaEndpoint:
             transport=self.transport,
         )
         if "mqtt" in reply:
-            self.checked_in(check_in.device_id)
+            self._checked_in(check_in.device_id)
         offered = " and ".join(name for name in NVS_SECTIONS if name in reply)
         logger.info("OTA: offered %s %s (%s)", check_in.device_id, offered, client)
         return JSONResponse(reply)
@@ -232,7 +246,7 @@ class OtaEndpoint:
     def _own_mqtt(self, check_in: CheckIn, host_header: str | None) -> dict[str, Any]:
         device_id = check_in.device_id
         return {
-            "endpoint": self._public.mqtt_endpoint(self.broker_port, host_header),
+            "endpoint": self._public.mqtt_endpoint(self._broker_port, host_header),
             "client_id": device_id,
             "username": device_id,
             "password": self._credentials.password_for(device_id, check_in.client_id),

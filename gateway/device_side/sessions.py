@@ -48,19 +48,24 @@ class DeviceSessions:
         vision: VisionTokens | None,
         *,
         mqtt_proxies: MqttProxies | None = None,
+        events: EventStore | None = None,
+        request_ids: Callable[[], range | None] | None = None,
+        bridge: Bridge | None = None,
+        trouble: Callable[[], str | None] | None = None,
     ) -> None:
         self.mqtt_proxies = mqtt_proxies  # MQTT devices that keep their voice server
         self._config = config
         self._registry = registry
         self._public = public
         self._vision = vision
-        # cluster (gateway/cluster, set by app): this replica's slice of request ids, the
-        # bridge that lets other replicas reach a WebSocket device (it returns the link to
-        # serve and what to call when it ends), and why /healthz must fail
-        self.request_ids: range | None = None
-        self.bridge: Bridge | None = None
-        self.trouble: Callable[[], str | None] | None = None
-        self.events: EventStore | None = None  # where devices' events go (set by app)
+        self.events = events  # where devices' events go (none: dropped)
+        # cluster (gateway/cluster): this replica's slice of request ids (None until it has
+        # claimed one: numbered as on a single gateway), the bridge that lets other replicas
+        # reach a WebSocket device (it returns the link to serve and what to call when it
+        # ends), and why /healthz must fail
+        self._request_ids = request_ids
+        self.bridge = bridge
+        self.trouble = trouble
 
     async def serve(self, link: DeviceLink, identity: DeviceIdentity) -> None:
         """Run one device connection until its link closes."""
@@ -121,7 +126,7 @@ class DeviceSessions:
             relist_interval=self._config.relist_interval,
             max_calls_in_flight=self._config.call_max_in_flight,
             max_calls_queued=self._config.call_max_queued,
-            request_ids=GATEWAY_IDS if proxied else self.request_ids,
+            request_ids=GATEWAY_IDS if proxied else self.request_ids(),
             answer_hello=not proxied,
             pages=self._registry.pages,
             vision=vision,
@@ -136,6 +141,10 @@ class DeviceSessions:
         finally:
             if ended is not None:
                 ended()
+
+    def request_ids(self) -> range | None:
+        """The request ids a new session numbers its requests from (None: from 1)."""
+        return self._request_ids() if self._request_ids is not None else None
 
     def revoke(self, identity: DeviceIdentity, vision: dict[str, str] | None) -> None:
         """The session given ``vision`` ended: its upload token stops working."""

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.datadir import open_private, private_dir
+from gateway.devices.subscribers import Subscribers, Unsubscribe
 
 __all__ = ["CLI_AGENT", "KINDS", "Actor", "AuditLog", "CallWatcher"]
 
@@ -128,12 +129,17 @@ class AuditLog:
     admin records also to ``audit-admin.log`` (rotated alike)."""
 
     def __init__(
-        self, path: Path | None, *, flush_delay: float = _FLUSH_DELAY, max_bytes: int = _MAX_BYTES
+        self,
+        path: Path | None,
+        *,
+        replica: str | None = None,
+        flush_delay: float = _FLUSH_DELAY,
+        max_bytes: int = _MAX_BYTES,
     ) -> None:
         self.path = path
         self.admin_path = admin_path_of(path) if path is not None else None
-        self.watchers: list[CallWatcher] = []
-        self.replica: str | None = None  # cluster: each record says which replica wrote it
+        self._calls: Subscribers[[str, float]] = Subscribers()
+        self.replica = replica  # cluster: each record says which replica wrote it
         self._handler: _AuditFile | None = None
         self._admin_handler: _AuditFile | None = None
         self._flush_delay = flush_delay
@@ -143,6 +149,10 @@ class AuditLog:
             private_dir(path.parent)
             self._handler = _AuditFile(path, max_bytes)
             self._admin_handler = _AuditFile(admin_path_of(path), max_bytes)
+
+    def subscribe_calls(self, watcher: CallWatcher) -> Unsubscribe:
+        """Tell ``watcher`` of every call as it ends (``record``), from now on."""
+        return self._calls.subscribe(watcher)
 
     def record(
         self,
@@ -160,8 +170,7 @@ class AuditLog:
         """Write one call's record (``origin``: the address it came from); a failure to write
         it is logged, never raised."""
         seconds = time.monotonic() - started
-        for watcher in self.watchers:
-            watcher(outcome, seconds)
+        self._calls.notify(outcome, seconds)
         if self._handler is None:
             return
         entry = {

@@ -28,10 +28,10 @@ import asyncio
 import logging
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from gateway.devices.events import EventStore
-from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed, PushLink
+from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed, PushLink, is_push
 from gateway.devices.registry import DeviceRegistry
 from gateway.errors import DeviceToolError, DeviceUnavailable, InvalidState
 from gateway.protocol import (
@@ -116,8 +116,9 @@ class DeviceConnection:
         # Taken from the protocol, not written yet: rarely more than a frame, and a deque would
         # cost an idle device 600 bytes.
         self._unsent: list[str] = []
-        self._caller_sends = getattr(link, "sends_whole", False) is True
-        self._writes_now = hasattr(link, "write_now")  # a PushLink: writes without waiting
+        self._caller_sends = link.sends_whole
+        # A PushLink: takes each message in the turn it came, and writes without waiting.
+        self._push: PushLink | None = link if is_push(link) else None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
@@ -140,8 +141,8 @@ class DeviceConnection:
         failed = False
         try:
             self._arm()  # MQTT: a deadline already due, discovery starts at once
-            if hasattr(self._link, "deliver"):  # a PushLink: each message in the turn it came
-                await cast(PushLink, self._link).deliver(self._received)
+            if self._push is not None:  # each message in the turn it came
+                await self._push.deliver(self._received)
             else:
                 await self._pull()
         except (LinkClosed, DeviceUnavailable):
@@ -158,7 +159,7 @@ class DeviceConnection:
             # A failure ends the link as failed (the WebSocket's 1011), not as a normal close:
             # the device must not take it for one, and the caller logs it (a pulled link's,
             # as a pushed one's, which ``deliver`` failed already).
-            fail = getattr(self._link, "fail", None) if failed else None
+            fail = self._link.fail if failed else None
             if fail is not None:
                 fail()
             else:
@@ -184,8 +185,8 @@ class DeviceConnection:
         self._futures[call_id] = future
         try:
             if self._caller_sends and self._sender is None and not self._send_lock.locked():
-                if self._writes_now:  # no task, lock or await per call: the frame goes now
-                    self._write_now()
+                if self._push is not None:  # no task, lock or await per call: it goes now
+                    self._write_now(self._push)
                 else:
                     try:  # no task per call: the frame goes now, in order (nothing else sends)
                         await self._flush()
@@ -211,8 +212,8 @@ class DeviceConnection:
             raise DeviceUnavailable(self.identity.device_id, "device disconnected")
         self._unsent.append(text)
         if self._caller_sends and self._sender is None and not self._send_lock.locked():
-            if self._writes_now:
-                self._write_now()
+            if self._push is not None:
+                self._write_now(self._push)
             else:
                 await self._flush()
         else:
@@ -239,16 +240,16 @@ class DeviceConnection:
         self._protocol.receive_text(text)
         del text
         self._handle(self._protocol.events_received())
-        self._write_now()
+        self._write_now(self._push)
         self._arm()
 
-    def _write_now(self) -> None:
-        """Write the protocol's queued frames to a ``PushLink`` in one write, now, when nothing
+    def _write_now(self, link: PushLink | None) -> None:
+        """Write the protocol's queued frames to the ``PushLink`` in one write, now, when nothing
         else is sending (so in order); what the socket cannot take goes from the sender task."""
         unsent = self._unsent
         unsent.extend(self._protocol.data_to_send())
-        if unsent and self._sender is None and not self._send_lock.locked():
-            del unsent[: cast(PushLink, self._link).write_now(unsent)]
+        if unsent and link is not None and self._sender is None and not self._send_lock.locked():
+            del unsent[: link.write_now(unsent)]
         if unsent:  # the socket is full (or gone): the sender task waits for it
             self._send_soon()
 

@@ -12,7 +12,7 @@ per tool. Whether a caller may use one also depends on the device's approval sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -98,6 +98,13 @@ class Namer(Protocol):
 
 class DeviceSession(Protocol):
     """A live connection to a device, as the registry uses it."""
+
+    @property
+    def send_frame(self) -> Callable[[str], Awaitable[None]] | None:
+        """How to send the device a message of its protocol beside MCP (the stock ``alert``,
+        ``DeviceConnection.send_frame``); None where the session has no link of its own (a
+        device another replica holds)."""
+        ...
 
     async def call(self, tool: str, arguments: JsonObject) -> JsonObject:
         """Call ``tool`` on the device and return its ``tools/call`` result.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
-__all__ = ["BOARD_TRANSPORT", "DeviceIdentity", "DeviceLink", "LinkClosed", "PushLink"]
+__all__ = ["BOARD_TRANSPORT", "DeviceIdentity", "DeviceLink", "LinkClosed", "PushLink", "is_push"]
 
 # A board that serves MCP itself, the gateway its MCP client (gateway/device_side/boards).
 BOARD_TRANSPORT = "mcp-http"
@@ -27,7 +27,29 @@ class DeviceIdentity:
 
 
 class DeviceLink(Protocol):
-    """One device's text messages: what every transport offers a ``DeviceConnection``."""
+    """One device's text messages: what every transport offers a ``DeviceConnection``.
+
+    Besides its methods, each link states what it can do (a class attribute each: ``sends_whole``,
+    ``pushes``, ``fail``): the connection picks how to send, receive and fail by what the link
+    declares, never by which attributes it happens to have.
+    """
+
+    @property
+    def sends_whole(self) -> bool:
+        """A frame is written whole or not at all, even when its send is cancelled (the
+        WebSocket): a caller may send its own request, with no task in between."""
+        ...
+
+    @property
+    def pushes(self) -> bool:
+        """The link is a ``PushLink`` (``is_push(link)`` says so to the type checker)."""
+        ...
+
+    @property
+    def fail(self) -> Callable[[], None] | None:
+        """How the link ends as failed (the WebSocket's 1011), not as a normal close; None when
+        it ends only one way (``aclose``)."""
+        ...
 
     async def send(self, text: str) -> None:
         """Send one text message; raise ``LinkClosed`` if the link is gone."""
@@ -54,3 +76,8 @@ class PushLink(DeviceLink, Protocol):
         """Write the first of ``texts`` (text messages, in order) that need no wait, in one
         write; return how many (0 when the link must be waited for, or is closed)."""
         ...
+
+
+def is_push(link: DeviceLink) -> TypeGuard[PushLink]:
+    """Is ``link`` a ``PushLink``? As it declares (``DeviceLink.pushes``)."""
+    return link.pushes

@@ -174,7 +174,7 @@ class Messenger:
 
     async def _send(self, device: Device, frame: str) -> None:
         session = device.session
-        send = getattr(session, "send_frame", None)
+        send = session.send_frame if session is not None else None
         # A board serving MCP itself speaks no xiaozhi frames; a device another replica holds
         # (cluster) has no link here.
         if send is None or device.record.transport == BOARD_TRANSPORT:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.datadir import private_dir
+from gateway.devices.subscribers import AwaitedSubscribers, Unsubscribe
 
 __all__ = ["PHOTO_URI_PREFIX", "Catch", "Catching", "Photo", "PhotoStore", "alias_of", "image_type",
            "photo_ref", "photo_uri"]  # fmt: skip
@@ -159,13 +160,17 @@ class PhotoStore:
         self._history_size = history
         self._latest: dict[str, Photo] = {}
         self._older: dict[str, list[Photo]] = {}  # newest first, each on disk
-        self.arrived: list[Arrived] = []  # awaited with each new photo (MCP notifications)
+        self._arrivals: AwaitedSubscribers[[Photo]] = AwaitedSubscribers()
         self._catches: dict[str, list[Catch]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._in_memory = 0  # bytes of the photos kept in memory only
         if directory is not None:
             private_dir(directory)
             self._load(directory)
+
+    def subscribe_arrivals(self, arrived: Arrived) -> Unsubscribe:
+        """Await ``arrived`` with each new photo from now on (MCP notifications)."""
+        return self._arrivals.subscribe(arrived)
 
     def latest(self, device_id: str) -> Photo | None:
         """The device's latest photo, if it has taken one."""
@@ -230,8 +235,7 @@ class PhotoStore:
                 photo = dataclasses.replace(photo, data=data)
                 self._in_memory += len(data)
             self._latest[device_id] = photo
-        for arrived in self.arrived:
-            await arrived(photo)
+        await self._arrivals.notify(photo)
         return photo
 
     def _retire(self, device_id: str, latest: Photo | None, older: list[Photo]) -> list[Photo]:

@@ -48,14 +48,19 @@ class HostApi:
         router: CallRouter,
         enroll: Enroll | None,
         photos: PhotoStore | None,
+        *,
+        trouble: Callable[[], str | None] | None = None,
+        add_board: AddBoard | None = None,
+        forget_board: Callable[[str], None] | None = None,
+        enrollment: Enrollment | None = None,
     ) -> None:
         self.frontend, self.known, self.admin, self.router = frontend, known, admin, router
         self._enroll = enroll
         self._photos = photos
-        self.trouble: Callable[[], str | None] | None = None
-        self.add_board: AddBoard | None = None
-        self.forget_board: Callable[[str], None] | None = None
-        self.enrollment: Enrollment | None = None  # the issued device tokens, to list and revoke
+        self.trouble = trouble
+        self.add_board = add_board
+        self.forget_board = forget_board
+        self.enrollment = enrollment  # the issued device tokens, to list and revoke
 
     async def enroll(self, request: Request) -> Response:
         """Issue a token for a board about to be flashed (``esp-mcp-gateway flash``)."""

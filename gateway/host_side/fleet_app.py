@@ -79,9 +79,9 @@ def panel_html() -> str:
 class FleetApp:
     """What the extension changes in the gateway's MCP answers, for hosts that negotiated it."""
 
-    def __init__(self, photos: PhotoStore | None) -> None:
+    def __init__(self, photos: PhotoStore | None, events: EventStore | None = None) -> None:
         self._photos = photos
-        self.events: EventStore | None = None  # set by the frontend
+        self.events = events
 
     @staticmethod
     def negotiated(ctx: Context) -> bool:

@@ -173,9 +173,10 @@ def build_host_app(
         session_idle_timeout=config.host_session_idle_timeout,
     )
     sse = SseServerTransport("/messages/", security_settings=_SDK_CHECKS_OFF)
-    api = HostApi(frontend, registry.known, registry.admin, router, enroll, photos)
-    api.trouble, api.add_board, api.forget_board = trouble, add_board, forget_board
-    api.enrollment = enrollment
+    api = HostApi(
+        frontend, registry.known, registry.admin, router, enroll, photos,
+        trouble=trouble, add_board=add_board, forget_board=forget_board, enrollment=enrollment,
+    )  # fmt: skip
     limiter = configured_limiter(config, "enroll")  # [limits] enroll_per_minute, enroll_burst
     enroll_limited = rate_limited(api.enroll, limiter, "enroll requests")
     token = config.host_token
@@ -221,8 +222,8 @@ def build_host_app(
     routes += WaitingCalls(router.confirmations, registry.known, sessions).routes(guard, _Endpoint)
     if oauth is not None:
         routes += [*oauth.routes(), *ConnectedApps(oauth).routes(guard, _Endpoint)]
-        oauth.provider.on_revoke.append(_SessionEnder(manager))
-        oauth.provider.on_devices.append(_Relist(frontend))
+        oauth.provider.subscribe_revoked(_SessionEnder(manager))
+        oauth.provider.subscribe_devices(_Relist(frontend))
     hosts, origins = host_patterns(config)
     middleware = [Middleware(HostOriginGuard, hosts=hosts, origins=origins)]
     if token or oauth is not None:

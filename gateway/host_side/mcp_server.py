@@ -227,13 +227,13 @@ class McpFrontend:
         self._router = router
         self.notifier = ChangeNotifier()
         self.lister = ToolLister(config, registry)
-        self.app = FleetApp(photos)
-        self._photo_resources = PhotoResources(registry, photos) if photos is not None else None
-        if photos is not None:
-            photos.arrived.append(lambda photo: self.notifier.resources_changed())
         if events is None:  # in memory: the meta-tool and resources are there all the same
             events = EventStore(None, approved_in(registry))
-        self.events = self.app.events = events
+        self.events = events
+        self.app = FleetApp(photos, events)
+        self._photo_resources = PhotoResources(registry, photos) if photos is not None else None
+        if photos is not None:
+            photos.subscribe_arrivals(lambda photo: self.notifier.resources_changed())
         self.event_resources = EventResources(registry, events, self.notifier.bus,
                                               self.notifier.listen_handler)  # fmt: skip
         self.channels = Channels(config, registry, events)

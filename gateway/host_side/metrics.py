@@ -39,6 +39,8 @@ class GatewayMetrics:
         *,
         mcp_sessions: Callable[[], int],
         broker_clients: Callable[[], Collection[str]] | None = None,
+        device_events: EventStore | None = None,
+        replica: str | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.calls = CounterMetric("gateway_calls", "Device tool calls by outcome",
@@ -52,18 +54,23 @@ class GatewayMetrics:
             buckets=_DISCOVERY_BUCKETS,
             registry=self.registry,
         )
-        self.replica: str | None = None  # cluster: every series labelled replica="<name>"
+        self.replica = replica  # cluster: every series labelled replica="<name>"
         self.refusals: dict[str, Callable[[], Mapping[str, int]]] = {}  # listener -> counts
         self.admissions_refused: Counter[str] = Counter()  # transport -> devices turned away
-        self.device_events: EventStore | None = None  # devices' events dropped or folded
+        self.device_events = device_events  # devices' events dropped or folded
         self._calls_by_outcome: dict[
             str, CounterMetric
         ] = {}  # the counter of each outcome, found once
         self._ended: list[tuple[str, float]] = []  # calls not counted yet: outcome, seconds
         self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
         self.registry.register(self._state)
-        audit.watchers.append(self.call_ended)
+        audit.subscribe_calls(self.call_ended)
         registry.discovery_watchers.append(self.discovery_seconds.observe)
+
+    def count_refusals(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Expose what ``listener``'s guard refused (its counts by reason), read at each scrape:
+        the guards are made with the listeners, after this."""
+        self.refusals[listener] = counts
 
     def call_ended(self, outcome: str, seconds: float) -> None:
         """Count one call (``AuditLog`` watcher).

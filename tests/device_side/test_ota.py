@@ -48,7 +48,7 @@ def endpoint(tmp_path: Path, **overrides: Any) -> tuple[OtaEndpoint, Stack]:
     config = make_config(tmp_path, **overrides)
     stack = Stack(config)
     ota = OtaEndpoint(config, stack.registry, DeviceCredentials(tmp_path), PublicAddress(config))
-    ota.broker_port = 1883
+    ota.mqtt_started(lambda device_id: None, broker_port=1883)
     return ota, stack
 
 

@@ -142,7 +142,7 @@ async def test_history_keeps_the_last_photos_and_forget_removes_them_all(tmp_pat
     async def note(photo: object) -> None:
         arrived.append(photo.id)
 
-    store.arrived.append(note)
+    store.subscribe_arrivals(note)
     for data, mime in ((JPEG, "image/jpeg"), (JPEG + b"2", "image/jpeg"), (PNG, "image/png")):
         await store.keep("aa", data, mime, "")
     kept = store.history("aa")

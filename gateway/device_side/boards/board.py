@@ -8,7 +8,7 @@ by the owner, found over mDNS, only inside the discovery networks). Between
 attempts the wait doubles from one second up to ``[mcp_boards] retry_max``; a session that got
 as far as ``initialize`` starts the count again.
 
-In a cluster one replica holds each board (gateway/cluster/boards.py): ``owned`` says whether
+In a cluster one replica holds each board (gateway/cluster/boards.py): ``owns`` says whether
 this one does, and the board waits while it does not. ``reown()`` asks again; a session here
 that another replica holds by the rule now is kept until that replica announces the board (the
 cluster then ends this one) or ``HANDOVER`` passes: hosts see no offline blink.
@@ -69,6 +69,7 @@ class Board:
         serve: Serve,
         own_ports: Callable[[], Collection[int]],
         networks: Callable[[], Sequence[Network]],
+        owns: Callable[[str], bool],
     ) -> None:
         self.url = url
         self.device_id = board_id(url)
@@ -83,12 +84,16 @@ class Board:
         self._task: asyncio.Task[None] | None = None
         self._link: BoardLink | None = None  # the current attempt's
         self.attempted = asyncio.Event()  # set once an attempt has ended (tests wait on it)
-        self.owned: Callable[[], bool] = lambda: True  # cluster: does this replica hold it?
+        self._owns = owns  # cluster: does this replica hold it (by its id)?
         self._reowned = asyncio.Event()  # who holds it may have changed
         self._leaving: asyncio.TimerHandle | None = None  # armed while held elsewhere
         self._closing: set[asyncio.Task[None]] = set()
         self._kind = SSE if urllib.parse.urlsplit(url).path.rstrip("/").endswith("/sse") else (
             STREAMABLE)  # fmt: skip
+
+    def owned(self) -> bool:
+        """Does this replica hold the board (always, on a single gateway)?"""
+        return self._owns(self.device_id)
 
     def start(self) -> None:
         """Start connecting (idempotent)."""

@@ -44,7 +44,15 @@ MAX_ADDED = 1000  # boards added at run time; past it an add is refused (a runaw
 class Boards:
     """Runs one ``Board`` per board URL; ``async with`` stops them all."""
 
-    def __init__(self, config: Config, registry: DeviceRegistry, serve: Serve) -> None:
+    def __init__(
+        self,
+        config: Config,
+        registry: DeviceRegistry,
+        serve: Serve,
+        *,
+        owns: Callable[[str], bool] | None = None,
+        offered: Callable[[frozenset[str]], None] | None = None,
+    ) -> None:
         self._config = config
         self._registry = registry
         self._serve = serve
@@ -56,9 +64,10 @@ class Boards:
         self.own_ports: Collection[int] = ()  # the gateway's listening ports, once known
         self.networks: tuple[Network, ...] = ()  # where discovered boards may be, once browsing
         self._discovery: Discovery | None = None
-        # cluster (set by app): does this replica hold the board; these are the boards it reaches
-        self.owns: Callable[[str], bool] = lambda device_id: True
-        self.offered: Callable[[frozenset[str]], None] = lambda device_ids: None
+        # cluster: does this replica hold the board; these are the boards it reaches (None: a
+        # single gateway holds every board, and tells no one)
+        self.owns = owns if owns is not None else lambda device_id: True
+        self.offered = offered if offered is not None else lambda device_ids: None
 
     async def __aenter__(self) -> Boards:
         return self
@@ -220,8 +229,7 @@ class Boards:
         board = Board(options.url, options.token, trusted=trusted, config=self._config,
                       registry=self._registry, serve=self._serve,
                       own_ports=lambda: self.own_ports,
-                      networks=lambda: self.networks)  # fmt: skip
-        board.owned = lambda: self.owns(board.device_id)
+                      networks=lambda: self.networks, owns=self.owns)  # fmt: skip
         if options.name:
             self._registry.admin.adopt(board.device_id, options.name)
         self._boards[board.device_id] = board

@@ -42,6 +42,8 @@ class BoardLink:
     """A ``DeviceLink`` over the SDK client transport's streams to one board."""
 
     sends_whole = False  # the SDK's write stream hands messages to a task: the sender sends
+    pushes = False
+    fail = None
 
     def __init__(
         self, read: Any, write: Any, session_id: str, *, max_bytes: int, label: str

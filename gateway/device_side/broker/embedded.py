@@ -108,9 +108,13 @@ class EmbeddedBroker:
         self._presence: Broadcast[Presence] = Broadcast()
         self._watchers: list[Callable[[Presence], None]] = []
         self.port = listen.port
-        # Set while the gateway's own client is subscribed (app.py hands it the transport's
-        # ``connected``): until then a device's PUBLISH would reach nobody and be lost.
-        self.heard: asyncio.Event | None = None
+        self._heard: asyncio.Event | None = None  # see ``hold_logins_until``
+
+    def hold_logins_until(self, heard: asyncio.Event) -> None:
+        """Hold devices' logins until ``heard`` is set: while the gateway's own client (the
+        MQTT transport, made once the broker listens) is not subscribed yet, a device's
+        PUBLISH would reach nobody and be lost."""
+        self._heard = heard
 
     @property
     def client_host(self) -> str:
@@ -259,11 +263,11 @@ class EmbeddedBroker:
         client has subscribed: a hello nobody heard is lost, and the device's conversation
         with it. A device held past the bound is let in (nothing better is coming).
         """
-        if self.heard is None or self.heard.is_set():
+        if self._heard is None or self._heard.is_set():
             return
         try:
             async with asyncio.timeout(_HEARD_PATIENCE):
-                await self.heard.wait()
+                await self._heard.wait()
         except TimeoutError:
             logger.warning("the gateway's own MQTT client is not listening yet; device let in")
 

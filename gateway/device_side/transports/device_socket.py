@@ -53,6 +53,7 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
 
     # A frame is written whole or not at all, even when the send is cancelled (see ``send``).
     sends_whole = True
+    pushes = True  # a ``PushLink`` (device_messages.py: ``deliver``; ``write_now``)
 
     def __init__(
         self,

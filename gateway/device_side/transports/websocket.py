@@ -56,6 +56,7 @@ class StarletteLink:
     # uvicorn's send waits (for a full socket buffer to drain) before it writes anything, then
     # writes the frame at once: a cancelled send never leaves a frame half or wholly written.
     sends_whole = True
+    pushes = False
     _close = (1000, "")  # how ``aclose`` closes it: normally, until ``fail``
 
     def __init__(self, websocket: WebSocket) -> None:

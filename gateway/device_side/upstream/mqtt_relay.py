@@ -71,6 +71,10 @@ GOODBYE_SECONDS = 2.0  # the relay's end waits this long, at most, for each side
 class MqttRelay:
     """The relay of one proxied MQTT device session; ``async with`` runs its upstream side."""
 
+    # The gateway's link to the device (``send``, ``__aiter__``, ``aclose``), over its MqttLink.
+    sends_whole = pushes = False
+    fail = None
+
     def __init__(
         self,
         link: DeviceLink,

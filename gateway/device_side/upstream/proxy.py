@@ -2,7 +2,7 @@
 
 One per gateway, made when ``[upstream]`` names a voice server for some device: the HTTP client
 that forwards check-ins, activations and camera uploads (``OtaForwarder``), the upstream settings
-of each device (``WebSocketUpstreams``; the MQTT half plugs its own in as ``mqtt``), and the MCP
+of each device (``WebSocketUpstreams``; the MQTT half's as ``mqtt``, with a broker), and the MCP
 tap of each live proxied conversation, by device id (the vision forwarder reads the upstream's
 camera URL there).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gateway.config import Config
 from gateway.device_side.upstream.forwarder import OtaForwarder
-from gateway.device_side.upstream.ota_reply import MqttUpstreams
+from gateway.device_side.upstream.mqtt_settings import MqttUpstreams
 from gateway.device_side.upstream.settings import WebSocketUpstreams, server_of
 from gateway.device_side.upstream.tap import McpTap
 from gateway.devices.device import REJECTED
@@ -30,7 +30,8 @@ class VoiceProxy:
         self.config = config
         self.forwarder = OtaForwarder(config.upstream_timeout)
         self.websockets = WebSocketUpstreams(data_dir)
-        self.mqtt: MqttUpstreams | None = None
+        # No broker: the OTA reply leaves the upstream's mqtt section out (app: no relays).
+        self.mqtt = MqttUpstreams(data_dir) if config.mqtt_broker is not None else None
         self.taps: dict[str, McpTap] = {}
         """The tap of each device's live proxied conversation."""
         self.enders: dict[str, Callable[[], None]] = {}

@@ -68,6 +68,10 @@ class UpstreamRefused(Exception):
 class TappedLink:
     """The gateway's ``DeviceLink`` to a proxied device: what the tap routes to the gateway."""
 
+    # Detaching is all the gateway's session may do: the device's conversation goes on.
+    sends_whole = pushes = False
+    fail = None
+
     def __init__(self, device: WebSocket) -> None:
         self._device = device
         self._frames: asyncio.Queue[str | None] = asyncio.Queue()  # bounded by feed()

@@ -78,6 +78,7 @@ class Dashboard:
         public: PublicAddress,
         device_token: Callable[[], str],
         came_over_https: Callable[[Request], bool] = lambda request: request.url.scheme == "https",
+        device_events: EventStore | None = None,
     ) -> None:
         self.config, self.audit, self.public = config, audit, public
         self.known, self.admin = known, admin  # the devices; the user's decisions on them
@@ -88,7 +89,7 @@ class Dashboard:
         self.came_over_https = came_over_https
         self.sessions = Sessions(config.host_token)
         self.ingress = networks(config.host_ingress_peers)  # Home Assistant's ingress proxy
-        self.device_events: EventStore | None = None  # what devices report (set by app)
+        self.device_events = device_events  # what devices report
 
     def routes(self, guard: Guard, endpoint: Callable[[Handler], ASGIApp]) -> list[BaseRoute]:
         """Routes for the host app; ``guard`` requires auth, ``endpoint`` makes a view an app."""

@@ -27,6 +27,7 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from gateway.config import Config
 from gateway.devices.audit import Actor, AuditLog
+from gateway.devices.subscribers import Subscribers, Unsubscribe
 from gateway.host_side.device_scope import scope_words
 from gateway.host_side.oauth.client_documents import (
     ClientDocumentError,
@@ -73,9 +74,19 @@ class GatewayProvider(
     ) -> None:
         self.config, self.store, self.documents = config, store, documents
         self.consents, self.audit = consents, audit
-        self.on_revoke: list[Callable[[str], None]] = []  # told the client id of ended grants
-        self.on_devices: list[Callable[[str], None]] = []  # ... of apps whose devices changed
+        self._revoked: Subscribers[[str]] = Subscribers()  # the client id of ended grants
+        self._devices_changed: Subscribers[[str]] = Subscribers()  # ... of apps' devices
         self.http_networks = networks(config.oauth_http_networks)  # plain-HTTP redirects too
+
+    def subscribe_revoked(self, watcher: Callable[[str], object]) -> Unsubscribe:
+        """Tell ``watcher`` the client id of each app whose grants end, from now on (however
+        they end: revoked by the owner or the app, or a refresh token presented twice)."""
+        return self._revoked.subscribe(watcher)
+
+    def subscribe_devices(self, watcher: Callable[[str], object]) -> Unsubscribe:
+        """Tell ``watcher`` the client id of each app the owner gives other devices, from now
+        on (``set_devices``)."""
+        return self._devices_changed.subscribe(watcher)
 
     # --- apps ---------------------------------------------------------------------------------
 
@@ -296,8 +307,7 @@ class GatewayProvider(
             "devices", grant.client_name, client_id, actor.where, actor.who,
             f"may now use {scope_words(devices)}",
         )  # fmt: skip
-        for watcher in self.on_devices:
-            watcher(client_id)
+        self._devices_changed.notify(client_id)
         return grant
 
     def revoke_app(self, client_id: str, actor: Actor) -> list[Grant]:
@@ -344,8 +354,7 @@ class GatewayProvider(
         self._ended(grant.client_id)
 
     def _ended(self, client_id: str) -> None:
-        for watcher in self.on_revoke:
-            watcher(client_id)
+        self._revoked.notify(client_id)
 
     def _audit(
         self,

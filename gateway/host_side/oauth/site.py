@@ -89,7 +89,7 @@ class OAuthSite:
         self.documents = ClientDocuments(networks(config.oauth_metadata_networks))
         self.provider = GatewayProvider(config, self.store, self.documents, self.consents, audit)
         self.streams = AppStreams()
-        self.provider.on_revoke.append(self.streams.end)
+        self.provider.subscribe_revoked(self.streams.end)
         self.consent = ConsentPage(self.provider, self.consents, sessions, fleet)
         self.credentials = AppCredentials(self.store, audit, self.provider.http_networks)
         self._registrations = RateLimiter(

@@ -217,7 +217,8 @@ async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
     instant it is accepted: its CONNECT waits until the gateway's own client is subscribed, so
     the hello is heard, not lost to a broker with nobody on the up topics."""
     async with broker() as b:
-        b.heard = asyncio.Event()
+        heard = asyncio.Event()
+        b.hold_logins_until(heard)
         device = client(b, DEVICE, TOKEN)
         connecting = asyncio.create_task(device.__aenter__())
         # Unheld, a login on loopback is answered in milliseconds; held, not in this second.
@@ -225,7 +226,7 @@ async def test_a_device_is_accepted_only_once_the_gateway_listens() -> None:
         assert not connecting.done()
         gw = Listener()
         b.attach(gw, [("xiaozhi/+/up", 1)])
-        b.heard.set()
+        heard.set()
         async with asyncio.timeout(bound(5)):
             await connecting
         try:

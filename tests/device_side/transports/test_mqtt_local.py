@@ -29,7 +29,7 @@ async def embedded() -> AsyncIterator[tuple[EmbeddedBroker, MqttTransport]]:
 
     async with EmbeddedBroker(ListenAddress("127.0.0.1", 0), Topics(), admits) as broker:
         async with MqttTransport(broker, Topics()) as transport:
-            broker.heard = transport.connected
+            broker.hold_logins_until(transport.connected)
             async with asyncio.timeout(bound(5)):
                 await transport.connected.wait()
             yield broker, transport

@@ -36,6 +36,10 @@ class LinkOwner(Protocol):
 class MqttLink:
     """A ``DeviceLink`` over the device's ``up`` and ``down`` topics."""
 
+    sends_whole = False  # a cancelled publish may have gone already: the connection's task sends
+    pushes = False
+    fail = None  # a device's session ends one way: the gateway stops listening to it
+
     def __init__(self, transport: LinkOwner, device_id: str) -> None:
         self.device_id = device_id
         self.identity = DeviceIdentity(device_id=device_id, client_id=None, transport="mqtt")
