@@ -9,9 +9,11 @@ this machine that is not this machine.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import socket
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -36,6 +38,16 @@ from tests.netns import Lan, lan, needs_lan
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 MCP = "_mcp._tcp.local."
+
+
+@pytest.fixture(autouse=True)
+def loopback_multicast_to_ourselves() -> Iterator[None]:
+    """One test at a time on this machine's loopback multicast: every responder and browser on
+    it hears every other, so another run beside this one (.ci/run runs two) would announce its
+    boards to this test's gateway, and the same names twice."""
+    with open(Path(tempfile.gettempdir()) / "esp-mcp-gateway-tests-mdns.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def announcement(name: str, address: str, port: int, path: str = "mcp") -> AsyncServiceInfo:
