@@ -84,7 +84,11 @@ class Gateway:
         replica = replica_name(config) if config.cluster_broker else None
         self.audit = AuditLog(config.data_dir / "audit.log" if config.audit_log else None,
                               replica=replica)  # fmt: skip
-        known = KnownDevices(config, self.store, audit=self.audit)  # the devices, as state
+        self.credentials = DeviceCredentials(config.data_dir)
+        # cluster: the replicas seal the identity bindings they decide with a shared key
+        binding_key = self.credentials.binding_key() if replica is not None else None
+        known = KnownDevices(config, self.store, audit=self.audit,
+                             binding_key=binding_key)  # the devices, as state  # fmt: skip
         self.registry = DeviceRegistry(known, DeviceAdmin(known))
         self.photos = PhotoStore(config.data_dir / "photos", config.vision_photo_history)
         self.router = CallRouter(config, self.audit, self.photos)
@@ -96,7 +100,6 @@ class Gateway:
         self.frontend = McpFrontend(config, self.registry.known, self.router, self.photos,
                                     audit=self.audit, messenger=self.messenger,
                                     events=self.events)  # fmt: skip
-        self.credentials = DeviceCredentials(config.data_dir)
         self.public = PublicAddress(config)
         self.topics = Topics(config.mqtt_topic_prefix)
         # cluster: replicas on a broker cluster (gateway/cluster); the embedded broker stays off
@@ -105,7 +108,7 @@ class Gateway:
         # Beside voice servers (docs/voice-proxy.md): only when [upstream] names one.
         self.proxy = VoiceProxy(config, config.data_dir) if config.upstream_enabled else None
         if self.proxy is not None:  # a device rejected or forgotten loses its conversation
-            self.registry.record_watchers.append(self.proxy.on_record)
+            self.registry.subscribe_records(self.proxy.on_record)
         self.ota = OtaEndpoint(config, self.registry, self.credentials, self.public, self.proxy)
         self.enrollment = Enrollment(config.data_dir / "registry.sqlite3")
         self.admission = Admission(config, self.registry, self.enrollment, self.credentials,

@@ -53,7 +53,7 @@ from gateway.cluster.replica import (
 )
 from gateway.config import Config
 from gateway.device_side.boards.link import BoardLink
-from gateway.device_side.broker import DeviceCredentials, Topics
+from gateway.device_side.broker import Topics
 from gateway.device_side.broker.aiomqtt_fixes import cancel_all
 from gateway.device_side.transports.mqtt import BrokerLogin, MqttLink
 from gateway.devices.link import DeviceLink
@@ -94,15 +94,15 @@ class Cluster:
         self.no = 0  # claimed when joining
         self.ids = id_slice(1)
         self._registry = registry
-        registry.binding_key = DeviceCredentials(config.data_dir).binding_key()
         # A board's replies may be larger than a xiaozhi device's (a photo): its bound holds.
         frame_bytes = max(config.max_message_bytes, config.board_frame_bytes)
         self.remote = RemoteCalls(self.topics, split_slice(self.ids)[1], self._publish, frame_bytes)
         self.bridge = Bridge(self.topics, self.replica, self.ids, self._publish_retained)
-        self.fleet = Fleet(registry, self.topics, self.replica, self.remote, self.bridge)
-        self.fleet.device_down = Topics(config.mqtt_topic_prefix).down
-        self.fleet.gives_way = self._gives_way
-        self.fleet.live_changed = self._owners_changed
+        self.fleet = Fleet(
+            registry, self.topics, self.replica, self.remote, self.bridge,
+            device_down=Topics(config.mqtt_topic_prefix).down,
+            gives_way=self._gives_way, live_changed=self._owners_changed,
+        )  # fmt: skip
         self.boards = BoardOwners(self.replica)
         # Told when who owns what may have changed: MqttTransport.reown, Boards.reown
         self._mqtt_owners: Subscribers[[]] = Subscribers()

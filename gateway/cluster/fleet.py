@@ -41,8 +41,21 @@ class Fleet:
     """This replica's view of the fleet on the broker, kept in step with its registry: the
     records (``FleetRecords``), the devices other replicas hold, and the replicas that live."""
 
-    def __init__(self, registry: DeviceRegistry, topics: ClusterTopics, replica: str,
-                 remote: RemoteCalls, bridge: Bridge) -> None:  # fmt: skip
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        topics: ClusterTopics,
+        replica: str,
+        remote: RemoteCalls,
+        bridge: Bridge,
+        *,
+        device_down: Callable[[str], str] | None = None,
+        gives_way: Callable[[str, Presence], bool] | None = None,
+        live_changed: Callable[[], None] | None = None,
+    ) -> None:
+        """``device_down``: an MQTT device's own down topic (a device owned elsewhere is called
+        there); ``gives_way``: does the session here give way to the one a presence names?;
+        ``live_changed``: told when the live replicas change (who owns which session)."""
         self.replica = replica
         self.state = FleetState(registry.known, replica)
         self._registry = registry
@@ -57,12 +70,9 @@ class Fleet:
         # Until this replica has its number it cannot call another's devices (its request
         # ids would be another replica's): they are attached once it has (``numbered``).
         self.calls_ready = False
-        # ownership of sessions (MQTT devices, boards): told when the live replicas change; a
-        # device's own down topic (an MQTT device owned elsewhere is called there); does the
-        # session here give way to the one a presence names?
-        self.live_changed: Callable[[], None] = lambda: None
-        self.device_down: Callable[[str], str] | None = None
-        self.gives_way: Callable[[str, Presence], bool] = lambda device_id, presence: False
+        self.live_changed = live_changed or (lambda: None)
+        self.device_down = device_down
+        self.gives_way = gives_way or (lambda device_id, presence: False)
 
     # --- the state, as the cluster and its cache read it -----------------------------------
 

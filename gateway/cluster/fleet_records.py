@@ -1,7 +1,7 @@
 """The fleet's records on the broker, kept in step with this replica's registry.
 
 Out: each local change of a device's fleet facts (approval, alias, binding, board, catalogue;
-``DeviceRecord``s saved, through the registry's ``record_watchers``) becomes a retained
+``DeviceRecord``s saved, told by the registry's ``subscribe_records``) becomes a retained
 ``P/device/<id>`` record, with the catalogue it names under ``P/catalogue/<digest>``; a forgotten
 device becomes a tombstone. In: records from other replicas are taken with ``learn()`` (last
 writer wins, by the record's time), catalogues with ``set_catalogue()`` (judged again, tool by
@@ -50,7 +50,7 @@ class FleetRecords:
         self._state, self._registry, self._topics = state, registry, topics
         self._send, self._attach, self._close = send, attach, close
         self._applying = False
-        registry.record_watchers.append(self._on_local)
+        registry.subscribe_records(self._on_local)
 
     @contextlib.contextmanager
     def applying(self) -> Iterator[None]:

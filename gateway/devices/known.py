@@ -27,6 +27,7 @@ from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.naming import NameMap, clean_alias, derive_alias
 from gateway.devices.pages import KnownPages
 from gateway.devices.store import DeviceRecord, Store
+from gateway.devices.subscribers import Subscribers, Unsubscribe
 
 __all__ = ["KnownDevices"]
 
@@ -44,7 +45,10 @@ class KnownDevices:
         clock: Callable[[], float] = time.time,
         audit: AuditLog | None = None,
         decisions: ToolDecisions | None = None,
+        binding_key: bytes | None = None,
     ) -> None:
+        """``binding_key``: cluster: the key of the identity bindings other replicas decide
+        (sealed, tokens.seal); None outside a cluster."""
         self.config = config
         self.store = store
         self.clock = clock
@@ -68,11 +72,10 @@ class KnownDevices:
         # the discovery caps them ([mcp_boards] discover_max_pending).
         self.waiting_boards: dict[str, Device] = {}
         # Told how long each discovery took (seconds from connecting to a listed catalogue).
-        self.discovery_watchers: list[Callable[[float], None]] = []
-        # cluster: told of each record saved (the device id and its record) or forgotten (None)
-        self.record_watchers: list[Callable[[str, DeviceRecord | None], None]] = []
-        # cluster: the key of the bindings other replicas decided (sealed, tokens.seal)
-        self.binding_key: bytes | None = None
+        self.discoveries: Subscribers[[float]] = Subscribers()
+        # Told of each record saved (the device id and its record) or forgotten (None).
+        self._records: Subscribers[[str, DeviceRecord | None]] = Subscribers()
+        self.binding_key = binding_key
         stored = store.load()
         # cluster: names by the fleet rule, which needs no history (fleet_naming.py)
         self._fleet_names = FleetNames() if config.cluster_broker else None
@@ -286,11 +289,22 @@ class KnownDevices:
         self.store.save_device(record)
         self.changed(record)
 
+    def subscribe_records(
+        self, callback: Callable[[str, DeviceRecord | None], object]
+    ) -> Unsubscribe:
+        """Tell ``callback`` of each record saved (the device id and its record) or forgotten
+        (the id and None): the cluster's fleet, the voice proxy's upstreams."""
+        return self._records.subscribe(callback)
+
+    def subscribe_discoveries(self, callback: Callable[[float], object]) -> Unsubscribe:
+        """Tell ``callback`` how long each discovery took (seconds from connecting to a listed
+        catalogue): /metrics."""
+        return self.discoveries.subscribe(callback)
+
     def changed(self, record: DeviceRecord) -> None:
         """Tell whoever watches devices that ``record`` changed, without writing it (yet)."""
         self._device_changes.publish(None)
-        for watcher in self.record_watchers:
-            watcher(record.device_id, record)
+        self._records.notify(record.device_id, record)
 
     def _shows_tools_of(self, device: Device) -> bool:
         if not device.approved:
@@ -333,8 +347,7 @@ class KnownDevices:
         self._names.forget(device.device_id)
         self.store.forget_device(device.device_id)
         self._device_changes.publish(None)
-        for watcher in self.record_watchers:
-            watcher(device.device_id, None)
+        self._records.notify(device.device_id, None)
         self.decide_displaced()
         return True
 

@@ -40,6 +40,7 @@ from gateway.devices.known import KnownDevices
 from gateway.devices.logins import REPLACED
 from gateway.devices.pages import KnownPages
 from gateway.devices.store import DeviceRecord
+from gateway.devices.subscribers import Unsubscribe
 
 # The device model and the change feed are re-exported: callers know the registry, not its parts.
 __all__ = [
@@ -132,21 +133,14 @@ class DeviceRegistry:
     def audit(self) -> AuditLog:
         return self.known.audit
 
-    @property
-    def record_watchers(self) -> list[Callable[[str, DeviceRecord | None], None]]:
-        return self.known.record_watchers
-
-    @property
-    def discovery_watchers(self) -> list[Callable[[float], None]]:
-        return self.known.discovery_watchers
+    def subscribe_records(
+        self, callback: Callable[[str, DeviceRecord | None], object]
+    ) -> Unsubscribe:
+        return self.known.subscribe_records(callback)
 
     @property
     def binding_key(self) -> bytes | None:
         return self.known.binding_key
-
-    @binding_key.setter
-    def binding_key(self, key: bytes | None) -> None:
-        self.known.binding_key = key
 
     # --- updates from connections ----------------------------------------------------------
 
@@ -260,8 +254,7 @@ class DeviceRegistry:
         record = device.record
         if device.connected_at is not None:
             seconds, device.connected_at = time.monotonic() - device.connected_at, None
-            for watcher in self.known.discovery_watchers:
-                watcher(seconds)
+            self.known.discoveries.notify(seconds)
         known = device.catalogue
         taken = complete or known is None or not known.tools
         if known is None or taken:

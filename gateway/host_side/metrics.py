@@ -65,7 +65,7 @@ class GatewayMetrics:
         self._state = _StateCollector(self, registry, mcp_sessions, broker_clients)
         self.registry.register(self._state)
         audit.subscribe_calls(self.call_ended)
-        registry.discovery_watchers.append(self.discovery_seconds.observe)
+        registry.subscribe_discoveries(self.discovery_seconds.observe)
 
     def count_refusals(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
         """Expose what ``listener``'s guard refused (its counts by reason), read at each scrape:

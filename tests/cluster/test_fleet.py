@@ -144,7 +144,7 @@ async def test_a_replica_with_another_mqtt_secret_is_named_once(
     """Bindings sealed under another key would be refused here: the replica that has another
     ``mqtt_secret`` is named in one error line (not at each heartbeat); the key never is."""
     stack, fleet = fleet_on(tmp_path)
-    stack.registry.binding_key = b"ours"
+    stack.registry.known.binding_key = b"ours"
     fleet.on_record("replica", "gw-2", ReplicaRecord(2, 1.0, key=key_name(b"ours")).encode())
     fleet.on_record("replica", "gw-3", ReplicaRecord(3, 1.0, key=key_name(b"theirs")).encode())
     fleet.on_record("replica", "gw-3", ReplicaRecord(3, 11.0, key=key_name(b"theirs")).encode())
@@ -184,9 +184,13 @@ async def test_a_direct_call_to_an_mqtt_device_fails_at_once_when_its_session_ch
     stack = Stack(make_config(tmp_path, cluster_broker=("mqtt://127.0.0.1:1",)))
     remote = RemoteCalls(TOPICS, id_slice(1), _sent, 65536)
     fleet = Fleet(
-        stack.registry, TOPICS, "gw-1", remote, Bridge(TOPICS, "gw-1", id_slice(1), _sent)
+        stack.registry,
+        TOPICS,
+        "gw-1",
+        remote,
+        Bridge(TOPICS, "gw-1", id_slice(1), _sent),
+        device_down=lambda device_id: f"xiaozhi/{device_id}/down",
     )
-    fleet.device_down = lambda device_id: f"xiaozhi/{device_id}/down"
     fleet.numbered()
     held_by_gw2(fleet, Presence("gw-2", "s1", 1.0, mqtt=True))
     device = stack.registry.get(DEVICE)

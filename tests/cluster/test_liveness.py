@@ -132,7 +132,7 @@ async def test_a_rejoining_replica_takes_its_devices_back_without_an_offline_bli
         await eventually([runs[NAMES.index(heir)]], lambda r: r.get(MQTT).connected_at is None)  # type: ignore[union-attr]
         blinks: list[str] = []
         for run in survivors:
-            run.gateway.registry.record_watchers.append(offline_watcher(run, blinks))
+            run.gateway.registry.subscribe_records(offline_watcher(run, blinks))
         shown = [run.gateway.registry.touched for run in survivors]  # tools shown or hidden
         proxies[NAMES.index(owner)].heal()
         await eventually(runs, run_by(MQTT, owner))

@@ -217,7 +217,7 @@ async def test_whoever_watches_records_first_hears_of_a_new_device_as_it_is(
         if record is not None:
             first.setdefault(device_id, (record.state, record.client_id, record.transport))
 
-    registry.record_watchers.append(watch)
+    registry.subscribe_records(watch)
     assert registry.admin.admit("aa:30", trusted=False, client_id="u1", transport="OTA") is None
     assert (
         registry.admin.admit("aa:31", trusted=True, client_id="c2", transport="websocket") is None
