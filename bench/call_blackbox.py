@@ -1,0 +1,287 @@
+"""Tool calls through the gateway against a bare MCP SDK server, each a black box in its own process.
+
+Run from the repository root, in the project's venv::
+
+    python bench/call_blackbox.py [--calls N] [--rounds R] [--sessions S] [--json]
+
+Four kinds of process, as a user would run them:
+
+* the gateway, started as a user starts it (``python -m gateway serve``) with a data dir and a
+  config of its own in a temp dir; the device presents a device token, so it is admitted at once;
+* its device: the lean device of ``_call_device.py`` (one tool, answered at once), over WebSocket;
+* a bare MCP SDK server (a low-level ``Server`` on uvicorn with h11, the parser the gateway's
+  listeners use) whose one tool answers what the device answers, over streamable HTTP;
+* this process, the client: the SDK's ``Client`` (streamable HTTP, one stateful session each).
+
+Each round times, for either server in turn (the order alternating round by round, so load on
+the machine hits both alike), ``--calls`` sequential calls over one session (median, p99), then
+``--sessions`` sessions calling at once, ``--calls`` each (calls/s over the wall time). The table
+gives the median of the rounds' figures and their spread (lowest-highest), gateway/bare and
+what the gateway adds a call. A measurement, not a test: it exits 0 (a broken run exits 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+DEVICE_TOKEN = "bench-blackbox-device-token"
+DEVICE_ID = "02:00:00:00:00:01"
+GATEWAY_TOOL = "sim-esp32_0001_lamp_get_state"  # the lean device's one tool, as the gateway names it
+BARE_TOOL = "get_state"
+LAMP_STATE = '{"power":false}'  # the device's answer (``_call_device.py``), so replies weigh alike
+DEVICE_SCRIPT = Path(__file__).with_name("_call_device.py")
+SERVERS = ("bare", "gateway")
+
+
+def serve_bare() -> None:
+    """The bare server (``--bare``): print its MCP URL, serve until stdin closes."""
+    import mcp.types as types
+    import uvicorn
+    from mcp.server import Server, ServerRequestContext
+    from mcp.server.streamable_http_manager import (
+        StreamableHTTPASGIApp,
+        StreamableHTTPSessionManager,
+    )
+    from mcp.server.transport_security import TransportSecuritySettings
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    tool = types.Tool(name=BARE_TOOL, input_schema={"type": "object", "properties": {}})
+
+    async def list_tools(
+        ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool])
+
+    async def call_tool(
+        ctx: ServerRequestContext, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=LAMP_STATE)])
+
+    server = Server("bench-bare", on_list_tools=list_tools, on_call_tool=call_tool)
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    manager = StreamableHTTPSessionManager(app=server, security_settings=security)
+    app = Starlette(routes=[Route("/mcp", endpoint=StreamableHTTPASGIApp(manager))])
+    config = uvicorn.Config(app, http="h11", lifespan="off", log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=2)  # fmt: skip
+    web = uvicorn.Server(config)
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    async def run() -> None:
+        async with manager.run():
+            serving = asyncio.create_task(web.serve(sockets=[sock]))
+            while not web.started:
+                await asyncio.sleep(0.01)
+            print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
+            await asyncio.to_thread(sys.stdin.read)  # our parent holds the other end
+            web.should_exit = True
+            await serving
+
+    asyncio.run(run())
+
+
+@contextlib.contextmanager
+def child(args: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
+    """A process that holds our pipe on its stdin (its end, even our being killed, ends it)."""
+    process = subprocess.Popen(args, stdin=subprocess.PIPE, text=True, **kwargs)
+    try:
+        yield process
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_for_lines(log: Path, patterns: list[str], process: subprocess.Popen[str]) -> list[str]:
+    """The first group of each pattern, once the log holds them all."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        found = [re.search(p, text) for p in patterns]
+        if all(found):
+            return [m.group(1) for m in found if m]
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"the gateway did not start:\n{log.read_text()}")
+
+
+@contextlib.contextmanager
+def processes(data_dir: Path) -> Iterator[tuple[str, str]]:
+    """Gateway, device and bare server running; yield the bare and the gateway's MCP URLs."""
+    (data_dir / "gateway.toml").write_text(
+        f'device_tokens = ["{DEVICE_TOKEN}"]\nmqtt_listen = "off"\n'
+        'device_listen = "127.0.0.1:0"\nhost_listen = "127.0.0.1:0"\n'
+    )
+    log = data_dir / "gateway.log"
+    serve = [sys.executable, "-m", "gateway", "serve", "--config", str(data_dir / "gateway.toml"),
+             "--data-dir", str(data_dir / "data")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    with (
+        log.open("w") as log_file,
+        child(serve, stderr=log_file, env=env) as gateway,
+        child([sys.executable, __file__, "--bare"], stdout=subprocess.PIPE) as bare,
+    ):
+        device_url, mcp_url = _wait_for_lines(
+            log, [r"devices connect to (\S+)", r"MCP hosts connect to (\S+)"], gateway
+        )
+        assert bare.stdout is not None
+        bare_url = bare.stdout.readline().strip()
+        device_args = [sys.executable, str(DEVICE_SCRIPT), device_url, DEVICE_TOKEN, DEVICE_ID]
+        with child(device_args, stdout=subprocess.PIPE) as device:
+            assert device.stdout is not None
+            if device.stdout.readline() != "ready\n":
+                raise RuntimeError(f"the device did not connect:\n{log.read_text()}")
+            yield bare_url, mcp_url
+
+
+async def _listed(client: Any, tool: str) -> None:
+    """Wait until ``tool`` is listed (the device's discovery may still run)."""
+    async with asyncio.timeout(30):
+        while tool not in {t.name for t in (await client.list_tools()).tools}:
+            await asyncio.sleep(0.05)
+
+
+async def _calls(client: Any, tool: str, count: int, into: list[float] | None = None) -> None:
+    for _ in range(count):
+        start = time.perf_counter()
+        result = await client.call_tool(tool, {})
+        if into is not None:
+            into.append(time.perf_counter() - start)
+        if result.is_error:
+            raise RuntimeError(f"{tool} failed: {result.content}")
+
+
+async def _round(clients: list[Any], tool: str, calls: int) -> dict[str, float]:
+    """One round against one server: sequential calls on the first session, then all at once."""
+    samples: list[float] = []
+    await _calls(clients[0], tool, calls, samples)
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for client in clients:
+            group.create_task(_calls(client, tool, calls))
+    wall = time.perf_counter() - start
+    ms = sorted(s * 1000 for s in samples)
+    return {
+        "median_ms": statistics.median(ms),
+        "p99_ms": statistics.quantiles(ms, n=100, method="inclusive")[98],
+        "calls_per_s": len(clients) * calls / wall,
+    }
+
+
+async def measure(calls: int, rounds: int, sessions: int, warmup: int) -> dict[str, Any]:
+    from mcp import Client
+
+    per_round: dict[str, list[dict[str, float]]] = {name: [] for name in SERVERS}
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-blackbox-") as tmp,
+        processes(Path(tmp)) as (bare_url, mcp_url),
+    ):
+        async with contextlib.AsyncExitStack() as stack:
+            urls = {"bare": (bare_url, BARE_TOOL), "gateway": (mcp_url, GATEWAY_TOOL)}
+            clients: dict[str, list[Any]] = {}
+            for name, (url, tool) in urls.items():
+                clients[name] = [
+                    await stack.enter_async_context(Client(url, mode="legacy"))
+                    for _ in range(sessions)
+                ]
+                for client in clients[name]:
+                    await _listed(client, tool)  # the client caches output schemas from this
+                    await _calls(client, tool, warmup)
+            for number in range(rounds):
+                for name in SERVERS if number % 2 == 0 else reversed(SERVERS):
+                    per_round[name].append(await _round(clients[name], urls[name][1], calls))
+    figures: dict[str, Any] = {"calls": calls, "rounds": rounds, "sessions": sessions}
+    for name in SERVERS:
+        figures[name] = {
+            key: {
+                "median": statistics.median(r[key] for r in per_round[name]),
+                "low": min(r[key] for r in per_round[name]),
+                "high": max(r[key] for r in per_round[name]),
+            }
+            for key in ("median_ms", "p99_ms", "calls_per_s")
+        }
+
+    def of_rounds(key: str, value: Any) -> dict[str, float]:
+        values = [value(b[key], g[key]) for b, g in zip(*per_round.values(), strict=True)]
+        return {"median": statistics.median(values), "low": min(values), "high": max(values)}
+
+    figures["ratio"] = {
+        key: of_rounds(key, lambda b, g: g / b) for key in ("median_ms", "p99_ms", "calls_per_s")
+    }
+    figures["added_ms"] = {key: of_rounds(key, lambda b, g: g - b) for key in ("median_ms", "p99_ms")}
+    return figures
+
+
+def _spread(f: dict[str, float], form: str) -> str:
+    return f"{f['median']:{form}} ({f['low']:{form}}-{f['high']:{form}})"
+
+
+def _table(figures: dict[str, Any]) -> str:
+    rows = [("bare", "{:.3f}"), ("gateway", "{:.3f}")]
+    lines = [
+        f"{figures['rounds']} rounds of {figures['calls']} calls; throughput: "
+        f"{figures['sessions']} sessions x {figures['calls']} calls; median (lowest-highest)",
+        f"{'':<9}{'median ms':>24}{'p99 ms':>24}{'calls/s':>24}",
+    ]
+    for name, _ in rows:
+        f = figures[name]
+        lines.append(
+            f"{name:<9}{_spread(f['median_ms'], '.3f'):>24}{_spread(f['p99_ms'], '.3f'):>24}"
+            f"{_spread(f['calls_per_s'], '.0f'):>24}"
+        )
+    ratio, added = figures["ratio"], figures["added_ms"]
+    lines += [
+        f"{'gw/bare':<9}{_spread(ratio['median_ms'], '.2f'):>24}{_spread(ratio['p99_ms'], '.2f'):>24}"
+        f"{_spread(ratio['calls_per_s'], '.2f'):>24}",
+        f"{'added ms':<9}{_spread(added['median_ms'], '.3f'):>24}"
+        f"{_spread(added['p99_ms'], '.3f'):>24}",
+        "goals: median <= x1.10 and <= +0.3 ms; calls/s >= x1.00",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200, help="calls per session per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, alternating the order")
+    parser.add_argument("--sessions", type=int, default=16, help="sessions calling at once")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed calls per session first")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run, s")
+    parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)  # the bare server
+    args = parser.parse_args()
+    if args.bare:
+        serve_bare()
+        return 0
+    try:
+        run = measure(max(args.calls, 2), max(args.rounds, 1), max(args.sessions, 1), args.warmup)
+        figures = asyncio.run(asyncio.wait_for(run, args.timeout))
+    except Exception as exc:  # the figures decide nothing; a broken run does
+        print(f"call_blackbox: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(figures, indent=2) if args.json else _table(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
