@@ -13,7 +13,7 @@ import pytest
 from mcp import Client, MCPError
 
 from gateway.errors import DeviceToolError
-from gateway.host_side.call_results import to_call_result
+from gateway.host_side.call_results import call_result
 from tests.conftest import bound, make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
@@ -246,7 +246,8 @@ def test_stock_image_content_becomes_a_standard_image() -> None:
     """The stock firmware's image item (a JSON string under "image") becomes ImageContent."""
     stock = {"type": "image", "image": json.dumps({"type": "image", "mimeType": "image/png",
                                                    "data": PNG_1PX})}  # fmt: skip
-    result = to_call_result({"content": [stock, {"type": "text", "text": "hi"}, {"type": "odd"}]})
+    wire = call_result({"content": [stock, {"type": "text", "text": "hi"}, {"type": "odd"}]})
+    result = types.CallToolResult.model_validate(wire)  # as the SDK checks it
     image, text, odd = result.content
     assert isinstance(image, types.ImageContent) and image.mime_type == "image/png"
     assert isinstance(text, types.TextContent) and text.text == "hi"
@@ -256,7 +257,7 @@ def test_stock_image_content_becomes_a_standard_image() -> None:
 
 def test_device_is_error_result_passes_through() -> None:
     """A device result with isError true stays an error for the host."""
-    assert to_call_result({"content": [], "isError": True}).is_error
+    assert call_result({"content": [], "isError": True})["isError"] is True
 
 
 async def test_a_storm_of_joins_sends_a_bounded_number_of_notifications(stack: Stack) -> None:
