@@ -7,13 +7,16 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import mcp.types as types
 import pytest
 from mcp import Client, MCPError
+from opentelemetry import trace
 
 from gateway.errors import DeviceToolError
 from gateway.host_side.call_results import call_result
+from gateway.host_side.mcp_server import McpFrontend
 from tests.conftest import bound, make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
@@ -253,6 +256,24 @@ def test_stock_image_content_becomes_a_standard_image() -> None:
     assert isinstance(text, types.TextContent) and text.text == "hi"
     assert isinstance(odd, types.TextContent) and json.loads(odd.text) == {"type": "odd"}
     assert not result.is_error
+
+
+class InstalledProvider(trace.TracerProvider):
+    """A tracer provider someone installed (``opentelemetry-instrument``, an embedding program)."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return trace.NoOpTracer()
+
+
+def test_the_sdk_makes_spans_only_when_a_tracer_provider_is_installed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No provider (the gateway installs none): no span per message, which would go nowhere;
+    with one, the SDK's span middleware wraps every message as it does in any SDK server."""
+    assert stack.frontend.server.middleware == []
+    monkeypatch.setattr(trace, "get_tracer_provider", InstalledProvider)
+    traced = McpFrontend(stack.config, stack.registry, stack.router)
+    assert [type(m).__name__ for m in traced.server.middleware] == ["OpenTelemetryMiddleware"]
 
 
 def test_device_is_error_result_passes_through() -> None:
