@@ -1,8 +1,6 @@
 """Calls through the gateway against a bare MCP SDK server, each a black box in its own process.
 
-Run from the repository root, in the project's venv::
-
-    python bench/call_blackbox.py [--calls N] [--rounds R] [--sessions S] [--json]
+Run from the repository root, in the project's venv: ``python bench/call_blackbox.py [--json]``.
 
 Four kinds of process, as a user would run them:
 
@@ -47,31 +45,30 @@ GATEWAY_TOOL = "sim-esp32_0001_lamp_get_state"  # the lean device's tool, as the
 BARE_TOOL = "get_state"
 LAMP_STATE = '{"power":false}'  # the device's answer (``_call_device.py``), so replies weigh alike
 DEVICE_SCRIPT = Path(__file__).with_name("_call_device.py")
-SERVERS = ("bare", "gateway")
-KEYS = ("median_ms", "p99_ms", "calls_per_s", "cpu_ms")
+# Each figure of a round, and its column's title.
+KEYS = {"median_ms": "median ms", "p99_ms": "p99 ms", "calls_per_s": "calls/s",
+        "cpu_ms": "server cpu ms"}  # fmt: skip
 
 
 def serve_bare() -> None:
     """The bare server (``--bare``): print its MCP URL, serve until stdin closes."""
     import mcp.types as types
     import uvicorn
-    from mcp.server import Server, ServerRequestContext
+    from mcp.server import Server
+    from mcp.server import ServerRequestContext as Context
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp as Endpoint
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager as Manager
     from mcp.server.transport_security import TransportSecuritySettings
+    from mcp.types import PaginatedRequestParams as Paginated
     from starlette.applications import Starlette
     from starlette.routing import Route
 
     tool = types.Tool(name=BARE_TOOL, input_schema={"type": "object", "properties": {}})
 
-    async def list_tools(
-        ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
+    async def list_tools(ctx: Context, params: Paginated | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[tool])
 
-    async def call_tool(
-        ctx: ServerRequestContext, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    async def call_tool(ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(type="text", text=LAMP_STATE)])
 
     server = Server("bench-bare", on_list_tools=list_tools, on_call_tool=call_tool)
@@ -106,35 +103,28 @@ def child(args: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
         assert process.stdin is not None
         process.stdin.close()
         process.terminate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.kill()  # (a no-op once it has ended)
+        process.wait()
 
 
 def _wait_for_lines(log: Path, patterns: list[str], process: subprocess.Popen[str]) -> list[str]:
     """The first group of each pattern, once the log holds them all."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = log.read_text()
-        found = [re.search(p, text) for p in patterns]
-        if all(found):
-            return [m.group(1) for m in found if m]
-        if process.poll() is not None:
+    for _ in range(600):  # 30 s
+        found = [re.search(p, log.read_text()) for p in patterns]
+        if all(found) or process.poll() is not None:
             break
         time.sleep(0.05)
-    raise RuntimeError(f"the gateway did not start:\n{log.read_text()}")
+    if not all(found):
+        raise RuntimeError(f"the gateway did not start:\n{log.read_text()}")
+    return [m.group(1) for m in found if m]
 
 
 def cpu_seconds(pids: list[int]) -> float:
     """The CPU time (user and system) the processes ``pids`` have used so far (Linux)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    stats = [Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() for pid in pids]
+    return sum(int(f[11]) + int(f[12]) for f in stats) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -223,7 +213,7 @@ async def measure(
     checkout too, named ``tree``, beside this one's)."""
     from mcp import Client
 
-    names = [*SERVERS, *(["tree"] if tree else [])]
+    names = ["bare", "gateway", *(["tree"] if tree else [])]
     per_round: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="bench-blackbox-") as tmp:
         async with contextlib.AsyncExitStack() as stack:
@@ -252,17 +242,13 @@ async def measure(
         result[name] = {key: _spread([r[key] for r in per_round[name]]) for key in KEYS}
     for name in names[1:]:  # each gateway against the bare server, round by round
         pairs = list(zip(per_round["bare"], per_round[name], strict=True))
+        # (a round too short for the CPU clock's ticks has no CPU ratio)
         ratios = {key: [g[key] / b[key] for b, g in pairs if b[key]] for key in KEYS}
-        # (a round too short for the clock's ticks has no CPU ratio)
         result[f"{name}/bare"] = {key: _spread(r) for key, r in ratios.items() if r}
         result[f"{name} added"] = {
             key: _spread([g[key] - b[key] for b, g in pairs]) for key in ("median_ms", "p99_ms")
         }
     return result
-
-
-COLUMNS = {"median_ms": "median ms", "p99_ms": "p99 ms", "calls_per_s": "calls/s",
-           "cpu_ms": "server cpu ms"}  # fmt: skip
 
 
 def _cell(f: dict[str, float], digits: int) -> str:
@@ -274,16 +260,12 @@ def _table(figures: dict[str, Any]) -> str:
         f"{figures['rounds']} rounds of {figures['calls']} calls in a row, then {figures['burst']} "
         f"on each of {figures['sessions']} sessions at once (calls/s); median of the rounds "
         "(lowest-highest)",
-        f"{'':<14}" + "".join(f"{title:>25}" for title in COLUMNS.values()),
+        f"{'':<14}" + "".join(f"{title:>25}" for title in KEYS.values()),
     ]
     for name in [key for key in figures if isinstance(figures[key], dict)]:
         digits = 2 if "/" in name else 3
-        cells = (
-            _cell(figures[name][key], 0 if key == "calls_per_s" and digits == 3 else digits)
-            if key in figures[name]
-            else ""
-            for key in COLUMNS
-        )
+        cells = [_cell(figures[name][key], 0 if key == "calls_per_s" and digits == 3 else digits)
+                 if key in figures[name] else "" for key in KEYS]  # fmt: skip
         lines.append(f"{name:<14}" + "".join(f"{cell:>25}" for cell in cells))
     lines.append("server cpu ms: a call's, over all of a round, the gateway's device included")
     lines.append("goals: gateway/bare median <= x1.10, added <= 0.3 ms; calls/s >= x1.00")
