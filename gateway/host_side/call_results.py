@@ -41,6 +41,7 @@ def call_result(result: JsonObject) -> JsonObject:
     if isinstance(structured, dict):
         wire["structuredContent"] = structured
     wire["isError"] = result.get("isError") is True
+    wire["resultType"] = "complete"  # 2026-era sessions require it; the SDK drops it for others
     return wire
 
 
