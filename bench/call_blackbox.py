@@ -240,12 +240,16 @@ async def measure(
                               "burst": burst}  # fmt: skip
     for name in names:
         result[name] = {key: _spread([r[key] for r in per_round[name]]) for key in KEYS}
-    for name in names[1:]:  # each gateway against the bare server, round by round
-        pairs = list(zip(per_round["bare"], per_round[name], strict=True))
+    # Each gateway against the bare server, and this one against the tree's, round by round.
+    for name, other in [
+        *((n, "bare") for n in names[1:]),
+        *([("gateway", "tree")] if tree else []),
+    ]:
+        pairs = list(zip(per_round[other], per_round[name], strict=True))
         # (a round too short for the CPU clock's ticks has no CPU ratio)
         ratios = {key: [g[key] / b[key] for b, g in pairs if b[key]] for key in KEYS}
-        result[f"{name}/bare"] = {key: _spread(r) for key, r in ratios.items() if r}
-        result[f"{name} added"] = {
+        result[f"{name}/{other}"] = {key: _spread(r) for key, r in ratios.items() if r}
+        result[f"{name} added" if other == "bare" else f"{name}-{other}"] = {
             key: _spread([g[key] - b[key] for b, g in pairs]) for key in ("median_ms", "p99_ms")
         }
     return result
