@@ -45,6 +45,42 @@ async def test_call_latency_benchmark_runs_and_reports_both_targets(device: str 
 
 @pytest.mark.anyio
 @pytest.mark.e2e
+async def test_call_blackbox_benchmark_runs_both_servers_in_processes_of_their_own() -> None:
+    """`bench/call_blackbox.py --json` starts the gateway as a user does, its device and a bare
+    SDK server, each in a process of its own, and reports both servers' latency and throughput
+    over its rounds, their ratio and what the gateway adds."""
+    args = [
+        "--calls",
+        "4",
+        "--rounds",
+        "2",
+        "--sessions",
+        "2",
+        "--burst",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    ]
+    with anyio.fail_after(bound(120)):
+        done = await anyio.run_process(
+            [sys.executable, str(BENCH / "call_blackbox.py"), *args], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    figures = json.loads(done.stdout)
+    assert (figures["rounds"], figures["sessions"], figures["burst"]) == (2, 2, 2)
+    for name in ("bare", "gateway", "gateway/bare"):
+        for key in ("median_ms", "p99_ms", "calls_per_s"):
+            spread = figures[name][key]
+            assert 0 < spread["low"] <= spread["median"] <= spread["high"]
+    # Two rounds: each median is their mean, and the mean of differences the difference of means.
+    assert figures["gateway added"]["median_ms"]["median"] == pytest.approx(
+        figures["gateway"]["median_ms"]["median"] - figures["bare"]["median_ms"]["median"]
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
 @pytest.mark.parametrize("device", ["process", "simulator"])
 async def test_call_work_benchmark_counts_what_a_call_costs(device: str) -> None:
     """`bench/call_work.py --json` counts per call of each target its loop turns, callbacks,

@@ -17,7 +17,7 @@ import mcp.types as types
 
 from gateway.devices.photos import alias_of
 
-__all__ = ["text_content", "to_call_result"]
+__all__ = ["call_result", "text_content"]
 
 JsonObject = dict[str, Any]
 
@@ -27,22 +27,32 @@ def text_content(text: str) -> types.TextContent:
     return types.TextContent(type="text", text=text)
 
 
-def to_call_result(result: JsonObject) -> types.CallToolResult:
-    """Turn a device's ``tools/call`` result into the MCP result hosts get."""
+def call_result(result: JsonObject) -> JsonObject:
+    """A device's ``tools/call`` result as the MCP result hosts get, in wire form.
+
+    A dict, not a ``CallToolResult``: the SDK checks a handler's result against the protocol's
+    result model either way, and a model made first would be made, checked and dumped once more
+    for nothing (some 10 µs a call).
+    """
     items = result.get("content")
-    content = [_content(item) for item in items] if isinstance(items, list) else []
+    wire: JsonObject = {"content": [_content(item) for item in items] if isinstance(items, list)
+                        else []}  # fmt: skip
     structured = result.get("structuredContent")
-    return types.CallToolResult(
-        content=content,
-        structured_content=structured if isinstance(structured, dict) else None,
-        is_error=result.get("isError") is True,
-    )
+    if isinstance(structured, dict):
+        wire["structuredContent"] = structured
+    wire["isError"] = result.get("isError") is True
+    wire["resultType"] = "complete"  # 2026-era sessions require it; the SDK drops it for others
+    return wire
 
 
-def _content(item: object) -> types.ContentBlock:
+def _text(text: str) -> JsonObject:
+    return {"type": "text", "text": text}
+
+
+def _content(item: object) -> JsonObject:
     if isinstance(item, dict):
         if item.get("type") == "text" and isinstance(item.get("text"), str):
-            return text_content(item["text"])
+            return _text(item["text"])
         if item.get("type") == "image":
             image = _image(item)
             if image is not None:
@@ -50,11 +60,12 @@ def _content(item: object) -> types.ContentBlock:
         # Links to the gateway's own resources (a photo); a device's link elsewhere stays text.
         if item.get("type") == "resource_link" and alias_of(str(item.get("uri"))) is not None:
             with contextlib.suppress(ValueError):  # pydantic's ValidationError is a ValueError
-                return types.ResourceLink.model_validate(item)
-    return text_content(json.dumps(item, ensure_ascii=False))
+                link = types.ResourceLink.model_validate(item)
+                return link.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return _text(json.dumps(item, ensure_ascii=False))
 
 
-def _image(item: JsonObject) -> types.ImageContent | None:
+def _image(item: JsonObject) -> JsonObject | None:
     # docs/protocol.md §4: stock firmware's image content nests a JSON *string* under "image".
     if isinstance(item.get("image"), str):
         try:
@@ -70,4 +81,4 @@ def _image(item: JsonObject) -> types.ImageContent | None:
         base64.b64decode(data, validate=True)
     except binascii.Error:
         return None
-    return types.ImageContent(type="image", data=data, mime_type=mime)
+    return {"type": "image", "data": data, "mimeType": mime}

@@ -7,13 +7,16 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import mcp.types as types
 import pytest
 from mcp import Client, MCPError
+from opentelemetry import trace
 
 from gateway.errors import DeviceToolError
-from gateway.host_side.call_results import to_call_result
+from gateway.host_side.call_results import call_result
+from gateway.host_side.mcp_server import McpFrontend
 from tests.conftest import bound, make_config
 from tests.fakes import ScriptedSession, Stack, tool
 
@@ -246,7 +249,8 @@ def test_stock_image_content_becomes_a_standard_image() -> None:
     """The stock firmware's image item (a JSON string under "image") becomes ImageContent."""
     stock = {"type": "image", "image": json.dumps({"type": "image", "mimeType": "image/png",
                                                    "data": PNG_1PX})}  # fmt: skip
-    result = to_call_result({"content": [stock, {"type": "text", "text": "hi"}, {"type": "odd"}]})
+    wire = call_result({"content": [stock, {"type": "text", "text": "hi"}, {"type": "odd"}]})
+    result = types.CallToolResult.model_validate(wire)  # as the SDK checks it
     image, text, odd = result.content
     assert isinstance(image, types.ImageContent) and image.mime_type == "image/png"
     assert isinstance(text, types.TextContent) and text.text == "hi"
@@ -254,9 +258,27 @@ def test_stock_image_content_becomes_a_standard_image() -> None:
     assert not result.is_error
 
 
+class InstalledProvider(trace.TracerProvider):
+    """A tracer provider someone installed (``opentelemetry-instrument``, an embedding program)."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return trace.NoOpTracer()
+
+
+def test_the_sdk_makes_spans_only_when_a_tracer_provider_is_installed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No provider (the gateway installs none): no span per message, which would go nowhere;
+    with one, the SDK's span middleware wraps every message as it does in any SDK server."""
+    assert stack.frontend.server.middleware == []
+    monkeypatch.setattr(trace, "get_tracer_provider", InstalledProvider)
+    traced = McpFrontend(stack.config, stack.registry, stack.router)
+    assert [type(m).__name__ for m in traced.server.middleware] == ["OpenTelemetryMiddleware"]
+
+
 def test_device_is_error_result_passes_through() -> None:
     """A device result with isError true stays an error for the host."""
-    assert to_call_result({"content": [], "isError": True}).is_error
+    assert call_result({"content": [], "isError": True})["isError"] is True
 
 
 async def test_a_storm_of_joins_sends_a_bounded_number_of_notifications(stack: Stack) -> None:
