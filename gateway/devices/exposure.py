@@ -29,8 +29,6 @@ JOURNAL_KEPT = 65_536  # devices the journal remembers; a reader further behind 
 class Exposure:
     """The per-device tools the model may see, by MCP name.
 
-    ``touched`` counts the tool entries added to or taken from what hosts see: the work of the
-    updates so far (tests use it to show a join's work does not grow with the fleet).
     ``version`` grows with every change of what hosts see.
     """
 
@@ -38,7 +36,6 @@ class Exposure:
         """Start with nothing shown."""
         self._snapshot: tuple[DeviceTool, ...] | None = None
         self._changes: Broadcast[None] = Broadcast()
-        self.touched = 0
         self.version = 0
         self._journal: list[Device] = []
         self._journal_start = 0  # the mark of the journal's first entry
@@ -79,7 +76,6 @@ class Exposure:
         self._note(device)
         if device.exposed or device.decisions is None or not device.decisions.by_name:
             return
-        self.touched += device.decisions.hosts
         device.exposed = True
         self._changed()
 
@@ -88,7 +84,6 @@ class Exposure:
         self._note(device)
         if not device.exposed:
             return
-        self.touched += device.decisions.hosts if device.decisions is not None else 0
         device.exposed = False
         self._changed()
 

@@ -178,11 +178,6 @@ class KnownDevices:
         return self._exposure.changed_since(mark), self._exposure.mark
 
     @property
-    def touched(self) -> int:
-        """The tool entries added to or taken from what hosts see so far (the updates' work)."""
-        return self._exposure.touched
-
-    @property
     def version(self) -> int:
         """A number that grows with every change of what hosts see."""
         return self._exposure.version

@@ -67,9 +67,7 @@ class DeviceRegistry:
 
     ``known`` is the state and its queries, ``admin`` the user's decisions (approve, reject,
     rename, forget, ...); both are handed in, so that whoever builds the gateway can hand each
-    role on by itself. ``touched`` counts the tool entries added to or taken from what hosts
-    see: the work of the updates so far (tests use it to show a join's work does not grow with
-    the fleet).
+    role on by itself.
     """
 
     def __init__(self, known: KnownDevices, admin: DeviceAdmin) -> None:
@@ -104,10 +102,6 @@ class DeviceRegistry:
 
     def device_changes(self) -> Changes:
         return self.known.device_changes()
-
-    @property
-    def touched(self) -> int:
-        return self.known.touched
 
     @property
     def version(self) -> int:

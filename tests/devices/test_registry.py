@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,8 @@ from gateway.devices import catalogue as catalogue_module
 from gateway.devices.audit import Actor
 from gateway.devices.catalogue import ToolSpec
 from gateway.devices.decisions import ToolDecisions
-from gateway.devices.device import Verdict
+from gateway.devices.device import Device, Verdict
+from gateway.devices.exposure import Exposure
 from gateway.devices.link import BOARD_TRANSPORT
 from gateway.devices.naming import NameMap
 from gateway.devices.store import DeviceRecord, Store
@@ -136,30 +138,50 @@ def join(stack: Stack, n: int, tools: tuple[dict[str, object], ...]) -> None:
     stack.registry.set_catalogue(device_id, tools, {"name": "bench-board", "version": "1"})
 
 
-def work(stack: Stack, writes: SqlWrites) -> tuple[int, int]:
-    """Entries touched and rows written so far (every pending row written first)."""
+class Placings:
+    """The devices put in or taken out of what hosts see (``Exposure.show`` and ``hide``), by
+    id, in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ids: list[str] = []
+        for name in ("show", "hide"):
+            real = getattr(Exposure, name)
+
+            def placed(exposure: Exposure, device: Device, real: Any = real) -> None:
+                self.ids.append(device.device_id)
+                real(exposure, device)
+
+            monkeypatch.setattr(Exposure, name, placed)
+
+
+def work(stack: Stack, placings: Placings, writes: SqlWrites) -> tuple[int, int, int]:
+    """Devices placed, changes of what hosts see and rows written so far (every pending row
+    written first)."""
     stack.store.flush()
-    return stack.registry.touched, writes.rows
+    return len(placings.ids), stack.registry.version, writes.rows
 
 
 async def test_a_join_costs_its_own_work_whatever_the_fleet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The 3,001st device touches as many entries and writes as many rows as the 2nd."""
-    writes = SqlWrites(monkeypatch)
+    """The 3,001st device is the only one placed in what hosts see, one change of it, and
+    writes as many rows as the 2nd."""
+    placings, writes = Placings(monkeypatch), SqlWrites(monkeypatch)
     stack = Stack(make_config(tmp_path))
     tools = tuple(tool(f"self.tool_{i}", level={"type": "integer"}) for i in range(25))
     join(stack, 0, tools)
-    before = work(stack, writes)
+    before = work(stack, placings, writes)
     join(stack, 1, tools)
-    small = tuple(b - a for a, b in zip(before, work(stack, writes), strict=True))
+    small = tuple(b - a for a, b in zip(before, work(stack, placings, writes), strict=True))
     for n in range(2, 3000):
         join(stack, n, tools)
-    before = work(stack, writes)
+    before = work(stack, placings, writes)
     join(stack, 3000, tools)
-    large = tuple(b - a for a, b in zip(before, work(stack, writes), strict=True))
-    # its 25 tools shown; its row and its plain names' row written (not a row per name)
-    assert small == large == (25, 2)
+    large = tuple(b - a for a, b in zip(before, work(stack, placings, writes), strict=True))
+    # it alone placed, its tools shown in one change; its row and its plain names' row
+    # written (not a row per name)
+    assert small == large == (3, 1, 2)
+    assert set(placings.ids[-3:]) == {"02:00:00:00:0b:b8"}
     assert len(stack.registry.exposed_tools()) == 3001 * 25
     stack.close()
 
@@ -357,19 +379,20 @@ async def test_the_policy_is_asked_once_per_shared_catalogue(tmp_path: Path) -> 
 
 
 async def test_leaving_and_coming_back_costs_nothing_in_keep_mode(tmp_path: Path) -> None:
-    """A drop and a reconnect with the same tools touch no entry and announce nothing."""
+    """A drop and a reconnect with the same tools change nothing hosts see and announce
+    nothing."""
     stack = Stack(make_config(tmp_path))
     tools = (tool("self.a"), tool("self.b"))
     for n in range(100):
         join(stack, n, tools)
     device = stack.registry.find("02:00:00:00:00:07")
     assert device is not None and device.session is not None
-    touched = stack.registry.touched
+    version = stack.registry.version
     async with stack.registry.changes() as changes:
         stack.registry.disconnect(device.device_id, device.session)
         join(stack, 7, tools)
         assert not pending(changes)
-    assert stack.registry.touched == touched
+    assert stack.registry.version == version
     stack.close()
 
 
