@@ -120,9 +120,7 @@ class Cluster:
         self.cache = FleetCache(config.data_dir, self.topics.prefix)
         self.warm = False  # started from the cache: serves hosts while it catches up
         self._saved = 0  # the fleet's changes the cache holds
-        self.cached = 0  # fleet records taken from the cache at start
         self.loading = False  # reading its cache of the fleet
-        self.read_before_serving = 0  # device records parsed before it served (tests)
         self._session_ids: range | None = None  # its sessions' request ids, once claimed
 
     async def __aenter__(self) -> Cluster:
@@ -135,7 +133,7 @@ class Cluster:
         try:  # 20,000 records are seconds of disk and parsing: the listeners answer meanwhile
             cached = await asyncio.to_thread(self.cache.load)
             self.warm = bool(cached)
-            self.cached = self.fleet.warm(cached)
+            self.fleet.warm(cached)
         finally:
             self.loading = False
         self._saved = self.fleet.changes
@@ -151,7 +149,6 @@ class Cluster:
         # Warm: serve once on a node, the records coming in behind (the broker's win once
         # heard); it owns no MQTT device and calls no other replica's until it has joined.
         await (self.client.on_node if self.warm else self.client.connected).wait()
-        self.read_before_serving = self.fleet.read
 
     async def __aexit__(
         self,

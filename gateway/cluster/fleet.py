@@ -95,11 +95,6 @@ class Fleet:
         """Changes of the records known so far (the cache saves after one)."""
         return self.state.changes
 
-    @property
-    def read(self) -> int:
-        """Device records parsed from the broker so far."""
-        return self.state.read
-
     # --- out -------------------------------------------------------------------------------
 
     def _send(self, topic: str, payload: bytes, retain: bool) -> None:
@@ -124,9 +119,9 @@ class Fleet:
         """Publish again what the broker lacks (``FleetRecords.repair``); how many records."""
         return self._records.repair()
 
-    def warm(self, cached: dict[str, FleetRecord]) -> int:
-        """Start from the records kept at the last stop (``FleetRecords.warm``); how many."""
-        return self._records.warm(cached)
+    def warm(self, cached: dict[str, FleetRecord]) -> None:
+        """Start from the records kept at the last stop (``FleetRecords.warm``)."""
+        self._records.warm(cached)
 
     # --- in --------------------------------------------------------------------------------
 

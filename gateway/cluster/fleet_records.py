@@ -123,12 +123,12 @@ class FleetRecords:
                         state.replica, repaired)  # fmt: skip
         return repaired
 
-    def warm(self, cached: dict[str, FleetRecord]) -> int:
-        """Start from the records this replica knew at its last stop (cache.py); how many it
-        took. One is taken when the registry holds what it says (the data dir's SQLite and the
-        cache were written apart: a device changed here after the cache's last save is left to
-        the broker, as for a cold replica). The broker's records win once heard (newer), and
-        ``repair`` publishes again what it lacks: as for a replica that never stopped."""
+    def warm(self, cached: dict[str, FleetRecord]) -> None:
+        """Start from the records this replica knew at its last stop (cache.py). One is taken
+        when the registry holds what it says (the data dir's SQLite and the cache were written
+        apart: a device changed here after the cache's last save is left to the broker, as for
+        a cold replica). The broker's records win once heard (newer), and ``repair`` publishes
+        again what it lacks: as for a replica that never stopped. The log says how many."""
         state = self._state
         for device_id, record in cached.items():
             device = self._registry.get(device_id)
@@ -144,7 +144,6 @@ class FleetRecords:
                 state.listed.add(device_id)
         logger.info("%s: %d of %d cached fleet records taken", state.replica,
                     len(state.records), len(cached))  # fmt: skip
-        return len(state.records)
 
     # --- in: device records and catalogues ------------------------------------------------
 
@@ -153,7 +152,6 @@ class FleetRecords:
         if not payload:
             return
         state = self._state
-        state.read += 1
         record = FleetRecord.read(device_id, payload)
         state.heard(record)
         known = state.records.get(device_id)

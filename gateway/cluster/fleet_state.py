@@ -33,7 +33,6 @@ class FleetState:
         self.listed: set[str] = set()  # devices whose tools, as the fleet names them, are here
         self.presence: dict[str, Presence] = {}  # which replica holds each device
         self.changes = 0  # of the records known (the cache saves after a change)
-        self.read = 0  # device records parsed from the broker so far
 
     def unsaid(self, device_id: str) -> bool:
         """Does the broker lack this replica's latest word on the device?"""

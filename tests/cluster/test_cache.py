@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import httpx2
 import pytest
 
 from gateway.app import Running, running
+from gateway.cluster import Cluster
 from gateway.cluster.cache import FleetCache
+from gateway.cluster.fleet import Fleet
 from gateway.cluster.records import FleetRecord
 from gateway.devices.registry import DeviceRegistry
 from tests.cluster.conftest import cluster_options, eventually, shared_secret
@@ -49,7 +52,7 @@ def test_the_cache_keeps_records_privately_and_skips_what_it_cannot_read(tmp_pat
 
 @pytest.mark.e2e
 async def test_a_restarted_replica_serves_from_its_cache_and_the_brokers_records_win(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Replica 2 knows two devices and stops. Meanwhile, on replica 1, one is renamed and the
     other forgotten. Replica 2 restarted with its data dir serves hosts before it has read a
@@ -67,7 +70,7 @@ async def test_a_restarted_replica_serves_from_its_cache_and_the_brokers_records
                     pass
                 async with gateway(second_dir, **options) as second:
                     assert second.gateway.cluster is not None
-                    assert second.gateway.cluster.cached == 0  # the first start is cold
+                    assert not second.gateway.cluster.warm  # the first start is cold
                     await eventually([second], lists(WS_DEVICE))
                     names = {t.name for t in second.gateway.registry.exposed_tools()}
                     assert second.gateway.registry.get(GONE) is not None
@@ -80,12 +83,28 @@ async def test_a_restarted_replica_serves_from_its_cache_and_the_brokers_records
                 registry.admin.rename(device, "porch")
                 registry.admin.forget(gone)
 
+                caplog.set_level(logging.INFO, "gateway.cluster")
+                heard: list[tuple[Fleet, str]] = []  # (the fleet told, the kind) of each record
+                read_when_serving: list[int] = []  # device records the replica had read
+                on_record, join = Fleet.on_record, Cluster.join
+
+                def hearing(fleet: Fleet, kind: str, key: str, payload: bytes) -> None:
+                    heard.extend([(fleet, kind)] if payload else [])  # an empty one clears
+                    on_record(fleet, kind, key, payload)
+
+                async def joined(cluster: Cluster) -> None:
+                    await join(cluster)
+                    read_when_serving.append(heard.count((cluster.fleet, "device")))
+
+                monkeypatch.setattr(Fleet, "on_record", hearing)
+                monkeypatch.setattr(Cluster, "join", joined)
                 async with gateway(second_dir, **options) as second:
                     cluster = second.gateway.cluster
                     assert cluster is not None and cluster.health() is None  # serving hosts
                     # It served knowing both devices, before it read any record (the records
                     # come in meanwhile: what it lists now may be caught up already).
-                    assert cluster.cached == 2 and cluster.read_before_serving == 0
+                    assert "gw-2: 2 of 2 cached fleet records taken" in caplog.messages
+                    assert read_when_serving == [0]
                     await eventually([second], caught_up)
                     known = second.gateway.registry
                     assert (
