@@ -24,9 +24,8 @@ from mcp import Client
 from zeroconf import IPVersion
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-from gateway.app import Running
 from gateway.device_side.boards import board_id
-from gateway.device_side.boards.discovery import NEW_BOARDS_BURST, board_url_of
+from gateway.device_side.boards.discovery import NEW_BOARDS_BURST, Discovery, board_url_of
 from gateway.devices.device import PENDING
 from tests.conftest import bound, gateway
 from tests.e2e.boards import BoardState, python_board, served
@@ -70,14 +69,33 @@ async def announcing(*infos: AsyncServiceInfo) -> AsyncIterator[AsyncZeroconf]:
         await publisher.async_close()
 
 
-async def decided(run: Running, count: int) -> None:
-    """Wait until the gateway has looked up and decided ``count`` announcements."""
-    discovery = run.gateway.boards.discovery
-    assert discovery is not None
-    with anyio.fail_after(bound(20)):
-        while discovery.decided < count:
-            discovery.changed.clear()
-            await discovery.changed.wait()
+class Decided:
+    """The announcements the gateway has looked up and decided, taken or ignored (a spy on
+    ``Discovery._decide``, where each ends), for a test to wait on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+        real = Discovery._decide
+
+        def decide(discovery: Discovery, name: str, ignored: tuple[str, str] | None) -> None:
+            real(discovery, name, ignored)
+            self.count += 1
+            self._changed.set()
+
+        monkeypatch.setattr(Discovery, "_decide", decide)
+
+    async def reach(self, count: int) -> None:
+        """Wait until ``count`` announcements are decided."""
+        with anyio.fail_after(bound(20)):
+            while self.count < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+
+@pytest.fixture
+def decided(monkeypatch: pytest.MonkeyPatch) -> Decided:
+    return Decided(monkeypatch)
 
 
 def browsing(where: Lan, **more: object) -> dict[str, object]:
@@ -165,7 +183,7 @@ async def test_announced_board_is_pending_then_approved_then_let_go(tmp_path: Pa
 
 @needs_lan
 async def test_an_announcement_at_this_machine_is_never_contacted(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, decided: Decided
 ) -> None:
     """Announced at 127.0.0.1, 127.0.0.2 or this machine's own address on the LAN (or at a
     link-local address, or off the LAN), with a port and path of the announcer's choice: no
@@ -187,7 +205,7 @@ async def test_an_announcement_at_this_machine_is_never_contacted(
             async with gateway(tmp_path, **browsing(where)) as run:
                 async with announcing(*(announcement(n, a, p, "latest/meta-data/x?q=1")
                                         for n, a, p in refused)):  # fmt: skip
-                    await decided(run, len(refused))
+                    await decided.reach(len(refused))
                 good = f"http://{where.peer}:{int(base.rsplit(':', 1)[1])}/mcp"
                 registry = run.gateway.registry
                 async with (
@@ -218,7 +236,7 @@ async def test_an_announcement_at_this_machine_is_never_contacted(
 
 @needs_lan
 async def test_a_flood_of_announcements_leaves_the_stock_devices_places(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, decided: Decided
 ) -> None:
     """200 boards announced at one address: a few become pending (the address's burst), the
     rest are ignored in a line or two; the one place for stock devices is still free."""
@@ -227,7 +245,7 @@ async def test_a_flood_of_announcements_leaves_the_stock_devices_places(
         flood = [announcement(f"Flood{n}", where.peer, 20000 + n) for n in range(200)]
         async with gateway(tmp_path, **browsing(where), max_pending=1) as run:
             async with announcing(*flood):
-                await decided(run, len(flood))
+                await decided.reach(len(flood))
             registry = run.gateway.registry
             discovered = [d for d in registry.devices() if d.device_id.startswith("mcp-")]
             urls = [f"http://{where.peer}:{20000 + n}/mcp" for n in range(200)]
@@ -247,7 +265,7 @@ async def test_a_flood_of_announcements_leaves_the_stock_devices_places(
 
 @needs_lan
 async def test_discovered_boards_wait_at_most_their_cap(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, decided: Decided
 ) -> None:
     """Boards announced at 12 addresses of the LAN, at most 3 waiting: 3 are held, the others
     ignored with the reason; one that stops announcing is forgotten and frees its place."""
@@ -259,7 +277,7 @@ async def test_discovered_boards_wait_at_most_their_cap(
         async with gateway(tmp_path, **config) as run:
             boards = run.gateway.boards
             async with announcing(*infos) as publisher:
-                await decided(run, len(infos))
+                await decided.reach(len(infos))
                 held = [info for info, host in zip(infos, hosts, strict=True)
                         if boards.get(board_id(f"http://{host}:8080/mcp"))]  # fmt: skip
                 assert len(held) == 3
@@ -270,7 +288,7 @@ async def test_discovered_boards_wait_at_most_their_cap(
                     await until(changes, lambda: registry.get(gone) is None)
                 late = announcement("Late", str(where.network[100]), 8080)
                 await publisher.async_register_service(late)
-                await decided(run, len(infos) + 1)
+                await decided.reach(len(infos) + 1)
                 assert boards.get(board_id(f"http://{where.network[100]}:8080/mcp")) is not None
     ignored = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert ignored and "3 discovered boards wait for approval already" in ignored[0]

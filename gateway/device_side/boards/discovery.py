@@ -68,8 +68,7 @@ class Discovery:
     """Browses mDNS; tells ``found(url)`` and ``lost(url)`` as boards come and go.
 
     ``found`` returns None when it took the board, else why not (for the log). ``networks``:
-    where a board may be. ``decided`` counts the announcements looked up and decided, taken or
-    ignored (``changed`` is set at each: tests wait on it).
+    where a board may be.
     """
 
     def __init__(
@@ -90,8 +89,6 @@ class Discovery:
         self._rate = RateLimiter(NEW_BOARDS_PER_MINUTE, NEW_BOARDS_BURST,
                                  max_addresses=_ADDRESSES_KEPT)  # fmt: skip
         self._ignored = ThrottledLog(logger)
-        self.decided = 0
-        self.changed = asyncio.Event()
 
     async def start(self) -> None:
         """Start browsing."""
@@ -167,11 +164,11 @@ class Discovery:
         return None
 
     def _decide(self, name: str, ignored: tuple[str, str] | None) -> None:
+        """Every announcement considered ends here: taken (``ignored`` None), or ignored and
+        said why in the log (a line per reason and interval)."""
         if ignored is not None:
             kind, why = ignored
             self._ignored.warning(kind, "mDNS: announcement %r ignored: %s", name, why)
-        self.decided += 1
-        self.changed.set()
 
     def _refused(self, place: str | None) -> str:
         if place == THIS_MACHINE:
