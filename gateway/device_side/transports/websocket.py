@@ -181,7 +181,7 @@ class DeviceSockets:
         interval, wheel = config.ws_ping_interval, None
         if interval is not None and interval > 0:
             wheel = keepalive(asyncio.get_running_loop(), interval, config.ws_ping_timeout)
-        return DeviceSocket(self.endpoint, state, conn, wheel)
+        return DeviceSocket(self.endpoint, state, conn, wheel, config.ws_max_size)
 
     async def client(self, socket: DeviceSocket, forwarded: str | None) -> tuple[str, int] | None:
         """The device's address: as uvicorn's proxy headers make it (``X-Forwarded-For`` from
