@@ -60,9 +60,7 @@ def build_device_app(
         limit = config.vision_max_photo_bytes
         routes += VisionEndpoint(vision, photos, limit, elsewhere).routes()
     routes += extra
-    # Served below ASGI unless the voice proxy may take a WebSocket over (it needs Starlette's).
-    direct = None
-    if proxied is None:
-        direct = device_sockets(admission.websocket, sessions.serve, admission.settle)
+    # Served below ASGI, a proxied device's too (the voice proxy takes its socket over).
+    direct = device_sockets(admission.websocket, sessions.serve, admission.settle, proxied)
     app = Starlette(routes=[*routes, Route("/healthz", health)])
     return DeviceSocketFront(app, sockets, direct, ota.direct)  # the check-in below ASGI too

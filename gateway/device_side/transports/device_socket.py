@@ -166,13 +166,13 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         peer = self.transport.get_extra_info("peername")
         return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and peer else None
 
-    def refuse(self) -> None:
-        """Answer the handshake with HTTP 403 and close."""
+    def refuse(self, status: int = HTTPStatus.FORBIDDEN, text: str = "") -> None:
+        """Answer the handshake with HTTP ``status`` (403), ``text`` its body, and close."""
         if self.handshake_complete:
             return
         self._release_handshake()
         self.handshake_complete = True
-        self.conn.send_response(self.conn.reject(HTTPStatus.FORBIDDEN, ""))
+        self.conn.send_response(self.conn.reject(status, text))
         self._closing()
 
     def accept(self) -> bool:
@@ -205,10 +205,7 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         A full transport buffer is waited out before anything is written, so a send cancelled
         while it waits has written nothing.
         """
-        while self._drained is not None and not self._closed:
-            await asyncio.shield(self._drained)
-        if self._closed or self.close_sent:
-            raise LinkClosed("the device WebSocket is closed")
+        await self._writable()
         # A tools/call, framed here, not by websockets: nothing of websockets' own waits to
         # go before it (``_write`` follows each of its operations), and no message of ours is
         # in fragments (we send none).
@@ -220,6 +217,22 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         except InvalidState:
             raise LinkClosed("the device WebSocket is closing") from None
         self._write()
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Send one binary frame (a relayed voice server's audio), as ``send`` sends text."""
+        await self._writable()
+        try:
+            self.conn.send_binary(data)
+        except InvalidState:
+            raise LinkClosed("the device WebSocket is closing") from None
+        self._write()
+
+    async def _writable(self) -> None:
+        """Wait while the transport's buffer is full; raise ``LinkClosed`` once closed."""
+        while self._drained is not None and not self._closed:
+            await asyncio.shield(self._drained)
+        if self._closed or self.close_sent:
+            raise LinkClosed("the device WebSocket is closed")
 
     def write_now(self, texts: list[str]) -> int:
         """Send ``texts`` as text frames if the transport's buffer has room, in one write (a

@@ -5,9 +5,10 @@ Stock firmware sends its identity and token as headers (``Authorization``, ``Dev
 parameters instead. A device without a valid token is refused before the upgrade (HTTP 403).
 
 The listener serves the device path below ASGI (``device_sockets``: a ``DeviceSocket`` per
-connection, gateway/device_side/transports/device_socket.py). Beside voice servers the proxy
-takes a device's WebSocket over as a Starlette ``WebSocket``: the ASGI route
-(``device_websocket_routes``) serves the device path then.
+connection, gateway/device_side/transports/device_socket.py), beside voice servers too: the
+proxy takes a proxied device's socket over through ``RelayedSocket``, the part of a Starlette
+``WebSocket`` the relay uses. The ASGI route (``device_websocket_routes``) serves the device path
+only where the listener does not serve it itself.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import uvicorn
+from starlette.responses import Response
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -31,6 +33,7 @@ from gateway.compat.uvicorn import ServerState
 from gateway.device_side.broker.topics import is_device_id
 from gateway.device_side.transports.device_messages import INTERNAL_ERROR
 from gateway.device_side.transports.device_socket import DeviceSocket, Endpoint
+from gateway.device_side.upstream.relay import ProxiedWebSocket
 from gateway.devices.link import DeviceIdentity, LinkClosed
 from gateway.net.addresses import DEVICE_PATH
 from gateway.net.direct_http import DirectRequests
@@ -39,6 +42,7 @@ from gateway.net.websocket import keepalive
 __all__ = [
     "DeviceSocketFront",
     "Proxied",
+    "RelayedSocket",
     "StarletteLink",
     "DeviceSockets",
     "authenticate",
@@ -134,9 +138,56 @@ def authenticate(
     return identity if refusal is None else refusal
 
 
-Proxied = Callable[[DeviceIdentity], Callable[[WebSocket], Awaitable[None]] | None]
+Proxied = Callable[[DeviceIdentity], Callable[[ProxiedWebSocket], Awaitable[None]] | None]
 """``proxied(identity)``: the conversation that takes a proxied device's WebSocket over (it
 accepts or refuses it itself), or None when the gateway serves the device alone."""
+
+
+class RelayedSocket:
+    """A ``DeviceSocket`` as the voice proxy takes it over (``ProxiedWebSocket``): binary
+    (audio) messages kept and sent too, the ASGI messages the relay reads."""
+
+    def __init__(self, socket: DeviceSocket, headers: Mapping[str, str]) -> None:
+        self._socket = socket
+        self._headers = headers
+        socket.keep_binary()
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The handshake's headers, by lower-case name (the first of repeated ones)."""
+        return self._headers
+
+    async def accept(self) -> None:
+        """Accept the WebSocket (101); a device gone meanwhile reads as a disconnect."""
+        self._socket.accept()
+
+    async def send_denial_response(self, response: Response) -> None:
+        """Refuse the handshake with ``response``'s status and text."""
+        self._socket.refuse(response.status_code, bytes(response.body).decode())
+
+    async def receive(self) -> Mapping[str, Any]:
+        """The next message, as ASGI gives it."""
+        message = await self._socket.receive()
+        if message is None:
+            return {"type": "websocket.disconnect", "code": self._socket.conn.close_code or 1006}
+        if isinstance(message, bytes):
+            return {"type": "websocket.receive", "bytes": message}
+        return {"type": "websocket.receive", "text": message}
+
+    async def send_text(self, data: str) -> None:
+        """Send a text frame."""
+        await self._socket.send(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Send a binary frame."""
+        await self._socket.send_bytes(data)
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        """Close the WebSocket (1000), or refuse it (HTTP 403) before it is accepted."""
+        if code != 1000 and self._socket.handshake_complete:
+            self._socket.fail(code, reason or "")
+            return
+        await self._socket.aclose()
 
 
 def _deflate() -> list[ServerExtensionFactory]:
@@ -211,12 +262,14 @@ def device_sockets(
     admit: Admit,
     serve: Callable[[DeviceSocket, DeviceIdentity], Awaitable[None]],
     settle: Callable[[], Awaitable[None]] | None = None,
+    proxied: Proxied | None = None,
 ) -> DeviceSockets:
     """The device WebSocket served below ASGI; ``serve`` runs a connection for an
     authenticated device, over its ``DeviceSocket``.
 
     ``settle`` is awaited once a device is admitted, before its WebSocket is accepted (the
-    registry commits what the login decided).
+    registry commits what the login decided). ``proxied`` takes a proxied device's socket over
+    (``RelayedSocket``).
     """
 
     async def endpoint(socket: DeviceSocket) -> None:
@@ -239,6 +292,10 @@ def device_sockets(
             return
         if settle is not None:  # what the login decided is on disk before it is accepted
             await settle()
+        conversation = proxied(identity) if proxied is not None else None
+        if conversation is not None:  # beside its voice server (docs/voice-proxy.md)
+            await conversation(RelayedSocket(socket, headers))
+            return
         if not socket.accept():  # the device left meanwhile
             return
         try:
