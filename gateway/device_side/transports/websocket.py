@@ -126,7 +126,8 @@ class RelayedSocket:
         await self._socket.send_bytes(data)
 
     async def close(self, code: int = 1000, reason: str | None = None) -> None:
-        """Close the WebSocket (1000), or refuse it (HTTP 403) before it is accepted."""
+        """Close the WebSocket: 1000 with the closing handshake, another ``code`` failing it at
+        once (RFC 6455 7.1.7); before it is accepted, refuse it (HTTP 403)."""
         if code != 1000 and self._socket.handshake_complete:
             self._socket.fail(code, reason or "")
             return
