@@ -31,10 +31,6 @@ from mcp.server.session import ServerSession
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from websockets.frames import Frame, Opcode
-from websockets.protocol import OPEN, Protocol
-from websockets.server import ServerProtocol
-from websockets.streams import StreamReader
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gateway"
 COMPAT = PACKAGE / "compat"
@@ -56,11 +52,6 @@ BORROWED = [
      "mcp_sdk"),
     ("aiomqtt", "aiomqtt", "Client._pending_call", "aiomqtt"),
     ("aiomqtt", "aiomqtt", "Client._misc_loop", "aiomqtt"),
-    ("websockets", "websockets.http11", "_token_re", "websockets"),
-    ("websockets", "websockets.http11", "_value_re", "websockets"),
-    ("websockets", "websockets.datastructures", "Headers.set_insecure", "websockets"),
-    ("websockets", "websockets.streams", "StreamReader.at_eof", "websockets"),
-    ("websockets", "websockets.protocol", "Protocol.parse", "websockets"),
     ("uvicorn", "uvicorn.protocols.http.h11_impl", "H11Protocol", "uvicorn"),
     ("uvicorn", "uvicorn.protocols.websockets.websockets_sansio_impl", "WebSocketsSansIOProtocol",
      "uvicorn"),
@@ -163,124 +154,6 @@ def test_aiomqtt_client_internals_are_as_mended() -> None:
     assert list(theirs.parameters) == list(ours.parameters), moved(
         "aiomqtt", "Client._pending_call(mid, value, pending_dict)", "aiomqtt"
     )
-
-
-def test_websockets_header_patterns_are_its_parsers() -> None:
-    """The borrowed header patterns take a token and a field value, as websockets' parser does."""
-    from gateway.compat import websockets as compat_websockets
-
-    where = "websockets.http11._token_re/_value_re"
-    for pattern in (compat_websockets.TOKEN_RE, compat_websockets.VALUE_RE):
-        assert isinstance(pattern, re.Pattern) and isinstance(pattern.pattern, bytes), moved(
-            "websockets", where, "websockets"
-        )
-    assert compat_websockets.TOKEN_RE.fullmatch(b"Sec-WebSocket-Key"), moved(
-        "websockets", where, "websockets"
-    )
-    assert not compat_websockets.TOKEN_RE.fullmatch(b"Host:"), moved(
-        "websockets", where, "websockets"
-    )
-    assert compat_websockets.VALUE_RE.fullmatch(b"a b\tc\x80"), moved(
-        "websockets", where, "websockets"
-    )
-    assert not compat_websockets.VALUE_RE.fullmatch(b"a\r\nb"), moved(
-        "websockets", where, "websockets"
-    )
-
-
-HANDSHAKE = (
-    b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-)
-
-
-def open_connection() -> ServerProtocol:
-    """A websockets server connection opened as the device listener opens one (its handshake
-    read by ``handshake_request``), its parser waiting for a frame."""
-    from gateway.compat import websockets as compat_websockets
-    from gateway.net.handshake_request import handshake_request
-
-    conn = ServerProtocol()
-    compat_websockets.start_frames(conn)
-    request = handshake_request(HANDSHAKE)
-    assert request is not None
-    conn.send_response(conn.accept(request))
-    conn.data_to_send()
-    assert conn.state is OPEN
-    return conn
-
-
-def masked_text(payload: bytes) -> bytes:
-    """A client's masked text frame (RFC 6455 5.3), as websockets writes one."""
-    frame = Frame(Opcode.TEXT, payload)
-    return frame.serialize(mask=True, extensions=[])  # type: ignore[no-any-return]
-
-
-def test_websockets_parser_waits_between_frames_where_compat_looks() -> None:
-    """Between frames the parser waits in ``StreamReader.at_eof``, and not once it has a
-    frame's header: what ``frame_text`` tells a frame boundary by."""
-    from gateway.compat import websockets as compat_websockets
-
-    where = "Protocol.parser waiting in StreamReader.at_eof between frames"
-    assert inspect.isgeneratorfunction(StreamReader.at_eof), moved(
-        "websockets", where, "websockets"
-    )
-    theirs = ServerProtocol()  # read by websockets: past the request, it runs Protocol.parse
-    theirs.receive_data(HANDSHAKE)
-    handed = theirs.parser.gi_yieldfrom  # type: ignore[attr-defined]
-    assert handed.gi_code is Protocol.parse.__code__, moved(
-        "websockets", "ServerProtocol.parse going on to Protocol.parse", "websockets"
-    )
-    conn = open_connection()
-    waiting = conn.parser.gi_yieldfrom  # type: ignore[attr-defined]
-    assert waiting.gi_code is StreamReader.at_eof.__code__, moved("websockets", where, "websockets")
-    frame = masked_text(b"hello")
-    assert compat_websockets.frame_text(conn, frame) == b"hello", moved(
-        "websockets", where, "websockets"
-    )
-    conn.receive_data(frame[:2])  # a header alone, as esp_websocket_client may send it
-    assert compat_websockets.frame_text(conn, frame[2:]) is None, moved(
-        "websockets", where, "websockets"
-    )
-
-
-def test_websockets_protocol_state_frame_text_reads() -> None:
-    """The connection state ``frame_text`` and ``writes_plainly`` read is there, as expected."""
-    from gateway.compat import websockets as compat_websockets
-
-    conn = open_connection()
-    expected = {
-        "current_size": None,
-        "max_fragment_size": None,
-        "expect_continuation_frame": False,
-        "writes": [],
-        "extensions": [],
-        "debug": False,
-    }
-    for name, value in expected.items():
-        assert getattr(conn, name, "missing") == value, moved(
-            "websockets", f"Protocol.{name}", "websockets"
-        )
-    assert conn.reader.buffer == b"", moved("websockets", "Protocol.reader.buffer", "websockets")
-    assert isinstance(conn.max_message_size, int)
-    assert compat_websockets.writes_plainly(conn), moved(
-        "websockets", "Protocol.writes", "websockets"
-    )
-
-
-def test_websockets_headers_add_without_a_check() -> None:
-    """``Headers.set_insecure`` adds a header as ``headers[name] = value`` does."""
-    from websockets.datastructures import Headers
-
-    from gateway.compat import websockets as compat_websockets
-
-    headers = Headers()
-    compat_websockets.add_checked_header(headers, "Host", "a")
-    compat_websockets.add_checked_header(headers, "host", "b")
-    assert headers.get_all("HOST") == ["a", "b"], moved(
-        "websockets", "Headers.set_insecure", "websockets"
-    )
-    assert list(headers.raw_items()) == [("Host", "a"), ("host", "b")]
 
 
 def subclasses(base: type) -> Iterator[type]:
@@ -443,6 +316,7 @@ _INTERNAL_MODULES = (
     "websockets.speedups",
 )
 _ACCESSORS = {"getattr", "hasattr", "setattr", "delattr"}
+_FRAME_GETTERS = {"_getframe", "currentframe"}  # sys's and inspect's
 
 
 def _private(name: str) -> bool:
@@ -512,13 +386,55 @@ def test_no_module_outside_compat_reaches_into_another_library() -> None:
     assert not bad, f"move these into gateway/compat (a module per library): {bad}"
 
 
+def test_no_module_reads_frames_or_code_objects() -> None:
+    """No module of the gateway, gateway/compat included, tells another library's state by its
+    generators', coroutines' or functions' frames and code objects: what a release may change
+    without notice, and no test of ours could pin for every input."""
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, name in introspects(path.read_text())
+    ]
+    assert not bad, f"read another library's state through its API, not its frames: {bad}"
+
+
+def introspects(source: str) -> list[tuple[int, str]]:
+    """Where ``source`` reads a frame or a code object: (line, the attribute's name)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            if _INTROSPECTION.match(node.attr) or node.attr in _FRAME_GETTERS:
+                found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in _ACCESSORS and len(node.args) > 1:
+                name = node.args[1]
+                if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                    if _INTROSPECTION.match(name.value):
+                        found.append((node.lineno, name.value))
+        elif isinstance(node, ast.Name) and node.id in _FRAME_GETTERS:
+            found.append((node.lineno, node.id))
+    return found
+
+
+def test_introspects_sees_every_form() -> None:
+    """The check finds a frame or code object read as an attribute, by name, or fetched."""
+    source = (
+        "waiting = getattr(parser, 'gi_yieldfrom', None)\n"
+        "code = StreamReader.at_eof.__code__\n"
+        "frame = sys._getframe(1)\n"
+        "ok = self.parser, conn.state\n"
+        "from inspect import currentframe\n"
+        "here = currentframe()\n"
+    )
+    assert sorted({line for line, _ in introspects(source)}) == [1, 2, 3, 6]
+
+
 # The distribution each module of gateway/compat borrows from (stdlib: Python's own, unbounded).
 COMPAT_DISTRIBUTIONS = {
     "aiomqtt": "aiomqtt",
     "mcp_sdk": "mcp",
     "starlette": "starlette",
     "uvicorn": "uvicorn",
-    "websockets": "websockets",
 }
 
 

@@ -37,18 +37,18 @@ LAYERS: list[set[str]] = [
 # One level down: the modules of a package, in the order they may import each other.
 INNER: dict[str, list[set[str]]] = {
     # one module per library, none importing another
-    "compat": [{"aiomqtt", "mcp_sdk", "starlette", "stdlib", "uvicorn", "websockets"}],
+    "compat": [{"aiomqtt", "mcp_sdk", "starlette", "stdlib", "uvicorn"}],
     "net": [
         # direct_http: small POSTs answered below ASGI; expiries: deadlines of one length on
-        # one timer; handshake_request: a WebSocket handshake read once, as websockets would
-        # peer: the socket's address, kept before uvicorn's proxy headers replace it;
+        # one timer; peer: the socket's address, kept before uvicorn's proxy headers replace
+        # it; text_frames: where a WebSocket's frames begin, and plain text frames;
         # networks: addresses and networks from the config, and this machine's interfaces'
         {
             "direct_http",
             "expiries",
-            "handshake_request",
             "networks",
             "peer",
+            "text_frames",
             "throttled",
         },
         {"addresses", "destinations", "websocket", "upgrade"},

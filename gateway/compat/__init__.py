@@ -13,7 +13,6 @@ a bound is lifted once that passes.
 
 - ``mcp_sdk``: the streamable-HTTP manager's sessions and their owners; a session's connection.
 - ``aiomqtt``: the paho socket's registration, the disconnect future, the pending-call check.
-- ``websockets``: its header patterns, and where its frame parser stands (a text frame's fast path).
 - ``uvicorn``: the protocol classes the listeners subclass, below uvicorn's public API.
 - ``starlette``: the parsed form a request hands on to the next handler.
 - ``stdlib``: argparse's actions, logging's caller lookup.

@@ -13,12 +13,7 @@ from gateway.config import Config
 from gateway.device_side.admission import Admission
 from gateway.device_side.ota import OtaEndpoint
 from gateway.device_side.sessions import DeviceSessions
-from gateway.device_side.transports.websocket import (
-    DeviceSocketFront,
-    Proxied,
-    device_sockets,
-    device_websocket_routes,
-)
+from gateway.device_side.transports.websocket import DeviceSocketFront, Proxied, device_sockets
 from gateway.device_side.vision import Elsewhere, VisionEndpoint, VisionTokens
 from gateway.devices.photos import PhotoStore
 
@@ -50,19 +45,15 @@ def build_device_app(
             return JSONResponse({"status": "unavailable", "reason": trouble}, 503)
         return JSONResponse({"status": "ok"})  # anyone on the LAN asks: alive, nothing more
 
-    sockets = device_websocket_routes(
-        admission.websocket, sessions.serve, proxied, admission.settle
-    )
-    routes = list(sockets)
+    routes: list[BaseRoute] = []
     if config.ota_enabled:
         routes += ota.routes()
     if vision is not None:
         limit = config.vision_max_photo_bytes
         routes += VisionEndpoint(vision, photos, limit, elsewhere).routes()
     routes += extra
-    # Served below ASGI unless the voice proxy may take a WebSocket over (it needs Starlette's).
-    direct = None
-    if proxied is None:
-        direct = device_sockets(admission.websocket, sessions.serve, admission.settle)
+    # The device WebSocket below ASGI, a proxied device's too (the voice proxy takes its
+    # socket over), and the check-in.
+    direct = device_sockets(admission.websocket, sessions.serve, admission.settle, proxied)
     app = Starlette(routes=[*routes, Route("/healthz", health)])
-    return DeviceSocketFront(app, sockets, direct, ota.direct)  # the check-in below ASGI too
+    return DeviceSocketFront(app, direct, ota.direct)

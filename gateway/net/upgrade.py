@@ -24,7 +24,6 @@ from uvicorn.config import Config
 
 from gateway.compat.uvicorn import H11Protocol, ServerState
 from gateway.net.direct_http import DirectPost, DirectRequests, direct_post, response_bytes
-from gateway.net.handshake_request import handshake_request
 
 __all__ = ["DirectUpgrade", "SocketRoutes", "websocket_upgrade"]
 
@@ -179,14 +178,7 @@ class DirectUpgrade(H11Protocol):
                 config=self.config, server_state=self.server_state, app_state=self.app_state
             )
         protocol.connection_made(self.transport)
-        # A protocol that takes a parsed request (the device WebSocket) is spared websockets'
-        # second parse of it, when ours reads it as websockets would (handshake_request.py).
-        take = getattr(protocol, "take_request", None)
-        parsed = handshake_request(request) if take is not None else None
-        if take is not None and parsed is not None:
-            take(parsed)
-        else:
-            protocol.data_received(request)
+        protocol.data_received(request)
         self.transport.set_protocol(protocol)
         # websockets' parser rejects a request it cannot read (a bad header name, a body, too
         # many headers) by only ending its side: uvicorn's protocol would then wait for the

@@ -299,7 +299,7 @@ async def test_a_call_that_finds_the_link_gone_fails_at_once(
 
 
 class WholeLink(MemoryLink):
-    """A MemoryLink that writes frames whole, like the WebSocket (``StarletteLink``)."""
+    """A MemoryLink that writes frames whole, like the device WebSocket (``DeviceSocket``)."""
 
     sends_whole = True
 

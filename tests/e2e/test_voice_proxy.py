@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2
 import pytest
+import starlette.websockets
 from mcp import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -153,6 +154,33 @@ async def test_a_conversation_is_relayed_while_hosts_call_the_device(tmp_path: P
         async with asyncio.timeout(bound(10)):
             await session.closed.wait()  # the device hung up: so did the server's side
         assert (await listed(run, device))["upstream"]["state"].startswith("idle")
+
+
+async def test_a_proxied_conversation_runs_on_the_device_socket_with_no_asgi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One WebSocket stack: the proxy takes a proxied device's socket over below ASGI (no
+    Starlette ``WebSocket`` on the gateway's device listener, only on the voice server's);
+    audio passes both ways, in order."""
+    served: list[int] = []  # the listening port of each Starlette WebSocket made
+    init = starlette.websockets.WebSocket.__init__
+
+    def counted(self: starlette.websockets.WebSocket, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        served.append(self.scope["server"][1])
+
+    monkeypatch.setattr(starlette.websockets.WebSocket, "__init__", counted)
+    upstream, device = UpstreamServer(), VoiceDevice()
+    async with proxied(tmp_path, upstream) as run:
+        async with talking(run, upstream, device) as (talk, session):
+            uplink = [bytes([n]) * (1 + n) for n in range(130)]  # 7- and 16-bit lengths
+            await talk.send_audio(uplink)
+            assert await session.wait_audio(len(uplink)) == uplink
+            downlink = [os.urandom(200) for _ in range(5)]
+            for frame in downlink:
+                await session.websocket.send_bytes(frame)
+            assert await talk.wait_audio(len(downlink)) == downlink
+        assert served and run.device_port not in served  # the voice server's, not ours
 
 
 async def test_a_pending_device_keeps_its_voice_but_hosts_wait(tmp_path: Path) -> None:

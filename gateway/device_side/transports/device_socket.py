@@ -11,6 +11,13 @@ limit (1009), the ``Keepalive`` wheel, backpressure both ways, close handling an
 ``DeviceSockets`` (transports/websocket.py) makes one per handshake on the device path and runs
 its ``Endpoint`` (authenticate, settle, accept, serve) in one task, awaited on shutdown. What the
 device reads in, its text messages, is ``DeviceMessages`` (device_messages.py), the same object.
+
+It asks of websockets only its documented sans-I/O API (``receive_data``, ``events_received``,
+``send_*``, ``data_to_send`` after each of them, ``state``, ``close_expected``, ``logger``). A
+call's text frame each way is read or written in place (gateway/net/text_frames.py) where the
+socket itself knows that is what websockets would do: the bytes it fed ``receive_data`` say
+where the next frame starts (``FrameBoundary``), its own 101 says no extension was negotiated,
+its own config the size limit, and nothing of websockets' waits to be sent.
 """
 
 from __future__ import annotations
@@ -25,13 +32,14 @@ from http import HTTPStatus
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
+from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
 
 from gateway.compat.uvicorn import ServerState
-from gateway.compat.websockets import frame_text, start_frames, text_frame, writes_plainly
 from gateway.device_side.transports.device_messages import INTERNAL_ERROR, DeviceMessages
 from gateway.devices.link import LinkClosed
 from gateway.net.limits import Guarded, Slot
+from gateway.net.text_frames import FrameBoundary, text_frame, whole_text_frame
 from gateway.net.websocket import Keepalive
 
 __all__ = ["CLOSE_TIMEOUT", "DeviceSocket", "Endpoint"]
@@ -47,9 +55,10 @@ Endpoint = Callable[["DeviceSocket"], Awaitable[None]]
 class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
     """One device WebSocket: the asyncio protocol, and the ``DeviceLink`` of its connection."""
 
-    __slots__ = ("_drained", "_endpoint", "_keepalive", "_state", "close_sent", "close_timer",
-                 "conn", "handshake_complete", "keepalive_slot", "pending_ping_payload",
-                 "ping_sent_at", "request", "response", "slot", "transport")  # fmt: skip
+    __slots__ = ("_drained", "_endpoint", "_frames", "_keepalive", "_max_size", "_plain",
+                 "_state", "close_sent", "close_timer", "conn", "handshake_complete",
+                 "keepalive_slot", "pending_ping_payload", "ping_sent_at", "request", "response",
+                 "slot", "transport")  # fmt: skip
 
     # A frame is written whole or not at all, even when the send is cancelled (see ``send``).
     sends_whole = True
@@ -61,12 +70,18 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         state: ServerState,
         conn: ServerProtocol,
         keepalive: Keepalive | None,
+        max_size: int | None,
     ) -> None:
         super().__init__()
         self._endpoint = endpoint
         self._state = state
         self.conn = conn
         self._keepalive = keepalive
+        self._max_size = max_size  # what ``conn`` was made with: longer messages close (1009)
+        self._frames = FrameBoundary()  # where websockets' parser stands in what we fed it
+        # Text frames read and written in place (text_frames.py), not through websockets:
+        # once the handshake is accepted with no extension, and websockets logs no frames.
+        self._plain = False
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.slot: Slot | None = None
         self.request: Request | None = None  # until the endpoint accepts or refuses
@@ -84,24 +99,29 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
-        text = frame_text(conn, data)  # a call's reply: one whole text frame, read in place
-        if text is not None:
-            self._message(text)
-            return
+        if self._in_place() and self._frames.between_messages:  # a call's reply, say
+            text = whole_text_frame(data, self._max_size)  # one whole text frame: read here
+            if text is not None:
+                self._message(text)
+                return
+        self._frames.feed(data)
         conn.receive_data(data)
+        # Whatever websockets queued in answer (a pong, a close) goes out now: nothing of its
+        # own is ever waiting when a frame is written in place (``send``).
+        self._write()
         for event in conn.events_received():
             if isinstance(event, Frame):
                 self._frame(event)
             elif isinstance(event, Request):
                 self._request(event)
-        if conn.parser_exc is not None and not self.close_sent:  # RFC 6455 7.1.7: fail it
-            self._closing()  # with the close frame the parser chose (1002, 1009)
+        # websockets failed the connection (RFC 6455 7.1.7) with the close frame its parser
+        # chose (1002, 1009), written above: the socket closes too.
+        if self.handshake_complete and conn.close_expected() and not self.close_sent:
+            self._closing()
 
-    def take_request(self, request: Request) -> None:
-        """The handshake, parsed by the listener exactly as websockets' parser would have
-        (gateway/net/handshake_request.py): that parser goes straight on to the frames."""
-        start_frames(self.conn)
-        self._request(request)
+    def _in_place(self) -> bool:
+        """Text frames may be read and written here (text_frames.py), not by websockets."""
+        return self._plain and self.conn.state is OPEN
 
     def pause_writing(self) -> None:
         if self._drained is None:
@@ -147,13 +167,13 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         peer = self.transport.get_extra_info("peername")
         return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and peer else None
 
-    def refuse(self) -> None:
-        """Answer the handshake with HTTP 403 and close."""
+    def refuse(self, status: int = HTTPStatus.FORBIDDEN, text: str = "") -> None:
+        """Answer the handshake with HTTP ``status`` (403), ``text`` its body, and close."""
         if self.handshake_complete:
             return
         self._release_handshake()
         self.handshake_complete = True
-        self.conn.send_response(self.conn.reject(HTTPStatus.FORBIDDEN, ""))
+        self.conn.send_response(self.conn.reject(status, text))
         self._closing()
 
     def accept(self) -> bool:
@@ -168,6 +188,11 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         self.handshake_complete = True
         self.conn.send_response(response)
         self._write()
+        # Our own answer says whether an extension (permessage-deflate) was negotiated; and
+        # whether websockets logs frames is its logger's level (both public).
+        self._plain = "Sec-WebSocket-Extensions" not in response.headers and not (
+            self.conn.logger.isEnabledFor(logging.DEBUG)
+        )
         self._release_handshake()
         if self.slot is not None:
             self.slot.authenticate()
@@ -181,11 +206,11 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
         A full transport buffer is waited out before anything is written, so a send cancelled
         while it waits has written nothing.
         """
-        while self._drained is not None and not self._closed:
-            await asyncio.shield(self._drained)
-        if self._closed or self.close_sent:
-            raise LinkClosed("the device WebSocket is closed")
-        if writes_plainly(self.conn):  # a tools/call: framed in place, not by websockets
+        await self._writable()
+        # A tools/call, framed here, not by websockets: nothing of websockets' own waits to
+        # go before it (``_write`` follows each of its operations), and no message of ours is
+        # in fragments (we send none).
+        if self._in_place():
             self.transport.write(text_frame(text.encode()))
             return
         try:
@@ -194,13 +219,29 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
             raise LinkClosed("the device WebSocket is closing") from None
         self._write()
 
+    async def send_bytes(self, data: bytes) -> None:
+        """Send one binary frame (a relayed voice server's audio), as ``send`` sends text."""
+        await self._writable()
+        try:
+            self.conn.send_binary(data)
+        except InvalidState:
+            raise LinkClosed("the device WebSocket is closing") from None
+        self._write()
+
+    async def _writable(self) -> None:
+        """Wait while the transport's buffer is full; raise ``LinkClosed`` once closed."""
+        while self._drained is not None and not self._closed:
+            await asyncio.shield(self._drained)
+        if self._closed or self.close_sent:
+            raise LinkClosed("the device WebSocket is closed")
+
     def write_now(self, texts: list[str]) -> int:
         """Send ``texts`` as text frames if the transport's buffer has room, in one write (a
         joining device's hello answer and initialize: one send, not two); return how many."""
         if self._drained is not None or self._closed or self.close_sent:
             return 0
         conn = self.conn
-        if writes_plainly(conn):
+        if self._in_place():
             self.transport.write(b"".join([text_frame(text.encode()) for text in texts]))
             return len(texts)
         sent = 0
@@ -283,14 +324,12 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
                 self.transport.close()
 
     def _frame(self, frame: Frame) -> None:
-        opcode = frame.opcode
-        if opcode is Opcode.PING:
-            self._write()  # the pong the parser queued
-        elif opcode is Opcode.PONG:
+        opcode = frame.opcode  # a ping's pong went out with what the parser queued
+        if opcode is Opcode.PONG:
             self._pong(frame)
         elif opcode is Opcode.CLOSE:
             self._close_received()
-        else:  # TEXT, BINARY, CONT
+        elif opcode is not Opcode.PING:  # TEXT, BINARY, CONT
             self._data_frame(frame)
 
     def _pong(self, frame: Frame) -> None:
@@ -307,8 +346,7 @@ class DeviceSocket(DeviceMessages, asyncio.Protocol, Guarded):
                 self.close_timer = None
             self.transport.close()
             return
-        self._write()  # the echo the parser queued
-        self.close_sent = True
+        self.close_sent = True  # the echo the parser queued went out with it
         self._end()
         self.transport.close()
 

@@ -5,23 +5,22 @@ Stock firmware sends its identity and token as headers (``Authorization``, ``Dev
 parameters instead. A device without a valid token is refused before the upgrade (HTTP 403).
 
 The listener serves the device path below ASGI (``device_sockets``: a ``DeviceSocket`` per
-connection, gateway/device_side/transports/device_socket.py). Beside voice servers the proxy
-takes a device's WebSocket over as a Starlette ``WebSocket``: the ASGI route
-(``device_websocket_routes``) serves the device path then.
+connection, gateway/device_side/transports/device_socket.py), beside voice servers too: the
+proxy takes a proxied device's socket over through ``RelayedSocket``, the part of a Starlette
+``WebSocket`` the relay uses. One WebSocket stack serves every device.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import uvicorn
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from websockets.extensions.base import ServerExtensionFactory
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
@@ -29,9 +28,9 @@ from websockets.server import ServerProtocol
 
 from gateway.compat.uvicorn import ServerState
 from gateway.device_side.broker.topics import is_device_id
-from gateway.device_side.transports.device_messages import INTERNAL_ERROR
 from gateway.device_side.transports.device_socket import DeviceSocket, Endpoint
-from gateway.devices.link import DeviceIdentity, LinkClosed
+from gateway.device_side.upstream.relay import ProxiedWebSocket
+from gateway.devices.link import DeviceIdentity
 from gateway.net.addresses import DEVICE_PATH
 from gateway.net.direct_http import DirectRequests
 from gateway.net.websocket import keepalive
@@ -39,67 +38,14 @@ from gateway.net.websocket import keepalive
 __all__ = [
     "DeviceSocketFront",
     "Proxied",
-    "StarletteLink",
+    "RelayedSocket",
     "DeviceSockets",
     "authenticate",
     "device_sockets",
-    "device_websocket_routes",
 ]
 
 logger = logging.getLogger(__name__)
 _UVICORN_LOG = logging.getLogger("uvicorn.error")
-
-
-class StarletteLink:
-    """A ``DeviceLink`` over a Starlette WebSocket; binary (audio) frames are ignored."""
-
-    # uvicorn's send waits (for a full socket buffer to drain) before it writes anything, then
-    # writes the frame at once: a cancelled send never leaves a frame half or wholly written.
-    sends_whole = True
-    pushes = False
-    _close = (1000, "")  # how ``aclose`` closes it: normally, until ``fail``
-
-    def __init__(self, websocket: WebSocket) -> None:
-        self._ws = websocket
-
-    def fail(self, code: int = INTERNAL_ERROR, reason: str = "internal error") -> None:
-        """Mark the WebSocket failed: it closes with ``code`` (1011), never a normal 1000.
-
-        An ASGI close is awaited, and ``DeviceConnection.run`` fails a link where it cannot
-        await: the failure goes on to the route's endpoint, which closes it (``aclose``).
-        """
-        self._close = (code, reason)
-
-    async def send(self, text: str) -> None:
-        """Send one text frame."""
-        try:
-            await self._ws.send_text(text)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise LinkClosed(str(exc)) from None
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        """Yield text frames until the device goes away."""
-        while True:
-            try:
-                message = await self._ws.receive()
-            except (RuntimeError, OSError):
-                return
-            if message["type"] == "websocket.disconnect":
-                return
-            text = message.get("text")
-            del message  # an idle device must not keep its last frame alive (thousands do)
-            if text is not None:
-                yield text
-                del text
-            # bytes: Opus audio frames (docs/protocol.md §1) mean nothing to a tool gateway
-
-    async def aclose(self) -> None:
-        """Close the WebSocket if it is still open."""
-        if self._ws.application_state == WebSocketState.CONNECTED:
-            try:
-                await self._ws.close(*self._close)
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                pass  # the device left first: nothing to close
 
 
 def _first(*values: str | None) -> str | None:
@@ -135,9 +81,57 @@ def authenticate(
     return identity if refusal is None else refusal
 
 
-Proxied = Callable[[DeviceIdentity], Callable[[WebSocket], Awaitable[None]] | None]
+Proxied = Callable[[DeviceIdentity], Callable[[ProxiedWebSocket], Awaitable[None]] | None]
 """``proxied(identity)``: the conversation that takes a proxied device's WebSocket over (it
 accepts or refuses it itself), or None when the gateway serves the device alone."""
+
+
+class RelayedSocket:
+    """A ``DeviceSocket`` as the voice proxy takes it over (``ProxiedWebSocket``): binary
+    (audio) messages kept and sent too, the ASGI messages the relay reads."""
+
+    def __init__(self, socket: DeviceSocket, headers: Mapping[str, str]) -> None:
+        self._socket = socket
+        self._headers = headers
+        socket.keep_binary()
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The handshake's headers, by lower-case name (the first of repeated ones)."""
+        return self._headers
+
+    async def accept(self) -> None:
+        """Accept the WebSocket (101); a device gone meanwhile reads as a disconnect."""
+        self._socket.accept()
+
+    async def send_denial_response(self, response: Response) -> None:
+        """Refuse the handshake with ``response``'s status and text."""
+        self._socket.refuse(response.status_code, bytes(response.body).decode())
+
+    async def receive(self) -> Mapping[str, Any]:
+        """The next message, as ASGI gives it."""
+        message = await self._socket.receive()
+        if message is None:
+            return {"type": "websocket.disconnect", "code": self._socket.conn.close_code or 1006}
+        if isinstance(message, bytes):
+            return {"type": "websocket.receive", "bytes": message}
+        return {"type": "websocket.receive", "text": message}
+
+    async def send_text(self, data: str) -> None:
+        """Send a text frame."""
+        await self._socket.send(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Send a binary frame."""
+        await self._socket.send_bytes(data)
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        """Close the WebSocket: 1000 with the closing handshake, another ``code`` failing it at
+        once (RFC 6455 7.1.7); before it is accepted, refuse it (HTTP 403)."""
+        if code != 1000 and self._socket.handshake_complete:
+            self._socket.fail(code, reason or "")
+            return
+        await self._socket.aclose()
 
 
 def _deflate() -> list[ServerExtensionFactory]:
@@ -182,7 +176,7 @@ class DeviceSockets:
         interval, wheel = config.ws_ping_interval, None
         if interval is not None and interval > 0:
             wheel = keepalive(asyncio.get_running_loop(), interval, config.ws_ping_timeout)
-        return DeviceSocket(self.endpoint, state, conn, wheel)
+        return DeviceSocket(self.endpoint, state, conn, wheel, config.ws_max_size)
 
     async def client(self, socket: DeviceSocket, forwarded: str | None) -> tuple[str, int] | None:
         """The device's address: as uvicorn's proxy headers make it (``X-Forwarded-For`` from
@@ -212,12 +206,14 @@ def device_sockets(
     admit: Admit,
     serve: Callable[[DeviceSocket, DeviceIdentity], Awaitable[None]],
     settle: Callable[[], Awaitable[None]] | None = None,
+    proxied: Proxied | None = None,
 ) -> DeviceSockets:
     """The device WebSocket served below ASGI; ``serve`` runs a connection for an
     authenticated device, over its ``DeviceSocket``.
 
     ``settle`` is awaited once a device is admitted, before its WebSocket is accepted (the
-    registry commits what the login decided).
+    registry commits what the login decided). ``proxied`` takes a proxied device's socket over
+    (``RelayedSocket``).
     """
 
     async def endpoint(socket: DeviceSocket) -> None:
@@ -240,6 +236,10 @@ def device_sockets(
             return
         if settle is not None:  # what the login decided is on disk before it is accepted
             await settle()
+        conversation = proxied(identity) if proxied is not None else None
+        if conversation is not None:  # beside its voice server (docs/voice-proxy.md)
+            await conversation(RelayedSocket(socket, headers))
+            return
         if not socket.accept():  # the device left meanwhile
             return
         try:
@@ -252,78 +252,22 @@ def device_sockets(
     return sockets
 
 
-def device_websocket_routes(
-    admit: Admit,
-    serve: Callable[[StarletteLink, DeviceIdentity], Awaitable[None]],
-    proxied: Proxied | None = None,
-    settle: Callable[[], Awaitable[None]] | None = None,
-) -> list[BaseRoute]:
-    """The device WebSocket routes; ``serve`` runs a connection for an authenticated device.
-
-    ``settle`` is awaited once a device is admitted, before its WebSocket is accepted (the
-    registry commits what the login decided).
-    """
-
-    async def endpoint(websocket: WebSocket) -> None:
-        client = websocket.client
-        remote = f"{client.host}:{client.port}" if client else None
-        peer = client.host if client else None
-        identity = authenticate(websocket.headers, websocket.query_params, admit, peer)
-        if isinstance(identity, str):
-            logger.warning("refused device WebSocket from %s: %s", remote, identity)
-            await websocket.close(code=1008)  # before accept(): the client gets HTTP 403
-            return
-        if settle is not None:  # what the login decided is on disk before it is accepted
-            await settle()
-        conversation = proxied(identity) if proxied is not None else None
-        if conversation is not None:  # beside its voice server (docs/voice-proxy.md)
-            await conversation(websocket)
-            return
-        await websocket.accept()
-        # The scope lives as long as the device stays (uvicorn and each ASGI frame above hold
-        # it), and nothing reads its headers again: drop them, about 1.3 KB an idle device.
-        del websocket.scope["headers"][:]
-        link = StarletteLink(websocket)
-        try:
-            await serve(link, identity)
-        except Exception:  # one device's failure is its own (as below ASGI): 1011
-            logger.exception("WebSocket device %s: session failed", identity.device_id)
-            link.fail()
-            await link.aclose()
-
-    return [
-        WebSocketRoute(DEVICE_PATH, endpoint),
-        WebSocketRoute(DEVICE_PATH.rstrip("/"), endpoint),
-    ]
-
-
 class DeviceSocketFront:
-    """ASGI front: the device WebSocket straight to its endpoint, the rest to ``app``.
+    """The device listener's ASGI app, with what the listener serves below it: the device
+    WebSocket (``sockets``) and the POSTs it answers itself (``requests``, the OTA check-in).
 
-    Starlette's middleware and router each keep a coroutine frame (with their closures) for
-    as long as a WebSocket lives: some kilobytes for every idle device of a fleet. The device
-    WebSocket needs none of them (its endpoint answers every refusal itself), so its
-    connections skip them; every other request, and a WebSocket on any other path, takes the
-    whole app as before.
+    Every device WebSocket is served below ASGI, so none reaches Starlette's middleware and
+    router (each would keep a coroutine frame, with its closures, for as long as a WebSocket
+    lives: some kilobytes for every idle device of a fleet); every other request, and a
+    WebSocket on any other path, takes the whole app.
     """
 
     def __init__(
-        self,
-        app: ASGIApp,
-        routes: list[BaseRoute],
-        sockets: DeviceSockets | None = None,
-        requests: DirectRequests | None = None,
+        self, app: ASGIApp, sockets: DeviceSockets, requests: DirectRequests | None = None
     ) -> None:
         self.app = app
         self.sockets = sockets  # the device WebSocket below ASGI, for the listener to serve
         self.requests = requests  # POSTs it answers below ASGI (the OTA check-in)
-        self._endpoints = {
-            route.path: route.endpoint for route in routes if isinstance(route, WebSocketRoute)
-        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self._endpoints.get(scope["path"]) if scope["type"] == "websocket" else None
-        if endpoint is None:
-            await self.app(scope, receive, send)
-            return
-        await endpoint(WebSocket(scope, receive, send))
+        await self.app(scope, receive, send)

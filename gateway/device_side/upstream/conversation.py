@@ -21,11 +21,15 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from starlette.responses import PlainTextResponse
-from starlette.websockets import WebSocket
 
 from gateway.device_side.upstream.fleet import FleetTools
 from gateway.device_side.upstream.proxy import VoiceProxy
-from gateway.device_side.upstream.relay import UpstreamRefused, open_upstream, relay
+from gateway.device_side.upstream.relay import (
+    ProxiedWebSocket,
+    UpstreamRefused,
+    open_upstream,
+    relay,
+)
 from gateway.device_side.upstream.settings import (
     SERVER_MESSAGE_BYTES,
     UpstreamSettingsError,
@@ -69,7 +73,9 @@ class Conversations:
         self._max_bytes = max_message_bytes
         self._server_bytes = max(max_message_bytes, SERVER_MESSAGE_BYTES)
 
-    def __call__(self, identity: DeviceIdentity) -> Callable[[WebSocket], Awaitable[None]] | None:
+    def __call__(
+        self, identity: DeviceIdentity
+    ) -> Callable[[ProxiedWebSocket], Awaitable[None]] | None:
         """The conversation of ``identity``'s session if it is proxied, else None."""
         device_id = identity.device_id
         upstream, ota_url = self._proxy.websockets.get(device_id), self._proxy.ota_url(device_id)
@@ -82,7 +88,7 @@ class Conversations:
         identity: DeviceIdentity,
         upstream: UpstreamWebSocket,
         ota_url: str,
-        websocket: WebSocket,
+        websocket: ProxiedWebSocket,
     ) -> None:
         device_id, server = identity.device_id, server_of(ota_url)
         try:
@@ -134,7 +140,7 @@ def _status(exc: Exception) -> int:
     return 504 if isinstance(exc, TimeoutError) else 502
 
 
-async def _deny(websocket: WebSocket, status: int, why: str) -> None:
+async def _deny(websocket: ProxiedWebSocket, status: int, why: str) -> None:
     """Answer the device's handshake with ``status`` (before accept())."""
     if status == 403:
         await websocket.close(code=1008)  # before accept(): HTTP 403, as the server answers

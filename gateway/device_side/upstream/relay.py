@@ -29,9 +29,10 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.responses import Response
+from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
@@ -42,14 +43,56 @@ from gateway.devices.link import DeviceIdentity, DeviceLink, LinkClosed
 from gateway.net.destinations import Destination
 from gateway.protocol import MalformedMessage, decode, encode, salvage_error_reply
 
-__all__ = ["TappedLink", "UpstreamRefused", "open_upstream", "relay"]
+__all__ = ["ProxiedWebSocket", "RelayedDevice", "TappedLink", "UpstreamRefused", "open_upstream",
+           "relay"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 Serve = Callable[[DeviceLink, DeviceIdentity], Coroutine[Any, Any, None]]
 _GATEWAY_QUEUE = 16  # text frames for the gateway's session; the device waits beyond that
-_CLOSED = (WebSocketDisconnect, RuntimeError, OSError)  # a Starlette WebSocket gone
+# A device WebSocket gone: Starlette's errors, or the device socket's (transports)
+_CLOSED = (WebSocketDisconnect, RuntimeError, OSError, LinkClosed)
+
+
+class RelayedDevice(Protocol):
+    """What the relay asks of a device's WebSocket: the part of a Starlette ``WebSocket`` it
+    uses, which the device socket's ``RelayedSocket`` offers too (transports/websocket.py)."""
+
+    async def receive(self) -> Mapping[str, Any]:
+        """The next ASGI message: ``websocket.receive`` (``text`` or ``bytes``), or
+        ``websocket.disconnect``."""
+        ...
+
+    async def send_text(self, data: str) -> None:
+        """Send a text frame."""
+        ...
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Send a binary frame."""
+        ...
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        """Close the WebSocket (before it is accepted: refuse it, HTTP 403)."""
+        ...
+
+
+class ProxiedWebSocket(RelayedDevice, Protocol):
+    """A proxied device's WebSocket before its conversation opens: its handshake's headers,
+    answered once the voice server answered."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The handshake's headers, by lower-case name."""
+        ...
+
+    async def accept(self) -> None:
+        """Accept the WebSocket (101)."""
+        ...
+
+    async def send_denial_response(self, response: Response) -> None:
+        """Refuse the handshake with ``response`` (its status and body)."""
+        ...
 
 
 class UpstreamRefused(Exception):
@@ -72,7 +115,7 @@ class TappedLink:
     sends_whole = pushes = False
     fail = None
 
-    def __init__(self, device: WebSocket) -> None:
+    def __init__(self, device: RelayedDevice) -> None:
         self._device = device
         self._frames: asyncio.Queue[str | None] = asyncio.Queue()  # bounded by feed()
         self._room = asyncio.Event()
@@ -170,7 +213,7 @@ async def open_upstream(
 
 
 async def relay(
-    device: WebSocket,
+    device: RelayedDevice,
     upstream: ClientConnection,
     identity: DeviceIdentity,
     tap: McpTap,
@@ -237,7 +280,7 @@ def _gateway_ended(link: TappedLink, device_id: str, session: asyncio.Task[None]
 
 
 async def _device_to_upstream(
-    device: WebSocket,
+    device: RelayedDevice,
     upstream: ClientConnection,
     tap: McpTap,
     link: TappedLink,
@@ -276,7 +319,7 @@ async def _device_to_upstream(
 
 async def _upstream_to_device(
     upstream: ClientConnection,
-    device: WebSocket,
+    device: RelayedDevice,
     tap: McpTap,
     link: TappedLink,
     limit: int,
@@ -331,7 +374,7 @@ def _closed_by_upstream(upstream: ClientConnection) -> str:
     return f"the voice server closed the conversation with code {frame.code}{reason}"
 
 
-async def _close_both(device: WebSocket, upstream: ClientConnection) -> None:
+async def _close_both(device: RelayedDevice, upstream: ClientConnection) -> None:
     with contextlib.suppress(*_CLOSED):
         await device.close()
     await upstream.close()

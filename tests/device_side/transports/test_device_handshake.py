@@ -1,4 +1,4 @@
-"""The device WebSocket's handshake, read once by the listener: counted, and still checked."""
+"""The device WebSocket's handshake, read once by websockets' parser: counted, and checked."""
 
 from __future__ import annotations
 
@@ -33,11 +33,9 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
     yield seen
 
 
-async def test_a_whole_handshake_is_parsed_once_not_again_by_websockets(
-    parses: list[bytes],
-) -> None:
-    """Each joining device's request is read by the listener alone; the socket works as ever
-    (messages both ways, permessage-deflate when the device offers it)."""
+async def test_a_whole_handshake_is_parsed_once_by_websockets(parses: list[bytes]) -> None:
+    """Each joining device's request is read by websockets' parser alone, once (no h11); the
+    socket works as ever (messages both ways, permessage-deflate when the device offers it)."""
     async with serving(LIMITS, SOCKETS) as (port, guard):
         for n in range(3):
             async with connect(f"ws://127.0.0.1:{port}/device") as ws, asyncio.timeout(bound(5)):
@@ -45,15 +43,15 @@ async def test_a_whole_handshake_is_parsed_once_not_again_by_websockets(
                 assert await ws.recv() == f"m{n}" * 100
                 assert [e.name for e in ws.protocol.extensions] == ["permessage-deflate"]
         await guard.until(0)
-    assert parses == []
+    assert parses == [b"/device"] * 3
 
 
-async def test_a_handshake_in_pieces_is_read_by_h11_and_not_again_by_websockets(
+async def test_a_handshake_in_pieces_is_read_by_h11_then_by_websockets(
     parses: list[bytes],
     h11_reads: Reads,  # noqa: F811 - the fixture imported above
 ) -> None:
-    """The h11 path (a request in pieces) writes the request back out as bytes; those too are
-    read once more by the listener, not by websockets' parser."""
+    """The h11 path (a request in pieces) writes the request back out as bytes, which
+    websockets' parser reads once."""
     async with serving(LIMITS, SOCKETS) as (port, guard):
         reader, writer = await opened(port, HANDSHAKE[:40])
         async with asyncio.timeout(bound(5)):
@@ -65,7 +63,7 @@ async def test_a_handshake_in_pieces_is_read_by_h11_and_not_again_by_websockets(
         assert await device.frame() == (TEXT, b"hello")
         writer.close()
         await guard.until(0)
-    assert h11_reads and parses == []
+    assert h11_reads and parses == [b"/device"]
 
 
 @pytest.mark.parametrize(
@@ -87,8 +85,8 @@ async def test_a_handshake_in_pieces_is_read_by_h11_and_not_again_by_websockets(
 async def test_a_bad_device_handshake_gets_websockets_answer_and_closes(
     bad: bytes, statuses: set[bytes]
 ) -> None:
-    """Read by the listener or left to websockets, a handshake it refuses is answered as
-    websockets answers it, then closed; the listener serves the next device."""
+    """A handshake websockets refuses is answered as websockets answers it, then closed; the
+    listener serves the next device."""
     async with serving(LIMITS, SOCKETS) as (port, guard):
         reader, writer = await opened(port, bad)
         async with asyncio.timeout(bound(5)):

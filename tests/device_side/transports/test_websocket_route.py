@@ -1,5 +1,5 @@
-"""The device WebSocket's ASGI route (``device_websocket_routes``, ``StarletteLink``), which
-serves devices when a voice proxy is configured: a session that fails ends as below ASGI."""
+"""With a voice proxy configured, the device path is still served below ASGI (``DeviceSocket``,
+which the proxy takes over for a proxied device): a session that fails ends with 1011."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from gateway.app import Running
 from gateway.cluster.bridge import BridgedLink
 from gateway.device_side.transports import websocket
-from gateway.device_side.transports.websocket import DeviceSocketFront, StarletteLink
+from gateway.device_side.transports.device_socket import DeviceSocket
+from gateway.device_side.transports.websocket import DeviceSocketFront
 from tests.cluster.conftest import replicas
 from tests.conftest import gateway
 from tests.e2e.helpers import fail_catalogue_of, join_listing_no_tools, listed_device
@@ -20,20 +21,20 @@ from tests.mqtt_helpers import Mosquitto
 pytestmark = pytest.mark.anyio
 
 BROKEN = "02:00:00:00:00:41"  # the device whose tool list the gateway fails to handle
-# A voice proxy configured: the device path is served by the ASGI route. The devices here
-# never check in through it, so none is proxied; no voice server needs to listen.
+# A voice proxy configured: the device path is served below ASGI all the same. The devices
+# here never check in through it, so none is proxied; no voice server needs to listen.
 PROXY = {"upstream_ota_url": "http://127.0.0.1:9/xiaozhi/ota/"}
 
 
 async def _fails_with_1011_and_spares_the_other(run: Running) -> None:
     front = run.gateway.device_app
-    assert isinstance(front, DeviceSocketFront) and front.sockets is None  # the ASGI route
+    assert isinstance(front, DeviceSocketFront) and front.sockets is not None  # below ASGI
     async with listed_device(run) as other:
         link = run.gateway.registry.get(other.device_id)
         assert link is not None and link.session is not None
         held = getattr(link.session, "_link", None)
         inner = held.inner if isinstance(held, BridgedLink) else held
-        assert isinstance(inner, StarletteLink)
+        assert isinstance(inner, DeviceSocket)
         assert await join_listing_no_tools(run.device_url, BROKEN) == 1011
         device = run.gateway.registry.get(BROKEN)
         assert device is not None and not device.online and device.session is None
@@ -49,7 +50,7 @@ def _logged_once(caplog: pytest.LogCaptureFixture) -> None:
     assert "the registry broke on this device" in str(failures[0].exc_info)
 
 
-async def test_a_failed_session_on_the_asgi_route_closes_with_1011(
+async def test_a_failed_session_beside_a_voice_proxy_closes_with_1011(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The registry fails on one device's tool list: that device gets 1011 (not 1000, which it
@@ -61,10 +62,10 @@ async def test_a_failed_session_on_the_asgi_route_closes_with_1011(
 
 
 @pytest.mark.e2e
-async def test_a_failed_bridged_session_on_the_asgi_route_closes_with_1011(
+async def test_a_failed_bridged_session_beside_a_voice_proxy_closes_with_1011(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The same on a cluster replica, where the route's link is bridged onto the broker."""
+    """The same on a cluster replica, where the socket's link is bridged onto the broker."""
     fail_catalogue_of(monkeypatch, BROKEN)
     async with Mosquitto(tmp_path / "broker") as broker:
         async with replicas(tmp_path, broker.port, 1, **PROXY) as (run,):
