@@ -158,6 +158,10 @@ class ClusterClient:
                                  self.replica, where)  # fmt: skip
             finally:
                 self._overlap = None  # the node left is closed: nothing more comes twice
+                # A connection the node dropped outside message iteration (in a subscribe, or
+                # the one left behind by a move) keeps its error unretrieved: asyncio would
+                # log it when collected, as a failure of nothing in particular.
+                consume_disconnect(client)
                 if moved is None:
                     self._lost()
             if moved is None:

@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -14,7 +17,14 @@ from mcp import Client
 
 from gateway.app import Running
 from gateway.devices.registry import DeviceRegistry
-from tests.cluster.conftest import Check, Proxy, cluster_options, eventually, replicas
+from tests.cluster.conftest import (
+    Check,
+    FilteringProxy,
+    Proxy,
+    cluster_options,
+    eventually,
+    replicas,
+)
 from tests.conftest import bound, gateway
 from tests.e2e.helpers import listed_device
 from tests.mqtt_helpers import Mosquitto
@@ -22,6 +32,20 @@ from tests.mqtt_helpers import Mosquitto
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 ON_ONE, ON_TWO = "02:00:00:00:00:01", "02:00:00:00:00:02"
+_SUBACK = 9
+
+
+class DropsAtFirstSuback(FilteringProxy):
+    """A broker node that drops its first connections (the gateway's two clients: the
+    replica's and its MQTT devices') as it grants their first subscription, as a NATS node
+    closes connections while JetStream elects leaders; later connections are served in full."""
+
+    def drops(self, connection: int, packet_type: int, flags: int) -> bool:
+        if connection <= 2 and packet_type == _SUBACK:
+            self.cut()
+            self.heal()
+            return True
+        return False
 
 
 def online(device_id: str, state: bool = True) -> Check:
@@ -122,3 +146,35 @@ async def test_a_broker_restart_loses_no_approval_or_alias(tmp_path: Path) -> No
         cold = gateway(tmp_path / "cold", **cluster_options(broker.port, "gw-cold"))
         async with cold as third:
             await eventually([third], lambda r: r.find("porch") is not None)
+
+
+async def test_a_connection_dropped_while_subscribing_leaves_no_error_behind(
+    tmp_path: Path,
+) -> None:
+    """The node drops the replica's first connection as it grants a subscription: the replica
+    joins on the next, and the lost connection's error is taken, not left for asyncio to log
+    when the connection is collected ("Future exception was never retrieved": an error
+    without a cause in the operator's log, and a failure of whatever test is running)."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    # Unlogged: a captured log record of the failure would keep the connection from being
+    # collected (its traceback holds it), as nothing does in a gateway.
+    said = logging.getLogger("gateway.cluster.client")
+    said.disabled = True
+    try:
+        options = cluster_options  # (the node's port known only inside)
+        async with Mosquitto(tmp_path / "broker") as broker, \
+                DropsAtFirstSuback(broker.port) as node, \
+                gateway(tmp_path / "gw-1", **options(node.port, "gw-1")) as run:  # fmt: skip
+            assert run.gateway.cluster is not None
+            async with asyncio.timeout(bound(30)):
+                await run.gateway.cluster.client.connected.wait()
+            assert node.connections >= 3, "joined on a connection after the dropped ones"
+            gc.collect()
+            await asyncio.sleep(0)  # (what a collected future reports, it reports at once)
+    finally:
+        said.disabled = False
+        loop.set_exception_handler(previous)
+    assert [context["message"] for context in unhandled] == []
