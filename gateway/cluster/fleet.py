@@ -270,6 +270,8 @@ class Fleet:
         device = self._registry.get(device_id)
         session = device.session if device is not None else None
         if isinstance(session, RemoteSession):
+            logger.debug("%s: device %s no longer reached through replica %s: %s",
+                         self.replica, device_id, session.replica, why)  # fmt: skip
             with self._records.applying():
                 self._registry.disconnect(device_id, session)
             if owner_gone and session.direct:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -63,6 +65,7 @@ class Calls:
     def __init__(self, run: Running, name: str, callers: int = 3) -> None:
         self.outcomes: list[tuple[float, bool, str, float]] = []  # start, error, text, seconds
         self._run, self._name = run, name
+        self.replica = run.gateway.cluster.replica if run.gateway.cluster else "?"
         self._changed = asyncio.Event()
         self._tasks = [asyncio.create_task(self._caller()) for _ in range(callers)]
 
@@ -293,8 +296,28 @@ async def test_replicas_spread_over_the_nodes_and_a_node_death_moves_only_its_ow
                 assert not error or any(reason in text for reason in reasons), text
 
 
+def since_return(
+    callers: list[Calls], returned: float, caplog: pytest.LogCaptureFixture, offset: float
+) -> str:
+    """What failed after the node's return, by replica, and what the cluster did meanwhile
+    (its log, in seconds from the return): a failure read from CI's output alone."""
+    lines = []
+    for calls in callers:
+        failed = [(start, text) for start, error, text, _ in calls.outcomes
+                  if error and start > returned]  # fmt: skip
+        if failed:
+            lines.append(f"through {calls.replica}: {len(failed)} calls failed from "
+                         f"+{failed[0][0] - returned:.1f} s to +{failed[-1][0] - returned:.1f} s "
+                         f"after the return, first: {failed[0][1]}")  # fmt: skip
+    for record in caplog.records:
+        at = record.created + offset - returned
+        if record.name.startswith("gateway.cluster") and at > -1:
+            lines.append(f"+{at:.1f} s {record.levelname} {record.getMessage()[:160]}")
+    return "\n".join(lines)
+
+
 async def test_a_replica_that_moved_returns_to_its_node_without_dropping_calls(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """gw1, gw2 and gw3 spread over the three nodes (each behind an address that stays, as a
     node's DNS name does); gw2 and gw3 call a WebSocket device on gw1 in a loop. gw1's node is
@@ -303,6 +326,7 @@ async def test_a_replica_that_moved_returns_to_its_node_without_dropping_calls(
     spread again, and no call fails from the node's return on."""
     monkeypatch.setattr(client_module, "HOME_EVERY", 1.0)  # shipped: 5 s and 30 s
     monkeypatch.setattr(client_module, "HOME_HOLD", 4.0)
+    caplog.set_level(logging.DEBUG, logger="gateway.cluster")
     async with NatsCluster(tmp_path / "nats") as nats, contextlib.AsyncExitStack() as stack:
         proxies = [await stack.enter_async_context(Proxy(n.mqtt_port)) for n in nats.nodes]
         urls = [f"mqtt://127.0.0.1:{proxy.port}" for proxy in proxies]
@@ -363,7 +387,8 @@ async def test_a_replica_that_moved_returns_to_its_node_without_dropping_calls(
             for _, text in failed:
                 assert any(reason in text for reason in reasons), text
             # ... and none from the node's return on: the move back drops no call.
-            assert [f for f in failed if f[0] > returned] == []
+            assert not any(start > returned for start, _ in failed), \
+                since_return(callers, returned, caplog, loop.time() - time.time())  # fmt: skip
             assert sum(not o[1] for o in outcomes if o[0] > back) >= 6
 
 
