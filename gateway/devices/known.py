@@ -72,7 +72,7 @@ class KnownDevices:
         # the discovery caps them ([mcp_boards] discover_max_pending).
         self.waiting_boards: dict[str, Device] = {}
         # Told how long each discovery took (seconds from connecting to a listed catalogue).
-        self.discoveries: Subscribers[[float]] = Subscribers()
+        self._discoveries: Subscribers[[float]] = Subscribers()
         # Told of each record saved (the device id and its record) or forgotten (None).
         self._records: Subscribers[[str, DeviceRecord | None]] = Subscribers()
         self.binding_key = binding_key
@@ -294,7 +294,11 @@ class KnownDevices:
     def subscribe_discoveries(self, callback: Callable[[float], object]) -> Unsubscribe:
         """Tell ``callback`` how long each discovery took (seconds from connecting to a listed
         catalogue): /metrics."""
-        return self.discoveries.subscribe(callback)
+        return self._discoveries.subscribe(callback)
+
+    def discovered(self, seconds: float) -> None:
+        """A device's discovery took ``seconds``: tell the subscribers."""
+        self._discoveries.notify(seconds)
 
     def changed(self, record: DeviceRecord) -> None:
         """Tell whoever watches devices that ``record`` changed, without writing it (yet)."""

@@ -248,7 +248,7 @@ class DeviceRegistry:
         record = device.record
         if device.connected_at is not None:
             seconds, device.connected_at = time.monotonic() - device.connected_at, None
-            self.known.discoveries.notify(seconds)
+            self.known.discovered(seconds)
         known = device.catalogue
         taken = complete or known is None or not known.tools
         if known is None or taken:

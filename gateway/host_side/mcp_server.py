@@ -219,7 +219,7 @@ class McpFrontend:
     def __init__(
         self,
         config: Config,
-        registry: KnownDevices,
+        known: KnownDevices,
         router: CallRouter,
         photos: PhotoStore | None = None,
         *,
@@ -232,20 +232,20 @@ class McpFrontend:
         self._audit = audit  # calls to devices outside a caller's scope (the router audits calls)
         self.messenger = messenger or Messenger(config, AuditLog(None))
         self._notify_window = notify_window
-        self._registry = registry
+        self._known = known
         self._router = router
         self.notifier = ChangeNotifier()
-        self.lister = ToolLister(config, registry)
+        self.lister = ToolLister(config, known)
         if events is None:  # in memory: the meta-tool and resources are there all the same
-            events = EventStore(None, approved_in(registry))
+            events = EventStore(None, approved_in(known))
         self.events = events
         self.app = FleetApp(photos, events)
-        self._photo_resources = PhotoResources(registry, photos) if photos is not None else None
+        self._photo_resources = PhotoResources(known, photos) if photos is not None else None
         if photos is not None:
             photos.subscribe_arrivals(lambda photo: self.notifier.resources_changed())
-        self.event_resources = EventResources(registry, events, self.notifier.bus,
+        self.event_resources = EventResources(known, events, self.notifier.bus,
                                               self.notifier.listen_handler)  # fmt: skip
-        self.channels = Channels(config, registry, events)
+        self.channels = Channels(config, known, events)
         self.server = GatewayServer(
             "esp-mcp-gateway",
             version=__version__,
@@ -295,12 +295,12 @@ class McpFrontend:
             tasks.create_task(self.channels.forward(), name="gateway.mcp.channels")
 
     async def forward_changes(self) -> None:
-        """Push registry changes to every MCP session (runs for the gateway's life).
+        """Push the known devices' changes to every MCP session (runs for the gateway's life).
 
         Changes that come within ``notify_window`` of each other go out as one notification, so
         a storm of joins costs hosts a bounded number of refetches.
         """
-        async with self._registry.changes() as changes:
+        async with self._known.changes() as changes:
             async for _ in changes:
                 await asyncio.sleep(self._notify_window)  # let the rest of a storm fold in
                 await self.notifier.tools_changed()
@@ -342,7 +342,7 @@ class McpFrontend:
         caller = caller_of(ctx)
         if params.name == LIST_DEVICES.name:
             try:
-                answer = list_devices(self._registry, DeviceQuery(arguments, caller.scope))
+                answer = list_devices(self._known, DeviceQuery(arguments, caller.scope))
             except ValueError as exc:
                 return _error(f"list_devices: {exc}")
             text: list[types.ContentBlock] = [text_content(json.dumps(answer))]
@@ -363,7 +363,7 @@ class McpFrontend:
         group = self.lister.group(params.name, caller.scope)
         if group is not None:
             return await self._call_grouped(ctx, caller, group, arguments)
-        exposed = self._registry.lookup(params.name)  # per-device names work in every mode
+        exposed = self._known.lookup(params.name)  # per-device names work in every mode
         if exposed is not None and not caller.sees(exposed.device):
             caller.unseen(self._audit, exposed.device, exposed.spec.name, arguments)
             exposed = None  # answered as a tool that does not exist
@@ -382,7 +382,7 @@ class McpFrontend:
             return _error(f"{group.name} needs `{group.argument}`: which device to use")
         tool = group.member(ref)
         if tool is None:
-            device = self._registry.find(ref)
+            device = self._known.find(ref)
             if device is not None and not caller.sees(device):
                 caller.unseen(self._audit, device, group.spec.name, arguments)
             known = ", ".join(group.aliases(20)) + (", ..." if len(group.members) > 20 else "")
@@ -394,12 +394,12 @@ class McpFrontend:
     ) -> Device | str:
         """The device ``ref`` names for ``caller``, or why there is none: one outside its scope
         is answered as a device that does not exist (and audited)."""
-        device = self._registry.find(ref)
+        device = self._known.find(ref)
         if device is not None and not caller.sees(device):
             caller.unseen(self._audit, device, tool, arguments)
             device = None
         if device is None:
-            seen = (d.alias for d in self._registry.devices() if caller.sees(d))
+            seen = (d.alias for d in self._known.devices() if caller.sees(d))
             known = ", ".join(seen) or "none"
             return f"unknown device {ref!r} (known devices: {known})"
         return device
@@ -416,7 +416,7 @@ class McpFrontend:
         device = self._device_for(caller, device_ref, tool=tool_ref, arguments=tool_arguments)
         if isinstance(device, str):
             return _error(device)
-        tool = resolve_tool(self._registry, device, tool_ref)
+        tool = resolve_tool(self._known, device, tool_ref)
         if isinstance(tool, str):
             return _error(tool)
         return await self._invoke(ctx, caller, tool, tool_arguments)
