@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.datadir import KeptJson, private_dir
-from gateway.devices.known import KnownDevices
+from gateway.devices.known import DeviceView
 from gateway.errors import StorageUnavailable
 from gateway.protocol import DeviceLogged
 
@@ -55,7 +55,7 @@ def state_uri(alias: str) -> str:
     return f"{EVENTS_URI_PREFIX}{alias}/state"
 
 
-def approved_in(registry: KnownDevices) -> Callable[[str], bool]:
+def approved_in(registry: DeviceView) -> Callable[[str], bool]:
     """Whether a device of ``registry`` is approved: the store's ``approved``."""
 
     def approved(device_id: str) -> bool:

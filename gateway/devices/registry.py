@@ -36,7 +36,7 @@ from gateway.devices.device import (
     UpstreamStatus,
 )
 from gateway.devices.exposure import Changes
-from gateway.devices.known import KnownDevices
+from gateway.devices.known import DeviceView, KnownDevices
 from gateway.devices.logins import REPLACED
 from gateway.devices.pages import KnownPages
 from gateway.devices.store import DeviceRecord
@@ -51,6 +51,7 @@ __all__ = [
     "Device",
     "DeviceAdmin",
     "DeviceRegistry",
+    "DeviceView",
     "KnownDevices",
     "DeviceSession",
     "DeviceTool",

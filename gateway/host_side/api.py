@@ -18,7 +18,7 @@ from gateway.devices.calls import CallRouter, format_time
 from gateway.devices.device import PENDING
 from gateway.devices.enrollment import Enrollment
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import Device, DeviceAdmin, KnownDevices
+from gateway.devices.registry import Device, DeviceAdmin, DeviceView
 from gateway.errors import (
     CallRejected,
     DeviceBusy,
@@ -43,7 +43,7 @@ class HostApi:
     def __init__(
         self,
         frontend: McpFrontend,
-        known: KnownDevices,
+        known: DeviceView,
         admin: DeviceAdmin,
         router: CallRouter,
         enroll: Enroll | None,

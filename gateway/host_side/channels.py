@@ -30,7 +30,7 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from gateway.compat.mcp_sdk import session_connection
 from gateway.config import Config
 from gateway.devices.events import DeviceEvent, EventStore
-from gateway.devices.registry import KnownDevices
+from gateway.devices.registry import DeviceView
 from gateway.host_side.event_resources import may_see
 
 __all__ = ["CHANNEL", "ChannelNotification", "Channels"]
@@ -76,7 +76,7 @@ class Channels:
     def __init__(
         self,
         config: Config,
-        registry: KnownDevices,
+        registry: DeviceView,
         events: EventStore,
         *,
         clock: Callable[[], float] = time.monotonic,

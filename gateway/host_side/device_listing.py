@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from gateway.devices.calls import format_time
-from gateway.devices.registry import PENDING, Device, KnownDevices
+from gateway.devices.registry import PENDING, Device, DeviceView
 from gateway.host_side.device_scope import DeviceScope
 
 __all__ = ["STATES", "DeviceQuery", "describe_device", "list_devices"]
@@ -66,7 +66,7 @@ class DeviceQuery:
         return self.board is None or _glob(device.record.board or "", self.board)
 
 
-def list_devices(registry: KnownDevices, query: DeviceQuery) -> JsonObject:
+def list_devices(registry: DeviceView, query: DeviceQuery) -> JsonObject:
     """One page of the devices ``query`` selects, with ``next_cursor`` when more follow."""
     page: list[JsonObject] = []
     size = 0

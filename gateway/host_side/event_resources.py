@@ -28,7 +28,7 @@ from mcp.server.subscriptions import ListenHandler, ResourceUpdated, Subscriptio
 from gateway.compat.mcp_sdk import session_connection
 from gateway.devices.calls import format_time
 from gateway.devices.events import DeviceEvent, EventStore, events_uri, state_uri
-from gateway.devices.registry import Device, KnownDevices
+from gateway.devices.registry import Device, DeviceView
 from gateway.host_side.call_results import text_content
 from gateway.host_side.callers import Caller, caller_of
 from gateway.host_side.photo_resources import RESOURCE_NOT_FOUND
@@ -110,7 +110,7 @@ class EventResources:
 
     def __init__(
         self,
-        registry: KnownDevices,
+        registry: DeviceView,
         events: EventStore,
         bus: SubscriptionBus,
         listen: ListenHandler,

@@ -36,7 +36,7 @@ from gateway.devices.calls import CallRouter
 from gateway.devices.events import EventStore, approved_in
 from gateway.devices.messages import Messenger
 from gateway.devices.photos import PhotoStore
-from gateway.devices.registry import Device, DeviceTool, KnownDevices
+from gateway.devices.registry import Device, DeviceTool, DeviceView
 from gateway.errors import CallRejected, DeviceError
 from gateway.host_side import confirm_asks as asks
 from gateway.host_side.call_results import call_result, text_content
@@ -219,7 +219,7 @@ class McpFrontend:
     def __init__(
         self,
         config: Config,
-        known: KnownDevices,
+        known: DeviceView,
         router: CallRouter,
         photos: PhotoStore | None = None,
         *,
@@ -471,7 +471,7 @@ class McpFrontend:
         return await self._photo_resources.read(uri, caller_of(ctx).scope)
 
 
-def resolve_tool(registry: KnownDevices, device: Device, ref: str) -> DeviceTool | str:
+def resolve_tool(registry: DeviceView, device: Device, ref: str) -> DeviceTool | str:
     """The device's tool named ``ref`` (its own name, without ``self.``, or its MCP name).
 
     Returns a clear message instead when there is no such tool.

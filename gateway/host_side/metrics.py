@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from gateway.devices.audit import AuditLog
 from gateway.devices.events import EventStore
-from gateway.devices.registry import APPROVED, KnownDevices
+from gateway.devices.registry import APPROVED, DeviceView
 
 __all__ = ["GatewayMetrics"]
 
@@ -34,7 +34,7 @@ class GatewayMetrics:
 
     def __init__(
         self,
-        registry: KnownDevices,
+        registry: DeviceView,
         audit: AuditLog,
         *,
         mcp_sessions: Callable[[], int],
@@ -130,7 +130,7 @@ class _StateCollector(Collector):
     def __init__(
         self,
         metrics: GatewayMetrics,
-        registry: KnownDevices,
+        registry: DeviceView,
         mcp_sessions: Callable[[], int],
         broker_clients: Callable[[], Collection[str]] | None,
     ) -> None:

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.devices.calls import format_time
 from gateway.devices.photos import LATEST, Photo, PhotoStore, photo_ref, photo_uri
-from gateway.devices.registry import KnownDevices
+from gateway.devices.registry import DeviceView
 from gateway.host_side.device_scope import DeviceScope
 
 __all__ = ["RESOURCE_NOT_FOUND", "PhotoResources", "photo_routes"]
@@ -50,7 +50,7 @@ TEMPLATE = types.ResourceTemplate(
 class PhotoResources:
     """Answers ``resources/list``, ``resources/templates/list`` and ``resources/read``."""
 
-    def __init__(self, registry: KnownDevices, photos: PhotoStore) -> None:
+    def __init__(self, registry: DeviceView, photos: PhotoStore) -> None:
         self._registry = registry
         self._photos = photos
 
@@ -127,7 +127,7 @@ def _resource(alias: str, photo: Photo, which: str) -> types.Resource:
 
 
 def photo_routes(
-    registry: KnownDevices, photos: PhotoStore, guard: Callable[[ASGIApp], ASGIApp]
+    registry: DeviceView, photos: PhotoStore, guard: Callable[[ASGIApp], ASGIApp]
 ) -> list[Route]:
     """``/api/photos`` and ``/api/photos/<device id>/latest``, each wrapped in ``guard``."""
 

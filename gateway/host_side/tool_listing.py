@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import Config
-from gateway.devices.registry import Device, DeviceTool, KnownDevices
+from gateway.devices.registry import Device, DeviceTool, DeviceView
 from gateway.host_side.device_scope import DeviceScope
 from gateway.host_side.tool_groups import Groups, ToolGroup
 
@@ -130,7 +130,7 @@ class _View:
 class ToolLister:
     """Keeps the listing up to date device by device, and answers pages by cursor."""
 
-    def __init__(self, config: Config, registry: KnownDevices) -> None:
+    def __init__(self, config: Config, registry: DeviceView) -> None:
         self._config = config
         self._registry = registry
         self._listings: OrderedDict[int, Listing] = OrderedDict()

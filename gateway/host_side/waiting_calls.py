@@ -23,7 +23,7 @@ from starlette.types import ASGIApp
 
 from gateway.devices.audit import Actor
 from gateway.devices.confirmations import Confirmations, UnknownCall
-from gateway.devices.registry import KnownDevices
+from gateway.devices.registry import DeviceView
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import Sessions, actor_of, cookie_value
 
@@ -38,7 +38,7 @@ class WaitingCalls:
     """The routes over the waiting calls of one gateway."""
 
     def __init__(
-        self, confirmations: Confirmations, registry: KnownDevices, sessions: Sessions | None
+        self, confirmations: Confirmations, registry: DeviceView, sessions: Sessions | None
     ) -> None:
         self.confirmations = confirmations
         self.registry = registry

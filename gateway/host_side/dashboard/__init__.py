@@ -31,7 +31,7 @@ from starlette.types import ASGIApp
 from gateway.config import Config
 from gateway.devices.audit import AuditLog
 from gateway.devices.events import EventStore
-from gateway.devices.registry import DeviceAdmin, KnownDevices
+from gateway.devices.registry import DeviceAdmin, DeviceView
 from gateway.errors import StorageUnavailable
 from gateway.host_side.dashboard.session import (
     COOKIE,
@@ -72,7 +72,7 @@ class Dashboard:
     def __init__(
         self,
         config: Config,
-        known: KnownDevices,
+        known: DeviceView,
         admin: DeviceAdmin,
         audit: AuditLog,
         public: PublicAddress,
