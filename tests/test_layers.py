@@ -111,6 +111,7 @@ INNER: dict[str, list[set[str]]] = {
             "fleet_app",
             "callers",
             "front",  # /mcp straight to its guards, past Starlette's layers
+            "json_answers",  # a POST's lone result as JSON, not a stream
         },
         # confirm_asks: the owner's yes asked in the host (elicitation, the panel);
         # messages_tool: notify_device; event_resources: devices' events (resources,

@@ -37,6 +37,7 @@ from gateway.host_side.api import AddBoard, Enroll, HostApi
 from gateway.host_side.dashboard import Dashboard
 from gateway.host_side.dashboard.session import SessionAuthBackend
 from gateway.host_side.front import HostFront, wrapped
+from gateway.host_side.json_answers import JsonAnswers
 from gateway.host_side.mcp_server import McpFrontend
 from gateway.host_side.metrics import GatewayMetrics
 from gateway.host_side.oauth import BearerTokens, ConnectedApps, OAuthSite
@@ -187,7 +188,8 @@ def build_host_app(
     def mcp_guard(app: ASGIApp) -> ASGIApp:  # 401s that point at the OAuth metadata
         return oauth.require(app, tokenless=not token) if oauth is not None else guard(app)
 
-    mcp = mcp_guard(StreamableHTTPASGIApp(manager))
+    # A call that streams nothing before its result is answered as JSON (json_answers.py).
+    mcp = mcp_guard(JsonAnswers(StreamableHTTPASGIApp(manager)))
     routes = [
         Route("/mcp", endpoint=mcp),
         Route("/sse", endpoint=mcp_guard(_SseEndpoint(frontend, sse)), methods=["GET"]),

@@ -58,6 +58,32 @@ async def test_call_reaches_the_device_and_the_result_comes_back(tmp_path: Path)
     assert [name for name, _ in dev.calls] == ["self.lamp.turn_on", "self.lamp.get_state"]
 
 
+async def test_a_call_that_streams_nothing_is_answered_as_json_on_a_kept_connection(
+    tmp_path: Path,
+) -> None:
+    """A tool call POSTed with both content types accepted comes back as one JSON answer, read
+    to its end, so the host's next call goes over the same connection."""
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}}  # fmt: skip
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "sim-esp32_0001_lamp_get_state", "arguments": {}}}  # fmt: skip
+    async with gateway(tmp_path) as run, listed_device(run), httpx2.AsyncClient() as http:
+        reply = await http.post(run.mcp_url, json=init, headers=headers)
+        headers |= {"mcp-session-id": reply.headers["mcp-session-id"],
+                    "mcp-protocol-version": "2025-06-18"}  # fmt: skip
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await http.post(run.mcp_url, json=initialized, headers=headers)).status_code == 202
+        ports = []
+        for number in (2, 3):
+            answer = await http.post(run.mcp_url, json={**call, "id": number}, headers=headers)
+            assert answer.headers["content-type"] == "application/json"
+            assert answer.json()["id"] == number and "power" in answer.text
+            ports.append(answer.extensions["network_stream"].get_extra_info("client_addr")[1])
+    assert ports[0] == ports[1]
+
+
 async def test_list_changed_reaches_every_http_session(tmp_path: Path) -> None:
     """Several HTTP sessions are each told when a device connects and when its tools change."""
     async with gateway(tmp_path) as run, AsyncExitStack() as stack:
