@@ -296,7 +296,7 @@ async def test_replicas_spread_over_the_nodes_and_a_node_death_moves_only_its_ow
             # CI: gw3 dropped, a call from gw2 to gw3's device failed "replica gw3 went away").
             dropped = {r.getMessage().split(":")[0] for r in caplog.records
                        if "lost the cluster broker" in r.getMessage()}  # fmt: skip
-            reasons = ("cluster broker", "is offline", *(f"replica {name} " for name in dropped))
+            reasons = ("cluster broker", "is offline", *(f"replica {name}" for name in dropped))
             for _, error, text, _ in (*across.outcomes, *local.outcomes):
                 assert not error or any(reason in text for reason in reasons), (text, dropped)
 
